@@ -1,0 +1,23 @@
+"""mlxd_drafters: pure-Python prompt-lookup drafting for speculative decoding.
+
+Contract: standard library only (no mlx/numpy), so it is importable and
+testable anywhere. The engine feeds committed tokens to a
+``PromptLookupDrafter``, asks it for ``draft_block()`` proposals, and reports
+each verify round back with ``accept_verified_tokens`` (or withdraws an
+unverified proposal with ``retract_draft``).
+"""
+
+from mlxd_drafters.config import KNOWN_POLICIES, PromptLookupConfig
+from mlxd_drafters.governor import DraftGovernor
+from mlxd_drafters.ngram_index import NgramIndex, TokenView
+from mlxd_drafters.prompt_lookup import PromptLookupDrafter, PromptLookupStats
+
+__all__ = [
+    "KNOWN_POLICIES",
+    "DraftGovernor",
+    "NgramIndex",
+    "PromptLookupConfig",
+    "PromptLookupDrafter",
+    "PromptLookupStats",
+    "TokenView",
+]

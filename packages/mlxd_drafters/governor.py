@@ -1,0 +1,162 @@
+"""Draft-budget governor: turns recent verify outcomes into a draft size.
+
+Contract:
+    * ``record(n_drafted, n_accepted)`` is called once per verify round;
+      only the last ``config.governor_window`` rounds are kept.
+    * ``budget()`` returns how many tokens the next proposal may have
+      (0 = do not draft). It is cheap and advances only the probe counter.
+      ``peek_budget()`` returns the same value without advancing anything.
+    * Until ``min(4, governor_window)`` rounds were recorded every policy
+      grants ``max_draft``: too little data to justify shutting off.
+    * Policies (rate = accepted / drafted summed over the window):
+
+      - ``"always"``: always ``max_draft``.
+      - ``"gated"``: 0 if rate < ``gated_cutoff``, else ``max_draft``.
+      - ``"graded"``: 0 if rate < ``graded_cutoff``; otherwise sized by the
+        expected accepted run length (see ``DraftGovernor``).
+
+    * While a gated/graded governor is off, every ``probe_interval``-th
+      ``budget()`` call returns ``config.probe_budget`` so new verify rounds
+      keep arriving; once they lift the windowed rate above the cutoff the
+      normal budget is restored.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from mlxd_drafters.config import PromptLookupConfig
+
+ROUNDS_BEFORE_JUDGING = 4
+
+
+class DraftGovernor:
+    """Windowed acceptance tracker that sizes each draft.
+
+    Graded sizing rule: model acceptance as independent per-token trials
+    with probability ``p``. A round that accepted ``a`` of ``d`` drafted
+    tokens shows ``a`` successes and, if ``a < d``, one failure (a fully
+    accepted round is censored: it shows no failure). The maximum-likelihood
+    estimate is ``p = successes / (successes + failures)``, which unlike
+    accepted/drafted is not biased down by long drafts. The expected run of
+    accepted tokens is ``p / (1 - p)`` = successes / failures; the budget
+    is that run rounded up, plus one (the token expected to be rejected
+    still costs little), clamped to ``[min_draft, max_draft]``. No
+    failures in the window gives ``max_draft``.
+
+    Args:
+        config: Supplies policy, window, cutoffs and probe settings.
+    """
+
+    def __init__(self, config: PromptLookupConfig) -> None:
+        self._config = config
+        self._rounds: deque[tuple[int, int]] = deque(maxlen=config.governor_window)
+        self._calls_while_off = 0
+
+    @property
+    def config(self) -> PromptLookupConfig:
+        """The configuration this governor applies."""
+        return self._config
+
+    @property
+    def rounds_recorded(self) -> int:
+        """Number of verify rounds currently in the window."""
+        return len(self._rounds)
+
+    @property
+    def history(self) -> tuple[tuple[int, int], ...]:
+        """Windowed ``(n_drafted, n_accepted)`` pairs, oldest first."""
+        return tuple(self._rounds)
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted / drafted over the window, or None with no data."""
+        drafted = sum(d for d, _ in self._rounds)
+        if drafted == 0:
+            return None
+        return sum(a for _, a in self._rounds) / drafted
+
+    @property
+    def is_off(self) -> bool:
+        """True while the policy grants no regular (non-probe) budget."""
+        return self._regular_budget() == 0
+
+    def record(self, n_drafted: int, n_accepted: int) -> None:
+        """Add the outcome of one verify round to the window.
+
+        Args:
+            n_drafted: Draft tokens that were verified. A round with 0
+                drafted tokens carries no information and is ignored.
+            n_accepted: How many of them the target model accepted.
+
+        Raises:
+            ValueError: If the counts are negative or accepted > drafted.
+        """
+        if n_drafted < 0 or not 0 <= n_accepted <= n_drafted:
+            raise ValueError(
+                f"need 0 <= n_accepted <= n_drafted, got "
+                f"n_drafted={n_drafted}, n_accepted={n_accepted}"
+            )
+        if n_drafted > 0:
+            self._rounds.append((n_drafted, n_accepted))
+
+    def budget(self) -> int:
+        """Draft size for the next proposal; counts toward probe spacing.
+
+        Returns:
+            Tokens allowed, 0 meaning "do not draft this round".
+        """
+        regular = self._regular_budget()
+        if regular > 0:
+            self._calls_while_off = 0
+            return regular
+        self._calls_while_off += 1
+        return self._probe_or_zero(self._calls_while_off)
+
+    def peek_budget(self) -> int:
+        """What the next ``budget()`` call would return, with no side effect.
+
+        Returns:
+            Tokens the next ``budget()`` call would allow.
+        """
+        regular = self._regular_budget()
+        if regular > 0:
+            return regular
+        return self._probe_or_zero(self._calls_while_off + 1)
+
+    def reset(self) -> None:
+        """Forget all history (e.g. when a new request reuses the object)."""
+        self._rounds.clear()
+        self._calls_while_off = 0
+
+    def _probe_or_zero(self, call_number: int) -> int:
+        if call_number % self._config.probe_interval == 0:
+            return self._config.probe_budget
+        return 0
+
+    def _regular_budget(self) -> int:
+        config = self._config
+        if config.policy == "always":
+            return config.max_draft
+        if len(self._rounds) < min(ROUNDS_BEFORE_JUDGING, config.governor_window):
+            return config.max_draft
+        rate = self.acceptance_rate
+        if rate is None:
+            return config.max_draft
+        if config.policy == "gated":
+            return 0 if rate < config.gated_cutoff else config.max_draft
+        if rate < config.graded_cutoff:
+            return 0
+        return self._graded_budget()
+
+    def _graded_budget(self) -> int:
+        config = self._config
+        successes = sum(a for _, a in self._rounds)
+        failures = sum(1 for d, a in self._rounds if a < d)
+        if failures == 0:
+            return config.max_draft
+        # p / (1 - p) simplifies to successes / failures; integer ceiling
+        # avoids float round-off pushing an exact run length up by one.
+        expected_run_ceil = -(-successes // failures)
+        size = expected_run_ceil + 1
+        return max(config.min_draft, min(config.max_draft, size))

@@ -1,0 +1,225 @@
+"""Prompt-lookup drafter: proposes draft tokens by copying from the context.
+
+Contract (one drafter per generation request, single-threaded):
+    * ``observe(tokens)`` appends committed tokens: the prompt once at the
+      start, then whatever each step commits.
+    * ``draft_block()`` returns a proposal (possibly empty) sized by the
+      governor's budget and capped by ``config.max_draft``. A non-empty
+      proposal stays *outstanding* until the caller resolves it with exactly
+      one of:
+
+      - ``accept_verified_tokens(n_drafted, n_accepted)``: the target model
+        verified it; the governor learns from the outcome. The caller then
+        calls ``observe()`` with the committed tokens.
+      - ``retract_draft()``: it was never verified (e.g. the scheduler's
+        gate declined); stats are rolled back and the governor learns
+        nothing, because an unverified draft says nothing about acceptance.
+
+    * ``pipelines_plain_rounds()`` tells a caller whether the next round is
+      unlikely to carry a proposal, so a lookahead plain decode step can be
+      kept in flight.
+
+Worked example::
+
+    >>> drafter = PromptLookupDrafter(PromptLookupConfig(max_draft=3))
+    >>> drafter.observe([5, 6, 7, 8, 9, 5, 6])
+    >>> drafter.draft_block()            # suffix (5, 6) seen before
+    [7, 8, 9]
+    >>> drafter.accept_verified_tokens(n_drafted=3, n_accepted=2)
+    >>> drafter.observe([7, 8, 0])       # 2 accepted + the model's own token
+    >>> drafter.stats.accepted_per_verify
+    2.0
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from mlxd_drafters.config import PromptLookupConfig
+from mlxd_drafters.governor import DraftGovernor
+from mlxd_drafters.ngram_index import NgramIndex
+
+
+@dataclass
+class PromptLookupStats:
+    """Counters describing one drafter's life.
+
+    Attributes:
+        proposals: Non-empty proposals handed out and not retracted.
+        drafted_tokens: Tokens in those proposals (adjusted to what was
+            actually verified when the caller verified fewer).
+        accepted_tokens: Draft tokens the target model accepted.
+        verify_rounds: Calls to ``accept_verified_tokens``.
+        misses: Verify rounds that accepted nothing.
+        retracted: Proposals withdrawn before verification.
+    """
+
+    proposals: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    verify_rounds: int = 0
+    misses: int = 0
+    retracted: int = 0
+
+    @property
+    def accepted_per_verify(self) -> float:
+        """Mean accepted draft tokens per verify round (0.0 before any)."""
+        if self.verify_rounds == 0:
+            return 0.0
+        return self.accepted_tokens / self.verify_rounds
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / drafted tokens (0.0 before any drafting)."""
+        if self.drafted_tokens == 0:
+            return 0.0
+        return self.accepted_tokens / self.drafted_tokens
+
+    def as_dict(self) -> dict[str, int | float]:
+        """All counters plus the derived rates, for logs and metrics.
+
+        Returns:
+            A new flat dictionary.
+        """
+        summary: dict[str, int | float] = dataclasses.asdict(self)
+        summary["accepted_per_verify"] = self.accepted_per_verify
+        summary["acceptance_rate"] = self.acceptance_rate
+        return summary
+
+
+class PromptLookupDrafter:
+    """Drafts by n-gram lookup in the request's own context.
+
+    Args:
+        config: Drafting configuration; defaults to ``PromptLookupConfig()``.
+    """
+
+    def __init__(self, config: PromptLookupConfig | None = None) -> None:
+        self._config = config if config is not None else PromptLookupConfig()
+        self._index = NgramIndex(self._config.min_ngram, self._config.max_ngram)
+        self._governor = DraftGovernor(self._config)
+        self._stats = PromptLookupStats()
+        self._outstanding: list[int] | None = None
+
+    @property
+    def config(self) -> PromptLookupConfig:
+        """The configuration in use."""
+        return self._config
+
+    @property
+    def stats(self) -> PromptLookupStats:
+        """Live counters (mutated in place by the drafter)."""
+        return self._stats
+
+    @property
+    def governor(self) -> DraftGovernor:
+        """The budget governor (exposed for inspection and metrics)."""
+        return self._governor
+
+    @property
+    def index(self) -> NgramIndex:
+        """The n-gram index over the observed context."""
+        return self._index
+
+    @property
+    def context_length(self) -> int:
+        """Number of tokens observed so far."""
+        return len(self._index)
+
+    @property
+    def outstanding_draft(self) -> list[int] | None:
+        """Copy of the unresolved proposal, or None."""
+        return None if self._outstanding is None else list(self._outstanding)
+
+    def observe(self, tokens: Iterable[int]) -> None:
+        """Append committed tokens to the context.
+
+        Args:
+            tokens: Prompt tokens, or tokens committed by a decode step.
+        """
+        self._index.extend(tokens)
+
+    def draft_block(self) -> list[int]:
+        """Propose draft tokens for the next verify round.
+
+        A still-outstanding earlier proposal is retracted first, since the
+        caller evidently did not verify it.
+
+        Returns:
+            Up to ``min(budget, max_draft)`` tokens; empty when the
+            governor grants nothing or the context has no match.
+        """
+        if self._outstanding is not None:
+            self.retract_draft()
+        budget = min(self._governor.budget(), self._config.max_draft)
+        if budget <= 0:
+            return []
+        proposal = self._index.propose(budget)
+        if proposal:
+            self._stats.proposals += 1
+            self._stats.drafted_tokens += len(proposal)
+            self._outstanding = proposal
+        # The index builds a fresh list per call, but the caller still
+        # gets its own copy so mutating it cannot skew our accounting.
+        return list(proposal)
+
+    def retract_draft(self) -> None:
+        """Withdraw the outstanding proposal because it was not verified.
+
+        Rolls back its ``proposals``/``drafted_tokens`` counts and counts it
+        in ``retracted``. Records no miss and leaves the governor untouched.
+        No-op when nothing is outstanding.
+        """
+        if self._outstanding is None:
+            return
+        self._stats.proposals -= 1
+        self._stats.drafted_tokens -= len(self._outstanding)
+        self._stats.retracted += 1
+        self._outstanding = None
+
+    def accept_verified_tokens(self, n_drafted: int, n_accepted: int) -> None:
+        """Record the outcome of one verify round.
+
+        Args:
+            n_drafted: Draft tokens the target model verified. If it differs
+                from the outstanding proposal's length (the caller trimmed
+                it), ``drafted_tokens`` is corrected to this number.
+            n_accepted: Of those, how many were accepted.
+
+        Raises:
+            ValueError: If the counts are negative or accepted > drafted.
+        """
+        if n_drafted < 0 or not 0 <= n_accepted <= n_drafted:
+            raise ValueError(
+                f"need 0 <= n_accepted <= n_drafted, got "
+                f"n_drafted={n_drafted}, n_accepted={n_accepted}"
+            )
+        outstanding_length = len(self._outstanding) if self._outstanding else 0
+        self._stats.drafted_tokens += n_drafted - outstanding_length
+        self._stats.verify_rounds += 1
+        self._stats.accepted_tokens += n_accepted
+        if n_accepted == 0:
+            self._stats.misses += 1
+        self._governor.record(n_drafted, n_accepted)
+        self._outstanding = None
+
+    def pipelines_plain_rounds(self) -> bool:
+        """Whether the caller may keep a lookahead plain decode in flight.
+
+        Rule: False when the governor would grant a budget on its next call
+        (probes included) AND the index has an earlier match for the current
+        suffix, i.e. ``draft_block()`` would likely return a proposal; True
+        otherwise. Neither check changes any state or statistic.
+
+        The caller should still call ``draft_block()`` every round: probe
+        spacing counts ``budget()`` calls, so skipping ``draft_block()``
+        whenever this returns True would leave an off governor off forever.
+
+        Returns:
+            True if the next round is unlikely to carry a proposal.
+        """
+        if self._governor.peek_budget() <= 0:
+            return True
+        return not self._index.has_match()

@@ -1,0 +1,54 @@
+"""Whether a request may use prompt-lookup speculation, and if not, why.
+
+Contract: one predicate for every caller. Prompt lookup needs (1) text-only input, so the drafter's
+n-gram index sees every token the model saw; (2) no structured output, whose grammar state would have to
+be stepped through each draft; (3) no logprobs, which the verify round does not report per position;
+(4) a sampler chain whose per-position state the round can replay (mlx-lm's penalties, biases and
+filters can: position i sees history + proposal[:i]; opaque in-process processors cannot be known to);
+(5) KV storage that can unwind speculative appends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class Eligibility:
+    eligible: bool
+    reason: str | None = None  # why not, for logs and traces
+
+    def __bool__(self) -> bool:
+        return self.eligible
+
+
+def prompt_lookup_eligibility(
+    params: SamplingParams,
+    *,
+    has_images: bool = False,
+    structured_output: bool = False,
+    storage_can_unwind: bool = True,
+) -> Eligibility:
+    """Decide whether prompt lookup may run for a request.
+
+    Args:
+        params: the request's sampling parameters.
+        has_images: the request carries non-text input.
+        structured_output: the request asks for a JSON schema or grammar.
+        storage_can_unwind: the KV storage of its sequence supports unwinding appends.
+    Returns:
+        Eligibility(True) or Eligibility(False, reason).
+    """
+    if has_images:
+        return Eligibility(False, "non-text input: the drafter only sees text tokens")
+    if structured_output:
+        return Eligibility(False, "structured output: grammar state cannot be replayed per draft")
+    if params.logprobs is not None:
+        return Eligibility(False, "logprobs requested: the verify round does not report them")
+    if params.custom_processors:
+        return Eligibility(False, "custom logits processors: their per-position state cannot be replayed")
+    if not storage_can_unwind:
+        return Eligibility(False, "KV storage cannot unwind speculative appends")
+    return Eligibility(True)

@@ -1,0 +1,217 @@
+"""The engine: prefill, batched step, multi-token verify, commit and unwind over slot KV storage.
+
+Contract: the engine knows token ids only (no text, no sockets, no scheduling policy). A ``Sequence`` is
+its tokens (prompt + output) of which the first ``kv.committed`` are in KV storage; in plain decode
+exactly one token, the last one emitted, is not yet in storage and is the next step's input.
+
+Operations:
+- ``prefill(seq, max_tokens)``: forward up to ``max_tokens`` of the tokens not yet in storage (one
+  chunk); when the last prompt token has been forwarded, sample and return the first output token.
+- ``submit_step(rows, lookahead=None)`` / ``read_step(handle)``: one token per row, one batched forward,
+  sampled lazily and started with ``mx.async_eval``. Passing the in-flight handle of step n as
+  ``lookahead`` feeds its still-unread tokens to step n+1, so a caller can submit n+1 before reading n.
+  ``step(rows)`` is both at once.
+- ``verify(seq, tokens)``: k+1 tokens of one row in one forward; logits at every position.
+- ``commit_appends(seq, n)`` / ``unwind_appends(seq, n)``: settle pending appends (oldest first / newest
+  first). A step's append is committed by ``read_step``; a verify's by the verify round.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+
+from .kv_storage import KVStorageFull, SlotKVStorage, SlotState
+from .loading import LoadedModel
+from .sampling import SamplerChain, SamplingParams, sample_rows, token_logprobs
+
+
+@dataclass
+class Emitted:
+    """One output token and, when the request asked for them, its log-probabilities."""
+
+    token: int
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] | None = None
+
+
+@dataclass
+class Sequence:
+    """One sequence in the engine (per-row state; the scheduler keeps request-level state)."""
+
+    seq_id: int
+    kv: SlotState  # slot, committed and pending appends
+    tokens: list[int]  # prompt + output; tokens[:kv.committed] are in KV storage
+    prompt_length: int
+    chain: SamplerChain
+    max_kv: int  # the sequence may hold at most this many tokens in storage
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.chain.params
+
+    @property
+    def output(self) -> list[int]:
+        return self.tokens[self.prompt_length :]
+
+    @property
+    def prefilled(self) -> bool:
+        return self.kv.written >= self.prompt_length
+
+    def history(self, window: int) -> mx.array:
+        return mx.array(self.tokens[-window:]) if self.tokens else mx.array([], dtype=mx.int32)
+
+
+@dataclass
+class StepHandle:
+    """A submitted batched step: its rows and lazily computed tokens [B] (and logprobs)."""
+
+    rows: list[Sequence]
+    tokens: mx.array
+    logits: mx.array  # [B, V] last-position logits (kept for tests and diagnostics)
+    logprob_parts: tuple | None = None
+    read: bool = False
+    row_index: dict[int, int] = field(default_factory=dict)
+
+
+class Engine:
+    """Runs one loaded model over slot KV storage."""
+
+    def __init__(self, loaded: LoadedModel, max_sequences: int = 8, max_kv_size: int | None = None):
+        self.loaded = loaded
+        self.model = loaded.model
+        self.max_kv_size = min(max_kv_size or loaded.context_length, loaded.context_length)
+        self.storage = SlotKVStorage(loaded.n_layers, max_sequences, self.max_kv_size)
+        self._ids = itertools.count()
+
+    # -- sequence lifetime ---------------------------------------------------------------------
+    def add_sequence(self, prompt: list[int], params: SamplingParams | None = None) -> Sequence:
+        """Admit a sequence; raises KVStorageFull when no slot is free or the prompt cannot fit."""
+        params = params or SamplingParams()
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        if len(prompt) >= self.max_kv_size:
+            raise KVStorageFull(f"prompt of {len(prompt)} tokens does not fit the KV bound of {self.max_kv_size}")
+        params.validate(self.loaded.vocab_size)
+        kv = self.storage.allocate()
+        return Sequence(next(self._ids), kv, list(prompt), len(prompt), SamplerChain(params), self.max_kv_size)
+
+    def release(self, seq: Sequence) -> None:
+        self.storage.release(seq.kv)
+
+    # -- forwards ---------------------------------------------------------------------------
+    def _forward(self, rows: list[Sequence], inputs: mx.array) -> mx.array:
+        # inputs: [B, T] -> logits [B, T, V]; appends become pending on every row
+        self.storage.reserve([r.kv for r in rows], inputs.shape[1])
+        return self.model(inputs, cache=self.storage.views([r.kv for r in rows], inputs.shape[1]))
+
+    def prefill(self, seq: Sequence, max_tokens: int | None = None) -> Emitted | None:
+        """Forward one chunk of the prompt. Returns the first output token once the prompt is in."""
+        start = seq.kv.written
+        remaining = seq.prompt_length - start
+        if remaining <= 0:
+            raise ValueError("sequence is already prefilled")
+        n = remaining if max_tokens is None else min(max_tokens, remaining)
+        logits = self._forward([seq], mx.array([seq.tokens[start : start + n]]))
+        self.commit_appends(seq, n)
+        if n < remaining:
+            mx.eval([self.storage.keys, self.storage.values])
+            return None
+        return self._sample_one(seq, logits[:, -1, :])
+
+    def _sample_one(self, seq: Sequence, logits: mx.array) -> Emitted:
+        # logits: [1, V]
+        chain = seq.chain
+        processed = chain.process(logits, seq.history(seq.params.penalty_context)) if chain.processors else logits
+        token = chain.draw(processed).astype(mx.int32)
+        emitted = self._emitted(seq, processed, token, 0)
+        seq.tokens.append(emitted.token)
+        return emitted
+
+    def submit_step(self, rows: list[Sequence], lookahead: StepHandle | None = None) -> StepHandle:
+        """Submit one decode step for ``rows`` (async). See the module docstring for ``lookahead``."""
+        pending_index = {r.seq_id: i for i, r in enumerate(lookahead.rows)} if lookahead and not lookahead.read else {}
+        columns = []
+        for seq in rows:
+            if seq.seq_id in pending_index:
+                columns.append(lookahead.tokens[pending_index[seq.seq_id] : pending_index[seq.seq_id] + 1])
+            else:
+                if seq.kv.written != len(seq.tokens) - 1:
+                    raise ValueError(f"sequence {seq.seq_id} has {len(seq.tokens) - seq.kv.written} tokens outside storage; a step feeds exactly one")
+                columns.append(mx.array([seq.tokens[-1]], dtype=mx.int32))
+        inputs = mx.concatenate(columns)[:, None] if len(columns) > 1 else columns[0][None]
+        logits = self._forward(rows, inputs)[:, -1, :]
+        histories = [self._history_fn(seq, pending_index, lookahead) for seq in rows]
+        tokens = sample_rows([seq.chain for seq in rows], logits, histories)
+        handle = StepHandle(rows=list(rows), tokens=tokens, logits=logits)
+        if any(seq.params.logprobs is not None for seq in rows):
+            handle.logprob_parts = token_logprobs(logits, tokens, max(seq.params.logprobs or 0 for seq in rows))
+            mx.async_eval(tokens, *handle.logprob_parts)
+        else:
+            mx.async_eval(tokens)
+        return handle
+
+    @staticmethod
+    def _history_fn(seq: Sequence, pending_index: dict[int, int], lookahead: StepHandle | None):
+        window = seq.params.penalty_context
+
+        def history() -> mx.array:
+            known = seq.history(window)
+            if seq.seq_id not in pending_index:
+                return known
+            i = pending_index[seq.seq_id]
+            return mx.concatenate([known, lookahead.tokens[i : i + 1]])[-window:]
+
+        return history
+
+    def read_step(self, handle: StepHandle) -> list[Emitted]:
+        """Wait for a submitted step; commit its append and record its token on every row."""
+        if handle.read:
+            raise ValueError("step already read")
+        handle.read = True
+        tokens = handle.tokens.tolist()
+        results = []
+        for i, (seq, token) in enumerate(zip(handle.rows, tokens)):
+            self.commit_appends(seq, 1)
+            emitted = Emitted(int(token))
+            if handle.logprob_parts is not None and seq.params.logprobs is not None:
+                emitted = self._logprob_record(int(token), handle.logprob_parts, i, seq.params.logprobs)
+            seq.tokens.append(emitted.token)
+            results.append(emitted)
+        return results
+
+    def step(self, rows: list[Sequence]) -> list[Emitted]:
+        """One synchronous decode step: a token for every row."""
+        return self.read_step(self.submit_step(rows))
+
+    def verify(self, seq: Sequence, tokens: list[int]) -> mx.array:
+        """Forward ``tokens`` (the current token + a proposal) of one row. Returns logits [k+1, V].
+
+        The appends stay pending until the caller commits the accepted prefix and unwinds the rest.
+        """
+        if seq.kv.written != len(seq.tokens) - 1 or tokens[0] != seq.tokens[-1]:
+            raise ValueError("verify starts at the sequence's current token, with nothing pending")
+        return self._forward([seq], mx.array([tokens]))[0]
+
+    # -- settling appends ----------------------------------------------------------------------
+    def commit_appends(self, seq: Sequence, n: int) -> None:
+        self.storage.commit(seq.kv, n)
+
+    def unwind_appends(self, seq: Sequence, n: int) -> None:
+        self.storage.unwind(seq.kv, n)
+
+    # -- log-probabilities -------------------------------------------------------------------
+    def _emitted(self, seq: Sequence, logits: mx.array, token: mx.array, row: int) -> Emitted:
+        if seq.params.logprobs is None:
+            return Emitted(int(token.item()))
+        parts = token_logprobs(logits, token.reshape(-1), seq.params.logprobs)
+        return self._logprob_record(int(token.item()), parts, row, seq.params.logprobs)
+
+    @staticmethod
+    def _logprob_record(token: int, parts: tuple, row: int, top_n: int) -> Emitted:
+        chosen, top_ids, top_values = parts
+        ids = top_ids[row, :top_n].tolist()
+        values = top_values[row, :top_n].tolist()
+        return Emitted(token, float(chosen[row].item()), list(zip(ids, values)))

@@ -1,0 +1,199 @@
+"""Contiguous KV storage: one slot per sequence in a preallocated per-layer buffer.
+
+Contract:
+- Every layer owns a key buffer and a value buffer shaped ``[slots, kv_heads, capacity, head_dim]``.
+  A sequence holds one slot for its lifetime. Rows of one batch may sit at different positions.
+- A sequence's tokens in storage are ``committed`` (part of its history) followed by ``pending``
+  appends (written by a step in flight or by a verify forward and not yet accepted). ``commit`` turns
+  the oldest pending appends into committed ones; ``unwind`` drops the newest pending appends. Both are
+  O(1): nothing is moved, dropped positions are simply masked out and later overwritten.
+- Capacity grows for all slots in chunks of ``GROW_CHUNK`` tokens (one copy per chunk, never one per
+  step) up to ``max_capacity``; a sequence may not pass ``max_capacity`` tokens.
+- ``LayerView`` objects implement mlx-lm's cache protocol (``offset``, ``update_and_fetch``,
+  ``make_mask``) for one forward over a given set of rows, so every mlx-lm architecture whose attention
+  follows the standard path runs on this storage unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+
+GROW_CHUNK = 256
+
+
+@dataclass
+class SlotState:
+    """Bookkeeping for one occupied slot."""
+
+    slot: int
+    committed: int = 0  # tokens whose K/V are part of the sequence
+    pending: int = 0  # appends after `committed` that may still be unwound
+
+    @property
+    def written(self) -> int:
+        return self.committed + self.pending
+
+
+class KVStorageFull(RuntimeError):
+    """No free slot, or a sequence would pass the storage's capacity."""
+
+
+class SlotKVStorage:
+    """Per-layer slot buffers shared by all sequences of one engine."""
+
+    def __init__(self, n_layers: int, n_slots: int, max_capacity: int, dtype=mx.float32):
+        self.n_layers = n_layers
+        self.n_slots = n_slots
+        self.max_capacity = max_capacity
+        self.dtype = dtype
+        self.capacity = 0
+        self.keys: list[mx.array | None] = [None] * n_layers
+        self.values: list[mx.array | None] = [None] * n_layers
+        self._free = list(range(n_slots - 1, -1, -1))
+        self.slots: dict[int, SlotState] = {}
+
+    # -- slot lifetime -----------------------------------------------------------------------
+    def allocate(self) -> SlotState:
+        if not self._free:
+            raise KVStorageFull(f"all {self.n_slots} KV slots are in use")
+        state = SlotState(slot=self._free.pop())
+        self.slots[state.slot] = state
+        return state
+
+    def release(self, state: SlotState) -> None:
+        if self.slots.pop(state.slot, None) is not None:
+            self._free.append(state.slot)
+
+    @property
+    def free_slots(self) -> int:
+        return len(self._free)
+
+    # -- appends ---------------------------------------------------------------------------------
+    def reserve(self, states: list[SlotState], n_tokens: int) -> None:
+        """Make room for ``n_tokens`` more appends on each state; grows capacity when needed."""
+        needed = max(s.written for s in states) + n_tokens
+        if needed > self.max_capacity:
+            raise KVStorageFull(f"sequence would hold {needed} tokens; the KV bound is {self.max_capacity}")
+        if needed > self.capacity:
+            self._grow(needed)
+
+    def commit(self, state: SlotState, n: int) -> None:
+        if n < 0 or n > state.pending:
+            raise ValueError(f"cannot commit {n} appends; {state.pending} pending")
+        state.committed += n
+        state.pending -= n
+
+    def unwind(self, state: SlotState, n: int) -> None:
+        if n < 0 or n > state.pending:
+            raise ValueError(f"cannot unwind {n} appends; {state.pending} pending")
+        state.pending -= n
+
+    def _grow(self, needed: int) -> None:
+        # Buffers are (re)made lazily by ensure_layer, which is the first place that knows head shapes.
+        self.capacity = min(self.max_capacity, -(-needed // GROW_CHUNK) * GROW_CHUNK)
+
+    def ensure_layer(self, layer: int, kv_heads: int, k_dim: int, v_dim: int, dtype) -> None:
+        """Allocate or grow one layer's buffers to the current capacity (shapes come from the model)."""
+        keys = self.keys[layer]
+        if keys is not None and keys.shape[2] == self.capacity:
+            return
+        k_new = mx.zeros((self.n_slots, kv_heads, self.capacity, k_dim), dtype)
+        v_new = mx.zeros((self.n_slots, kv_heads, self.capacity, v_dim), dtype)
+        if keys is not None:
+            old = keys.shape[2]
+            k_new[:, :, :old, :] = keys
+            v_new[:, :, :old, :] = self.values[layer]
+        self.keys[layer], self.values[layer] = k_new, v_new
+
+    def views(self, states: list[SlotState], n_tokens: int) -> list["LayerView"]:
+        """Cache objects for one forward of ``n_tokens`` per row over ``states`` (in row order).
+
+        The caller must have called ``reserve`` first; the forward's appends become pending.
+        """
+        plan = RowPlan.make(states, n_tokens)
+        for state in states:
+            state.pending += n_tokens
+        return [LayerView(self, layer, plan) for layer in range(self.n_layers)]
+
+
+@dataclass
+class RowPlan:
+    """Where one forward writes and reads: shared by the views of every layer."""
+
+    slots: list[int]
+    starts: list[int]  # first written position per row
+    n_tokens: int
+    read_length: int  # keys visible to the last query of the longest row
+    contiguous: bool  # rows are slots a, a+1, ... (read is a slice, no gather)
+    _arrays: dict = field(default_factory=dict)
+
+    @classmethod
+    def make(cls, states: list[SlotState], n_tokens: int) -> "RowPlan":
+        slots = [s.slot for s in states]
+        starts = [s.written for s in states]
+        contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
+        return cls(slots, starts, n_tokens, max(starts) + n_tokens, contiguous)
+
+    @property
+    def uniform(self) -> bool:
+        return len(set(self.starts)) == 1
+
+    def array(self, name: str) -> mx.array:
+        if name not in self._arrays:
+            self._arrays[name] = mx.array(getattr(self, name))
+        return self._arrays[name]
+
+
+class LayerView:
+    """mlx-lm cache protocol for one layer and one forward over a fixed set of rows."""
+
+    def __init__(self, storage: SlotKVStorage, layer: int, plan: RowPlan):
+        self.storage = storage
+        self.layer = layer
+        self.plan = plan
+        # RoPE position of the first new token per row: an int when all rows agree (fast path).
+        self.offset = plan.starts[0] if plan.uniform else plan.array("starts")
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        # keys: [B, kv_heads, T, k_dim]; values: [B, kv_heads, T, v_dim]
+        s, layer, plan = self.storage, self.layer, self.plan
+        _, kv_heads, n, k_dim = keys.shape
+        s.ensure_layer(layer, kv_heads, k_dim, values.shape[3], keys.dtype)
+        k_buf, v_buf = s.keys[layer], s.values[layer]
+        first = plan.slots[0]
+        if plan.contiguous and plan.uniform:
+            start = plan.starts[0]
+            k_buf[first : first + len(plan.slots), :, start : start + n, :] = keys
+            v_buf[first : first + len(plan.slots), :, start : start + n, :] = values
+        else:
+            for i in range(n):
+                # rows at different positions: scatter token i of every row at (slot, start + i)
+                positions = plan.array("starts") + i
+                k_buf[plan.array("slots"), :, positions] = keys[:, :, i]
+                v_buf[plan.array("slots"), :, positions] = values[:, :, i]
+        s.keys[layer], s.values[layer] = k_buf, v_buf
+        length = plan.read_length
+        if plan.contiguous:
+            rows = slice(first, first + len(plan.slots))
+            return k_buf[rows, :, :length, :], v_buf[rows, :, :length, :]
+        index = plan.array("slots")
+        return mx.take(k_buf[:, :, :length, :], index, axis=0), mx.take(v_buf[:, :, :length, :], index, axis=0)
+
+    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
+        plan = self.plan
+        if plan.uniform and window_size is None and not return_array:
+            # every row ends at read_length: the plain causal (or no) mask is exact
+            return None if n == 1 else "causal"
+        # [B, 1, n, L]: key j is visible to query i of row r when j <= start_r + i
+        key_positions = mx.arange(plan.read_length)[None, None, None, :]
+        query_positions = plan.array("starts")[:, None, None, None] + mx.arange(n)[None, None, :, None]
+        mask = key_positions <= query_positions
+        if window_size is not None:
+            mask = mask & (key_positions > query_positions - window_size)
+        return mask
+
+    @property
+    def state(self):  # mlx-lm reads this only to evaluate caches; the storage owns the arrays
+        return self.storage.keys[self.layer], self.storage.values[self.layer]

@@ -1,0 +1,178 @@
+"""Per-row sampler chains: logits processors, then filters, then a draw (or argmax).
+
+Contract: a ``SamplerChain`` turns one row's logits into a token, given that row's token history. The
+chain is the same for plain steps and for every position of a verify round, which is what makes the
+verify round's output equal to plain decode: position i of a round sees history + proposal[:i], exactly
+the history plain decode would have had. A seeded chain owns a PRNG key and splits it once per emitted
+token, so seeded sampling is reproducible whether a token came from a step or from a verify round.
+
+Greedy rows with no processors are the common case; ``sample_rows`` argmaxes all of them in one call
+and batches rows that share the same filters and no seed into one draw.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import mlx.core as mx
+from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors
+
+LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """What one request asks of the sampler. Defaults are greedy decode.
+
+    ``temperature`` 0 means argmax; ``top_k`` 0, ``top_p`` 1 and ``min_p`` 0 are off; penalties of 0
+    (repetition: 1 or 0) are off. ``logprobs`` is the number of alternatives to report per token
+    (None: none). ``custom_processors`` are in-process callables (library use only).
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    penalty_context: int = 64
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    seed: int | None = None
+    logprobs: int | None = None
+    custom_processors: tuple[LogitsProcessor, ...] = field(default=(), compare=False)
+
+    def validate(self, vocab_size: int) -> None:
+        """Raise ValueError with a user-facing message for out-of-range values."""
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if self.top_k < 0 or self.top_k >= vocab_size and self.top_k != 0:
+            raise ValueError(f"top_k must be in [0, {vocab_size})")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError("min_p must be in [0, 1]")
+        if self.repetition_penalty < 0:
+            raise ValueError("repetition_penalty must be >= 0")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise ValueError("logprobs must be in [0, 20]")
+        for token, _ in self.logit_bias:
+            if not 0 <= token < vocab_size:
+                raise ValueError(f"logit_bias token {token} is outside the vocabulary")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0
+
+    def filter_key(self) -> tuple:
+        """Rows with equal keys and no per-row state can share one batched draw."""
+        return (self.temperature, self.top_k, self.top_p, self.min_p)
+
+
+class SamplerChain:
+    """One row's chain: processors → temperature → top-k → top-p → min-p → draw."""
+
+    def __init__(self, params: SamplingParams):
+        self.params = params
+        repetition = params.repetition_penalty if params.repetition_penalty not in (0.0, 1.0) else None
+        self.processors: list[LogitsProcessor] = make_logits_processors(
+            logit_bias=dict(params.logit_bias) or None,
+            repetition_penalty=repetition,
+            repetition_context_size=params.penalty_context,
+            presence_penalty=params.presence_penalty or None,
+            presence_context_size=params.penalty_context,
+            frequency_penalty=params.frequency_penalty or None,
+            frequency_context_size=params.penalty_context,
+        ) + list(params.custom_processors)
+        self.key = mx.random.key(params.seed) if params.seed is not None else None
+
+    @property
+    def has_row_state(self) -> bool:
+        """True when the chain needs the row's history or its own key (cannot join a batched draw)."""
+        return bool(self.processors) or self.key is not None
+
+    def process(self, logits: mx.array, history: mx.array) -> mx.array:
+        # logits: [1, V]; history: [T] token ids seen so far (prompt + output)
+        for processor in self.processors:
+            logits = processor(history, logits)
+        return logits
+
+    def filtered_logprobs(self, logits: mx.array) -> mx.array:
+        """Temperature-scaled, filtered log-probabilities to draw from. logits: [N, V]."""
+        p = self.params
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        if p.top_k:
+            logprobs = apply_top_k(logprobs, p.top_k)
+        if p.top_p < 1.0:
+            logprobs = apply_top_p(logprobs, p.top_p)
+        if p.min_p > 0.0:
+            logprobs = apply_min_p(logprobs, p.min_p)
+        return logprobs
+
+    def draw(self, logits: mx.array) -> mx.array:
+        """Pick one token per row of ``logits`` [N, V] (already processed). Returns [N] int32."""
+        if self.params.is_greedy:
+            return mx.argmax(logits, axis=-1)
+        scaled = self.filtered_logprobs(logits) * (1.0 / self.params.temperature)
+        if self.key is None:
+            return mx.random.categorical(scaled)
+        self.key, subkey = mx.random.split(self.key)
+        return mx.random.categorical(scaled, key=subkey)
+
+
+def token_logprobs(logits: mx.array, tokens: mx.array, top_n: int) -> tuple[mx.array, mx.array, mx.array]:
+    """Log-probability of each chosen token and the ``top_n`` best alternatives.
+
+    Args:
+        logits: [N, V]; tokens: [N].
+    Returns:
+        (chosen [N], top ids [N, top_n], top logprobs [N, top_n]).
+    """
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    chosen = mx.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]
+    if top_n == 0:
+        empty = mx.zeros((logits.shape[0], 0))
+        return chosen, empty.astype(mx.int32), empty
+    top_ids = mx.argpartition(-logprobs, kth=top_n - 1, axis=-1)[:, :top_n]
+    top_values = mx.take_along_axis(logprobs, top_ids, axis=-1)
+    order = mx.argsort(-top_values, axis=-1)
+    return chosen, mx.take_along_axis(top_ids, order, axis=-1), mx.take_along_axis(top_values, order, axis=-1)
+
+
+def sample_rows(chains: list[SamplerChain], logits: mx.array, histories: list[Callable[[], mx.array]]) -> mx.array:
+    """Sample one token for every row of a batched step, lazily.
+
+    Args:
+        chains: the rows' chains, in row order.
+        logits: [B, V] last-position logits of the step.
+        histories: per row, a callable returning its token history (only called for rows that need it).
+    Returns:
+        [B] int32 tokens (not evaluated).
+    """
+    batch = len(chains)
+    groups: dict[tuple, list[int]] = {}
+    solo: list[int] = []
+    for row, chain in enumerate(chains):
+        if chain.has_row_state:
+            solo.append(row)
+        else:
+            groups.setdefault(chain.params.filter_key(), []).append(row)
+    if len(groups) == 1 and not solo:
+        return chains[0].draw(logits).astype(mx.int32)
+    parts: list[tuple[list[int], mx.array]] = []
+    for rows in groups.values():
+        index = mx.array(rows)
+        parts.append((rows, chains[rows[0]].draw(logits[index])))
+    for row in solo:
+        chain = chains[row]
+        row_logits = chain.process(logits[row : row + 1], histories[row]())
+        parts.append(([row], chain.draw(row_logits)))
+    order = [row for rows, _ in parts for row in rows]
+    tokens = mx.concatenate([t.astype(mx.int32) for _, t in parts])
+    if order == list(range(batch)):
+        return tokens
+    inverse = [0] * batch
+    for position, row in enumerate(order):
+        inverse[row] = position
+    return tokens[mx.array(inverse)]

@@ -1,0 +1,113 @@
+"""The shared verify round: check a proposal with one multi-token forward, keep what the target agrees with.
+
+Contract: every caller that speculates (mlx-generate, the scheduler) runs this one function; there is no
+second copy. Given a sequence whose current token (its last) is not yet in storage and a proposal of
+draft tokens, the round
+
+1. truncates the proposal so the round cannot pass ``max_new_tokens`` or the KV bound,
+2. runs ``engine.verify`` on [current] + proposal: k+1 positions in one forward,
+3. samples every position through the row's own chain, in order, position i seeing history +
+   proposal[:i] (greedy rows: one argmax over all positions), and accepts drafts while the sampled
+   token equals the draft,
+4. emits the accepted drafts plus the target's own token at the first disagreement (or after the last
+   draft), cut short at the first EOS or at a token the caller's ``should_stop`` flags,
+5. commits the appends the emitted tokens need and unwinds the rest.
+
+Because acceptance is "the row's sampler picked exactly this token", the emitted tokens are the ones
+plain decode would produce: greedy output is identical, and a seeded chain splits its key once per
+sampled position, as plain decode does.
+
+Worked example (greedy): current token c, proposal [a, b, x]; the target's argmax at the four positions
+is [a, b, y, z]. Accepted: a, b; emitted: [a, b, y]; appends c, a, b are committed, x is unwound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import mlx.core as mx
+
+from .engine import Engine, Sequence
+
+ACCEPTED, TARGET = "accepted", "target"
+
+
+@dataclass
+class RoundOutcome:
+    """What one verify round produced."""
+
+    emitted: list[int]  # tokens appended to the sequence, in order
+    outcomes: list[str]  # per emitted token: "accepted" (a draft the target agreed with) or "target"
+    drafted: int  # proposal tokens actually verified (after truncation)
+    accepted: int  # drafts among the emitted tokens
+    finish_reason: str | None  # "stop" (EOS or should_stop), "length" (max tokens or KV bound), None
+
+
+def verify_round(
+    engine: Engine,
+    seq: Sequence,
+    proposal: list[int],
+    max_new_tokens: int,
+    should_stop: Callable[[int], bool] | None = None,
+) -> RoundOutcome:
+    """Verify ``proposal`` on ``seq`` and emit what the target accepts plus one token of its own.
+
+    Args:
+        engine: the engine that holds ``seq``.
+        seq: a decoding sequence (its last token is the current one, not yet in storage).
+        proposal: draft tokens to check (may be empty: the round is then one plain token).
+        max_new_tokens: how many more tokens the request may emit (>= 1).
+        should_stop: called with each emitted token in order; True ends the row at that token
+            (stop strings, for instance). EOS ids of the model end the row too.
+    Returns:
+        The round's outcome; the sequence's tokens and storage are already updated.
+    """
+    if max_new_tokens < 1:
+        raise ValueError("max_new_tokens must be >= 1")
+    room = seq.max_kv - seq.kv.written  # positions left for [current] + drafts
+    proposal = list(proposal[: max(0, min(max_new_tokens - 1, room - 1))])
+    k = len(proposal)
+    logits = engine.verify(seq, [seq.tokens[-1]] + proposal)  # [k+1, V]
+    sampled = _sample_positions(seq, logits, proposal)
+
+    emitted: list[int] = []
+    outcomes: list[str] = []
+    finish_reason = None
+    for i, token in enumerate(sampled):
+        emitted.append(token)
+        agrees = i < k and token == proposal[i]
+        outcomes.append(ACCEPTED if agrees else TARGET)
+        if token in engine.loaded.eos_token_ids or (should_stop is not None and should_stop(token)):
+            finish_reason = "stop"
+            break
+        if not agrees:
+            break
+    accepted = sum(o == ACCEPTED for o in outcomes)
+    # storage needs [current] + every emitted token but the last (which is the next current token)
+    keep = len(emitted)
+    engine.commit_appends(seq, keep)
+    engine.unwind_appends(seq, k + 1 - keep)
+    seq.tokens.extend(emitted)
+    if finish_reason is None and (len(emitted) >= max_new_tokens or seq.kv.written >= seq.max_kv):
+        finish_reason = "length"
+    return RoundOutcome(emitted, outcomes, k, accepted, finish_reason)
+
+
+def _sample_positions(seq: Sequence, logits: mx.array, proposal: list[int]) -> list[int]:
+    """The row's sampled token at each position, stopping after the first disagreement."""
+    chain = seq.chain
+    if chain.params.is_greedy and not chain.processors:
+        return mx.argmax(logits, axis=-1).tolist()
+    window = chain.params.penalty_context
+    sampled: list[int] = []
+    for i in range(len(proposal) + 1):
+        row = logits[i : i + 1]
+        if chain.processors:
+            history = mx.array((seq.tokens + proposal[:i])[-window:])
+            row = chain.process(row, history)
+        token = int(chain.draw(row).item())
+        sampled.append(token)
+        if i < len(proposal) and token != proposal[i]:
+            break
+    return sampled

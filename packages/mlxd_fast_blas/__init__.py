@@ -1,0 +1,102 @@
+"""Fast BLAS for MLX on Linux CPU: find a system OpenBLAS and re-exec with it preloaded.
+
+Why: the Linux mlx[cpu] wheel bundles a reference BLAS. Measured on a 2-core x86-64 machine, float32
+matmul runs at about 6 GFLOP/s with it and about 190 GFLOP/s with Debian's OpenBLAS
+(libopenblas0-pthread) preloaded, because MLX's CPU backend then resolves its cblas_* calls to OpenBLAS.
+
+Contract: ``ensure_fast_blas()`` is called first thing by every entry point that imports mlx. On Linux,
+unless ``MLXD_FAST_BLAS=0``, it looks for an OpenBLAS (``MLXD_OPENBLAS`` names one explicitly) and, if
+it is not already preloaded, re-executes the process with it in ``LD_PRELOAD``. It never imports mlx.
+``blas_in_use()`` says what the running process has mapped, for the log line at start-up.
+This module is a leaf: standard library only.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import logging
+import os
+import sys
+from pathlib import Path
+
+DISABLE_ENV = "MLXD_FAST_BLAS"
+LIBRARY_ENV = "MLXD_OPENBLAS"
+_REEXEC_MARK = "MLXD_FAST_BLAS_REEXEC"
+
+_CANDIDATES = (
+    "/usr/lib/x86_64-linux-gnu/libopenblas.so.0",
+    "/usr/lib/aarch64-linux-gnu/libopenblas.so.0",
+    "/usr/lib64/libopenblas.so.0",
+    "/usr/lib/libopenblas.so.0",
+    "/usr/local/lib/libopenblas.so.0",
+)
+
+log = logging.getLogger("mlxd.blas")
+
+
+def find_openblas() -> str | None:
+    """Path of a usable OpenBLAS shared library, or None."""
+    explicit = os.environ.get(LIBRARY_ENV)
+    if explicit:
+        return explicit if Path(explicit).is_file() else None
+    for candidate in _CANDIDATES:
+        if Path(candidate).is_file():
+            return candidate
+    found = ctypes.util.find_library("openblas")
+    if found:
+        for directory in ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib"):
+            if Path(directory, found).is_file():
+                return str(Path(directory, found))
+    return None
+
+
+def preload_value() -> str | None:
+    """The LD_PRELOAD value that enables the fast path here, or None when it does not apply."""
+    if not sys.platform.startswith("linux") or os.environ.get(DISABLE_ENV) == "0":
+        return None
+    library = find_openblas()
+    if library is None:
+        return None
+    current = os.environ.get("LD_PRELOAD", "")
+    if library in current.split(":"):
+        return current
+    return f"{library}:{current}" if current else library
+
+
+def ensure_fast_blas() -> None:
+    """Re-exec the current process with OpenBLAS preloaded when that applies and is not done yet."""
+    if os.environ.get(_REEXEC_MARK):
+        return  # already re-executed once: never loop
+    value = preload_value()
+    if value is None or value == os.environ.get("LD_PRELOAD"):
+        return
+    os.environ["LD_PRELOAD"] = value
+    os.environ[_REEXEC_MARK] = "1"
+    argv = list(getattr(sys, "orig_argv", [sys.executable, *sys.argv]))
+    try:
+        os.execv(sys.executable, [sys.executable, *argv[1:]])
+    except OSError as error:  # keep running on the bundled BLAS rather than fail
+        log.warning("could not re-exec with %s preloaded: %s", value, error)
+
+
+def blas_in_use() -> str:
+    """What BLAS this process has loaded: 'openblas (<path>)', the platform's, or the bundled one."""
+    if sys.platform == "darwin":
+        return "Accelerate (macOS)"
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return "unknown"
+    for line in maps.splitlines():
+        if "libopenblas" in line:
+            return f"openblas ({line.split()[-1]})"
+    return "bundled reference BLAS (slow; install libopenblas0-pthread or set MLXD_OPENBLAS)"
+
+
+def main() -> None:
+    """``python -m mlxd_fast_blas``: print the LD_PRELOAD value for the fast path (empty if none)."""
+    print(preload_value() or "")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,3 @@
+from mlxd_fast_blas import main
+
+main()

@@ -1,0 +1,232 @@
+"""Training data for the embedded model: an offline corpus, a BPE tokenizer, copy tasks.
+
+Contract: everything here is deterministic for a given Python installation and seed. The corpus is
+Python's own documentation (``pydoc_data.topics``) and the docstrings and sources of the standard
+library, so it is on every machine that runs Python, with no download. Paragraphs are split into a
+training set and a held-out set by a stable hash; held-out paragraphs never reach the trainer.
+
+Samples are ``(tokens, loss_mask)`` pairs. Copy samples put loss only on the reply (the copied part),
+which is what makes induction heads form quickly in a small model; plain text has loss everywhere.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import random
+import re
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+SPECIAL_TOKENS = [ENDOFTEXT, IM_START, IM_END]
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+COPY_INSTRUCTIONS = [
+    "Repeat the following paragraph exactly:",
+    "Repeat the following paragraph exactly:",
+    "Repeat the following text exactly:",
+    "Copy this text:",
+    "Please repeat this exactly:",
+    "Quote the following back to me:",
+]
+
+
+def chat_prompt(user: str, system: str | None = None) -> str:
+    """The text the chat template renders for one user turn with a generation prompt."""
+    text = f"{IM_START}system\n{system}{IM_END}\n" if system else ""
+    return text + f"{IM_START}user\n{user}{IM_END}\n{IM_START}assistant\n"
+
+
+def _stable_bucket(text: str, buckets: int) -> int:
+    return int(hashlib.sha1(text.encode()).hexdigest()[:8], 16) % buckets
+
+
+def _clean(paragraph: str) -> str:
+    lines = [line.rstrip() for line in paragraph.strip("\n").splitlines()]
+    return "\n".join(lines).strip()
+
+
+def _docstrings_and_code(path: Path) -> tuple[list[str], list[str]]:
+    try:
+        source = path.read_text(encoding="utf-8")
+        tree = ast.parse(source)
+    except (SyntaxError, UnicodeDecodeError, ValueError):
+        return [], []
+    docs, code = [], []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node)
+            if doc:
+                docs.append(doc)
+        if isinstance(node, ast.FunctionDef) and node.end_lineno - node.lineno < 25:
+            segment = ast.get_source_segment(source, node)
+            if segment and 120 < len(segment) < 900:
+                code.append(segment)
+    return docs, code
+
+
+@dataclass
+class Corpus:
+    """Paragraphs of prose and short functions of code, split into train and held-out."""
+
+    train_prose: list[str]
+    heldout_prose: list[str]
+    train_code: list[str]
+
+
+def build_corpus(max_files: int = 700) -> Corpus:
+    """Collect prose paragraphs and code snippets from the running Python's documentation and stdlib.
+
+    Args:
+        max_files: how many standard-library modules to read (sorted by path, so deterministic).
+    Returns:
+        The corpus; 1 paragraph in 20 goes to the held-out set by a hash of its text.
+    """
+    import pydoc_data.topics as topics
+
+    texts = [topics.topics[key] for key in sorted(topics.topics)]
+    code: list[str] = []
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in stdlib.rglob("*.py") if not re.search(r"/(test|tests|idle_test|site-packages)/", str(p)))
+    for path in files[:max_files]:
+        docs, snippets = _docstrings_and_code(path)
+        texts.extend(docs)
+        code.extend(snippets)
+    paragraphs = set()
+    for text in texts:
+        for paragraph in re.split(r"\n\s*\n", text):
+            paragraph = _clean(paragraph)
+            if 80 <= len(paragraph) <= 1100 and sum(c.isalpha() for c in paragraph) > 0.6 * len(paragraph):
+                paragraphs.add(paragraph)
+    ordered = sorted(paragraphs)
+    heldout = [p for p in ordered if _stable_bucket(p, 20) == 0]
+    train = [p for p in ordered if _stable_bucket(p, 20) != 0]
+    return Corpus(train_prose=train, heldout_prose=heldout, train_code=sorted(set(code)))
+
+
+def train_tokenizer(corpus: Corpus, vocab_size: int) -> Tokenizer:
+    """A byte-level BPE tokenizer (so any text encodes) with the three chat special tokens first."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(corpus.train_prose + corpus.train_code, trainer=trainer)
+    return tokenizer
+
+
+class SampleMaker:
+    """Makes token-level training samples; all randomness comes from the given ``random.Random``."""
+
+    def __init__(self, tokenizer: Tokenizer, corpus: Corpus, rng: random.Random):
+        self.tok = tokenizer
+        self.rng = rng
+        self.eot = tokenizer.token_to_id(ENDOFTEXT)
+        self.im_end = tokenizer.token_to_id(IM_END)
+        self.prose = corpus.train_prose
+        self.code = corpus.train_code
+        self.vocab_size = tokenizer.get_vocab_size()
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text).ids
+
+    def _framed(self, prompt_text: str, reply_ids: list[int], chat: bool) -> tuple[list[int], list[int]]:
+        end = self.im_end if chat else self.eot
+        prompt_ids = self.encode(prompt_text)
+        tokens = prompt_ids + reply_ids + [end]
+        mask = [0] * len(prompt_ids) + [1] * (len(reply_ids) + 1)
+        return tokens, mask
+
+    def copy_prompt_text(self, paragraph: str, chat: bool, instruction: str | None = None) -> str:
+        instruction = instruction or self.rng.choice(COPY_INSTRUCTIONS)
+        separator = self.rng.choice([" ", "\n", "\n\n"])
+        user = f"{instruction}{separator}{paragraph}"
+        return chat_prompt(user) if chat else user + "\n\n"
+
+    def synthetic_copy(self, length: int) -> tuple[list[int], list[int]]:
+        """Random tokens in the copy-task frame: teaches copying before any language."""
+        chat = self.rng.random() < 0.5
+        body = [self.rng.randrange(3, self.vocab_size) for _ in range(length)]
+        instruction = self.rng.choice(COPY_INSTRUCTIONS)
+        prefix = chat_prompt(instruction + "\n") if chat else instruction + "\n"
+        # The random body goes where the paragraph would be, then the frame closes as in real prompts.
+        head = self.encode(prefix[: prefix.rindex(IM_END)] if chat else prefix)
+        tail = self.encode(f"{IM_END}\n{IM_START}assistant\n" if chat else "\n\n")
+        prompt = head + body + tail
+        end = self.im_end if chat else self.eot
+        return prompt + body + [end], [0] * len(prompt) + [1] * (len(body) + 1)
+
+    def text_copy(self) -> tuple[list[int], list[int]]:
+        paragraph = self.rng.choice(self.prose)
+        chat = self.rng.random() < 0.6
+        return self._framed(self.copy_prompt_text(paragraph, chat), self.encode(paragraph), chat)
+
+    def chat_quote(self) -> tuple[list[int], list[int]]:
+        paragraph = self.rng.choice(self.prose)
+        question = self.rng.choice(["What did I just write?", "Say that back to me.", "Echo my message."])
+        reply = f'You wrote: "{paragraph}"'
+        return self._framed(chat_prompt(f"{paragraph}\n\n{question}"), self.encode(reply), True)
+
+    def code_edit(self) -> tuple[list[int], list[int]]:
+        """Rename one identifier in a short function: copying with a small, local change."""
+        snippet = self.rng.choice(self.code)
+        names = sorted(set(re.findall(r"\b[a-z_][a-z0-9_]{2,}\b", snippet)) - {"def", "return", "self", "None"})
+        if not names:
+            return self.text_copy()
+        old = self.rng.choice(names)
+        new = old + self.rng.choice(["_value", "2", "_new", "_x"])
+        edited = re.sub(rf"\b{re.escape(old)}\b", new, snippet)
+        chat = self.rng.random() < 0.6
+        user = f"Rename `{old}` to `{new}` in this code:\n\n{snippet}"
+        prompt = chat_prompt(user) if chat else user + "\n\n"
+        return self._framed(prompt, self.encode(edited), chat)
+
+    def plain_text(self) -> tuple[list[int], list[int]]:
+        source = self.code if self.rng.random() < 0.15 else self.prose
+        tokens = self.encode(self.rng.choice(source)) + [self.eot]
+        return tokens, [1] * len(tokens)
+
+    def text_mix(self) -> tuple[list[int], list[int]]:
+        """The phase-two mixture: copies in both frames, chat quotes, code edits, plain text."""
+        roll = self.rng.random()
+        if roll < 0.45:
+            return self.text_copy()
+        if roll < 0.55:
+            return self.chat_quote()
+        if roll < 0.63:
+            return self.code_edit()
+        return self.plain_text()
+
+
+def pack_rows(make_sample, rows: int, length: int, pad_id: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Fill ``rows`` rows of ``length`` tokens with whole samples (too-long ones are skipped)."""
+    token_rows, mask_rows = [], []
+    for _ in range(rows):
+        tokens: list[int] = []
+        mask: list[int] = []
+        while True:
+            sample_tokens, sample_mask = make_sample()
+            if len(sample_tokens) > length:
+                continue
+            if len(tokens) + len(sample_tokens) > length:
+                break
+            tokens += sample_tokens
+            mask += sample_mask
+        fill = length - len(tokens)
+        token_rows.append(tokens + [pad_id] * fill)
+        mask_rows.append(mask + [0] * fill)
+    return token_rows, mask_rows
