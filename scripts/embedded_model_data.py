@@ -140,6 +140,8 @@ class SampleMaker:
         self.prose = corpus.train_prose
         self.code = corpus.train_code
         self.vocab_size = tokenizer.get_vocab_size()
+        self.sep = self.encode("\n\n")[0]
+        self.synthetic_pool = list(range(100, 164))
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text).ids
@@ -158,9 +160,18 @@ class SampleMaker:
         return chat_prompt(user) if chat else user + "\n\n"
 
     def synthetic_copy(self, length: int) -> tuple[list[int], list[int]]:
-        """Random tokens in the copy-task frame: teaches copying before any language."""
+        """Random tokens, copied: teaches copying before any language.
+
+        Most samples draw from a fixed pool of 64 token ids (each id then gets many updates, which is
+        what lets induction heads form within a few hundred steps); the rest draw from the whole
+        vocabulary so the copy circuit does not specialise to the pool. Half the samples sit in the
+        copy-task frame (raw or chat), half are bare ``body SEP body``.
+        """
+        pool = self.synthetic_pool if self.rng.random() < 0.8 else range(3, self.vocab_size)
+        body = [self.rng.choice(pool) for _ in range(length)]
+        if self.rng.random() < 0.5:
+            return body + [self.sep] + body + [self.eot], [0] * (length + 1) + [1] * (length + 1)
         chat = self.rng.random() < 0.5
-        body = [self.rng.randrange(3, self.vocab_size) for _ in range(length)]
         instruction = self.rng.choice(COPY_INSTRUCTIONS)
         prefix = chat_prompt(instruction + "\n") if chat else instruction + "\n"
         # The random body goes where the paragraph would be, then the frame closes as in real prompts.

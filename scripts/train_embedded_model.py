@@ -132,8 +132,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--synthetic-steps", type=int, default=300)
-    parser.add_argument("--text-steps", type=int, default=600)
+    parser.add_argument("--synthetic-steps", type=int, default=450)
+    parser.add_argument("--text-steps", type=int, default=450)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--time-steps", type=int, default=0, help="only time this many steps of each phase")
@@ -159,7 +159,7 @@ def main() -> None:
 
     phases = [
         # (name, steps, rows, row length, sample maker)
-        ("synthetic", options.synthetic_steps, 32, 160, lambda: maker.synthetic_copy(rng.randint(8, 48))),
+        ("synthetic", options.synthetic_steps, 64, 128, lambda: maker.synthetic_copy(rng.randint(6, 24))),
         ("text", options.text_steps, 16, 512, maker.text_mix),
     ]
     total_steps = sum(p[1] for p in phases) if not options.time_steps else 2 * options.time_steps

@@ -47,6 +47,7 @@ class Sequence:
     prompt_length: int
     chain: SamplerChain
     max_kv: int  # the sequence may hold at most this many tokens in storage
+    released: bool = False  # its slot went back to the pool; a step still in flight for it is ignored
 
     @property
     def params(self) -> SamplingParams:
@@ -99,6 +100,9 @@ class Engine:
         return Sequence(next(self._ids), kv, list(prompt), len(prompt), SamplerChain(params), self.max_kv_size)
 
     def release(self, seq: Sequence) -> None:
+        """Give the slot back. Safe while a step for it is in flight: MLX orders that step's writes
+        before any later forward's, and ``read_step`` ignores released rows."""
+        seq.released = True
         self.storage.release(seq.kv)
 
     # -- forwards ---------------------------------------------------------------------------
@@ -174,6 +178,9 @@ class Engine:
         tokens = handle.tokens.tolist()
         results = []
         for i, (seq, token) in enumerate(zip(handle.rows, tokens)):
+            if seq.released:
+                results.append(Emitted(int(token)))
+                continue
             self.commit_appends(seq, 1)
             emitted = Emitted(int(token))
             if handle.logprob_parts is not None and seq.params.logprobs is not None:

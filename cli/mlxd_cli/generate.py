@@ -1,0 +1,112 @@
+"""``mlx-generate``: generate text with the model held by mlxd (started in the background if needed).
+
+    mlx-generate [-m MODEL] [--endpoint E] [--max-tokens N] [--temp T] [--top-p P] [--seed S]
+                 [--system TEXT] [--chat/--no-chat] [--json] [--no-autostart | --local] PROMPT
+
+PROMPT ``-`` reads standard input. Text streams to stdout; statistics go to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import click
+
+from mlxd_protocol import Client, DaemonError, DaemonTimeout, Done, Generate, Sampling, new_request_id
+from mlxd_protocol.autostart import AutostartError, ensure_daemon
+from mlxd_protocol.endpoints import default_endpoint
+
+
+def build_request(prompt: str, max_tokens: int, temp, top_p, seed, system, chat, stop) -> Generate:
+    sampling = None
+    if temp is not None or top_p is not None or seed is not None:
+        sampling = Sampling(temperature=temp or 0.0, top_p=top_p if top_p is not None else 1.0, seed=seed)
+    return Generate(id=new_request_id(), prompt=prompt, chat=chat, system=system, max_tokens=max_tokens,
+                    stop=list(stop), stream=True, sampling=sampling)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("prompt")
+@click.option("-m", "--model", default=None, help="model for a daemon started by this call (default: embedded)")
+@click.option("--endpoint", default=None, help="daemon endpoint (default: the private ipc socket)")
+@click.option("--max-tokens", default=256, show_default=True, type=click.IntRange(1))
+@click.option("--temp", default=None, type=click.FloatRange(0), help="temperature (default: the daemon's)")
+@click.option("--top-p", default=None, type=click.FloatRange(0, 1, min_open=True))
+@click.option("--seed", default=None, type=click.IntRange(0))
+@click.option("--system", default=None, help="system prompt")
+@click.option("--chat/--no-chat", default=None, help="apply the chat template (default: when the model has one)")
+@click.option("--stop", multiple=True, help="stop string (repeatable)")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of streaming text")
+@click.option("--autostart/--no-autostart", default=True, show_default=True, help="start mlxd if none answers")
+@click.option("--local", is_flag=True, help="run the scheduler in this process instead of talking to mlxd")
+def main(prompt, model, endpoint, max_tokens, temp, top_p, seed, system, chat, stop, as_json, autostart, local):
+    """Generate a reply to PROMPT."""
+    if local:
+        from mlxd_fast_blas import ensure_fast_blas
+
+        ensure_fast_blas()  # re-execs with OpenBLAS preloaded where that applies: before reading stdin
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    if not prompt.strip():
+        raise click.UsageError("the prompt is empty")
+    request = build_request(prompt, max_tokens, temp, top_p, seed, system, chat, stop)
+    started = time.perf_counter()
+    try:
+        if local:
+            from .local import generate_local
+
+            replies = generate_local(model, request)
+        else:
+            endpoint = endpoint or default_endpoint()
+            if autostart:
+                ensure_daemon(endpoint, model)
+            else:
+                with Client(endpoint, timeout_s=2.0) as probe:
+                    if not probe.ping(2.0):
+                        click.echo(f"mlx-generate: no daemon answers at {endpoint} (start one with mlxd, "
+                                   "or drop --no-autostart)", err=True)
+                        sys.exit(1)
+            replies = _remote(endpoint, request)
+        done = _render(replies, as_json)
+    except (AutostartError, DaemonError, DaemonTimeout) as error:
+        click.echo(f"mlx-generate: {error}", err=True)
+        sys.exit(1)
+    if as_json:
+        click.echo(json.dumps({"text": done.text, "tokens": done.tokens, "finish_reason": done.finish_reason,
+                               "usage": done.usage, "timings": done.timings}))
+    else:
+        _print_stats(done, time.perf_counter() - started)
+
+
+def _remote(endpoint: str, request: Generate):
+    with Client(endpoint, timeout_s=300.0) as client:
+        yield from client.generate(request)
+
+
+def _render(replies, as_json: bool) -> Done:
+    done = None
+    for reply in replies:
+        if isinstance(reply, Done):
+            done = reply
+        elif not as_json:
+            sys.stdout.write(reply.text)
+            sys.stdout.flush()
+    if not as_json:
+        sys.stdout.write("\n")
+    return done
+
+
+def _print_stats(done: Done, wall_s: float) -> None:
+    t = done.timings
+    line = (f"{t.get('predicted_n', 0)} tokens, {t.get('predicted_per_second', 0):.1f} tok/s; "
+            f"prompt {t.get('prompt_n', 0)} tokens, {t.get('prompt_per_second', 0):.1f} tok/s; "
+            f"finish {done.finish_reason}; {wall_s:.2f}s")
+    if "draft_kind" in t:
+        line += f"; {t['draft_kind']}: {t['draft_n_accepted']}/{t['draft_n']} drafts accepted"
+    click.echo(line, err=True)
+
+
+if __name__ == "__main__":
+    main()

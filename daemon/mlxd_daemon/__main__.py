@@ -1,0 +1,3 @@
+from mlxd_daemon.main import main
+
+main()

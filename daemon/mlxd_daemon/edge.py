@@ -1,0 +1,90 @@
+"""The daemon's edge: wire Generate → scheduler Request (tokenizing here), scheduler events → wire replies.
+
+Contract: everything textual happens here, never in the scheduler or the engine: applying the chat
+template, encoding the prompt, building the request's TextStream (streaming detokenizer + stop
+strings). Replies: a TokenEvent becomes a Chunk for a streaming request (nothing for a non-streaming
+one); a FinishEvent becomes Done with the whole text and tokens, or Error when the request failed.
+"""
+
+from __future__ import annotations
+
+from mlxd_engine import LoadedModel, SamplingParams
+from mlxd_protocol import INTERNAL, INVALID, Chunk, Done, Error, Generate, ProtocolError
+from mlxd_scheduler import FinishEvent, Request, SpeculativeRequest, TextStream, TokenEvent
+
+from .options import SamplingDefaults
+
+
+def prompt_tokens(loaded: LoadedModel, message: Generate) -> list[int]:
+    """Token ids of a Generate's prompt (text, token ids, or chat messages)."""
+    tokenizer = loaded.tokenizer
+    if message.prompt is not None and not message.prompt:
+        raise ProtocolError(INVALID, "prompt: must not be empty")
+    if message.messages is not None and not message.messages:
+        raise ProtocolError(INVALID, "messages: must hold at least one message")
+    if message.prompt_tokens is not None:
+        bad = [t for t in message.prompt_tokens if not 0 <= t < loaded.vocab_size]
+        if bad:
+            raise ProtocolError(INVALID, f"prompt_tokens: token {bad[0]} is outside the vocabulary of {loaded.vocab_size}")
+        return list(message.prompt_tokens)
+    messages = message.messages
+    use_chat = message.chat if message.chat is not None else (messages is not None or tokenizer.has_chat_template)
+    if messages is None and use_chat:
+        messages = [{"role": "user", "content": message.prompt}]
+    if use_chat and messages is not None:
+        if not tokenizer.has_chat_template:
+            raise ProtocolError(INVALID, "this model has no chat template: send a plain prompt with chat=false")
+        if message.system:
+            messages = [{"role": "system", "content": message.system}, *messages]
+        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+    if messages is not None:
+        raise ProtocolError(INVALID, "chat=false cannot be combined with messages")
+    text = (message.system + "\n\n" + message.prompt) if message.system else message.prompt
+    return list(tokenizer.encode(text, add_special_tokens=message.add_special_tokens))
+
+
+def sampling_params(message: Generate, defaults: SamplingDefaults) -> SamplingParams:
+    sampling = message.sampling
+    if sampling is None:
+        return SamplingParams(temperature=defaults.temperature, top_p=defaults.top_p, top_k=defaults.top_k,
+                              min_p=defaults.min_p, repetition_penalty=defaults.repetition_penalty)
+    return SamplingParams(
+        temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, min_p=sampling.min_p,
+        repetition_penalty=sampling.repetition_penalty, presence_penalty=sampling.presence_penalty,
+        frequency_penalty=sampling.frequency_penalty, logit_bias=tuple(sorted(sampling.logit_bias.items())),
+        seed=sampling.seed, logprobs=sampling.logprobs,
+    )
+
+
+def to_request(loaded: LoadedModel, message: Generate, internal_id: str, defaults: SamplingDefaults) -> Request:
+    """Build the scheduler request for a Generate. Raises ProtocolError(INVALID) for bad input."""
+    tokens = prompt_tokens(loaded, message)
+    if not tokens:
+        raise ProtocolError(INVALID, "the prompt is empty")
+    params = sampling_params(message, defaults)
+    try:
+        params.validate(loaded.vocab_size)
+    except ValueError as error:
+        raise ProtocolError(INVALID, f"sampling: {error}") from error
+    speculative = SpeculativeRequest()
+    if message.speculative is not None:
+        kind = message.speculative.kind
+        speculative = SpeculativeRequest(
+            enabled=None if kind is None else kind == "prompt-lookup",
+            max_draft=message.speculative.max_draft,
+        )
+    text = TextStream(loaded.new_detokenizer(), list(message.stop))
+    return Request(internal_id, tokens, params, message.max_tokens, text, speculative)
+
+
+def to_reply(event, client_id: str, stream: bool):
+    """The wire message for a scheduler event (None when nothing is sent)."""
+    if isinstance(event, TokenEvent):
+        if not stream:
+            return None
+        return Chunk(id=client_id, tokens=list(event.tokens), text=event.text, logprobs=event.logprobs)
+    assert isinstance(event, FinishEvent)
+    if event.finish_reason == "error":
+        return Error(id=client_id, code=INTERNAL, message=event.error or "generation failed")
+    return Done(id=client_id, finish_reason=event.finish_reason, text=event.text, tokens=list(event.tokens),
+                usage=event.usage, timings=event.timings)

@@ -1,0 +1,144 @@
+"""``mlxd``: start the daemon (the default command), or ask one for its status, or stop it.
+
+    mlxd [-m MODEL] [--endpoint E] [--max-batch N] [--max-kv-size N] [--prefill-chunk N] ...
+    mlxd status [--endpoint E] [--json]      exit 0 when a daemon answers
+    mlxd stop [--endpoint E]                 ask it to shut down
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+import click
+
+from mlxd_fast_blas import blas_in_use, ensure_fast_blas
+from mlxd_protocol import Client, DaemonError, DaemonTimeout
+from mlxd_protocol.endpoints import default_endpoint
+
+from .options import DaemonOptions, SamplingDefaults
+
+
+def _endpoint_option(function):
+    return click.option("--endpoint", default=None, help="ipc:///path or tcp://127.0.0.1:PORT (default: private ipc socket)")(function)
+
+
+@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-m", "--model", default=None, help="mlx-lm checkpoint: local directory or hub id (default: the embedded model)")
+@_endpoint_option
+@click.option("--max-batch", default=8, show_default=True, type=click.IntRange(1, 256), help="rows decoded together")
+@click.option("--max-kv-size", default=None, type=click.IntRange(16), help="tokens of KV per sequence (default: the model's context)")
+@click.option("--prefill-chunk", default=512, show_default=True, type=click.IntRange(1), help="prompt tokens per prefill forward")
+@click.option("--max-queue", default=256, show_default=True, type=click.IntRange(1), help="waiting requests before refusing")
+@click.option("--lookahead/--no-lookahead", default=True, show_default=True, help="pipeline decode steps")
+@click.option("--temp", default=0.0, show_default=True, type=click.FloatRange(0), help="default temperature")
+@click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True), help="default top-p")
+@click.option("--top-k", default=0, show_default=True, type=click.IntRange(0), help="default top-k (0: off)")
+@click.option("--min-p", default=0.0, show_default=True, type=click.FloatRange(0, 1), help="default min-p")
+@click.option("--allow-public", is_flag=True, help="allow binding a non-loopback tcp address")
+@click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
+@click.pass_context
+def cli(ctx, model, endpoint, max_batch, max_kv_size, prefill_chunk, max_queue, lookahead, temp, top_p, top_k,
+        min_p, allow_public, log_level):
+    """mlxd: serve an mlx-lm model to many clients over ZeroMQ."""
+    if ctx.invoked_subcommand is not None:
+        return
+    options = DaemonOptions(
+        model=model, endpoint=endpoint, max_batch=max_batch, max_kv_size=max_kv_size, prefill_chunk=prefill_chunk,
+        lookahead=lookahead, max_queue=max_queue, allow_public=allow_public, log_level=log_level,
+        sampling=SamplingDefaults(temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p),
+    )
+    sys.exit(serve(options))
+
+
+def serve(options: DaemonOptions) -> int:
+    ensure_fast_blas()
+    logging.basicConfig(level=options.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    log = logging.getLogger("mlxd")
+    endpoint = options.endpoint or default_endpoint()
+    with Client(endpoint, timeout_s=1.0) as probe:
+        if probe.ping(0.5):
+            click.echo(f"mlxd: a daemon already answers at {endpoint}", err=True)
+            return 1
+    from mlxd_engine import ModelLoadError, load
+
+    from .server import DaemonServer
+
+    try:
+        loaded = _load_with_progress(load, options.model)
+    except ModelLoadError as error:
+        click.echo(f"mlxd: {error}", err=True)
+        return 2
+    server = DaemonServer(loaded, options, endpoint)
+    try:
+        server.bind()
+    except (ValueError, OSError) as error:
+        click.echo(f"mlxd: cannot listen on {endpoint}: {error}", err=True)
+        return 2
+    server.install_signal_handlers()
+    log.info("model=%s type=%s layers=%d max_batch=%d max_kv_size=%d lookahead=%s blas=%s", loaded.path,
+             loaded.model_type, loaded.n_layers, options.max_batch, server.engine.max_kv_size, options.lookahead,
+             blas_in_use())
+    click.echo(f"mlxd ready endpoint={endpoint} model={loaded.path} pid={__import__('os').getpid()}", nl=True)
+    sys.stdout.flush()
+    reason = "error"
+    try:
+        reason = server.serve_forever()
+    finally:
+        server.close()
+        log.info("stopped (%s)", reason)
+    return 0
+
+
+def _load_with_progress(load, model):
+    if not sys.stderr.isatty():
+        return load(model)
+    from rich.console import Console
+
+    with Console(stderr=True).status(f"loading {model or 'the embedded model'} ..."):
+        return load(model)
+
+
+@cli.command()
+@_endpoint_option
+@click.option("--json", "as_json", is_flag=True, help="print the status as JSON")
+def status(endpoint, as_json):
+    """Print the daemon's status; exit 0 when it answers, 1 when none does."""
+    endpoint = endpoint or default_endpoint()
+    try:
+        with Client(endpoint, timeout_s=2.0) as client:
+            reply = client.status()
+    except (DaemonTimeout, DaemonError) as error:
+        click.echo(f"mlxd: no daemon answers at {endpoint} ({error})", err=True)
+        sys.exit(1)
+    fields = {name: getattr(reply, name) for name in ("model", "pid", "uptime_s", "active", "queued", "max_batch",
+                                                       "protocol_version", "daemon_version", "memory", "totals", "options")}
+    if as_json:
+        click.echo(json.dumps(fields, indent=2))
+        return
+    click.echo(f"mlxd at {endpoint}: model {reply.model}, pid {reply.pid}, up {reply.uptime_s:.0f}s, "
+               f"active {reply.active}, queued {reply.queued}, rss {reply.memory.get('rss_bytes', 0) / 2**20:.0f} MiB")
+
+
+@cli.command()
+@_endpoint_option
+def stop(endpoint):
+    """Ask the daemon to shut down."""
+    endpoint = endpoint or default_endpoint()
+    try:
+        with Client(endpoint, timeout_s=5.0) as client:
+            client.shutdown()
+    except (DaemonTimeout, DaemonError) as error:
+        click.echo(f"mlxd: no daemon answers at {endpoint} ({error})", err=True)
+        sys.exit(1)
+    click.echo(f"mlxd at {endpoint}: stopping")
+
+
+def main() -> None:
+    cli()
+
+
+if __name__ == "__main__":
+    main()

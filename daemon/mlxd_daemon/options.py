@@ -1,0 +1,33 @@
+"""Daemon options: what ``mlxd`` was started with, reported in its status."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class SamplingDefaults:
+    """Used for a generate request that sends no sampling settings."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 0.0
+
+
+@dataclass
+class DaemonOptions:
+    model: str | None = None  # None: the embedded model
+    endpoint: str | None = None  # None: the default private ipc endpoint
+    max_batch: int = 8
+    max_kv_size: int | None = None  # None: the model's context length
+    prefill_chunk: int = 512
+    lookahead: bool = True
+    max_queue: int = 256
+    allow_public: bool = False
+    log_level: str = "info"
+    sampling: SamplingDefaults = field(default_factory=SamplingDefaults)
+
+    def as_dict(self) -> dict:
+        return asdict(self)

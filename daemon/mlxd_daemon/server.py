@@ -1,0 +1,168 @@
+"""The daemon's socket loop: ROUTER for requests, XPUB for the tick trace, the scheduler in between.
+
+Contract: one thread does everything (sockets, scheduler, MLX), so nothing needs a lock. Each turn of
+the loop reads as four steps: receive (drain every waiting frame and run its handler), pick up trace
+subscriptions, run one scheduler tick when there is work, and publish the tick to subscribers. While the
+scheduler has work the loop never blocks on the sockets; idle, it waits up to 100 ms.
+
+A malformed frame, an unknown type or a wrong version is answered with an Error; a handler that fails
+unexpectedly is answered with an internal Error. Nothing a client sends can stop the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+
+import msgpack
+import zmq
+
+from mlxd_engine import Engine, LoadedModel
+from mlxd_protocol import INTERNAL, MAX_FRAME_BYTES, Message, ProtocolError, decode, encode, error_reply
+from mlxd_protocol.endpoints import check_bind_address, ensure_private_dir, pid_file, socket_path, trace_endpoint
+from mlxd_scheduler import BatchScheduler, SchedulerOptions, TickRecord
+
+from .handlers import HANDLERS
+from .options import DaemonOptions
+
+MAX_FRAMES_PER_TURN = 256
+
+
+class DaemonServer:
+    def __init__(self, loaded: LoadedModel, options: DaemonOptions, endpoint: str):
+        self.loaded = loaded
+        self.options = options
+        self.endpoint = endpoint
+        self.log = logging.getLogger("mlxd")
+        self.engine = Engine(loaded, max_sequences=options.max_batch, max_kv_size=options.max_kv_size)
+        scheduler_options = SchedulerOptions(max_batch=options.max_batch, prefill_chunk=options.prefill_chunk,
+                                             lookahead=options.lookahead, max_queue=options.max_queue)
+        self.scheduler = BatchScheduler(self.engine, scheduler_options, trace_sink=self._publish_tick)
+        self.routes: dict[str, str] = {}  # internal request id -> client's id
+        self.started = time.monotonic()
+        self._stop_reason: str | None = None
+        self._subscribers = 0
+        self.context = zmq.Context.instance()
+        self.router = self.context.socket(zmq.ROUTER)
+        self.trace = self.context.socket(zmq.XPUB)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def bind(self) -> None:
+        check_bind_address(self.endpoint, self.options.allow_public)
+        ensure_private_dir(self.endpoint)
+        path = socket_path(self.endpoint)
+        if path is not None and path.exists():
+            path.unlink()  # the caller checked that no daemon answers there
+        for sock in (self.router, self.trace):
+            sock.setsockopt(zmq.LINGER, 0)
+        self.router.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+        self.router.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        self.router.bind(self.endpoint)
+        self.trace.setsockopt(zmq.XPUB_VERBOSE, 1)
+        self.trace.bind(trace_endpoint(self.endpoint))
+        if path is not None:
+            os.chmod(path, 0o600)
+            trace_path = socket_path(trace_endpoint(self.endpoint))
+            if trace_path is not None:
+                os.chmod(trace_path, 0o600)
+        self.pid_path = pid_file(self.endpoint)
+        self.pid_path.write_text(f"{os.getpid()}\n")
+
+    def request_stop(self, reason: str) -> None:
+        self._stop_reason = reason
+
+    def install_signal_handlers(self) -> None:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda number, frame: self.request_stop(signal.Signals(number).name))
+
+    def close(self) -> None:
+        for internal_id in list(self.scheduler.by_id):
+            self.scheduler.cancel(internal_id)
+        if self.scheduler.by_id:
+            self.scheduler.tick()  # settles the cancellations: clients get their Done
+        self.router.close()
+        self.trace.close()
+        for path in (getattr(self, "pid_path", None), socket_path(self.endpoint), socket_path(trace_endpoint(self.endpoint))):
+            if path is not None and path.exists():
+                path.unlink()
+
+    def options_summary(self) -> dict:
+        summary = self.options.as_dict()
+        summary["endpoint"] = self.endpoint
+        summary["max_kv_size"] = self.engine.max_kv_size
+        return summary
+
+    # -- the loop -----------------------------------------------------------------------------
+    def serve_forever(self) -> str:
+        poller = zmq.Poller()
+        poller.register(self.router, zmq.POLLIN)
+        poller.register(self.trace, zmq.POLLIN)
+        while self._stop_reason is None:
+            busy = self.scheduler.has_work
+            ready = dict(poller.poll(0 if busy else 100))
+            if self.router in ready:
+                self._receive()
+            if self.trace in ready:
+                self._track_subscriptions()
+            if self.scheduler.has_work:
+                self.scheduler.tick()
+        return self._stop_reason
+
+    def _receive(self) -> None:
+        for _ in range(MAX_FRAMES_PER_TURN):
+            try:
+                frames = self.router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frames) != 2:
+                self.log.debug("dropping a message of %d frames", len(frames))
+                if frames:
+                    self.send(frames[0], error_reply("bad_frame", "send exactly one msgpack frame per message"))
+                continue
+            identity, frame = frames
+            self._handle(identity, frame)
+
+    def _handle(self, identity: bytes, frame: bytes) -> None:
+        request_id = None
+        try:
+            message = decode(frame)
+            request_id = getattr(message, "id", None)
+            handler = HANDLERS.get(type(message))
+            if handler is None:
+                raise ProtocolError("unknown_type", f"{message.TYPE!r} is a reply, not a request")
+            reply = handler(self, identity, message)
+        except ProtocolError as error:
+            reply = error.to_reply(request_id)
+        except Exception as error:  # noqa: BLE001 - no request may take the daemon down
+            self.log.exception("handler failed")
+            reply = error_reply(INTERNAL, f"{type(error).__name__}: {error}", request_id)
+        if reply is not None:
+            self.send(identity, reply)
+
+    def send(self, identity: bytes, message: Message) -> None:
+        try:
+            self.router.send_multipart([identity, encode(message)], zmq.NOBLOCK)
+        except zmq.ZMQError as error:  # the peer is gone or its queue is full: drop, never block
+            self.log.debug("could not send %s: %s", message.TYPE, error)
+
+    # -- tick trace ----------------------------------------------------------------------------
+    def _track_subscriptions(self) -> None:
+        while True:
+            try:
+                event = self.trace.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if event[:1] == b"\x01":
+                self._subscribers += 1
+            elif event[:1] == b"\x00":
+                self._subscribers = max(0, self._subscribers - 1)
+
+    def _publish_tick(self, record: TickRecord) -> None:
+        if self._subscribers == 0:
+            return
+        try:
+            self.trace.send_multipart([b"tick", msgpack.packb(record.as_dict(), use_bin_type=True)], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass

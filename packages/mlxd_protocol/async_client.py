@@ -1,0 +1,257 @@
+"""asyncio client for the mlxd daemon: many requests in flight on one DEALER socket.
+
+Contract:
+    * Any number of coroutines may use one ``AsyncClient`` at once (within one event loop).
+      Every request carries an id; one background reader task reads every reply and hands it to
+      the queue registered for that id, so each caller sees exactly its own replies, in order.
+      Replies for ids nobody waits for any more are dropped.
+    * Errors as in the blocking client: an ``Error`` reply raises ``DaemonError``, no reply
+      within ``timeout_s`` (per reply) raises ``DaemonTimeout``.
+    * ``generate`` is an async generator of ``Chunk``s then the ``Done``; the request is sent on
+      the first iteration. If the consumer stops before the ``Done`` (``break``, an exception, its
+      task cancelled) or the wait times out, the client sends ``Cancel`` for that id by itself.
+    * ``aclose()`` stops the reader, wakes every waiter with ``DaemonError("client_closed")``
+      and closes the socket.
+"""
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+import zmq
+import zmq.asyncio
+
+from .client import CLOSE_LINGER_MS, DaemonError, DaemonTimeout, connect_dealer, new_request_id, unwrap_reply
+from .endpoints import default_endpoint
+from .messages import (
+    Cancel, Chunk, Detokenize, DetokenizeResult, Done, Generate, Hello, Message, Ok, ProtocolError,
+    Shutdown, Status, StatusRequest, Tokenize, TokenizeResult, decode, encode)
+
+CLIENT_CLOSED = "client_closed"  # DaemonError code raised to waiters when the client closes
+
+log = logging.getLogger(__name__)
+
+
+class AsyncClient:
+    """asyncio client; see the module docstring for its rules.
+
+    Args:
+        endpoint: The daemon's endpoint; ``default_endpoint()`` when None.
+        timeout_s: Longest wait for any one reply.
+        context: A ``zmq.asyncio.Context``; the process-wide one when None.
+    """
+
+    def __init__(self, endpoint: str | None = None, timeout_s: float = 30.0,
+                 context: zmq.asyncio.Context | None = None) -> None:
+        self.endpoint = endpoint or default_endpoint()
+        self.timeout_s = timeout_s
+        self._socket = connect_dealer(context or zmq.asyncio.Context.instance(), self.endpoint)
+        self._waiters: dict[str, asyncio.Queue] = {}
+        self._reader: asyncio.Task | None = None
+        self._failure: DaemonError | None = None
+        # Cancel sends started from synchronous cleanup; kept so they are not garbage-collected.
+        self._pending_sends: set[asyncio.Future] = set()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop the reader, fail every waiting request, close the socket; safe to call twice."""
+        if self._socket.closed:
+            return
+        self._failure = DaemonError(CLIENT_CLOSED, "the client was closed")
+        if self._reader is not None:
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
+        self._fail_waiters(self._failure)
+        self._socket.close(linger=CLOSE_LINGER_MS)
+
+    # ---- reading ---------------------------------------------------------------------------
+
+    def _start_reader(self) -> None:
+        if self._failure is not None:
+            raise DaemonError(self._failure.code, self._failure.message)
+        if self._reader is None:
+            self._reader = asyncio.get_running_loop().create_task(self._read_replies(), name="mlxd-reader")
+
+    async def _read_replies(self) -> None:
+        try:
+            while True:
+                self._dispatch(await self._socket.recv())
+        except zmq.ZMQError as error:
+            self._failure = DaemonError(CLIENT_CLOSED, f"the socket failed: {error}")
+            self._fail_waiters(self._failure)
+
+    def _dispatch(self, frame: bytes) -> None:
+        try:
+            reply: Message | DaemonError = decode(frame)
+            request_id = reply.id
+        except ProtocolError as error:
+            reply = DaemonError(error.code, f"unreadable reply from the daemon: {error.message}")
+            request_id = error.request_id
+        waiter = self._waiters.get(request_id) if request_id is not None else None
+        if waiter is None:
+            # Either the request is over (stale reply) or the reply has no id (the daemon could not
+            # read some frame): with many requests in flight, nobody can claim it; timeouts bound
+            # the wait of whoever it was for.
+            log.debug("dropping a reply for id %r: nobody waits for it", request_id)
+            return
+        waiter.put_nowait(reply)
+
+    def _fail_waiters(self, failure: DaemonError) -> None:
+        for waiter in self._waiters.values():
+            waiter.put_nowait(DaemonError(failure.code, failure.message))
+
+    def _register(self, request_id: str) -> asyncio.Queue:
+        if request_id in self._waiters:
+            raise ValueError(f"request id {request_id!r} is already in flight on this client")
+        waiter: asyncio.Queue = asyncio.Queue()
+        self._waiters[request_id] = waiter
+        return waiter
+
+    async def _next_reply(self, waiter: asyncio.Queue, timeout_s: float) -> Message:
+        try:
+            async with asyncio.timeout(timeout_s):
+                item = await waiter.get()
+        except TimeoutError:
+            raise DaemonTimeout(f"no reply from the daemon at {self.endpoint} within {timeout_s:g} s") from None
+        if isinstance(item, DaemonError):
+            raise item
+        return item
+
+    # ---- requests --------------------------------------------------------------------------
+
+    async def _send(self, message: Message) -> None:
+        await self._socket.send(encode(message))
+
+    async def _call(self, request: Message, expected: type[Message], timeout_s: float | None = None) -> Message:
+        self._start_reader()
+        waiter = self._register(request.id)
+        try:
+            await self._send(request)
+            reply = await self._next_reply(waiter, self.timeout_s if timeout_s is None else timeout_s)
+            return unwrap_reply(reply, expected)
+        finally:
+            del self._waiters[request.id]
+
+    async def hello(self, client: str = "mlxd_protocol.AsyncClient") -> Status:
+        """Introduce this client to the daemon.
+
+        Args:
+            client: A name for the daemon's log.
+
+        Returns:
+            The daemon's Status.
+        """
+        return await self._call(Hello(client=client, id=new_request_id()), Status)
+
+    async def status(self) -> Status:
+        """Ask for the daemon's Status.
+
+        Returns:
+            The Status reply.
+        """
+        return await self._call(StatusRequest(id=new_request_id()), Status)
+
+    async def ping(self, timeout_s: float = 1.0) -> bool:
+        """Check that a daemon answers; never raises (except for its own task's cancellation).
+
+        Args:
+            timeout_s: How long to wait for the Status.
+
+        Returns:
+            True when a Status arrived in time.
+        """
+        try:
+            await self._call(StatusRequest(id=new_request_id()), Status, timeout_s)
+            return True
+        except Exception:  # a probe reports, it does not fail: any problem means "not answering"
+            return False
+
+    async def tokenize(self, text: str | None = None, messages: list[dict] | None = None,
+                       add_special_tokens: bool = True) -> list[int]:
+        """Tokenize text, or chat messages through the model's chat template.
+
+        Args:
+            text: Plain text (exactly one of text / messages).
+            messages: Chat messages, each ``{"role": ..., "content": ...}``.
+            add_special_tokens: Let the tokenizer add BOS and the like.
+
+        Returns:
+            The token ids.
+        """
+        request = Tokenize(text=text, messages=messages, add_special_tokens=add_special_tokens,
+                           id=new_request_id())
+        return (await self._call(request, TokenizeResult)).tokens
+
+    async def detokenize(self, tokens: list[int]) -> str:
+        """Turn token ids back into text.
+
+        Args:
+            tokens: Token ids.
+
+        Returns:
+            The decoded text.
+        """
+        return (await self._call(Detokenize(tokens=list(tokens), id=new_request_id()), DetokenizeResult)).text
+
+    async def shutdown(self) -> None:
+        """Ask the daemon to stop; returns once it acknowledged."""
+        await self._call(Shutdown(id=new_request_id()), Ok)
+
+    async def cancel(self, request_id: str) -> None:
+        """Ask the daemon to stop a generation; no reply (its stream ends with a cancelled Done).
+
+        Args:
+            request_id: The id of the Generate to stop.
+        """
+        await self._send(Cancel(id=request_id))
+
+    def _cancel_soon(self, request_id: str) -> None:
+        """Send a Cancel without awaiting: generator cleanup may run where awaiting is unsafe."""
+        if self._socket.closed:
+            return
+        try:
+            sending = self._socket.send(encode(Cancel(id=request_id)))
+        except zmq.ZMQError:
+            return  # best effort: the daemon still stops at max_tokens
+        self._pending_sends.add(sending)
+        # Reading the outcome keeps asyncio from warning about an exception nobody retrieved.
+        sending.add_done_callback(lambda done: (self._pending_sends.discard(done),
+                                                done.cancelled() or done.exception()))
+
+    async def generate(self, request: Generate) -> AsyncIterator[Chunk | Done]:
+        """Send a Generate and iterate over its replies.
+
+        Args:
+            request: The generation request (its id is what replies are matched on).
+
+        Yields:
+            Each Chunk, then the Done (with ``stream=False``, only the Done).
+
+        Raises:
+            ProtocolError: The request is invalid (nothing is sent).
+            DaemonError: The daemon answered with an Error.
+            DaemonTimeout: No reply came within ``timeout_s``.
+        """
+        self._start_reader()
+        waiter = self._register(request.id)
+        in_flight = False
+        try:
+            await self._send(request)
+            in_flight = True
+            while True:
+                reply = await self._next_reply(waiter, self.timeout_s)
+                if isinstance(reply, Chunk):
+                    yield reply
+                    continue
+                in_flight = False  # a Done or an Error both end the request on the daemon's side
+                yield unwrap_reply(reply, Done)
+                return
+        finally:
+            del self._waiters[request.id]
+            if in_flight:
+                self._cancel_soon(request.id)

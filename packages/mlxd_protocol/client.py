@@ -1,0 +1,268 @@
+"""Blocking client for the mlxd daemon over a ZeroMQ DEALER socket.
+
+Contract:
+    * One request at a time per ``Client``, from one thread (a ZeroMQ socket belongs to the
+      thread that uses it); use ``AsyncClient`` for many requests in flight.
+    * Every request carries an id (``new_request_id()`` unless the caller set one) and only
+      replies with that id are accepted: replies for other ids, such as the late answer to a
+      request that timed out or the tail of an abandoned stream, are dropped.
+    * An ``Error`` reply raises ``DaemonError(code, message)``; silence for ``timeout_s`` (per
+      reply, so a long generation is fine as long as chunks keep coming) raises ``DaemonTimeout``.
+    * ``generate`` sends at once and returns an iterator of ``Chunk``s then the ``Done``; if the
+      caller stops iterating before the ``Done`` (or the wait times out) it sends ``Cancel``.
+"""
+
+import time
+import uuid
+from collections.abc import Iterator
+
+import zmq
+
+from .endpoints import default_endpoint, parse_endpoint
+from .messages import (
+    INTERNAL, MAX_FRAME_BYTES, Cancel, Chunk, Detokenize, DetokenizeResult, Done, Error, Generate, Hello,
+    Message, Ok, ProtocolError, Shutdown, Status, StatusRequest, Tokenize, TokenizeResult, decode, encode)
+
+# Frames queued at close (typically a Cancel) get this long to leave; the socket itself never
+# lingers, so a dead daemon cannot make a client hang.
+CLOSE_LINGER_MS = 100
+
+
+class DaemonError(Exception):
+    """The daemon answered with an Error, or with a reply that breaks the protocol.
+
+    Attributes:
+        code: The Error's code (see ``messages``), e.g. "invalid_request".
+        message: The daemon's explanation.
+    """
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+class DaemonTimeout(TimeoutError):
+    """No reply in time: the daemon is down, stuck, or listening elsewhere."""
+
+
+def new_request_id() -> str:
+    """Make a request id.
+
+    Returns:
+        16 hex characters from a random UUID (64 random bits: collisions are not a concern).
+    """
+    return uuid.uuid4().hex[:16]
+
+
+def connect_dealer(context: zmq.Context, endpoint: str) -> zmq.Socket:
+    """Open a DEALER socket connected to ``endpoint`` (shared by the blocking and async clients).
+
+    Args:
+        context: A ``zmq.Context`` or ``zmq.asyncio.Context``.
+        endpoint: The daemon's endpoint.
+
+    Returns:
+        The connected socket.
+
+    Raises:
+        ValueError: The endpoint is malformed.
+    """
+    parse_endpoint(endpoint)  # a clear ValueError instead of zmq's "Invalid argument"
+    socket = context.socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.setsockopt(zmq.IPV6, 1)  # so tcp://[::1]:port works; IPv4 still works
+    socket.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+    socket.connect(endpoint)
+    return socket
+
+
+def unwrap_reply(reply: Message, expected: type[Message]) -> Message:
+    """Return ``reply`` if it is the expected type; raise for an Error or anything else.
+
+    Args:
+        reply: A reply matched to our request.
+        expected: The reply type the request calls for.
+
+    Returns:
+        ``reply``.
+
+    Raises:
+        DaemonError: ``reply`` is an Error (its code and message), or of an unexpected type.
+    """
+    if isinstance(reply, expected):
+        return reply
+    if isinstance(reply, Error):
+        raise DaemonError(reply.code, reply.message)
+    raise DaemonError(INTERNAL, f"expected a {expected.TYPE!r} reply, got {reply.TYPE!r}")
+
+
+class Client:
+    """Blocking client; see the module docstring for its rules.
+
+    Args:
+        endpoint: The daemon's endpoint; ``default_endpoint()`` when None.
+        timeout_s: Longest wait for any one reply.
+        context: ZeroMQ context; the process-wide one when None.
+    """
+
+    def __init__(self, endpoint: str | None = None, timeout_s: float = 30.0,
+                 context: zmq.Context | None = None) -> None:
+        self.endpoint = endpoint or default_endpoint()
+        self.timeout_s = timeout_s
+        self._socket = connect_dealer(context or zmq.Context.instance(), self.endpoint)
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the socket; safe to call twice."""
+        if not self._socket.closed:
+            self._socket.close(linger=CLOSE_LINGER_MS)
+
+    def _send(self, message: Message) -> None:
+        try:
+            # With connect(), ZeroMQ queues frames even before the daemon is up; Again means
+            # the queue is full, which only a daemon that stopped reading causes.
+            self._socket.send(encode(message), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            raise DaemonTimeout(f"the daemon at {self.endpoint} is not taking requests") from None
+
+    def _receive(self, request_id: str, timeout_s: float) -> Message:
+        """Wait for the next reply carrying ``request_id``; drop the others."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            remaining_ms = (deadline - time.monotonic()) * 1000
+            if remaining_ms <= 0 or not self._socket.poll(max(1, int(remaining_ms)), zmq.POLLIN):
+                raise DaemonTimeout(f"no reply from the daemon at {self.endpoint} within {timeout_s:g} s")
+            try:
+                reply = decode(self._socket.recv(zmq.NOBLOCK))
+            except zmq.Again:
+                continue
+            except ProtocolError as error:
+                if error.request_id not in (None, request_id):
+                    continue
+                raise DaemonError(error.code, f"unreadable reply from the daemon: {error.message}") from None
+            # An Error without id answers a frame the daemon could not read: with one request at a
+            # time, that frame was ours.
+            if reply.id == request_id or (isinstance(reply, Error) and reply.id is None):
+                return reply
+
+    def _call(self, request: Message, expected: type[Message]) -> Message:
+        self._send(request)
+        return unwrap_reply(self._receive(request.id, self.timeout_s), expected)
+
+    def hello(self, client: str = "mlxd_protocol.Client") -> Status:
+        """Introduce this client to the daemon.
+
+        Args:
+            client: A name for the daemon's log.
+
+        Returns:
+            The daemon's Status.
+        """
+        return self._call(Hello(client=client, id=new_request_id()), Status)
+
+    def status(self) -> Status:
+        """Ask for the daemon's Status.
+
+        Returns:
+            The Status reply.
+        """
+        return self._call(StatusRequest(id=new_request_id()), Status)
+
+    def ping(self, timeout_s: float = 1.0) -> bool:
+        """Check that a daemon answers; never raises.
+
+        Args:
+            timeout_s: How long to wait for the Status.
+
+        Returns:
+            True when a Status arrived in time.
+        """
+        request = StatusRequest(id=new_request_id())
+        try:
+            self._send(request)
+            return isinstance(self._receive(request.id, timeout_s), Status)
+        except Exception:  # a probe reports, it does not fail: any problem means "not answering"
+            return False
+
+    def tokenize(self, text: str | None = None, messages: list[dict] | None = None,
+                 add_special_tokens: bool = True) -> list[int]:
+        """Tokenize text, or chat messages through the model's chat template.
+
+        Args:
+            text: Plain text (exactly one of text / messages).
+            messages: Chat messages, each ``{"role": ..., "content": ...}``.
+            add_special_tokens: Let the tokenizer add BOS and the like.
+
+        Returns:
+            The token ids.
+        """
+        request = Tokenize(text=text, messages=messages, add_special_tokens=add_special_tokens,
+                           id=new_request_id())
+        return self._call(request, TokenizeResult).tokens
+
+    def detokenize(self, tokens: list[int]) -> str:
+        """Turn token ids back into text.
+
+        Args:
+            tokens: Token ids.
+
+        Returns:
+            The decoded text.
+        """
+        return self._call(Detokenize(tokens=list(tokens), id=new_request_id()), DetokenizeResult).text
+
+    def shutdown(self) -> None:
+        """Ask the daemon to stop; returns once it acknowledged."""
+        self._call(Shutdown(id=new_request_id()), Ok)
+
+    def cancel(self, request_id: str) -> None:
+        """Ask the daemon to stop a generation; no reply (its stream ends with a cancelled Done).
+
+        Args:
+            request_id: The id of the Generate to stop.
+        """
+        self._send(Cancel(id=request_id))
+
+    def _cancel_quietly(self, request_id: str) -> None:
+        try:
+            self.cancel(request_id)
+        except (zmq.ZMQError, DaemonTimeout):
+            pass  # best effort: the daemon also gives up on a stream when max_tokens is reached
+
+    def generate(self, request: Generate) -> Iterator[Chunk | Done]:
+        """Send a Generate and iterate over its replies.
+
+        Args:
+            request: The generation request (its id is what replies are matched on).
+
+        Returns:
+            An iterator yielding each Chunk, then the Done (with ``stream=False``, only the Done).
+
+        Raises:
+            ProtocolError: The request is invalid (raised here, before anything is sent).
+            DaemonError: While iterating, when the daemon answers with an Error.
+            DaemonTimeout: While iterating, when no reply comes within ``timeout_s``.
+        """
+        self._send(request)
+        return self._stream(request.id)
+
+    def _stream(self, request_id: str) -> Iterator[Chunk | Done]:
+        finished = False
+        try:
+            while True:
+                reply = self._receive(request_id, self.timeout_s)
+                if isinstance(reply, Chunk):
+                    yield reply
+                    continue
+                finished = True  # a Done or an Error both end the request on the daemon's side
+                yield unwrap_reply(reply, Done)
+                return
+        finally:
+            if not finished:
+                self._cancel_quietly(request_id)

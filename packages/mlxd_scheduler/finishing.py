@@ -1,0 +1,71 @@
+"""The finish step: every emitted token of every row goes through here, whatever produced it.
+
+Contract: ``Finisher.accept(state, token)`` records one output token of a request: timings, EOS, the
+stop strings (through the request's TextStream), max_tokens and the KV bound; it streams a TokenEvent
+unless the token ended the output (EOS, or a stop string with nothing before it). It returns the
+finish reason when the row must stop. ``Finisher.finish(state, reason)`` releases the row's sequence
+and reports the FinishEvent. Plain steps, first tokens from prefill and verify rounds all use these two
+calls, so a token is judged the same way however it was produced.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from mlxd_engine import Engine
+
+from .request import FinishEvent, RequestState, TokenEvent
+
+log = logging.getLogger("mlxd.scheduler")
+
+
+class Finisher:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.eos = engine.loaded.eos_token_ids
+
+    def accept(self, state: RequestState, token: int, logprobs: dict | None = None) -> str | None:
+        """Record one emitted token. Returns a finish reason ("stop", "length") or None."""
+        now = time.perf_counter()
+        timings = state.timings
+        if timings.first_token is None:
+            timings.first_token = now
+        timings.last_token = now
+        if token in self.eos:
+            return "stop"
+        state.emitted += 1
+        text, stopped = ("", False) if state.request.text is None else state.request.text.push(token)
+        state.sink(TokenEvent(state.request_id, [token], text, [logprobs] if logprobs else None))
+        if stopped:
+            return "stop"
+        if state.emitted >= state.request.max_tokens:
+            return "length"
+        seq = state.seq
+        if seq is not None and seq.kv.committed + 1 > seq.max_kv:
+            return "length"  # the KV bound: no room for the next token
+        return None
+
+    def finish(self, state: RequestState, reason: str, error: str | None = None) -> None:
+        """End a request: release its sequence, flush its text and report the FinishEvent."""
+        if state.phase == "finished":
+            return
+        state.phase = "finished"
+        state.finish_reason = reason
+        seq = state.seq
+        tokens = list(seq.output) if seq is not None else []
+        if tokens and tokens[-1] in self.eos:
+            tokens.pop()
+        tokens = tokens[: state.emitted]
+        if seq is not None:
+            self.engine.release(seq)
+        tail = state.request.text.finish() if state.request.text is not None and reason != "error" else ""
+        if tail:
+            state.sink(TokenEvent(state.request_id, [], tail))
+        text = state.request.text.text if state.request.text is not None else ""
+        prompt_n = len(state.request.prompt)
+        usage = {"prompt_tokens": prompt_n, "completion_tokens": len(tokens), "total_tokens": prompt_n + len(tokens)}
+        timings = state.timings.report(prompt_n, len(tokens))
+        if reason == "error":
+            log.warning("request %s failed: %s", state.request_id, error)
+        state.sink(FinishEvent(state.request_id, reason, tokens, text, usage, timings, error))

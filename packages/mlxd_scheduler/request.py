@@ -1,0 +1,112 @@
+"""What the scheduler keeps per request, and the events it reports.
+
+Contract: a ``Request`` is everything a client asked for, already tokenized at the edge (prompt token
+ids, sampling parameters, limits, stop strings with a ``TextStream`` built from the tokenizer). The
+scheduler owns a ``RequestState`` per admitted request: its engine sequence, its phase, its drafter
+(when prompt lookup runs) and its timings. It reports ``TokenEvent`` (new tokens and the text safe to
+show) and ``FinishEvent`` (finish reason, usage, timings) through the callback given at submission.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from mlxd_engine import SamplingParams, Sequence
+
+from .text_stream import TextStream
+
+
+@dataclass
+class SpeculativeRequest:
+    """Per-request speculative settings: ``enabled`` None means the daemon's default."""
+
+    enabled: bool | None = None
+    max_draft: int | None = None
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens: int = 256
+    text: TextStream | None = None  # None: no text (token ids only), no stop strings
+    speculative: SpeculativeRequest = field(default_factory=SpeculativeRequest)
+    structured_output: bool = False
+
+
+@dataclass
+class TokenEvent:
+    request_id: str
+    tokens: list[int]
+    text: str
+    logprobs: list[dict] | None = None
+
+
+@dataclass
+class FinishEvent:
+    request_id: str
+    finish_reason: str  # "stop", "length", "cancelled", "error"
+    tokens: list[int]
+    text: str
+    usage: dict[str, int]
+    timings: dict[str, Any]
+    error: str | None = None
+
+
+Event = TokenEvent | FinishEvent
+EventSink = Callable[[Event], None]
+
+
+@dataclass
+class Timings:
+    """Per-request clock readings (perf_counter seconds) and counts, reported with llama-server names."""
+
+    queued: float = field(default_factory=time.perf_counter)
+    prefill_started: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
+    draft_n: int = 0
+    draft_n_accepted: int = 0
+    speculated: bool = False
+
+    def report(self, prompt_n: int, predicted_n: int) -> dict[str, Any]:
+        start = self.prefill_started or self.queued
+        prompt_ms = ((self.first_token or start) - start) * 1000.0
+        predicted_ms = ((self.last_token or 0.0) - (self.first_token or 0.0)) * 1000.0 if predicted_n > 1 else 0.0
+        decoded = max(predicted_n - 1, 0)  # the first token comes from prefill
+        report = {
+            "prompt_n": prompt_n,
+            "prompt_ms": round(prompt_ms, 3),
+            "prompt_per_token_ms": round(prompt_ms / prompt_n, 3) if prompt_n else 0.0,
+            "prompt_per_second": round(prompt_n / (prompt_ms / 1000.0), 2) if prompt_ms > 0 else 0.0,
+            "predicted_n": predicted_n,
+            "predicted_ms": round(predicted_ms, 3),
+            "predicted_per_token_ms": round(predicted_ms / decoded, 3) if decoded else 0.0,
+            "predicted_per_second": round(decoded / (predicted_ms / 1000.0), 2) if predicted_ms > 0 else 0.0,
+            "queue_ms": round((start - self.queued) * 1000.0, 3),
+        }
+        if self.speculated:
+            report.update(draft_kind="prompt-lookup", draft_n=self.draft_n, draft_n_accepted=self.draft_n_accepted)
+        return report
+
+
+@dataclass
+class RequestState:
+    """A request inside the scheduler."""
+
+    request: Request
+    sink: EventSink
+    seq: Sequence | None = None
+    phase: str = "waiting"  # waiting → prefill → decode → finished
+    timings: Timings = field(default_factory=Timings)
+    drafter: Any = None  # PromptLookupDrafter when prompt lookup runs for this request
+    cancel_requested: bool = False
+    finish_reason: str | None = None
+    emitted: int = 0  # output tokens reported so far
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id

@@ -1,0 +1,189 @@
+"""BatchScheduler: continuous batching over the engine, one tick at a time.
+
+Contract: no sockets and no threads. Callers ``submit`` requests (already tokenized) with an event sink,
+``cancel`` them by id, and call ``tick()`` while ``has_work``; each tick reads as four steps:
+
+1. settle cancellations (rows leave at the tick boundary; their slots are freed),
+2. admit waiting requests while slots and the batch limit allow,
+3. decode: one batched step for every decoding row (lookahead-pipelined, see ``decode.py``), each
+   token through the finish step,
+4. prefill: one chunk of at most ``prefill_chunk`` prompt tokens for the oldest admitted request, so
+   a long prompt never stalls the decoding rows for more than a chunk.
+
+Every tick that did work leaves a ``TickRecord`` for the trace sink.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+from mlxd_engine import Engine, KVStorageFull
+
+from .decode import DecodeLoop
+from .finishing import Finisher
+from .request import EventSink, Request, RequestState
+from .trace import TickRecord
+
+log = logging.getLogger("mlxd.scheduler")
+
+
+@dataclass
+class SchedulerOptions:
+    max_batch: int = 8
+    prefill_chunk: int = 512
+    lookahead: bool = True
+    max_queue: int = 256
+
+
+class QueueFull(RuntimeError):
+    """The waiting queue is at its limit; the client should retry later."""
+
+
+class BatchScheduler:
+    def __init__(self, engine: Engine, options: SchedulerOptions | None = None,
+                 trace_sink: Callable[[TickRecord], None] | None = None):
+        self.engine = engine
+        self.options = options or SchedulerOptions()
+        self.trace_sink = trace_sink
+        self.finisher = Finisher(engine)
+        self.decode_loop = DecodeLoop(engine, lookahead=self.options.lookahead)
+        self.waiting: deque[RequestState] = deque()
+        self.prefilling: list[RequestState] = []
+        self.decoding: list[RequestState] = []
+        self.by_id: dict[str, RequestState] = {}
+        self.tick_number = 0
+        self.totals = {"requests": 0, "finished": 0, "prompt_tokens": 0, "completion_tokens": 0}
+
+    # -- client side ---------------------------------------------------------------------------
+    def submit(self, request: Request, sink: EventSink) -> None:
+        """Queue a request. Raises ValueError for a request that can never run, QueueFull when full."""
+        if request.request_id in self.by_id:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        if not request.prompt:
+            raise ValueError("the prompt is empty")
+        if len(request.prompt) >= self.engine.max_kv_size:
+            raise ValueError(f"prompt of {len(request.prompt)} tokens does not fit the context bound of {self.engine.max_kv_size}")
+        if request.max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        request.params.validate(self.engine.loaded.vocab_size)
+        if len(self.waiting) >= self.options.max_queue:
+            raise QueueFull(f"{len(self.waiting)} requests are waiting")
+        state = RequestState(request, sink)
+        self.waiting.append(state)
+        self.by_id[request.request_id] = state
+        self.totals["requests"] += 1
+
+    def cancel(self, request_id: str) -> bool:
+        """Ask for a request to stop at the next tick boundary. Returns False for an unknown id."""
+        state = self.by_id.get(request_id)
+        if state is None:
+            return False
+        state.cancel_requested = True
+        return True
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.prefilling or self.decoding or self.decode_loop.pipelined)
+
+    @property
+    def active(self) -> int:
+        return len(self.prefilling) + len(self.decoding)
+
+    # -- the tick ------------------------------------------------------------------------------
+    def tick(self) -> TickRecord | None:
+        started = time.perf_counter()
+        self.tick_number += 1
+        record = TickRecord(self.tick_number, batch=len(self.decoding), pipelined=self.decode_loop.pipelined)
+        self._settle_cancellations(record)
+        self._admit()
+        self._decode(record)
+        self._prefill(record)
+        record.duration_ms = round((time.perf_counter() - started) * 1000.0, 3)
+        if not record.rows:
+            return None
+        if self.trace_sink is not None:
+            self.trace_sink(record)
+        return record
+
+    def run_until_idle(self, max_ticks: int = 1_000_000) -> None:
+        for _ in range(max_ticks):
+            if not self.has_work:
+                return
+            self.tick()
+        raise RuntimeError("scheduler did not go idle")
+
+    # -- steps ---------------------------------------------------------------------------------
+    def _settle_cancellations(self, record: TickRecord) -> None:
+        for state in [s for s in self.by_id.values() if s.cancel_requested]:
+            if state in self.waiting:
+                self.waiting.remove(state)
+            self._finish(state, "cancelled", record)
+
+    def _admit(self) -> None:
+        while self.waiting and self.active < self.options.max_batch and self.engine.storage.free_slots:
+            state = self.waiting.popleft()
+            try:
+                state.seq = self.engine.add_sequence(state.request.prompt, state.request.params)
+            except (KVStorageFull, ValueError) as error:
+                self._finish(state, "error", None, str(error))
+                continue
+            state.phase = "prefill"
+            state.timings.prefill_started = time.perf_counter()
+            self.prefilling.append(state)
+
+    def _decode(self, record: TickRecord) -> None:
+        rows = [s for s in self.decoding if s.phase == "decode"]
+        if not rows and not self.decode_loop.pipelined:
+            return
+        record.pipelined = self.decode_loop.lookahead and self.decode_loop.pipelined and bool(rows)
+        emitted, failed = self.decode_loop.tick(rows)
+        for state, error in failed:
+            self._finish(state, "error", record, error)
+        for state, out in emitted:
+            if state.phase != "decode":
+                continue
+            record.add(state.request_id, "decode")
+            logprobs = {"token": out.token, "logprob": out.logprob, "top": out.top_logprobs} if out.logprob is not None else None
+            reason = self.finisher.accept(state, out.token, logprobs)
+            if reason is not None:
+                self._finish(state, reason, record)
+
+    def _prefill(self, record: TickRecord) -> None:
+        if not self.prefilling:
+            return
+        state = self.prefilling[0]
+        before = state.seq.kv.written
+        try:
+            first = self.engine.prefill(state.seq, self.options.prefill_chunk)
+        except Exception as error:  # noqa: BLE001 - one bad prompt must not stop the others
+            self.prefilling.pop(0)
+            self._finish(state, "error", record, f"{type(error).__name__}: {error}")
+            return
+        record.prefill_tokens = state.seq.kv.written - before
+        if first is None:
+            record.add(state.request_id, "prefill")
+            return
+        self.prefilling.pop(0)
+        record.add(state.request_id, "first-token")
+        state.phase = "decode"
+        self.decoding.append(state)
+        logprobs = {"token": first.token, "logprob": first.logprob, "top": first.top_logprobs} if first.logprob is not None else None
+        reason = self.finisher.accept(state, first.token, logprobs)
+        if reason is not None:
+            self._finish(state, reason, record)
+
+    def _finish(self, state: RequestState, reason: str, record: TickRecord | None, error: str | None = None) -> None:
+        for group in (self.prefilling, self.decoding):
+            if state in group:
+                group.remove(state)
+        self.by_id.pop(state.request_id, None)
+        self.finisher.finish(state, reason, error)
+        self.totals["finished"] += 1
+        self.totals["prompt_tokens"] += len(state.request.prompt)
+        self.totals["completion_tokens"] += state.emitted
+        if record is not None:
+            record.add(state.request_id, "finished", detail=reason)

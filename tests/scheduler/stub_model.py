@@ -1,0 +1,66 @@
+"""A stub model with no weights and a byte tokenizer, for scheduler logic.
+
+The stub goes through the real KV storage: each token is stored as its own key and value, and the next
+token is ``(sum of every visible token) % 250 + 1``. A wrong mask, offset or unwind changes the sum, so
+batched runs are compared with single-sequence runs on the same stub. Token 255 is EOS and never
+produced unless ``eos_after`` forces it; ``poison`` makes a one-token step that sees it raise.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from mlxd_engine import LoadedModel
+
+VOCAB = 256
+EOS = 255
+
+
+class StubModel:
+    def __init__(self):
+        self.poison: int | None = None
+        self.forward_calls = 0
+
+    def __call__(self, inputs: mx.array, cache=None) -> mx.array:
+        # inputs: [B, T]
+        self.forward_calls += 1
+        batch, length = inputs.shape
+        if self.poison is not None and length == 1 and self.poison in inputs.reshape(-1).tolist():
+            raise RuntimeError("poisoned step")
+        view = cache[0]
+        x = inputs.astype(mx.float32)[:, None, :, None]  # [B, 1, T, 1]
+        _, values = view.update_and_fetch(x, x)  # [B, 1, L, 1]
+        total_len = values.shape[2]
+        mask = view.make_mask(length)
+        if mask is None:
+            visible = mx.ones((batch, 1, length, total_len), dtype=mx.bool_)
+        elif isinstance(mask, str):
+            q = mx.arange(total_len - length, total_len)[:, None]
+            visible = mx.broadcast_to((mx.arange(total_len)[None, :] <= q)[None, None], (batch, 1, length, total_len))
+        else:
+            visible = mx.broadcast_to(mask, (batch, 1, length, total_len))
+        sums = (visible.astype(mx.float32) * values[:, :, None, :, 0]).sum(axis=-1)[:, 0]  # [B, T]
+        nxt = (sums.astype(mx.int32) % 250) + 1
+        return mx.where(mx.arange(VOCAB)[None, None, :] == nxt[..., None], 10.0, 0.0)
+
+
+class ByteDetokenizer:
+    """Streaming detokenizer protocol (add_token / finalize / last_segment): token t is chr(t)."""
+
+    def __init__(self):
+        self.last_segment = ""
+
+    def add_token(self, token: int) -> None:
+        self.last_segment = chr(token)
+
+    def finalize(self) -> None:
+        self.last_segment = ""
+
+
+def as_text(tokens: list[int]) -> str:
+    return "".join(chr(t) for t in tokens)
+
+
+def stub_loaded(eos: int = EOS) -> LoadedModel:
+    return LoadedModel(model=StubModel(), tokenizer=None, path="<stub>", model_type="stub", n_layers=1,
+                       vocab_size=VOCAB, eos_token_ids=frozenset({eos}), context_length=4096)
