@@ -37,7 +37,7 @@ test-fast: setup
 	LD_PRELOAD="$$($(PY) -m mlxd_fast_blas)" $(PY) -m pytest -m "not slow"
 
 demo: setup
-	$(PY) scripts/demo.py
+	bash scripts/demo.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache

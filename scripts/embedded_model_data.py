@@ -141,7 +141,7 @@ class SampleMaker:
         self.code = corpus.train_code
         self.vocab_size = tokenizer.get_vocab_size()
         self.sep = self.encode("\n\n")[0]
-        self.synthetic_pool = list(range(100, 164))
+        self.synthetic_pool = sorted(rng.sample(range(3, self.vocab_size), 64))
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text).ids
@@ -159,17 +159,17 @@ class SampleMaker:
         user = f"{instruction}{separator}{paragraph}"
         return chat_prompt(user) if chat else user + "\n\n"
 
-    def synthetic_copy(self, length: int) -> tuple[list[int], list[int]]:
+    def synthetic_copy(self, length: int, from_pool: bool = True, framed: float = 0.25) -> tuple[list[int], list[int]]:
         """Random tokens, copied: teaches copying before any language.
 
-        Most samples draw from a fixed pool of 64 token ids (each id then gets many updates, which is
-        what lets induction heads form within a few hundred steps); the rest draw from the whole
-        vocabulary so the copy circuit does not specialise to the pool. Half the samples sit in the
-        copy-task frame (raw or chat), half are bare ``body SEP body``.
+        ``from_pool`` draws from a fixed pool of 64 token ids: each id then gets many updates, which is
+        what lets induction heads form within a few hundred steps. Without it the whole vocabulary is
+        used, so the copy circuit stops depending on the pool. A ``framed`` share of the samples sit in
+        the copy-task frame (raw or chat); the rest are bare ``body SEP body END``.
         """
-        pool = self.synthetic_pool if self.rng.random() < 0.8 else range(3, self.vocab_size)
+        pool = self.synthetic_pool if from_pool else range(3, self.vocab_size)
         body = [self.rng.choice(pool) for _ in range(length)]
-        if self.rng.random() < 0.5:
+        if self.rng.random() >= framed:
             return body + [self.sep] + body + [self.eot], [0] * (length + 1) + [1] * (length + 1)
         chat = self.rng.random() < 0.5
         instruction = self.rng.choice(COPY_INSTRUCTIONS)
@@ -181,8 +181,16 @@ class SampleMaker:
         end = self.im_end if chat else self.eot
         return prompt + body + [end], [0] * len(prompt) + [1] * (len(body) + 1)
 
-    def text_copy(self) -> tuple[list[int], list[int]]:
+    def transfer_mix(self) -> tuple[list[int], list[int]]:
+        """Phase two: whole-vocabulary random copies and copies of short real paragraphs."""
+        if self.rng.random() < 0.5:
+            return self.synthetic_copy(self.rng.randint(10, 60), from_pool=False, framed=0.5)
+        return self.text_copy(max_tokens=120)
+
+    def text_copy(self, max_tokens: int | None = None) -> tuple[list[int], list[int]]:
         paragraph = self.rng.choice(self.prose)
+        while max_tokens is not None and len(paragraph) > 4 * max_tokens:
+            paragraph = self.rng.choice(self.prose)
         chat = self.rng.random() < 0.6
         return self._framed(self.copy_prompt_text(paragraph, chat), self.encode(paragraph), chat)
 
@@ -214,11 +222,11 @@ class SampleMaker:
     def text_mix(self) -> tuple[list[int], list[int]]:
         """The phase-two mixture: copies in both frames, chat quotes, code edits, plain text."""
         roll = self.rng.random()
-        if roll < 0.45:
+        if roll < 0.5:
             return self.text_copy()
-        if roll < 0.55:
+        if roll < 0.6:
             return self.chat_quote()
-        if roll < 0.63:
+        if roll < 0.68:
             return self.code_edit()
         return self.plain_text()
 

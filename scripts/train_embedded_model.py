@@ -130,10 +130,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vocab", type=int, default=2048)
     parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--synthetic-steps", type=int, default=450)
-    parser.add_argument("--text-steps", type=int, default=450)
+    parser.add_argument("--synthetic-steps", type=int, default=800)
+    parser.add_argument("--transfer-steps", type=int, default=350)
+    parser.add_argument("--text-steps", type=int, default=700)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--time-steps", type=int, default=0, help="only time this many steps of each phase")
@@ -160,9 +161,10 @@ def main() -> None:
     phases = [
         # (name, steps, rows, row length, sample maker)
         ("synthetic", options.synthetic_steps, 64, 128, lambda: maker.synthetic_copy(rng.randint(6, 24))),
+        ("transfer", options.transfer_steps, 32, 256, maker.transfer_mix),
         ("text", options.text_steps, 16, 512, maker.text_mix),
     ]
-    total_steps = sum(p[1] for p in phases) if not options.time_steps else 2 * options.time_steps
+    total_steps = sum(p[1] for p in phases) if not options.time_steps else len(phases) * options.time_steps
     warmup = 100
     schedule = optim.join_schedules(
         [optim.linear_schedule(1e-5, options.lr, warmup), optim.cosine_decay(options.lr, total_steps, options.lr * 0.05)],
@@ -209,7 +211,7 @@ def main() -> None:
     report = {
         "seed": options.seed, "parameters": n_params, "layers": options.layers, "hidden": options.hidden,
         "vocab": tokenizer.get_vocab_size(), "synthetic_steps": options.synthetic_steps,
-        "text_steps": options.text_steps, "final_loss": history[-1]["loss"] if history else None,
+        "transfer_steps": options.transfer_steps, "text_steps": options.text_steps, "final_loss": history[-1]["loss"] if history else None,
         "heldout_paragraphs": len(final_set), "copy_accuracy_chat": round(final_chat, 4),
         "copy_accuracy_raw": round(final_raw, 4), "minutes": round(minutes, 1),
         "train_paragraphs": len(corpus.train_prose), "heldout_prose": len(corpus.heldout_prose),

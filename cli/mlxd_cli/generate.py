@@ -14,17 +14,22 @@ import time
 
 import click
 
-from mlxd_protocol import Client, DaemonError, DaemonTimeout, Done, Generate, Sampling, new_request_id
+from mlxd_protocol import Client, DaemonError, DaemonTimeout, Done, Generate, ProtocolError, Sampling, Speculative, new_request_id
 from mlxd_protocol.autostart import AutostartError, ensure_daemon
 from mlxd_protocol.endpoints import default_endpoint
 
 
-def build_request(prompt: str, max_tokens: int, temp, top_p, seed, system, chat, stop) -> Generate:
+def build_request(prompt: str, max_tokens: int, temp, top_p, seed, system, chat, stop,
+                  prompt_lookup: bool | None = None, draft_block_size: int | None = None) -> Generate:
     sampling = None
     if temp is not None or top_p is not None or seed is not None:
         sampling = Sampling(temperature=temp or 0.0, top_p=top_p if top_p is not None else 1.0, seed=seed)
+    speculative = None
+    if prompt_lookup is not None or draft_block_size is not None:
+        kind = None if prompt_lookup is None else ("prompt-lookup" if prompt_lookup else "none")
+        speculative = Speculative(kind=kind, max_draft=draft_block_size)
     return Generate(id=new_request_id(), prompt=prompt, chat=chat, system=system, max_tokens=max_tokens,
-                    stop=list(stop), stream=True, sampling=sampling)
+                    stop=list(stop), stream=True, sampling=sampling, speculative=speculative)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -38,10 +43,14 @@ def build_request(prompt: str, max_tokens: int, temp, top_p, seed, system, chat,
 @click.option("--system", default=None, help="system prompt")
 @click.option("--chat/--no-chat", default=None, help="apply the chat template (default: when the model has one)")
 @click.option("--stop", multiple=True, help="stop string (repeatable)")
+@click.option("--prompt-lookup/--no-prompt-lookup", default=None,
+              help="ask for prompt-lookup speculative decoding, or refuse it (default: the daemon's)")
+@click.option("--draft-block-size", default=None, type=click.IntRange(1), help="lower the most draft tokens per round")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of streaming text")
 @click.option("--autostart/--no-autostart", default=True, show_default=True, help="start mlxd if none answers")
 @click.option("--local", is_flag=True, help="run the scheduler in this process instead of talking to mlxd")
-def main(prompt, model, endpoint, max_tokens, temp, top_p, seed, system, chat, stop, as_json, autostart, local):
+def main(prompt, model, endpoint, max_tokens, temp, top_p, seed, system, chat, stop, prompt_lookup, draft_block_size,
+         as_json, autostart, local):
     """Generate a reply to PROMPT."""
     if local:
         from mlxd_fast_blas import ensure_fast_blas
@@ -51,7 +60,7 @@ def main(prompt, model, endpoint, max_tokens, temp, top_p, seed, system, chat, s
         prompt = sys.stdin.read()
     if not prompt.strip():
         raise click.UsageError("the prompt is empty")
-    request = build_request(prompt, max_tokens, temp, top_p, seed, system, chat, stop)
+    request = build_request(prompt, max_tokens, temp, top_p, seed, system, chat, stop, prompt_lookup, draft_block_size)
     started = time.perf_counter()
     try:
         if local:
@@ -70,7 +79,7 @@ def main(prompt, model, endpoint, max_tokens, temp, top_p, seed, system, chat, s
                         sys.exit(1)
             replies = _remote(endpoint, request)
         done = _render(replies, as_json)
-    except (AutostartError, DaemonError, DaemonTimeout) as error:
+    except (AutostartError, DaemonError, DaemonTimeout, ProtocolError) as error:
         click.echo(f"mlx-generate: {error}", err=True)
         sys.exit(1)
     if as_json:

@@ -28,6 +28,8 @@ def describe_row(row: dict) -> str:
         return f"verify {row.get('accepted', 0)}/{row.get('drafted', 0)}"
     if action == "finished":
         return f"finished:{row.get('detail', '')}"
+    if action == "decode" and row.get("detail"):
+        return f"decode({row['detail']})"
     return action
 
 

@@ -74,7 +74,7 @@ def to_request(loaded: LoadedModel, message: Generate, internal_id: str, default
             max_draft=message.speculative.max_draft,
         )
     text = TextStream(loaded.new_detokenizer(), list(message.stop))
-    return Request(internal_id, tokens, params, message.max_tokens, text, speculative)
+    return Request(internal_id, tokens, params, message.max_tokens, text, speculative, ignore_eos=message.ignore_eos)
 
 
 def to_reply(event, client_id: str, stream: bool):

@@ -44,7 +44,8 @@ def status(server: "DaemonServer", identity: bytes, message: Message) -> Status:
         model=server.loaded.path, protocol_version=PROTOCOL_VERSION, daemon_version=__version__,
         uptime_s=round(time.monotonic() - server.started, 3), active=scheduler.active,
         queued=len(scheduler.waiting), max_batch=scheduler.options.max_batch, memory=memory,
-        options=server.options_summary(), totals=dict(scheduler.totals), pid=os.getpid(),
+        options=server.options_summary(), totals={**scheduler.totals, **scheduler.prompt_lookup.counters},
+        pid=os.getpid(),
         id=getattr(message, "id", None),
     )
 

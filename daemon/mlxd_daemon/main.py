@@ -18,6 +18,7 @@ from mlxd_protocol import Client, DaemonError, DaemonTimeout
 from mlxd_protocol.endpoints import default_endpoint
 
 from .options import DaemonOptions, SamplingDefaults
+from .speculative import resolve_speculative
 
 
 def _endpoint_option(function):
@@ -36,11 +37,16 @@ def _endpoint_option(function):
 @click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True), help="default top-p")
 @click.option("--top-k", default=0, show_default=True, type=click.IntRange(0), help="default top-k (0: off)")
 @click.option("--min-p", default=0.0, show_default=True, type=click.FloatRange(0, 1), help="default min-p")
+@click.option("--draft-kind", default=None, help="speculative decoding for every request: prompt-lookup or none")
+@click.option("--draft-model", default=None, help="draft model (no supported kind takes one yet)")
+@click.option("--draft-block-size", default=None, type=int, help="prompt lookup: most draft tokens per verify round (default 8)")
+@click.option("--prompt-lookup-max-batch", default=None, type=click.IntRange(0),
+              help="verify gate: no verify rounds while more rows than this decode (default: measured, see docs)")
 @click.option("--allow-public", is_flag=True, help="allow binding a non-loopback tcp address")
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
 @click.pass_context
 def cli(ctx, model, endpoint, max_batch, max_kv_size, prefill_chunk, max_queue, lookahead, temp, top_p, top_k,
-        min_p, allow_public, log_level):
+        min_p, draft_kind, draft_model, draft_block_size, prompt_lookup_max_batch, allow_public, log_level):
     """mlxd: serve an mlx-lm model to many clients over ZeroMQ."""
     if ctx.invoked_subcommand is not None:
         return
@@ -48,7 +54,13 @@ def cli(ctx, model, endpoint, max_batch, max_kv_size, prefill_chunk, max_queue, 
         model=model, endpoint=endpoint, max_batch=max_batch, max_kv_size=max_kv_size, prefill_chunk=prefill_chunk,
         lookahead=lookahead, max_queue=max_queue, allow_public=allow_public, log_level=log_level,
         sampling=SamplingDefaults(temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p),
+        draft_kind=draft_kind, draft_model=draft_model, draft_block_size=draft_block_size,
+        prompt_lookup_max_batch=prompt_lookup_max_batch,
     )
+    try:
+        resolve_speculative(draft_kind, draft_model, draft_block_size)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--draft-kind/--draft-model/--draft-block-size")
     sys.exit(serve(options))
 
 
@@ -78,8 +90,9 @@ def serve(options: DaemonOptions) -> int:
         click.echo(f"mlxd: cannot listen on {endpoint}: {error}", err=True)
         return 2
     server.install_signal_handlers()
-    log.info("model=%s type=%s layers=%d max_batch=%d max_kv_size=%d lookahead=%s blas=%s", loaded.path,
-             loaded.model_type, loaded.n_layers, options.max_batch, server.engine.max_kv_size, options.lookahead,
+    log.info("model=%s type=%s layers=%d max_batch=%d max_kv_size=%d lookahead=%s %s prompt_lookup_max_batch=%d blas=%s",
+             loaded.path, loaded.model_type, loaded.n_layers, options.max_batch, server.engine.max_kv_size,
+             options.lookahead, server.speculative.summary(), server.scheduler.options.prompt_lookup_max_batch,
              blas_in_use())
     click.echo(f"mlxd ready endpoint={endpoint} model={loaded.path} pid={__import__('os').getpid()}", nl=True)
     sys.stdout.flush()

@@ -28,6 +28,10 @@ class DaemonOptions:
     allow_public: bool = False
     log_level: str = "info"
     sampling: SamplingDefaults = field(default_factory=SamplingDefaults)
+    draft_kind: str | None = None
+    draft_model: str | None = None
+    draft_block_size: int | None = None
+    prompt_lookup_max_batch: int | None = None  # None: the scheduler's measured default
 
     def as_dict(self) -> dict:
         return asdict(self)

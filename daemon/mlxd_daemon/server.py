@@ -26,6 +26,7 @@ from mlxd_scheduler import BatchScheduler, SchedulerOptions, TickRecord
 
 from .handlers import HANDLERS
 from .options import DaemonOptions
+from .speculative import resolve_speculative
 
 MAX_FRAMES_PER_TURN = 256
 
@@ -37,8 +38,13 @@ class DaemonServer:
         self.endpoint = endpoint
         self.log = logging.getLogger("mlxd")
         self.engine = Engine(loaded, max_sequences=options.max_batch, max_kv_size=options.max_kv_size)
+        self.speculative = resolve_speculative(options.draft_kind, options.draft_model, options.draft_block_size)
         scheduler_options = SchedulerOptions(max_batch=options.max_batch, prefill_chunk=options.prefill_chunk,
-                                             lookahead=options.lookahead, max_queue=options.max_queue)
+                                             lookahead=options.lookahead, max_queue=options.max_queue,
+                                             prompt_lookup=self.speculative.config,
+                                             prompt_lookup_cap=self.speculative.cap)
+        if options.prompt_lookup_max_batch is not None:
+            scheduler_options.prompt_lookup_max_batch = options.prompt_lookup_max_batch
         self.scheduler = BatchScheduler(self.engine, scheduler_options, trace_sink=self._publish_tick)
         self.routes: dict[str, str] = {}  # internal request id -> client's id
         self.started = time.monotonic()
@@ -92,6 +98,8 @@ class DaemonServer:
         summary = self.options.as_dict()
         summary["endpoint"] = self.endpoint
         summary["max_kv_size"] = self.engine.max_kv_size
+        summary["speculative"] = self.speculative.summary()
+        summary["prompt_lookup_max_batch"] = self.scheduler.options.prompt_lookup_max_batch
         return summary
 
     # -- the loop -----------------------------------------------------------------------------

@@ -152,6 +152,7 @@ class Generate(Message):
     sampling: Sampling | None = None  # None: the daemon's sampling defaults
     speculative: Speculative | None = None
     add_special_tokens: bool = True
+    ignore_eos: bool = False  # keep generating past end-of-sequence tokens (benchmarks)
 
     def validate(self) -> None:
         _exactly_one(self, ("prompt", "prompt_tokens", "messages"))

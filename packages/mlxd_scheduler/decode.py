@@ -63,6 +63,15 @@ class DecodeLoop:
             log.warning("batched step failed (%s); retrying rows one by one", error)
             return self._recover(rows)
 
+    def step_synchronously(self, rows: list[RequestState]):
+        """One unpipelined batched step (nothing may be in flight). Returns (emitted, failed)."""
+        assert self.in_flight is None, "tear down the in-flight step first"
+        try:
+            return self._pairs(rows, self.engine.step([s.seq for s in rows])), []
+        except Exception as error:  # noqa: BLE001
+            log.warning("batched step failed (%s); retrying rows one by one", error)
+            return self._recover(rows)
+
     def teardown(self) -> list[tuple[RequestState, Emitted]]:
         """Read the in-flight step, if any, so no step is left in flight."""
         if self.in_flight is None:

@@ -32,7 +32,7 @@ class Finisher:
         if timings.first_token is None:
             timings.first_token = now
         timings.last_token = now
-        if token in self.eos:
+        if token in self.eos and not state.request.ignore_eos:
             return "stop"
         state.emitted += 1
         text, stopped = ("", False) if state.request.text is None else state.request.text.push(token)
@@ -53,10 +53,7 @@ class Finisher:
         state.phase = "finished"
         state.finish_reason = reason
         seq = state.seq
-        tokens = list(seq.output) if seq is not None else []
-        if tokens and tokens[-1] in self.eos:
-            tokens.pop()
-        tokens = tokens[: state.emitted]
+        tokens = list(seq.output)[: state.emitted] if seq is not None else []
         if seq is not None:
             self.engine.release(seq)
         tail = state.request.text.finish() if state.request.text is not None and reason != "error" else ""

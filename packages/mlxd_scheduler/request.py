@@ -35,6 +35,7 @@ class Request:
     text: TextStream | None = None  # None: no text (token ids only), no stop strings
     speculative: SpeculativeRequest = field(default_factory=SpeculativeRequest)
     structured_output: bool = False
+    ignore_eos: bool = False
 
 
 @dataclass
@@ -93,7 +94,7 @@ class Timings:
         return report
 
 
-@dataclass
+@dataclass(eq=False)  # identity: states are dict keys and list members, never compared by value
 class RequestState:
     """A request inside the scheduler."""
 

@@ -18,17 +18,22 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
-from mlxd_engine import Engine, KVStorageFull
+from mlxd_drafters import PromptLookupConfig, PromptLookupDrafter
+from mlxd_engine import Engine, KVStorageFull, prompt_lookup_eligibility
 
 from .decode import DecodeLoop
 from .finishing import Finisher
+from .prompt_lookup_arm import PromptLookupArm
 from .request import EventSink, Request, RequestState
 from .trace import TickRecord
 
 log = logging.getLogger("mlxd.scheduler")
+
+
+DEFAULT_PROMPT_LOOKUP_MAX_BATCH = 4  # see docs/benchmark_results/prompt_lookup.md for the measurement
 
 
 @dataclass
@@ -37,6 +42,9 @@ class SchedulerOptions:
     prefill_chunk: int = 512
     lookahead: bool = True
     max_queue: int = 256
+    prompt_lookup: PromptLookupConfig | None = None  # on by default for every eligible request when set
+    prompt_lookup_cap: PromptLookupConfig = field(default_factory=PromptLookupConfig)  # for per-request opt-in
+    prompt_lookup_max_batch: int = DEFAULT_PROMPT_LOOKUP_MAX_BATCH  # verify gate: largest active batch
 
 
 class QueueFull(RuntimeError):
@@ -51,12 +59,15 @@ class BatchScheduler:
         self.trace_sink = trace_sink
         self.finisher = Finisher(engine)
         self.decode_loop = DecodeLoop(engine, lookahead=self.options.lookahead)
+        self.prompt_lookup = PromptLookupArm(engine, self.decode_loop, self.options.prompt_lookup_max_batch,
+                                             self._emit, self._fail)
         self.waiting: deque[RequestState] = deque()
         self.prefilling: list[RequestState] = []
         self.decoding: list[RequestState] = []
         self.by_id: dict[str, RequestState] = {}
         self.tick_number = 0
-        self.totals = {"requests": 0, "finished": 0, "prompt_tokens": 0, "completion_tokens": 0}
+        self.totals = {"requests": 0, "finished": 0, "prompt_tokens": 0, "completion_tokens": 0,
+                       "draft_tokens": 0, "draft_accepted": 0}
 
     # -- client side ---------------------------------------------------------------------------
     def submit(self, request: Request, sink: EventSink) -> None:
@@ -139,18 +150,53 @@ class BatchScheduler:
         rows = [s for s in self.decoding if s.phase == "decode"]
         if not rows and not self.decode_loop.pipelined:
             return
-        record.pipelined = self.decode_loop.lookahead and self.decode_loop.pipelined and bool(rows)
-        emitted, failed = self.decode_loop.tick(rows)
-        for state, error in failed:
-            self._finish(state, "error", record, error)
-        for state, out in emitted:
-            if state.phase != "decode":
-                continue
-            record.add(state.request_id, "decode")
-            logprobs = {"token": out.token, "logprob": out.logprob, "top": out.top_logprobs} if out.logprob is not None else None
-            reason = self.finisher.accept(state, out.token, logprobs)
-            if reason is not None:
-                self._finish(state, reason, record)
+        was_pipelined = self.decode_loop.pipelined
+        record.pipelined = self.decode_loop.lookahead and was_pipelined and bool(rows)
+        if any(s.drafter is not None for s in rows):
+            self.prompt_lookup.tick(rows, record)
+            record.pipelined = record.pipelined and self.decode_loop.pipelined
+        else:
+            emitted, failed = self.decode_loop.tick(rows)
+            for state, error in failed:
+                self._fail(state, error, record)
+            for state, out in emitted:
+                logprobs = {"token": out.token, "logprob": out.logprob, "top": out.top_logprobs} if out.logprob is not None else None
+                self._emit(state, out.token, record, "decode", logprobs)
+        if self.decode_loop.pipelined and not was_pipelined:
+            for state in rows:  # a lookahead step was submitted and nothing read: show it in the trace
+                record.add(state.request_id, "prime")
+
+    def _emit(self, state: RequestState, token: int, record: TickRecord, action: str, logprobs=None) -> None:
+        """One output token of a decoding row, however produced: finish step, drafter, trace."""
+        if state.phase != "decode":
+            return
+        if action:
+            record.add(state.request_id, "decode", detail=action if action != "decode" else None)
+        reason = self.finisher.accept(state, token, logprobs)
+        if state.drafter is not None:
+            state.drafter.observe([token])
+        if reason is not None:
+            self._finish(state, reason, record)
+
+    def _fail(self, state: RequestState, error: str, record: TickRecord) -> None:
+        self._finish(state, "error", record, error)
+
+    def _start_drafter(self, state: RequestState) -> None:
+        """At prefill completion: give an eligible prompt-lookup request its drafter."""
+        wanted = state.request.speculative
+        default = self.options.prompt_lookup
+        if wanted.enabled is False or (wanted.enabled is None and default is None):
+            return
+        verdict = prompt_lookup_eligibility(state.request.params, structured_output=state.request.structured_output)
+        if not verdict:
+            log.debug("request %s decodes plainly: %s", state.request_id, verdict.reason)
+            return
+        config = default or self.options.prompt_lookup_cap
+        if wanted.max_draft:
+            config = config.with_max_draft(wanted.max_draft)
+        state.drafter = PromptLookupDrafter(config)
+        state.drafter.observe(state.seq.tokens)
+        state.timings.speculated = True
 
     def _prefill(self, record: TickRecord) -> None:
         if not self.prefilling:
@@ -175,6 +221,8 @@ class BatchScheduler:
         reason = self.finisher.accept(state, first.token, logprobs)
         if reason is not None:
             self._finish(state, reason, record)
+        else:
+            self._start_drafter(state)
 
     def _finish(self, state: RequestState, reason: str, record: TickRecord | None, error: str | None = None) -> None:
         for group in (self.prefilling, self.decoding):
@@ -185,5 +233,7 @@ class BatchScheduler:
         self.totals["finished"] += 1
         self.totals["prompt_tokens"] += len(state.request.prompt)
         self.totals["completion_tokens"] += state.emitted
+        self.totals["draft_tokens"] += state.timings.draft_n
+        self.totals["draft_accepted"] += state.timings.draft_n_accepted
         if record is not None:
             record.add(state.request_id, "finished", detail=reason)

@@ -1,9 +1,10 @@
 """The tick trace: what the scheduler did in each tick, for mlx-inspect-tick and for tests.
 
 Contract: one ``TickRecord`` per tick that did any work; plain data (JSON- and msgpack-friendly via
-``as_dict``). Row actions: "prefill" (a prompt chunk), "first-token" (prefill finished), "decode" (took
-the batched step), "verify" (ran a verify round; with drafted/accepted), "declined-gate",
-"declined-governor", and "finished" (with the reason).
+``as_dict``). Row actions: "prefill" (a prompt chunk), "first-token" (prefill finished), "prime" (a lookahead step was
+submitted, nothing read yet), "decode" (took the batched step; ``detail`` says "declined-gate" or
+"declined-governor" when a prompt-lookup row was held back), "verify" (ran a verify round; with
+drafted/accepted), and "finished" (with the reason in ``detail``).
 """
 
 from __future__ import annotations

@@ -137,3 +137,36 @@ def test_context_bound_truncates_and_finishes(stories_model):
     assert outcome.emitted == truth[1:5]
     assert outcome.finish_reason == "length"
     assert seq.kv.written == seq.max_kv
+
+
+COPY_PARAGRAPHS = [
+    "The scheduler keeps one decode step in flight while it reads the previous one, so the model never waits for "
+    "Python. When a row proposes draft tokens, the next tick runs synchronously.",
+    "A lighthouse keeper wrote in his log every evening. He noted the direction of the wind, the colour of the sea "
+    "and the ships that passed the point.",
+]
+PLAIN_PROMPTS = ["Explain how a bicycle works.", "Write a short story about a robot."]
+
+
+def _chat(loaded, text):
+    return loaded.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+
+
+@pytest.mark.parametrize("paragraph", COPY_PARAGRAPHS)
+def test_embedded_model_copy_prompts_equal_plain_and_accept(embedded_model, paragraph):
+    engine = Engine(embedded_model, max_sequences=1)
+    prompt = _chat(embedded_model, f"Repeat the following paragraph exactly: {paragraph}")
+    plain = generate_plain(engine, prompt, 200)
+    speculative = generate_with_prompt_lookup(engine, prompt, 200)
+    assert_same_or_near_tie(embedded_model, prompt, plain.tokens, speculative.tokens)
+    assert speculative.accepted > 0
+    print(f"copy: {len(plain.tokens)} tokens, {speculative.verify_rounds} rounds, {speculative.accepted} accepted")
+
+
+@pytest.mark.parametrize("text", PLAIN_PROMPTS)
+def test_embedded_model_plain_prompts_equal_plain(embedded_model, text):
+    engine = Engine(embedded_model, max_sequences=1)
+    prompt = _chat(embedded_model, text)
+    plain = generate_plain(engine, prompt, 120)
+    speculative = generate_with_prompt_lookup(engine, prompt, 120)
+    assert_same_or_near_tie(embedded_model, prompt, plain.tokens, speculative.tokens)

@@ -17,8 +17,12 @@ EOS = 255
 
 
 class StubModel:
-    def __init__(self):
+    """``period`` None: next token = (sum of visible tokens) % 250 + 1. ``period`` K: next token = the
+    token K-1 positions back, so the reply repeats the last K tokens of the prompt over and over."""
+
+    def __init__(self, period: int | None = None):
         self.poison: int | None = None
+        self.period = period
         self.forward_calls = 0
 
     def __call__(self, inputs: mx.array, cache=None) -> mx.array:
@@ -41,6 +45,11 @@ class StubModel:
             visible = mx.broadcast_to(mask, (batch, 1, length, total_len))
         sums = (visible.astype(mx.float32) * values[:, :, None, :, 0]).sum(axis=-1)[:, 0]  # [B, T]
         nxt = (sums.astype(mx.int32) % 250) + 1
+        if self.period is not None:
+            seen = visible[:, 0].astype(mx.int32).sum(axis=-1)  # [B, T]: tokens visible to each query
+            back = mx.maximum(seen - self.period, 0)
+            copied = mx.take_along_axis(values[:, 0, :, 0], back, axis=-1).astype(mx.int32)  # [B, T]
+            nxt = mx.where(seen >= self.period, copied, nxt)
         return mx.where(mx.arange(VOCAB)[None, None, :] == nxt[..., None], 10.0, 0.0)
 
 
@@ -61,6 +70,6 @@ def as_text(tokens: list[int]) -> str:
     return "".join(chr(t) for t in tokens)
 
 
-def stub_loaded(eos: int = EOS) -> LoadedModel:
-    return LoadedModel(model=StubModel(), tokenizer=None, path="<stub>", model_type="stub", n_layers=1,
+def stub_loaded(eos: int = EOS, period: int | None = None) -> LoadedModel:
+    return LoadedModel(model=StubModel(period), tokenizer=None, path="<stub>", model_type="stub", n_layers=1,
                        vocab_size=VOCAB, eos_token_ids=frozenset({eos}), context_length=4096)

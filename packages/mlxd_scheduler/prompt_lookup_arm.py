@@ -1,0 +1,136 @@
+"""The prompt-lookup arm of the decode tick: verify rounds without giving up lookahead.
+
+Contract: ``PromptLookupArm.tick(rows, record)`` replaces the plain decode tick whenever a decoding row
+has a drafter. Every token still goes through the scheduler's finish step (``emit``); each proposing
+row runs the engine's shared verify round at most once per tick.
+
+The tick, in the order the rules are applied:
+1. Gate: when the active batch is above ``max_batch`` no row drafts this tick (no ``draft_block`` call,
+   so no miss is recorded); its drafter keeps observing tokens and resumes when the batch shrinks.
+   A row whose governor grants no budget is "declined by governor".
+2. While step n is in flight, every gated-in drafter is asked for a proposal on its committed tokens.
+3. No proposal anywhere: step n+1 is primed and the tick pipelines exactly as plain decode does.
+4. Some row proposes: no prime is submitted; step n is read and committed (tokens to the finish step),
+   the proposals made before it are retracted (they predate its token), and the tick goes on
+   synchronously: rows that propose on their now-current tokens run one verify round each, every other
+   row takes one batched step.
+5. From a synchronous state, a tick re-primes (submits a lookahead step and returns) only when no row
+   proposes and every prompt-lookup row's ``pipelines_plain_rounds()`` is true; otherwise it stays
+   synchronous with one batched step.
+A verify forward that fails fails only its row: the round's appends are unwound and the row finishes
+with an error; the other rows go on.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+from mlxd_engine import Engine, verify_round
+
+from .decode import DecodeLoop
+from .request import RequestState
+from .trace import TickRecord
+
+log = logging.getLogger("mlxd.scheduler")
+
+Emit = Callable[[RequestState, int, TickRecord, str], None]
+Fail = Callable[[RequestState, str, TickRecord], None]
+
+
+class PromptLookupArm:
+    def __init__(self, engine: Engine, decode_loop: DecodeLoop, max_batch: int, emit: Emit, fail: Fail):
+        self.engine = engine
+        self.decode_loop = decode_loop
+        self.max_batch = max_batch
+        self.emit = emit  # (state, token, record, action) -> goes through the finish step
+        self.fail = fail
+        self.counters = {"verify_rounds": 0, "declined_gate": 0, "declined_governor": 0}
+
+    def tick(self, rows: list[RequestState], record: TickRecord) -> None:
+        drafting = [s for s in rows if s.drafter is not None]
+        if len(rows) > self.max_batch:
+            self.counters["declined_gate"] += len(drafting)
+            declined = {id(s) for s in drafting}
+            self._plain(rows, record, {id(s): "declined-gate" for s in drafting if id(s) in declined})
+            return
+        if self.decode_loop.pipelined:
+            proposals = self._propose(drafting, record=None)
+            if not proposals:
+                self._plain(rows, record)  # rule 3: keep pipelining
+                return
+            # rule 4: read step n instead of priming n+1; the early proposals are stale now
+            for state in proposals:
+                state.drafter.retract_draft()
+            self._emit_all(self.decode_loop.teardown(), record, "decode")
+            rows = [s for s in rows if s.phase == "decode"]
+            drafting = [s for s in drafting if s.phase == "decode"]
+        self._synchronous(rows, drafting, record)
+
+    # -- pieces ---------------------------------------------------------------------------------
+    def _propose(self, drafting: list[RequestState], record: TickRecord | None) -> dict[RequestState, list[int]]:
+        proposals = {}
+        for state in drafting:
+            if state.drafter.governor.peek_budget() == 0:
+                state.drafter.draft_block()  # counts toward the governor's probe spacing
+                if record is not None:
+                    self.counters["declined_governor"] += 1
+                continue
+            proposal = state.drafter.draft_block()
+            if proposal:
+                proposals[state] = proposal
+        return proposals
+
+    def _synchronous(self, rows: list[RequestState], drafting: list[RequestState], record: TickRecord) -> None:
+        governor_off = {id(s) for s in drafting if s.drafter.governor.peek_budget() == 0}
+        proposals = self._propose(drafting, record)
+        for state, proposal in proposals.items():
+            self._verify(state, proposal, record)
+        rest = [s for s in rows if s not in proposals and s.phase == "decode"]
+        if not rest:
+            return
+        details = {i: "declined-governor" for i in governor_off}
+        if not proposals and all(s.drafter.pipelines_plain_rounds() for s in drafting):
+            self._plain(rest, record, details)  # rule 5: re-prime (this tick only submits)
+            return
+        emitted, failed = self.decode_loop.step_synchronously(rest)
+        for state, error in failed:
+            self.fail(state, error, record)
+        for state, out in emitted:
+            self.emit(state, out.token, record, details.get(id(state), "decode"))
+
+    def _verify(self, state: RequestState, proposal: list[int], record: TickRecord) -> None:
+        remaining = state.request.max_tokens - state.emitted
+        try:
+            # EOS, max_tokens and the KV bound are cut inside the round; a stop string is found by the
+            # finish step below, which ends the row at that token (the row's slot is then released)
+            outcome = verify_round(self.engine, state.seq, proposal, max(remaining, 1))
+        except Exception as error:  # noqa: BLE001 - a failed verify fails only this row
+            seq = state.seq
+            if seq.kv.pending:
+                self.engine.unwind_appends(seq, seq.kv.pending)
+            state.drafter.retract_draft()
+            self.fail(state, f"verify failed: {type(error).__name__}: {error}", record)
+            return
+        self.counters["verify_rounds"] += 1
+        state.drafter.accept_verified_tokens(outcome.drafted, outcome.accepted)
+        state.timings.draft_n += outcome.drafted
+        state.timings.draft_n_accepted += outcome.accepted
+        record.add(state.request_id, "verify", drafted=outcome.drafted, accepted=outcome.accepted)
+        for token in outcome.emitted:
+            if state.phase != "decode":
+                break
+            self.emit(state, token, record, "")
+
+    def _plain(self, rows: list[RequestState], record: TickRecord, details: dict[int, str] | None = None) -> None:
+        details = details or {}
+        emitted, failed = self.decode_loop.tick(rows)
+        for state, error in failed:
+            self.fail(state, error, record)
+        for state, out in emitted:
+            self.emit(state, out.token, record, details.get(id(state), "decode"))
+
+    def _emit_all(self, emitted, record: TickRecord, action: str) -> None:
+        for state, out in emitted:
+            self.emit(state, out.token, record, action)
+

@@ -1,0 +1,72 @@
+"""Helpers shared by the benchmark scripts: daemons on private endpoints, spreads, machine facts."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from mlxd_protocol import Client
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def start_daemon(*args: str) -> tuple[subprocess.Popen, str]:
+    directory = Path(tempfile.mkdtemp(prefix="mlxd-b-", dir="/tmp"))
+    directory.chmod(0o700)
+    endpoint = f"ipc://{directory}/d.sock"
+    process = subprocess.Popen([sys.executable, "-m", "mlxd_daemon", "--endpoint", endpoint, "--log-level", "warning", *args],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    line = process.stdout.readline()
+    if not line.startswith("mlxd ready"):
+        process.kill()
+        raise RuntimeError(f"daemon did not start: {line!r}")
+    with Client(endpoint, timeout_s=5) as client:
+        deadline = time.monotonic() + 60
+        while not client.ping(0.5):
+            if time.monotonic() > deadline:
+                raise RuntimeError("daemon did not answer")
+    return process, endpoint
+
+
+def stop_daemon(process: subprocess.Popen, endpoint: str) -> None:
+    try:
+        with Client(endpoint, timeout_s=5) as client:
+            client.shutdown()
+        process.wait(timeout=20)
+    except Exception:  # noqa: BLE001
+        process.kill()
+
+
+def spread(values: list[float]) -> str:
+    """median [min-max] with one decimal."""
+    return f"{statistics.median(values):.1f} [{min(values):.1f}-{max(values):.1f}]"
+
+
+def ratio_spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.3f} [{min(values):.3f}-{max(values):.3f}]"
+
+
+def machine_facts() -> dict:
+    import mlx.core as mx
+
+    from mlxd_fast_blas import blas_in_use
+
+    try:
+        import psutil
+
+        memory = f"{psutil.virtual_memory().total / 2**30:.0f} GiB"
+    except ImportError:
+        memory = "?"
+    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "memory": memory,
+            "mlx": mx.__version__, "device": str(mx.default_device()), "blas": blas_in_use(),
+            "python": platform.python_version()}
+
+
+def command_line() -> str:
+    return " ".join([Path(sys.argv[0]).relative_to(ROOT).as_posix() if Path(sys.argv[0]).is_absolute() else sys.argv[0], *sys.argv[1:]])

@@ -1,0 +1,149 @@
+"""Prompt lookup in the daemon, flag on vs off, measured side by side.
+
+(a) plain prompt, B=1: decode tok/s with --draft-kind prompt-lookup vs without;
+(b) copy prompt ("Repeat the following paragraph exactly: ..."), B=1: speedup and accepted per verify;
+(c) 4 and 8 concurrent requests, plain and copy: aggregate tok/s, flag on (gate at its default and with
+    the gate open) vs off — the numbers behind the --prompt-lookup-max-batch default.
+Daemons run side by side; every round runs each variant once, interleaved. Median [min-max] over rounds.
+
+Run: .venv/bin/python scripts/bench_prompt_lookup.py [--rounds 3] [--model PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_common import ROOT, command_line, machine_facts, ratio_spread, spread, start_daemon, stop_daemon  # noqa: E402
+
+from mlxd_protocol import AsyncClient, Generate, new_request_id  # noqa: E402
+
+PARAGRAPHS = [
+    "The scheduler keeps one decode step in flight while it reads the previous one, so the model never waits "
+    "for Python. When a row proposes draft tokens, the next tick runs synchronously and the proposal is checked "
+    "in a single forward pass; the accepted tokens are committed and the rest are unwound.",
+    "A lighthouse keeper wrote in his log every evening. He noted the direction of the wind, the colour of the "
+    "sea and the ships that passed the point. Most nights were quiet, but in winter the storms came from the "
+    "north and the lamp had to be watched until morning.",
+    "To install the package, create a virtual environment, activate it and run the installer with the name of "
+    "the project. The command downloads the dependencies, builds the extension modules and writes a small "
+    "launcher script for each command into the environment's bin directory.",
+    "The library keeps a cache of recently used objects. When the cache is full, the entry that has not been "
+    "used for the longest time is removed first. Lookups move an entry to the front, so objects that are read "
+    "often stay in memory while rarely used ones are dropped.",
+]
+PLAIN_PROMPTS = ["Write a short story about a robot who learns to paint.", "Explain how a bicycle works.",
+                 "Describe a walk through an old city at night.", "What makes a good teacher?"]
+
+
+def copy_prompt(i: int) -> str:
+    return f"Repeat the following paragraph exactly: {PARAGRAPHS[i % len(PARAGRAPHS)]}"
+
+
+async def run_batch(endpoint: str, prompts: list[str], max_tokens: int, ignore_eos: bool) -> dict:
+    async with AsyncClient(endpoint, timeout_s=600) as client:
+        async def one(prompt):
+            replies = [r async for r in client.generate(Generate(id=new_request_id(), prompt=prompt, max_tokens=max_tokens,
+                                                                  ignore_eos=ignore_eos))]
+            return replies[-1]
+
+        started = time.perf_counter()
+        dones = await asyncio.gather(*(one(p) for p in prompts))
+        wall = time.perf_counter() - started
+    tokens = sum(d.usage["completion_tokens"] for d in dones)
+    drafted = sum(d.timings.get("draft_n", 0) for d in dones)
+    accepted = sum(d.timings.get("draft_n_accepted", 0) for d in dones)
+    return {"aggregate": tokens / wall, "decode": statistics.mean(d.timings["predicted_per_second"] for d in dones),
+            "tokens": [d.tokens for d in dones], "drafted": drafted, "accepted": accepted}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=200)
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmark_results" / "prompt_lookup.md")
+    args = parser.parse_args()
+    model_args = ["-m", args.model] if args.model else []
+    daemons = {
+        "off": start_daemon(*model_args, "--max-batch", "8"),
+        "on": start_daemon(*model_args, "--max-batch", "8", "--draft-kind", "prompt-lookup"),
+        "on, gate open": start_daemon(*model_args, "--max-batch", "8", "--draft-kind", "prompt-lookup",
+                                      "--prompt-lookup-max-batch", "64"),
+    }
+    cases = [("plain", 1), ("copy", 1), ("plain", 4), ("copy", 4), ("plain", 8), ("copy", 8)]
+    results: dict = {f"{style} c={c}": {name: [] for name in daemons} for style, c in cases}
+    acceptance: dict = {key: {"drafted": 0, "accepted": 0, "rounds": 0} for key in results}
+    mismatches = 0
+    try:
+        for name, (_, endpoint) in daemons.items():  # warm-up
+            asyncio.run(run_batch(endpoint, [copy_prompt(0)], 32, False))
+        for round_number in range(args.rounds):
+            for style, concurrency in cases:
+                key = f"{style} c={concurrency}"
+                prompts = [(copy_prompt(i) if style == "copy" else PLAIN_PROMPTS[i % 4]) for i in range(concurrency)]
+                outputs = {}
+                for name, (_, endpoint) in daemons.items():
+                    result = asyncio.run(run_batch(endpoint, prompts, args.max_tokens, style == "plain"))
+                    metric = result["decode"] if concurrency == 1 else result["aggregate"]
+                    results[key][name].append(metric)
+                    outputs[name] = result["tokens"]
+                    if name == "on":
+                        acceptance[key]["drafted"] += result["drafted"]
+                        acceptance[key]["accepted"] += result["accepted"]
+                mismatches += outputs["on"] != outputs["off"]
+                print(f"round {round_number + 1} {key}: " + ", ".join(f"{n} {v[-1]:.1f}" for n, v in results[key].items()),
+                      flush=True)
+        with_status = {}
+        from mlxd_protocol import Client
+
+        for name, (_, endpoint) in daemons.items():
+            with Client(endpoint, timeout_s=10) as client:
+                with_status[name] = client.status().totals
+    finally:
+        for process, endpoint in daemons.values():
+            stop_daemon(process, endpoint)
+
+    lines = [
+        "# Prompt lookup in mlxd: flag on vs off",
+        "",
+        f"Command: `{command_line()}`",
+        "",
+        f"Embedded model unless stated: `{args.model or 'models/mlxd-qwen3-tiny'}`; greedy; {args.max_tokens} max "
+        f"tokens; {args.rounds} interleaved rounds; median [min-max]. B=1 rows: decode tok/s of the request "
+        "(first token excluded); c=4/8 rows: aggregate output tok/s (all tokens / wall time). Plain prompts "
+        "run to max tokens (EOS ignored); copy prompts stop at the end of the copy.",
+        "",
+        "Machine: " + ", ".join(f"{k} {v}" for k, v in machine_facts().items()),
+        "",
+        "| case | off | on (default gate) | on, gate open | on/off per round | gate-open/off per round |",
+        "|---|---|---|---|---|---|",
+    ]
+    for key, by_name in results.items():
+        on_off = [a / b for a, b in zip(by_name["on"], by_name["off"])]
+        open_off = [a / b for a, b in zip(by_name["on, gate open"], by_name["off"])]
+        lines.append(f"| {key} | {spread(by_name['off'])} | {spread(by_name['on'])} | {spread(by_name['on, gate open'])} "
+                     f"| {ratio_spread(on_off)} | {ratio_spread(open_off)} |")
+    lines += ["", "Acceptance with the flag on (default gate), summed over rounds:", "",
+              "| case | drafted | accepted | accepted / drafted |", "|---|---|---|---|"]
+    for key, a in acceptance.items():
+        rate = a["accepted"] / a["drafted"] if a["drafted"] else 0.0
+        lines.append(f"| {key} | {a['drafted']} | {a['accepted']} | {rate:.2f} |")
+    lines += ["", "Daemon totals at the end (verify rounds, declines):", ""]
+    for name, totals in with_status.items():
+        lines.append(f"- {name}: " + ", ".join(f"{k}={v}" for k, v in totals.items()))
+    lines += ["", f"Outputs with the flag on differed from off in {mismatches} of {args.rounds * len(cases)} cases."]
+    text = "\n".join(lines) + "\n"
+    args.out.write_text(text)
+    args.out.with_suffix(".json").write_text(json.dumps({"results": results, "acceptance": acceptance}, indent=2) + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,167 @@
+"""The prompt-lookup arm of the decode tick, on stub models: exactness, lookahead rules, gate, errors."""
+
+from __future__ import annotations
+
+from mlxd_drafters import PromptLookupConfig
+from mlxd_engine import Engine
+from mlxd_scheduler import BatchScheduler, Request, SchedulerOptions, SpeculativeRequest
+
+from .stub_model import stub_loaded
+from .test_batch_scheduler import Collector
+
+REPEATING = [10, 20, 30, 40, 50, 60, 70]  # the repeat stub replies 20 30 40 50 60 70 20 30 ...
+PLAIN = [5, 9, 2, 77]
+
+
+def make(loaded, config=PromptLookupConfig(), **options):
+    records = []
+    engine = Engine(loaded, max_sequences=options.pop("slots", 8))
+    scheduler = BatchScheduler(engine, SchedulerOptions(prompt_lookup=config, **options), records.append)
+    return scheduler, records
+
+
+def run_one(loaded, prompt, max_tokens, enabled):
+    scheduler, records = make(loaded)
+    out = Collector()
+    scheduler.submit(Request("r", prompt, max_tokens=max_tokens, speculative=SpeculativeRequest(enabled)), out.sink("r"))
+    scheduler.run_until_idle()
+    return out.done("r"), records, scheduler
+
+
+def test_prompt_lookup_output_equals_plain_and_counts_acceptance():
+    loaded = stub_loaded(period=6)
+    plain, _, _ = run_one(loaded, REPEATING, 60, enabled=False)
+    speculative, records, scheduler = run_one(loaded, REPEATING, 60, enabled=True)
+    assert speculative.tokens == plain.tokens and len(plain.tokens) == 60
+    timings = speculative.timings
+    assert timings["draft_kind"] == "prompt-lookup"
+    assert timings["draft_n_accepted"] > 40 and timings["draft_n"] >= timings["draft_n_accepted"]
+    assert "draft_kind" not in plain.timings
+    verify_ticks = [r for r in records if any(x.action == "verify" for x in r.rows)]
+    assert len(verify_ticks) < 20  # 60 tokens in far fewer ticks
+    assert scheduler.totals["draft_accepted"] == timings["draft_n_accepted"]
+
+
+def test_plain_row_keeps_getting_a_token_every_tick_beside_a_verifying_row():
+    loaded = stub_loaded(period=6)
+    scheduler, records = make(loaded)
+    out = Collector()
+    scheduler.submit(Request("pl", REPEATING, max_tokens=80), out.sink("pl"))
+    scheduler.submit(Request("plain", PLAIN, max_tokens=30, speculative=SpeculativeRequest(False)), out.sink("plain"))
+    scheduler.run_until_idle()
+    both = [r for r in records if any(x.action == "verify" for x in r.rows)
+            and not any(x.request_id == "plain" and x.action in ("first-token", "finished") for x in r.rows)
+            and any(x.request_id == "plain" for x in r.rows)]
+    assert both, "the two rows never decoded side by side"
+    for record in both:
+        assert any(x.request_id == "plain" and x.action == "decode" for x in record.rows)
+    solo, _, _ = run_one(loaded, PLAIN, 30, enabled=False)
+    assert out.done("plain").tokens == solo.tokens
+
+
+def test_lookahead_rules_with_the_flag_on():
+    loaded = stub_loaded()  # the sum stub: its replies rarely repeat a 3-gram
+    no_match = PromptLookupConfig(min_ngram=3, max_ngram=4)
+    scheduler, records = make(loaded, no_match)
+    scheduler.submit(Request("a", PLAIN, max_tokens=30), Collector().sink("a"))
+    scheduler.run_until_idle()
+    decode_ticks = [r for r in records if any(x.action == "decode" for x in r.rows)]
+    assert decode_ticks and all(r.pipelined for r in decode_ticks)  # rule 3: nobody proposes, pipelined
+
+    loaded = stub_loaded(period=6)
+    scheduler, records = make(loaded)
+    scheduler.submit(Request("b", REPEATING, max_tokens=40), Collector().sink("b"))
+    in_flight_after = []
+    while scheduler.has_work:
+        record = scheduler.tick()
+        in_flight_after.append((record, scheduler.decode_loop.in_flight is not None))
+    verify = [(r, f) for r, f in in_flight_after if r and any(x.action == "verify" for x in r.rows)]
+    assert verify
+    for record, in_flight in verify:
+        assert not in_flight  # rule 4: no prime was submitted behind a verify tick
+
+
+def test_reprime_after_proposals_stop():
+    loaded = stub_loaded(period=6)
+    scheduler, records = make(loaded, PromptLookupConfig(policy="always"))
+    scheduler.submit(Request("c", REPEATING, max_tokens=40), Collector().sink("c"))
+    for _ in range(6):
+        scheduler.tick()
+    state = scheduler.decoding[0]
+    assert state.drafter.stats.verify_rounds > 0
+    loaded.model.period = None  # the reply stops repeating: proposals stop matching, then stop coming
+    ticks = []
+    while scheduler.has_work:
+        record = scheduler.tick()
+        if record is not None:
+            ticks.append((record, scheduler.decode_loop.in_flight is not None, state.drafter.pipelines_plain_rounds()))
+    # once the drafter says pipelining is safe, a prime is submitted and later ticks are pipelined again
+    assert any(in_flight for _, in_flight, _ in ticks)
+    assert any(r.pipelined for r, _, _ in ticks)
+
+
+def test_gate_declines_above_max_batch_without_misses():
+    loaded = stub_loaded(period=6)
+    scheduler, records = make(loaded, prompt_lookup_max_batch=1)
+    out = Collector()
+    scheduler.submit(Request("a", REPEATING, max_tokens=30), out.sink("a"))
+    scheduler.submit(Request("b", REPEATING, max_tokens=30), out.sink("b"))
+    ticks_with_both = 0
+    while scheduler.has_work:
+        pair = [s for s in scheduler.decoding if s.drafter is not None]
+        before = [(s.drafter.stats.verify_rounds, s.drafter.stats.misses, s.drafter.stats.proposals) for s in pair]
+        scheduler.tick()
+        if len(pair) == 2:
+            ticks_with_both += 1
+            after = [(s.drafter.stats.verify_rounds, s.drafter.stats.misses, s.drafter.stats.proposals) for s in pair]
+            assert after == before  # above the gate: no round, no miss, no proposal
+    assert ticks_with_both > 5
+    gate = [x for r in records for x in r.rows if x.detail == "declined-gate"]
+    assert gate and scheduler.prompt_lookup.counters["declined_gate"] > 0
+    assert out.done("a").tokens == out.done("b").tokens  # same prompt, same greedy text
+
+
+def test_verify_failure_fails_only_that_row():
+    loaded = stub_loaded(period=6)
+    scheduler, _ = make(loaded)
+    out = Collector()
+    scheduler.submit(Request("bad", REPEATING, max_tokens=40), out.sink("bad"))
+    scheduler.submit(Request("good", PLAIN, max_tokens=40, speculative=SpeculativeRequest(False)), out.sink("good"))
+    real_verify = scheduler.engine.verify
+
+    def failing_verify(seq, tokens):
+        if seq is scheduler.by_id["bad"].seq:
+            raise RuntimeError("injected verify failure")
+        return real_verify(seq, tokens)
+
+    scheduler.engine.verify = failing_verify
+    scheduler.run_until_idle()
+    assert out.done("bad").finish_reason == "error" and "injected" in out.done("bad").error
+    solo, _, _ = run_one(loaded, PLAIN, 40, enabled=False)
+    assert out.done("good").tokens == solo.tokens
+    assert scheduler.engine.storage.free_slots == 8
+
+
+def test_max_tokens_truncation_and_per_request_max_draft():
+    loaded = stub_loaded(period=6)
+    for max_tokens in (1, 2, 5, 13):
+        speculative, _, _ = run_one(loaded, REPEATING, max_tokens, enabled=True)
+        assert len(speculative.tokens) == max_tokens and speculative.finish_reason == "length"
+    scheduler, records = make(loaded, PromptLookupConfig(max_draft=8))
+    scheduler.submit(Request("d", REPEATING, max_tokens=40, speculative=SpeculativeRequest(True, max_draft=2)),
+                     Collector().sink("d"))
+    scheduler.run_until_idle()
+    drafted = [x.drafted for r in records for x in r.rows if x.action == "verify"]
+    assert drafted and max(drafted) <= 2
+
+
+def test_ineligible_request_decodes_plainly():
+    from mlxd_engine import SamplingParams
+
+    loaded = stub_loaded(period=6)
+    scheduler, records = make(loaded)
+    out = Collector()
+    scheduler.submit(Request("lp", REPEATING, SamplingParams(logprobs=2), max_tokens=20), out.sink("lp"))
+    scheduler.run_until_idle()
+    assert "draft_kind" not in out.done("lp").timings
+    assert not any(x.action == "verify" for r in records for x in r.rows)
