@@ -124,6 +124,66 @@ def save_checkpoint(out: Path, model, args: qwen3.ModelArgs, tokenizer, eos_ids:
     (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
 
 
+def write_model_card(out: Path, report: dict) -> None:
+    """README.md of the checkpoint: data, size, steps, loss, copy accuracy, how to regenerate."""
+    history = "\n".join(f"| {h['step']} | {h['loss']} | {h['copy_accuracy']:.1%} |" for h in report["history"])
+    size_mb = (out / "model.safetensors").stat().st_size / 1e6
+    card = f"""# mlxd-qwen3-tiny: the embedded default model of mlxd
+
+A small qwen3-architecture checkpoint in mlx-lm format, trained from scratch on this machine so that it
+really copies text: prompt-lookup speculative decoding has something real to accept, and tests and
+benchmarks run without any download. It is a test and demo model, not a useful assistant: plain prompts
+get short, roughly plausible English about Python; copy prompts get the text back.
+
+## Size
+- {report['layers']} layers, hidden size {report['hidden']}, {report['heads']} heads (head dim {report['hidden'] // report['heads']}), SwiGLU width {report['hidden'] * 3},
+  tied embeddings, RoPE theta 10000; {report['parameters']:,} parameters, float32, {size_mb:.1f} MB.
+- Context: `max_position_embeddings` 16384 (trained on rows of at most 512 tokens; quality past that is
+  not claimed, but the model runs there, which cost measurements need).
+- Tokenizer: byte-level BPE with {report['vocab']} tokens made with the `tokenizers` library on the training text;
+  special tokens `<|endoftext|>` (0), `<|im_start|>` (1), `<|im_end|>` (2); ChatML chat template;
+  end-of-sequence ids 2 and 0.
+
+## Data (all offline, from the Python that runs the script)
+- Prose: paragraphs of Python's own documentation (`pydoc_data.topics`) and of the standard library's
+  docstrings: {report['train_paragraphs']} training paragraphs; {report['heldout_prose']} more held out by a hash of
+  their text and never trained on.
+- Code: {report['code_snippets']} short functions from the standard library's sources.
+
+## Training (`scripts/train_embedded_model.py`, seed {report['seed']}, AdamW 3e-3, warm-up 100, cosine decay)
+1. synthetic copies ({report['synthetic_steps']} steps, 64 rows x 128): random token ids, loss only on the copy;
+2. transfer ({report['transfer_steps']} steps, 32 x 256): random ids from the whole vocabulary, and copies of
+   short real paragraphs;
+3. text mixture ({report['text_steps']} steps, 16 x 512): "Repeat the following paragraph exactly: ..." and
+   similar copy tasks raw and through the chat template, chat turns that quote the user, code with a
+   renamed identifier (loss on the reply only), plain prose and code (loss everywhere).
+
+| step | loss (last batch) | greedy copy accuracy (6 held-out paragraphs, chat) |
+|---|---|---|
+{history}
+
+Final loss (last batch): {report['final_loss']}. Wall time: {report['minutes']} minutes on 2 CPU cores
+(MLX {report['mlx']} on CPU with OpenBLAS, Python {report['python']}).
+
+## Copy accuracy
+Greedy replies to "Repeat the following paragraph exactly: <paragraph>" for {report['heldout_paragraphs']} held-out
+paragraphs of 60-200 tokens; accuracy = reference tokens reproduced at the same position:
+- through the chat template: **{report['copy_accuracy_chat']:.1%}**
+- raw prompt: **{report['copy_accuracy_raw']:.1%}**
+
+## Regenerate
+```sh
+LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 .venv/bin/python scripts/train_embedded_model.py
+```
+Deterministic data and initialisation for a given Python installation (the corpus is read from it);
+bit-for-bit equality across machines is not promised (threaded BLAS sums in varying order).
+
+## License
+MIT, as the rest of mlxd. The training text is Python's documentation and source (PSF License).
+"""
+    (out / "README.md").write_text(card)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=ROOT / "models" / "mlxd-qwen3-tiny")
@@ -210,6 +270,7 @@ def main() -> None:
     save_checkpoint(options.out, model, args, tokenizer, eos_ids)
     report = {
         "seed": options.seed, "parameters": n_params, "layers": options.layers, "hidden": options.hidden,
+        "heads": options.heads,
         "vocab": tokenizer.get_vocab_size(), "synthetic_steps": options.synthetic_steps,
         "transfer_steps": options.transfer_steps, "text_steps": options.text_steps, "final_loss": history[-1]["loss"] if history else None,
         "heldout_paragraphs": len(final_set), "copy_accuracy_chat": round(final_chat, 4),
@@ -219,6 +280,7 @@ def main() -> None:
         "python": sys.version.split()[0], "mlx": mx.__version__,
     }
     (options.out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_model_card(options.out, report)
     print(f"saved to {options.out}", flush=True)
 
 

@@ -37,9 +37,7 @@ def status(server: "DaemonServer", identity: bytes, message: Message) -> Status:
         memory["mlx_peak_bytes"] = int(mx.get_peak_memory())
     except (AttributeError, RuntimeError):
         pass
-    storage = server.engine.storage
-    memory["kv_slots_free"] = storage.free_slots
-    memory["kv_slots"] = storage.n_slots
+    memory["kv"] = server.engine.storage.usage()
     return Status(
         model=server.loaded.path, protocol_version=PROTOCOL_VERSION, daemon_version=__version__,
         uptime_s=round(time.monotonic() - server.started, 3), active=scheduler.active,

@@ -42,11 +42,18 @@ def _endpoint_option(function):
 @click.option("--draft-block-size", default=None, type=int, help="prompt lookup: most draft tokens per verify round (default 8)")
 @click.option("--prompt-lookup-max-batch", default=None, type=click.IntRange(0),
               help="verify gate: no verify rounds while more rows than this decode (default: measured, see docs)")
+@click.option("--decode-storage-backend", "storage_backend", default="contiguous", show_default=True,
+              type=click.Choice(["contiguous", "paged"]), help="KV storage: a slot per sequence, or blocks from a pool")
+@click.option("--kv-block-size", default=64, show_default=True, type=click.IntRange(1), help="paged: tokens per block")
+@click.option("--kv-pool-tokens", default=None, type=click.IntRange(1), help="paged: pool size in tokens")
+@click.option("--kv-memory-fraction", default=None, type=click.FloatRange(0, 1, min_open=True),
+              help="paged: pool size as a fraction of this machine's memory")
 @click.option("--allow-public", is_flag=True, help="allow binding a non-loopback tcp address")
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
 @click.pass_context
 def cli(ctx, model, endpoint, max_batch, max_kv_size, prefill_chunk, max_queue, lookahead, temp, top_p, top_k,
-        min_p, draft_kind, draft_model, draft_block_size, prompt_lookup_max_batch, allow_public, log_level):
+        min_p, draft_kind, draft_model, draft_block_size, prompt_lookup_max_batch, storage_backend, kv_block_size,
+        kv_pool_tokens, kv_memory_fraction, allow_public, log_level):
     """mlxd: serve an mlx-lm model to many clients over ZeroMQ."""
     if ctx.invoked_subcommand is not None:
         return
@@ -55,7 +62,8 @@ def cli(ctx, model, endpoint, max_batch, max_kv_size, prefill_chunk, max_queue, 
         lookahead=lookahead, max_queue=max_queue, allow_public=allow_public, log_level=log_level,
         sampling=SamplingDefaults(temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p),
         draft_kind=draft_kind, draft_model=draft_model, draft_block_size=draft_block_size,
-        prompt_lookup_max_batch=prompt_lookup_max_batch,
+        prompt_lookup_max_batch=prompt_lookup_max_batch, storage_backend=storage_backend,
+        kv_block_size=kv_block_size, kv_pool_tokens=kv_pool_tokens, kv_memory_fraction=kv_memory_fraction,
     )
     try:
         resolve_speculative(draft_kind, draft_model, draft_block_size)
@@ -90,10 +98,10 @@ def serve(options: DaemonOptions) -> int:
         click.echo(f"mlxd: cannot listen on {endpoint}: {error}", err=True)
         return 2
     server.install_signal_handlers()
-    log.info("model=%s type=%s layers=%d max_batch=%d max_kv_size=%d lookahead=%s %s prompt_lookup_max_batch=%d blas=%s",
-             loaded.path, loaded.model_type, loaded.n_layers, options.max_batch, server.engine.max_kv_size,
-             options.lookahead, server.speculative.summary(), server.scheduler.options.prompt_lookup_max_batch,
-             blas_in_use())
+    log.info("model=%s type=%s layers=%d max_batch=%d max_kv_size=%d lookahead=%s %s prompt_lookup_max_batch=%d "
+             "storage=%s blas=%s", loaded.path, loaded.model_type, loaded.n_layers, options.max_batch,
+             server.engine.max_kv_size, options.lookahead, server.speculative.summary(),
+             server.scheduler.options.prompt_lookup_max_batch, server.engine.storage.usage(), blas_in_use())
     click.echo(f"mlxd ready endpoint={endpoint} model={loaded.path} pid={__import__('os').getpid()}", nl=True)
     sys.stdout.flush()
     reason = "error"

@@ -32,6 +32,10 @@ class DaemonOptions:
     draft_model: str | None = None
     draft_block_size: int | None = None
     prompt_lookup_max_batch: int | None = None  # None: the scheduler's measured default
+    storage_backend: str = "contiguous"  # or "paged"
+    kv_block_size: int = 64
+    kv_pool_tokens: int | None = None  # paged pool size; None: from kv_memory_fraction, else max_batch x max_kv_size
+    kv_memory_fraction: float | None = None  # paged pool as a fraction of the machine's memory
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -31,13 +31,28 @@ from .speculative import resolve_speculative
 MAX_FRAMES_PER_TURN = 256
 
 
+def pool_tokens(loaded: LoadedModel, options: DaemonOptions) -> int | None:
+    """Paged pool size in tokens: --kv-pool-tokens, else --kv-memory-fraction of this machine's memory."""
+    if options.kv_pool_tokens:
+        return options.kv_pool_tokens
+    if options.kv_memory_fraction:
+        import psutil
+
+        from mlxd_engine.engine import kv_bytes_per_token
+
+        return int(psutil.virtual_memory().total * options.kv_memory_fraction) // kv_bytes_per_token(loaded)
+    return None
+
+
 class DaemonServer:
     def __init__(self, loaded: LoadedModel, options: DaemonOptions, endpoint: str):
         self.loaded = loaded
         self.options = options
         self.endpoint = endpoint
         self.log = logging.getLogger("mlxd")
-        self.engine = Engine(loaded, max_sequences=options.max_batch, max_kv_size=options.max_kv_size)
+        self.engine = Engine(loaded, max_sequences=options.max_batch, max_kv_size=options.max_kv_size,
+                             storage=options.storage_backend, kv_block_size=options.kv_block_size,
+                             kv_pool_tokens=pool_tokens(loaded, options))
         self.speculative = resolve_speculative(options.draft_kind, options.draft_model, options.draft_block_size)
         scheduler_options = SchedulerOptions(max_batch=options.max_batch, prefill_chunk=options.prefill_chunk,
                                              lookahead=options.lookahead, max_queue=options.max_queue,

@@ -25,6 +25,7 @@ import mlx.core as mx
 
 from .kv_storage import KVStorageFull, SlotKVStorage, SlotState
 from .loading import LoadedModel
+from .paged_kv_storage import DEFAULT_BLOCK_SIZE, PagedKVStorage
 from .sampling import SamplerChain, SamplingParams, sample_rows, token_logprobs
 
 
@@ -77,26 +78,56 @@ class StepHandle:
     row_index: dict[int, int] = field(default_factory=dict)
 
 
-class Engine:
-    """Runs one loaded model over slot KV storage."""
+def kv_bytes_per_token(loaded: LoadedModel, bytes_per_value: int = 4) -> int:
+    """K and V bytes one token occupies across all layers (from the model's config)."""
+    args = getattr(loaded.model, "args", None)
+    heads = getattr(args, "num_attention_heads", 1)
+    kv_heads = getattr(args, "num_key_value_heads", None) or heads
+    head_dim = getattr(args, "head_dim", None) or getattr(args, "hidden_size", heads) // heads
+    return loaded.n_layers * 2 * kv_heads * head_dim * bytes_per_value
 
-    def __init__(self, loaded: LoadedModel, max_sequences: int = 8, max_kv_size: int | None = None):
+
+class Engine:
+    """Runs one loaded model over contiguous (slot) or paged KV storage."""
+
+    def __init__(self, loaded: LoadedModel, max_sequences: int = 8, max_kv_size: int | None = None,
+                 storage: str = "contiguous", kv_block_size: int = DEFAULT_BLOCK_SIZE,
+                 kv_pool_tokens: int | None = None):
         self.loaded = loaded
         self.model = loaded.model
         self.max_kv_size = min(max_kv_size or loaded.context_length, loaded.context_length)
-        self.storage = SlotKVStorage(loaded.n_layers, max_sequences, self.max_kv_size)
+        if storage == "contiguous":
+            self.storage = SlotKVStorage(loaded.n_layers, max_sequences, self.max_kv_size)
+        elif storage == "paged":
+            pool = kv_pool_tokens or max_sequences * self.max_kv_size
+            self.storage = PagedKVStorage(loaded.n_layers, pool, self.max_kv_size, kv_block_size, max_sequences)
+        else:
+            raise ValueError(f"unknown KV storage backend {storage!r}; known: contiguous, paged")
         self._ids = itertools.count()
 
+    def fits(self, prompt_tokens: int, max_new_tokens: int) -> bool:
+        """Whether a request could ever run here (it may still have to wait for room)."""
+        return prompt_tokens < self.max_kv_size and self.storage.fits(self._reservation(prompt_tokens, max_new_tokens))
+
+    def can_admit(self, prompt_tokens: int, max_new_tokens: int) -> bool:
+        return self.storage.can_admit(self._reservation(prompt_tokens, max_new_tokens))
+
+    def _reservation(self, prompt_tokens: int, max_new_tokens: int) -> int:
+        return min(prompt_tokens + max_new_tokens, self.max_kv_size)
+
     # -- sequence lifetime ---------------------------------------------------------------------
-    def add_sequence(self, prompt: list[int], params: SamplingParams | None = None) -> Sequence:
-        """Admit a sequence; raises KVStorageFull when no slot is free or the prompt cannot fit."""
+    def add_sequence(self, prompt: list[int], params: SamplingParams | None = None,
+                     max_new_tokens: int | None = None) -> Sequence:
+        """Admit a sequence; raises KVStorageFull when there is no room for it now or the prompt cannot fit.
+
+        ``max_new_tokens`` sizes the reservation on paged storage (default: up to the KV bound)."""
         params = params or SamplingParams()
         if not prompt:
             raise ValueError("the prompt is empty")
         if len(prompt) >= self.max_kv_size:
             raise KVStorageFull(f"prompt of {len(prompt)} tokens does not fit the KV bound of {self.max_kv_size}")
         params.validate(self.loaded.vocab_size)
-        kv = self.storage.allocate()
+        kv = self.storage.allocate(self._reservation(len(prompt), max_new_tokens or self.max_kv_size))
         return Sequence(next(self._ids), kv, list(prompt), len(prompt), SamplerChain(params), self.max_kv_size)
 
     def release(self, seq: Sequence) -> None:
@@ -121,7 +152,7 @@ class Engine:
         logits = self._forward([seq], mx.array([seq.tokens[start : start + n]]))
         self.commit_appends(seq, n)
         if n < remaining:
-            mx.eval([self.storage.keys, self.storage.values])
+            mx.eval(self.storage.arrays())
             return None
         return self._sample_one(seq, logits[:, -1, :])
 

@@ -43,6 +43,9 @@ class KVStorageFull(RuntimeError):
 class SlotKVStorage:
     """Per-layer slot buffers shared by all sequences of one engine."""
 
+    kind = "contiguous"
+    can_unwind = True
+
     def __init__(self, n_layers: int, n_slots: int, max_capacity: int, dtype=mx.float32):
         self.n_layers = n_layers
         self.n_slots = n_slots
@@ -55,7 +58,15 @@ class SlotKVStorage:
         self.slots: dict[int, SlotState] = {}
 
     # -- slot lifetime -----------------------------------------------------------------------
-    def allocate(self) -> SlotState:
+    def fits(self, tokens: int) -> bool:
+        """Whether a sequence of ``tokens`` could ever be held (it may have to wait for a slot)."""
+        return tokens <= self.max_capacity
+
+    def can_admit(self, tokens: int) -> bool:
+        """Whether a sequence that may grow to ``tokens`` can be admitted now."""
+        return bool(self._free)
+
+    def allocate(self, reserve_tokens: int = 0) -> SlotState:
         if not self._free:
             raise KVStorageFull(f"all {self.n_slots} KV slots are in use")
         state = SlotState(slot=self._free.pop())
@@ -69,6 +80,17 @@ class SlotKVStorage:
     @property
     def free_slots(self) -> int:
         return len(self._free)
+
+    def usage(self) -> dict:
+        """Occupancy for status and metrics."""
+        per_token = 0
+        if self.keys[0] is not None:
+            per_token = sum(k.nbytes + v.nbytes for k, v in zip(self.keys, self.values)) // max(self.capacity * self.n_slots, 1)
+        return {"backend": self.kind, "slots": self.n_slots, "slots_free": len(self._free), "capacity_tokens": self.capacity,
+                "allocated_bytes": per_token * self.capacity * self.n_slots}
+
+    def arrays(self) -> list:
+        return [a for a in self.keys + self.values if a is not None]
 
     # -- appends ---------------------------------------------------------------------------------
     def reserve(self, states: list[SlotState], n_tokens: int) -> None:

@@ -80,6 +80,8 @@ class BatchScheduler:
             raise ValueError(f"prompt of {len(request.prompt)} tokens does not fit the context bound of {self.engine.max_kv_size}")
         if request.max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
+        if not self.engine.fits(len(request.prompt), request.max_tokens):
+            raise ValueError("the request can never fit the KV pool: lower max_tokens or raise --kv-pool-tokens")
         request.params.validate(self.engine.loaded.vocab_size)
         if len(self.waiting) >= self.options.max_queue:
             raise QueueFull(f"{len(self.waiting)} requests are waiting")
@@ -136,9 +138,12 @@ class BatchScheduler:
 
     def _admit(self) -> None:
         while self.waiting and self.active < self.options.max_batch and self.engine.storage.free_slots:
+            head = self.waiting[0]
+            if not self.engine.can_admit(len(head.request.prompt), head.request.max_tokens):
+                return  # the pool is full: wait (first come, first served) until a sequence frees room
             state = self.waiting.popleft()
             try:
-                state.seq = self.engine.add_sequence(state.request.prompt, state.request.params)
+                state.seq = self.engine.add_sequence(state.request.prompt, state.request.params, state.request.max_tokens)
             except (KVStorageFull, ValueError) as error:
                 self._finish(state, "error", None, str(error))
                 continue
