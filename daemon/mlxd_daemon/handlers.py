@@ -55,6 +55,8 @@ def hello(server: "DaemonServer", identity: bytes, message: Hello) -> Status:
 
 def generate(server: "DaemonServer", identity: bytes, message: Generate) -> None:
     internal_id = f"{identity.hex()}:{message.id}"
+    if server.draining:
+        raise ProtocolError(OVERLOADED, "the daemon is shutting down; retry on another daemon")
     if internal_id in server.routes:
         raise ProtocolError(INVALID, f"request id {message.id!r} is already running")
     request = to_request(server.loaded, message, internal_id, server.options.sampling)

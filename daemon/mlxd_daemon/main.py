@@ -48,12 +48,14 @@ def _endpoint_option(function):
 @click.option("--kv-pool-tokens", default=None, type=click.IntRange(1), help="paged: pool size in tokens")
 @click.option("--kv-memory-fraction", default=None, type=click.FloatRange(0, 1, min_open=True),
               help="paged: pool size as a fraction of this machine's memory")
+@click.option("--drain-timeout", default=30.0, show_default=True, type=click.FloatRange(0),
+              help="on SIGTERM/SIGINT, seconds in-flight requests may run before they are cancelled")
 @click.option("--allow-public", is_flag=True, help="allow binding a non-loopback tcp address")
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
 @click.pass_context
 def cli(ctx, model, endpoint, max_batch, max_kv_size, prefill_chunk, max_queue, lookahead, temp, top_p, top_k,
         min_p, draft_kind, draft_model, draft_block_size, prompt_lookup_max_batch, storage_backend, kv_block_size,
-        kv_pool_tokens, kv_memory_fraction, allow_public, log_level):
+        kv_pool_tokens, kv_memory_fraction, drain_timeout, allow_public, log_level):
     """mlxd: serve an mlx-lm model to many clients over ZeroMQ."""
     if ctx.invoked_subcommand is not None:
         return
@@ -64,6 +66,7 @@ def cli(ctx, model, endpoint, max_batch, max_kv_size, prefill_chunk, max_queue, 
         draft_kind=draft_kind, draft_model=draft_model, draft_block_size=draft_block_size,
         prompt_lookup_max_batch=prompt_lookup_max_batch, storage_backend=storage_backend,
         kv_block_size=kv_block_size, kv_pool_tokens=kv_pool_tokens, kv_memory_fraction=kv_memory_fraction,
+        drain_timeout_s=drain_timeout,
     )
     try:
         resolve_speculative(draft_kind, draft_model, draft_block_size)

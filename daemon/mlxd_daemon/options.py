@@ -26,6 +26,7 @@ class DaemonOptions:
     lookahead: bool = True
     max_queue: int = 256
     allow_public: bool = False
+    drain_timeout_s: float = 30.0  # SIGTERM: how long in-flight requests may run before they are cancelled
     log_level: str = "info"
     sampling: SamplingDefaults = field(default_factory=SamplingDefaults)
     draft_kind: str | None = None

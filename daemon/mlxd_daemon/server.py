@@ -64,6 +64,7 @@ class DaemonServer:
         self.routes: dict[str, str] = {}  # internal request id -> client's id
         self.started = time.monotonic()
         self._stop_reason: str | None = None
+        self._drain_deadline: float | None = None  # set by SIGTERM: finish in-flight work until then
         self._subscribers = 0
         self.context = zmq.Context.instance()
         self.router = self.context.socket(zmq.ROUTER)
@@ -94,9 +95,24 @@ class DaemonServer:
     def request_stop(self, reason: str) -> None:
         self._stop_reason = reason
 
+    def request_drain(self, reason: str) -> None:
+        """Stop taking new generations; stop once the running ones finish or the grace period ends.
+        A second signal stops at once."""
+        if self._drain_deadline is not None:
+            self.request_stop(reason)
+            return
+        self.log.info("%s: draining %d requests for up to %.0fs", reason, len(self.scheduler.by_id),
+                      self.options.drain_timeout_s)
+        self._drain_deadline = time.monotonic() + self.options.drain_timeout_s
+        self._drain_reason = reason
+
+    @property
+    def draining(self) -> bool:
+        return self._drain_deadline is not None
+
     def install_signal_handlers(self) -> None:
         for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda number, frame: self.request_stop(signal.Signals(number).name))
+            signal.signal(signum, lambda number, frame: self.request_drain(signal.Signals(number).name))
 
     def close(self) -> None:
         for internal_id in list(self.scheduler.by_id):
@@ -131,6 +147,8 @@ class DaemonServer:
                 self._track_subscriptions()
             if self.scheduler.has_work:
                 self.scheduler.tick()
+            if self._drain_deadline is not None and (not self.scheduler.by_id or time.monotonic() > self._drain_deadline):
+                self._stop_reason = self._drain_reason
         return self._stop_reason
 
     def _receive(self) -> None:

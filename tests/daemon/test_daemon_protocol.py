@@ -143,3 +143,28 @@ def test_duplicate_running_id_is_refused_on_the_same_connection(stories_daemon):
         assert finished and len(errors) == 1 and "already running" in errors[0].message
     finally:
         socket.close()
+
+
+def test_sigterm_drains_in_flight_requests_then_stops():
+    import signal
+    import time
+
+    from .conftest import STORIES, private_endpoint, start_daemon, stop_daemon
+
+    endpoint = private_endpoint()
+    process = start_daemon(endpoint, "-m", str(STORIES), "--drain-timeout", "20")
+    try:
+        with Client(endpoint, timeout_s=30) as client:
+            request = Generate(id=new_request_id(), prompt="Once upon a time", max_tokens=300, ignore_eos=True)
+            stream = client.generate(request)
+            next(stream)
+            process.send_signal(signal.SIGTERM)
+            time.sleep(0.2)
+            with Client(endpoint, timeout_s=5) as other:  # new work is refused while draining
+                with pytest.raises(DaemonError, match="shutting down"):
+                    list(other.generate(Generate(id=new_request_id(), prompt="Lily", max_tokens=5)))
+            done = [r for r in stream if isinstance(r, Done)][-1]
+            assert done.finish_reason == "length" and len(done.tokens) == 300  # the running request finished
+        assert process.wait(timeout=20) == 0
+    finally:
+        stop_daemon(process, endpoint)
