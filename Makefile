@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 UNAME := $(shell uname -s)
 
-.PHONY: setup blas test test-fast demo clean
+.PHONY: setup blas test test-fast demo bench clean
 
 setup: $(STAMP) blas
 
@@ -38,6 +38,11 @@ test-fast: setup
 
 demo: setup
 	bash scripts/demo.sh
+
+# The reference comparison (mlxd with prompt lookup on / off, mlx_lm.server; plain and copy prompts; c=1,4,8)
+# on the embedded model, written under docs/benchmark_results/reference/.
+bench: setup
+	bash scripts/bench_reference.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,9 +1,10 @@
 """Train the embedded default model: a small qwen3-architecture checkpoint that really copies text.
 
-Curriculum (see docs and the model card):
-  1. synthetic copies of random tokens in the copy-task frame, loss on the copy only, short rows:
+Curriculum (see the model card):
+  1. synthetic copies of random token ids (whole vocabulary), loss on the copy only, short rows:
      induction heads form here;
-  2. the text mixture (copy tasks raw and in the chat template, chat turns that quote the user, code with a
+  2. transfer: longer random copies and copies of short real paragraphs;
+  3. the text mixture (copy tasks raw and in the chat template, chat turns that quote the user, code with a
      renamed identifier, plain prose and code with loss everywhere), longer rows.
 Greedy copy accuracy on held-out paragraphs is measured during training and at the end.
 
@@ -151,9 +152,10 @@ get short, roughly plausible English about Python; copy prompts get the text bac
 - Code: {report['code_snippets']} short functions from the standard library's sources.
 
 ## Training (`scripts/train_embedded_model.py`, seed {report['seed']}, AdamW 3e-3, warm-up 100, cosine decay)
-1. synthetic copies ({report['synthetic_steps']} steps, 64 rows x 128): random token ids, loss only on the copy;
-2. transfer ({report['transfer_steps']} steps, 32 x 256): random ids from the whole vocabulary, and copies of
-   short real paragraphs;
+1. synthetic copies ({report['synthetic_steps']} steps, 64 rows x 128): random token ids from the whole vocabulary,
+   loss only on the copy;
+2. transfer ({report['transfer_steps']} steps, 32 x 256): longer random copies, and copies of short real
+   paragraphs;
 3. text mixture ({report['text_steps']} steps, 16 x 512): "Repeat the following paragraph exactly: ..." and
    similar copy tasks raw and through the chat template, chat turns that quote the user, code with a
    renamed identifier (loss on the reply only), plain prose and code (loss everywhere).
@@ -192,9 +194,9 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--synthetic-steps", type=int, default=800)
-    parser.add_argument("--transfer-steps", type=int, default=350)
-    parser.add_argument("--text-steps", type=int, default=700)
+    parser.add_argument("--synthetic-steps", type=int, default=400)
+    parser.add_argument("--transfer-steps", type=int, default=250)
+    parser.add_argument("--text-steps", type=int, default=600)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--time-steps", type=int, default=0, help="only time this many steps of each phase")

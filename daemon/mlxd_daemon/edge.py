@@ -14,12 +14,19 @@ from mlxd_scheduler import FinishEvent, Request, SpeculativeRequest, TextStream,
 
 from .options import SamplingDefaults
 
+MAX_CHARS_PER_TOKEN = 32  # no tokenizer packs more characters than this into one token on real text
+
 
 def prompt_tokens(loaded: LoadedModel, message: Generate) -> list[int]:
     """Token ids of a Generate's prompt (text, token ids, or chat messages)."""
     tokenizer = loaded.tokenizer
     if message.prompt is not None and not message.prompt:
         raise ProtocolError(INVALID, "prompt: must not be empty")
+    text_chars = len(message.prompt or "") + sum(len(str(m.get("content", ""))) for m in message.messages or [])
+    if text_chars > MAX_CHARS_PER_TOKEN * loaded.context_length:
+        # refuse before tokenizing: a huge prompt would hold the daemon's loop while it is encoded
+        raise ProtocolError(INVALID, f"the prompt ({text_chars} characters) cannot fit the model's context of "
+                                     f"{loaded.context_length} tokens")
     if message.messages is not None and not message.messages:
         raise ProtocolError(INVALID, "messages: must hold at least one message")
     if message.prompt_tokens is not None:

@@ -243,7 +243,7 @@ class Chunk(Message):
 
 @dataclass(slots=True)
 class Done(Message):
-    """The end of a Generate: why it stopped, what was not yet sent, usage and timings."""
+    """The end of a Generate: why it stopped, the whole output (text and tokens), usage and timings."""
 
     TYPE: ClassVar[str] = "done"
     id: str

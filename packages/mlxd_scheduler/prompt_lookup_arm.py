@@ -116,6 +116,7 @@ class PromptLookupArm:
         state.drafter.accept_verified_tokens(outcome.drafted, outcome.accepted)
         state.timings.draft_n += outcome.drafted
         state.timings.draft_n_accepted += outcome.accepted
+        state.timings.draft_verify_n += 1
         record.add(state.request_id, "verify", drafted=outcome.drafted, accepted=outcome.accepted)
         for token in outcome.emitted:
             if state.phase != "decode":

@@ -71,6 +71,7 @@ class Timings:
     last_token: float | None = None
     draft_n: int = 0
     draft_n_accepted: int = 0
+    draft_verify_n: int = 0
     speculated: bool = False
 
     def report(self, prompt_n: int, predicted_n: int) -> dict[str, Any]:
@@ -90,7 +91,8 @@ class Timings:
             "queue_ms": round((start - self.queued) * 1000.0, 3),
         }
         if self.speculated:
-            report.update(draft_kind="prompt-lookup", draft_n=self.draft_n, draft_n_accepted=self.draft_n_accepted)
+            report.update(draft_kind="prompt-lookup", draft_n=self.draft_n, draft_n_accepted=self.draft_n_accepted,
+                          draft_verify_n=self.draft_verify_n)
         return report
 
 

@@ -1,0 +1,366 @@
+"""Reports of mlx-bench: the results dict, the rich table, results.md, results.json and PNG plots.
+
+Contract:
+    * ``build_results`` turns a ``RunRecord`` into one JSON-ready dict: the exact command line, the
+      machine (``machine_facts``), the configuration, the targets, the order batches ran in, the
+      per-cell summary (style x concurrency x target: medians and min-max over rounds), the ratios of
+      aggregate tok/s vs the baseline per round, every batch with all its raw request samples, and the
+      warm-up samples. Every other function here reads only that dict, so a saved results.json can be
+      re-rendered.
+    * ``machine_facts`` never imports mlx: the MLX version comes from package metadata, BLAS from
+      ``mlxd_fast_blas.preload_value()`` ("n/a" when none applies).
+    * ``write_outputs(results, out_dir)`` writes results.json, results.md and, with matplotlib (imported
+      here only, with the Agg backend), throughput.png (aggregate tok/s vs concurrency per target, one
+      panel per prompt style, min-max error bars) and speedup.png (each target vs the baseline; only
+      with two targets or more).
+    * Blank cells mean "not reported" (e.g. no draft counts from a server without the timings extension).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from .stats import ratio_rows, summarize_cells
+
+
+def machine_facts() -> dict[str, Any]:
+    """What the run ran on, without importing mlx.
+
+    Returns:
+        ``cpu`` (model name), ``cores``, ``memory``, ``mlx`` (version or "not installed"), ``blas``
+        (the OpenBLAS preload value or "n/a"), ``python``, ``platform``.
+    """
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith(("model name", "hardware")):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        import psutil
+
+        memory = f"{psutil.virtual_memory().total / 2**30:.1f} GiB"
+    except ImportError:
+        memory = "unknown"
+    try:
+        mlx_version = importlib.metadata.version("mlx")
+    except importlib.metadata.PackageNotFoundError:
+        mlx_version = "not installed"
+    try:
+        from mlxd_fast_blas import preload_value
+
+        blas = preload_value() or "n/a"
+    except ImportError:
+        blas = "n/a"
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory": memory, "mlx": mlx_version, "blas": blas,
+            "python": platform.python_version(), "platform": platform.platform()}
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """The command line as typed, program name shortened to its file name.
+
+    Args:
+        argv: Defaults to ``sys.argv``.
+
+    Returns:
+        A shell-quoted command line (``python -m mlxd_cli.bench.main ...`` when run that way).
+    """
+    argv = list(sys.argv if argv is None else argv)
+    if not argv:
+        return "mlx-bench"
+    program = Path(argv[0])
+    if program.name == "main.py" and program.parent.name == "bench":
+        return shlex.join(["python", "-m", "mlxd_cli.bench.main", *argv[1:]])
+    return shlex.join([program.name, *argv[1:]])
+
+
+def build_results(run: Any, config: Any, baseline: str, command: str, machine: dict[str, Any]) -> dict[str, Any]:
+    """Everything about a run as one JSON-ready dict (see the module docstring).
+
+    Args:
+        run: The ``RunRecord``.
+        config: The ``BenchConfig``.
+        baseline: Name of the target the ratios divide by.
+        command: The command line.
+        machine: ``machine_facts()``.
+
+    Returns:
+        The results dict.
+    """
+    names = [target["name"] for target in run.targets]
+    cells = summarize_cells(run.batches, names)
+    return {
+        "format": "mlx-bench results 1",
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": command,
+        "machine": machine,
+        "config": dataclasses.asdict(config),
+        "targets": run.targets,
+        "baseline": baseline,
+        "order": [list(entry) for entry in run.order],
+        "summary": cells,
+        "ratios": ratio_rows(cells, baseline),
+        "batches": [dataclasses.asdict(batch) for batch in run.batches],
+        "warmup_samples": [dataclasses.asdict(sample) for sample in run.warmup_samples],
+    }
+
+
+# ---- formatting ------------------------------------------------------------------------------------
+
+
+def format_spread(spread: dict | None, digits: int = 1, scale: float = 1.0) -> str:
+    """``median [min-max]``, or "" for None.
+
+    Args:
+        spread: ``stats.spread`` output.
+        digits: Decimals.
+        scale: Multiplier (1000 for seconds to ms).
+
+    Returns:
+        The text.
+    """
+    if not spread:
+        return ""
+    values = [spread[key] * scale for key in ("median", "min", "max")]
+    return f"{values[0]:.{digits}f} [{values[1]:.{digits}f}-{values[2]:.{digits}f}]"
+
+
+def _median(spread: dict | None, scale: float = 1.0, digits: int = 1) -> str:
+    return "" if not spread else f"{spread['median'] * scale:.{digits}f}"
+
+
+def _pair(cell: dict, low: str, high: str, scale: float, digits: int) -> str:
+    first, second = _median(cell[low], scale, digits), _median(cell[high], scale, digits)
+    return f"{first} / {second}" if first or second else ""
+
+
+def _acceptance(cell: dict) -> str:
+    if cell.get("drafted") is None:
+        return ""
+    text = f"{cell.get('accepted') or 0}/{cell['drafted']}"
+    if cell.get("accepted_per_verify"):
+        text += f" ({cell['accepted_per_verify']['median']:.2f}/verify)"
+    return text
+
+
+def _ratio_lookup(results: dict) -> dict[tuple, dict]:
+    return {(row["style"], row["concurrency"], row["target"]): row for row in results["ratios"]}
+
+
+def summary_rows(results: dict) -> list[list[str]]:
+    """The main table's rows as text.
+
+    Args:
+        results: ``build_results`` output.
+
+    Returns:
+        One list of cells per style x concurrency x target, matching ``SUMMARY_HEADERS``.
+    """
+    ratios = _ratio_lookup(results)
+    rows = []
+    for cell in results["summary"]:
+        ratio = ratios.get((cell["style"], cell["concurrency"], cell["target"]))
+        versus = "1 (baseline)" if cell["target"] == results["baseline"] else ""
+        rows.append([
+            cell["style"], str(cell["concurrency"]), cell["target"],
+            format_spread(cell["aggregate_tok_s"]),
+            format_spread(ratio["ratio"], digits=2) if ratio else versus,
+            format_spread(cell["decode_tok_s"]),
+            _pair(cell, "ttft_p50_s", "ttft_p95_s", 1000.0, 0),
+            _pair(cell, "itl_p50_s", "itl_p95_s", 1000.0, 1),
+            _pair(cell, "latency_p50_s", "latency_p95_s", 1.0, 2),
+            f"{cell['errors'] or 0}/{cell['requests'] or 0}",
+            _acceptance(cell),
+        ])
+    return rows
+
+
+SUMMARY_HEADERS = ["style", "c", "target", "aggregate tok/s", "vs baseline", "decode tok/s",
+                   "TTFT p50/p95 ms", "ITL p50/p95 ms", "latency p50/p95 s", "errors", "accepted/drafted"]
+
+
+def rich_table(results: dict) -> Table:
+    """The end-of-run table.
+
+    Args:
+        results: ``build_results`` output.
+
+    Returns:
+        A ``rich.table.Table``.
+    """
+    table = Table(title=Text(f"mlx-bench: median [min-max] over {results['config']['rounds']} rounds; "
+                             f"baseline {results['baseline']}"))
+    for header in SUMMARY_HEADERS:
+        table.add_column(header, justify="left" if header in ("style", "target") else "right")
+    previous = None
+    for row in summary_rows(results):
+        if previous is not None and row[:2] != previous:
+            table.add_section()
+        previous = row[:2]
+        table.add_row(*(Text(cell) for cell in row))  # literal text: no rich markup
+    return table
+
+
+def _markdown_table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    def escape(text: str) -> str:
+        return str(text).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(escape(cell) for cell in row) + " |" for row in rows]
+    return lines
+
+
+def markdown(results: dict, plots: list[str] | tuple[str, ...] = ()) -> str:
+    """results.md: command, machine, settings, the main table, then the ratio tables and the plots.
+
+    Args:
+        results: ``build_results`` output.
+        plots: File names of plots beside results.md, linked at the end.
+
+    Returns:
+        Markdown text.
+    """
+    config = results["config"]
+    per_batch = (f"{config['duration_s']:g} s per batch" if config.get("duration_s") is not None
+                 else f"{config['requests'] or '2 x concurrency'} requests per batch")
+    lines = [
+        "# mlx-bench results", "",
+        f"Command: `{results['command']}`", "",
+        "Machine: " + ", ".join(f"{key} {value}" for key, value in results["machine"].items()), "",
+        f"Settings: {config['rounds']} rounds (targets interleaved in each), {per_batch}, "
+        f"{config['warmup']} warm-up request(s) per target, max tokens {config['max_tokens']}, "
+        f"prompt ~{config['prompt_tokens']} tokens, temperature {config['temperature']:g}, seed {config['seed']}, "
+        f"{'chat' if config['chat'] else 'completions'} endpoint, ignore_eos {config['ignore_eos']}. "
+        f"Created {results['created']}.", "",
+        "Targets:", "",
+    ]
+    for target in results["targets"]:
+        where = target.get("command") or target.get("url") or target.get("endpoint")
+        lines.append(f"- **{target['name']}** ({target['kind']}): `{where}`; model `{target.get('model')}`")
+    lines += [
+        "", "Aggregate tok/s = completion tokens of a batch / its wall time; decode tok/s = per request "
+        "(tokens - 1) / (last - first token time), median of the batch; TTFT, ITL (gaps between streamed "
+        "chunks) and latency are p50 / p95 of each batch; every figure is the median [min-max] over rounds "
+        "(p50/p95 columns: medians). Errors: failed / sent. accepted/drafted: draft tokens summed over "
+        "rounds, from the server's timings (blank when not reported).", "",
+    ]
+    lines += _markdown_table(SUMMARY_HEADERS, summary_rows(results))
+    if results["ratios"]:
+        lines += ["", f"## Aggregate tok/s relative to {results['baseline']}", "",
+                  "Ratio of each round's aggregate tok/s to the baseline's in the same round; "
+                  "median [min-max] over rounds.", ""]
+        rows = [[row["style"], str(row["concurrency"]), row["target"], format_spread(row["ratio"], digits=3),
+                 ", ".join("" if value is None else f"{value:.3f}" for value in row["per_round"])]
+                for row in results["ratios"]]
+        lines += _markdown_table(["style", "c", "target", f"/ {results['baseline']}", "per round"], rows)
+    if plots:
+        lines += [""] + [f"![{Path(name).stem}]({name})" for name in plots]
+    return "\n".join(lines) + "\n"
+
+
+def write_plots(results: dict, out_dir: Path) -> list[Path]:
+    """throughput.png and (with two targets or more) speedup.png.
+
+    Args:
+        results: ``build_results`` output.
+        out_dir: Destination directory.
+
+    Returns:
+        The files written.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    styles = list(dict.fromkeys(cell["style"] for cell in results["summary"]))
+    names = [target["name"] for target in results["targets"]]
+    figure, axes = plt.subplots(1, max(len(styles), 1), figsize=(5.5 * max(len(styles), 1), 4), squeeze=False)
+    for axis, style in zip(axes[0], styles):
+        for name in names:
+            cells = [cell for cell in results["summary"] if cell["style"] == style and cell["target"] == name
+                     and cell["aggregate_tok_s"]]
+            if not cells:
+                continue
+            x = [cell["concurrency"] for cell in cells]
+            y = [cell["aggregate_tok_s"]["median"] for cell in cells]
+            errors = [[m - cell["aggregate_tok_s"]["min"] for m, cell in zip(y, cells)],
+                      [cell["aggregate_tok_s"]["max"] - m for m, cell in zip(y, cells)]]
+            axis.errorbar(x, y, yerr=errors, marker="o", capsize=3, label=name)
+        axis.set_title(f"{style} prompts")
+        axis.set_xlabel("concurrency")
+        axis.set_ylabel("aggregate output tok/s")
+        axis.set_xticks(sorted({cell["concurrency"] for cell in results["summary"]}))
+        axis.set_ylim(bottom=0)
+        axis.grid(alpha=0.3)
+        axis.legend()
+    figure.suptitle("Throughput: median, min-max over rounds")
+    figure.tight_layout()
+    path = out_dir / "throughput.png"
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    written.append(path)
+
+    ratios = [row for row in results["ratios"] if row["ratio"]]
+    if ratios:
+        groups = list(dict.fromkeys((row["style"], row["concurrency"]) for row in ratios))
+        others = list(dict.fromkeys(row["target"] for row in ratios))
+        width = 0.8 / len(others)
+        figure, axis = plt.subplots(figsize=(max(6.0, 1.2 * len(groups) * len(others)), 4))
+        for offset, name in enumerate(others):
+            rows = {(row["style"], row["concurrency"]): row["ratio"] for row in ratios if row["target"] == name}
+            positions, heights, low, high = [], [], [], []
+            for index, group in enumerate(groups):
+                if group in rows:
+                    ratio = rows[group]
+                    positions.append(index + (offset - (len(others) - 1) / 2) * width)
+                    heights.append(ratio["median"])
+                    low.append(ratio["median"] - ratio["min"])
+                    high.append(ratio["max"] - ratio["median"])
+            axis.bar(positions, heights, width, yerr=[low, high], capsize=3, label=name)
+        axis.axhline(1.0, color="black", linewidth=0.8)
+        axis.set_xticks(range(len(groups)), [f"{style} c={c}" for style, c in groups])
+        axis.set_ylabel(f"aggregate tok/s / {results['baseline']}")
+        axis.set_title(f"Speedup vs {results['baseline']}: median, min-max over rounds")
+        axis.legend()
+        figure.tight_layout()
+        path = out_dir / "speedup.png"
+        figure.savefig(path, dpi=110)
+        plt.close(figure)
+        written.append(path)
+    return written
+
+
+def write_outputs(results: dict, out_dir: Path) -> list[Path]:
+    """Write results.json, results.md and the plots.
+
+    Args:
+        results: ``build_results`` output.
+        out_dir: Destination directory (created when missing).
+
+    Returns:
+        The files written.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = out_dir / "results.json"
+    json_path.write_text(json.dumps(results, indent=1) + "\n")
+    plots = write_plots(results, out_dir)
+    markdown_path = out_dir / "results.md"
+    markdown_path.write_text(markdown(results, [plot.name for plot in plots]))
+    return [json_path, markdown_path, *plots]

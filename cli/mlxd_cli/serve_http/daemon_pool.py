@@ -1,0 +1,369 @@
+"""The daemons behind the gateway: health, least-busy choice, and failover.
+
+Contract:
+    * ``DaemonPool(endpoints)`` keeps one ``AsyncClient`` per daemon. ``start()`` probes them once,
+      then one health task per daemon asks it for its Status every ``health_interval_s`` (at once
+      again after a miss). A daemon is *up* after one answer, *down* after ``DOWN_AFTER_MISSES``
+      misses in a row, and *dead* after ``DEAD_AFTER_MISSES``: then its client is closed, which
+      fails every request still waiting on it with ``client_closed``, and a fresh client is opened.
+      Down only stops new requests (a daemon busy with a long prefill may answer probes late);
+      dead means nothing more will come.
+    * ``pick`` chooses among up daemons the one with the fewest requests in flight through this
+      gateway; ties go round-robin.
+    * ``open_stream(make_request)`` sends a Generate and waits for its first reply. If, before that
+      reply, the daemon goes down while another daemon is up, or the daemon times out or is
+      shutting down, the request is cancelled there and sent to the next up daemon: nothing has
+      reached the client yet. Once a reply came, failures are the caller's. "overloaded" (a full
+      queue, or a daemon draining for shutdown) moves on to an untried up daemon and is raised
+      when none is left; other daemon errors (invalid request) are raised at once.
+    * ``open_generation`` / ``call_daemon`` are the same with failures mapped to HTTP errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlxd_protocol import OVERLOADED, AsyncClient, Chunk, DaemonError, DaemonTimeout, Done, Generate, ProtocolError, Status
+
+from .errors import UNAVAILABLE_CODES, NoDaemonAvailable, from_daemon_failure
+
+log = logging.getLogger("mlx-serve-http")
+
+DOWN_AFTER_MISSES = 2  # one late answer under load is not an outage
+DEAD_AFTER_MISSES = 5  # ~5 s without any answer: fail the requests waiting on it
+PROBE_TIMEOUT_S = 1.0
+CALL_TIMEOUT_S = 15.0  # tokenize / detokenize through the pool
+# Per-reply wait on a generation: long enough for a queue plus a long prefill on CPU. A dead daemon
+# is noticed by the health task well before this.
+REPLY_TIMEOUT_S = 600.0
+
+
+@dataclass
+class DaemonHandle:
+    """One daemon as the gateway sees it."""
+
+    endpoint: str
+    client: AsyncClient
+    up: bool = False
+    in_flight: int = 0
+    misses: int = 0
+    status: Status | None = None  # the last Status it answered
+    last_error: str = "not probed yet"
+    went_down: asyncio.Event = field(default_factory=asyncio.Event)  # set while down; new one when up
+
+    @property
+    def sampling_defaults(self) -> dict:
+        """The daemon's default sampling settings (from its Status)."""
+        return dict(self.status.options.get("sampling") or {}) if self.status else {}
+
+    @property
+    def context_bound(self) -> int | None:
+        """Most tokens (prompt + output) one sequence may hold on this daemon."""
+        return self.status.options.get("max_kv_size") if self.status else None
+
+
+@dataclass
+class GenerationStream:
+    """A generation in flight on one daemon: an async iterator of its first reply, then the rest."""
+
+    handle: DaemonHandle
+    first: Chunk | Done
+    replies: AsyncIterator[Chunk | Done]
+    _first_taken: bool = field(default=False, repr=False)
+    _closed: bool = field(default=False, repr=False)
+
+    def __aiter__(self) -> "GenerationStream":
+        return self
+
+    async def __anext__(self) -> Chunk | Done:
+        # A plain iterator, not an async generator: no extra generator frame is left suspended
+        # when the consumer goes away, so aclose() reaches the protocol client directly.
+        if not self._first_taken:
+            self._first_taken = True
+            return self.first
+        if self._closed or isinstance(self.first, Done):
+            raise StopAsyncIteration
+        return await anext(self.replies)
+
+    async def aclose(self) -> None:
+        """End the stream: cancels the generation on the daemon if it is still running."""
+        if self._closed:
+            return
+        self._closed = True
+        self.handle.in_flight -= 1
+        await self.replies.aclose()
+
+
+class _FailOver(Exception):
+    """The daemon went down before the first reply; another daemon is up."""
+
+
+class DaemonPool:
+    """The daemons behind one gateway; see the module docstring.
+
+    Args:
+        endpoints: The daemons' endpoints (at least one).
+        health_interval_s: Seconds between two health probes of each daemon.
+    """
+
+    def __init__(self, endpoints: list[str], health_interval_s: float = 1.0) -> None:
+        if not endpoints:
+            raise ValueError("the pool needs at least one daemon endpoint")
+        self.handles = [DaemonHandle(endpoint, self._new_client(endpoint)) for endpoint in endpoints]
+        for handle in self.handles:
+            handle.went_down.set()  # down until a probe says otherwise
+        self.health_interval_s = health_interval_s
+        self._round_robin = itertools.count()
+        self._watchers: list[asyncio.Task] = []
+
+    @staticmethod
+    def _new_client(endpoint: str) -> AsyncClient:
+        return AsyncClient(endpoint, timeout_s=REPLY_TIMEOUT_S)
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Probe every daemon once, then keep probing each in the background."""
+        await self.probe_all()
+        loop = asyncio.get_running_loop()
+        self._watchers = [loop.create_task(self._watch(handle), name=f"mlxd-health {handle.endpoint}")
+                          for handle in self.handles]
+
+    async def stop(self) -> None:
+        """Stop probing and close every client (requests still waiting fail with client_closed)."""
+        for watcher in self._watchers:
+            watcher.cancel()
+        await asyncio.gather(*self._watchers, return_exceptions=True)
+        for handle in self.handles:
+            await handle.client.aclose()
+
+    async def _watch(self, handle: DaemonHandle) -> None:
+        while True:
+            try:
+                answered = await self._probe(handle)
+            except Exception:  # a probe bug must not end health checking for good
+                log.exception("health probe of %s failed", handle.endpoint)
+                answered = False
+            # After a miss, ask again at once: an outage is then confirmed (or not) within ~1 s.
+            await asyncio.sleep(self.health_interval_s if answered else 0.05)
+
+    async def probe_all(self) -> None:
+        """Ask every daemon for its Status at once and mark each up or down."""
+        await asyncio.gather(*(self._probe(handle) for handle in self.handles))
+
+    async def _probe(self, handle: DaemonHandle) -> bool:
+        try:
+            async with asyncio.timeout(PROBE_TIMEOUT_S):
+                status = await handle.client.status()
+        except (DaemonError, DaemonTimeout, TimeoutError) as error:
+            handle.misses += 1
+            reason = f"no answer from {handle.endpoint}: {str(error) or type(error).__name__}"
+            if handle.misses >= DOWN_AFTER_MISSES or not handle.up:
+                self.mark_down(handle, reason)
+            if handle.misses == DEAD_AFTER_MISSES:
+                await self._reset_client(handle)
+            return False
+        handle.status = status
+        handle.misses = 0
+        if not handle.up:
+            log.info("daemon %s is up (model %s)", handle.endpoint, status.model)
+            handle.up = True
+            handle.went_down = asyncio.Event()
+        return True
+
+    def mark_down(self, handle: DaemonHandle, reason: str) -> None:
+        """Stop sending new requests to a daemon and fail over those waiting for a first reply.
+
+        Args:
+            handle: The daemon.
+            reason: Why, for the log and /health.
+        """
+        handle.last_error = reason
+        if handle.up:
+            log.warning("daemon %s is down: %s", handle.endpoint, reason)
+        handle.up = False
+        handle.went_down.set()
+
+    async def _reset_client(self, handle: DaemonHandle) -> None:
+        """Close a dead daemon's client (waking everything waiting on it) and open a fresh one."""
+        log.warning("daemon %s is not answering at all; failing its requests", handle.endpoint)
+        old_client, handle.client = handle.client, self._new_client(handle.endpoint)
+        await old_client.aclose()
+
+    # ---- choosing ------------------------------------------------------------------------------
+
+    def up_handles(self) -> list[DaemonHandle]:
+        """The daemons that answered their last probe."""
+        return [handle for handle in self.handles if handle.up]
+
+    def pick(self, exclude: set[str] = frozenset()) -> DaemonHandle:
+        """The up daemon with the fewest requests in flight; ties go round-robin.
+
+        Args:
+            exclude: Endpoints already tried for this request.
+
+        Returns:
+            The chosen daemon.
+
+        Raises:
+            NoDaemonAvailable: No daemon is up (or every up one is excluded).
+        """
+        candidates = [handle for handle in self.up_handles() if handle.endpoint not in exclude]
+        if not candidates:
+            reasons = "; ".join(handle.last_error for handle in self.handles if not handle.up)
+            raise NoDaemonAvailable(reasons or "every daemon was tried")
+        turn = next(self._round_robin)
+        count = len(self.handles)
+        order = {handle.endpoint: index for index, handle in enumerate(self.handles)}
+        return min(candidates, key=lambda handle: (handle.in_flight, (order[handle.endpoint] - turn) % count))
+
+    # ---- forwarding ----------------------------------------------------------------------------
+
+    async def open_stream(self, make_request: Callable[[DaemonHandle], Generate]) -> GenerationStream:
+        """Send a Generate to the least busy daemon and wait for its first reply, failing over.
+
+        Args:
+            make_request: Builds the request for the chosen daemon (its defaults and context bound
+                may shape it); called again, with a fresh id, for each daemon tried.
+
+        Returns:
+            The stream, its first reply already received; ``aclose()`` it when done.
+
+        Raises:
+            NoDaemonAvailable: No daemon could take the request.
+            DaemonError: The daemon refused the request (e.g. invalid_request, overloaded).
+            ProtocolError: The request breaks a protocol rule (nothing was sent).
+        """
+        tried: set[str] = set()
+        while True:
+            handle = self.pick(tried)
+            tried.add(handle.endpoint)
+            replies = handle.client.generate(make_request(handle))
+            handle.in_flight += 1
+            try:
+                first = await self._first_reply(handle, replies, tried)
+            except BaseException as error:
+                handle.in_flight -= 1
+                await replies.aclose()
+                if isinstance(error, _FailOver):
+                    continue  # nothing reached the client yet: try the next daemon
+                if _daemon_unavailable(error):
+                    self.mark_down(handle, f"{type(error).__name__}: {error}")
+                    continue
+                if isinstance(error, DaemonError) and error.code == OVERLOADED and self._untried(tried):
+                    continue  # a full queue (or a draining daemon) here; another daemon may have room
+                raise
+            return GenerationStream(handle, first, replies)
+
+    async def _first_reply(self, handle: DaemonHandle, replies: AsyncIterator, tried: set[str]) -> Chunk | Done:
+        """The first reply, unless the daemon goes down first while another one is up."""
+        reply_task = asyncio.ensure_future(anext(replies))
+        try:
+            down_task = asyncio.ensure_future(handle.went_down.wait())
+            try:
+                await asyncio.wait({reply_task, down_task}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                down_task.cancel()
+            if not reply_task.done() and self._untried(tried):
+                raise _FailOver()
+            # Alone (or the reply came): wait on; a dead daemon's reset client ends the wait.
+            return await reply_task
+        finally:
+            if not reply_task.done():
+                reply_task.cancel()  # the protocol client then sends Cancel to that daemon
+                await asyncio.wait({reply_task})
+
+    def _untried(self, tried: set[str]) -> bool:
+        return any(handle.endpoint not in tried for handle in self.up_handles())
+
+    async def call(self, operation: Callable[[AsyncClient], Awaitable[Any]]) -> Any:
+        """Run one request/reply call (tokenize, detokenize) on the least busy daemon.
+
+        Args:
+            operation: Takes the daemon's client and returns the awaitable to run.
+
+        Returns:
+            What the operation returned.
+
+        Raises:
+            NoDaemonAvailable, DaemonError: as for ``open_stream``.
+        """
+        tried: set[str] = set()
+        while True:
+            handle = self.pick(tried)
+            tried.add(handle.endpoint)
+            handle.in_flight += 1
+            try:
+                async with asyncio.timeout(CALL_TIMEOUT_S):
+                    return await operation(handle.client)
+            except (DaemonError, DaemonTimeout, TimeoutError) as error:
+                if not _daemon_unavailable(error):
+                    raise
+                self.mark_down(handle, f"{type(error).__name__}: {error}")
+            finally:
+                handle.in_flight -= 1
+
+    async def statuses(self) -> list[tuple[DaemonHandle, Status | None]]:
+        """Each daemon's current Status (None for one that is down or does not answer quickly)."""
+        async def one(handle: DaemonHandle) -> Status | None:
+            if not handle.up:
+                return None
+            try:
+                async with asyncio.timeout(PROBE_TIMEOUT_S):
+                    handle.status = await handle.client.status()
+                return handle.status
+            except (DaemonError, DaemonTimeout, TimeoutError):
+                return None
+
+        results = await asyncio.gather(*(one(handle) for handle in self.handles))
+        return list(zip(self.handles, results))
+
+
+def _daemon_unavailable(error: BaseException) -> bool:
+    """True when the error says "this daemon cannot serve", so another daemon may."""
+    if isinstance(error, (DaemonTimeout, TimeoutError)):
+        return True
+    return isinstance(error, DaemonError) and error.code in UNAVAILABLE_CODES
+
+
+async def open_generation(pool: DaemonPool, make_request: Callable[[DaemonHandle], Generate]) -> GenerationStream:
+    """``pool.open_stream`` with daemon failures turned into the HTTP errors to answer.
+
+    Args:
+        pool: The daemons.
+        make_request: Builds the Generate for the chosen daemon.
+
+    Returns:
+        The open stream (its first reply received).
+
+    Raises:
+        ApiError: 400 / 429 / 503 / 500 as ``errors.from_daemon_failure`` maps them.
+    """
+    try:
+        return await pool.open_stream(make_request)
+    except (NoDaemonAvailable, DaemonError, DaemonTimeout, ProtocolError) as error:
+        raise from_daemon_failure(error) from error
+
+
+async def call_daemon(pool: DaemonPool, operation: Callable[[AsyncClient], Awaitable[Any]]) -> Any:
+    """``pool.call`` with daemon failures turned into HTTP errors (see ``open_generation``).
+
+    Args:
+        pool: The daemons.
+        operation: Takes a daemon's client and returns the awaitable to run.
+
+    Returns:
+        What the operation returned.
+
+    Raises:
+        ApiError: As for ``open_generation``.
+    """
+    try:
+        return await pool.call(operation)
+    except (NoDaemonAvailable, DaemonError, DaemonTimeout, ProtocolError) as error:
+        raise from_daemon_failure(error) from error

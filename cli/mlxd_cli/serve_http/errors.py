@@ -1,0 +1,206 @@
+"""Errors of mlx-serve-http: OpenAI's error body, the HTTP status of every failure, the handlers.
+
+Contract:
+    * Every error response, whatever raised it (a route, FastAPI's validation, Starlette's 404 / 405,
+      the gateway middleware, a bug), has OpenAI's body
+      ``{"error": {"message": str, "type": str, "param": str | null, "code": str | null}}``.
+    * ``ApiError`` is the one exception routes raise; ``from_daemon_failure`` turns what the protocol
+      client raises into one: ``invalid_request`` -> 400, ``not_found`` -> 404, ``overloaded`` -> 429,
+      daemon down / timeout / shutting down -> 503, anything else -> 500. 429 and 503 carry
+      ``Retry-After``.
+    * Validation errors answer 400 (not FastAPI's 422) with the first problem named field by field.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from mlxd_protocol import CANCELLED, CLIENT_CLOSED, INVALID, NOT_FOUND, OVERLOADED, DaemonError, DaemonTimeout, ProtocolError
+
+from .schemas import ErrorResponse
+
+log = logging.getLogger("mlx-serve-http")
+
+RETRY_AFTER_S = 1  # what 429 / 503 tell clients to wait: daemons free up (or come back) quickly
+
+# OpenAI's error "type" for each status we send.
+_TYPE_BY_STATUS = {
+    400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+    405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+    500: "server_error", 503: "service_unavailable",
+}
+# Daemon codes that mean "this daemon cannot serve now", not "the request is bad".
+UNAVAILABLE_CODES = frozenset({CLIENT_CLOSED, CANCELLED})
+
+
+# For /openapi.json: every route may answer these, all with the OpenAI error body.
+ERROR_RESPONSES: dict[int | str, dict] = {
+    status: {"model": ErrorResponse, "description": description} for status, description in (
+        (400, "invalid request"), (401, "missing or wrong API key"), (413, "request body too large"),
+        (429, "too many requests in flight, or the daemon is overloaded (see Retry-After)"),
+        (500, "internal error"), (503, "no daemon available (see Retry-After)"))
+}
+
+
+class ApiError(Exception):
+    """An error answered to the HTTP client in OpenAI's shape.
+
+    Args:
+        status: The HTTP status code.
+        message: What went wrong, for a human.
+        param: The request field at fault, if any.
+        code: A short machine-readable code (e.g. "overloaded").
+        error_type: OpenAI's error type; derived from ``status`` when None.
+    """
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 error_type: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.error_type = error_type or _TYPE_BY_STATUS.get(status, "server_error" if status >= 500 else
+                                                            "invalid_request_error")
+
+    def body(self) -> dict:
+        """The JSON body: ``{"error": {...}}``."""
+        return {"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code}}
+
+    def headers(self) -> dict[str, str]:
+        """Extra response headers: Retry-After for the statuses a client should retry."""
+        return {"Retry-After": str(RETRY_AFTER_S)} if self.status in (429, 503) else {}
+
+    def response(self) -> JSONResponse:
+        """The error as a response."""
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers())
+
+    def encoded(self) -> bytes:
+        """The body as bytes, for raw ASGI middleware and SSE error events."""
+        return json.dumps(self.body()).encode()
+
+
+class NoDaemonAvailable(Exception):
+    """No daemon of the pool is up (or every one was tried for this request)."""
+
+
+def from_daemon_failure(error: BaseException) -> ApiError:
+    """Map what talking to a daemon raised to the HTTP error to answer.
+
+    Args:
+        error: A ``DaemonError``, ``DaemonTimeout``, ``ProtocolError`` or ``NoDaemonAvailable``.
+
+    Returns:
+        The ApiError (400 / 404 / 429 / 503 / 500) carrying the daemon's message.
+    """
+    if isinstance(error, NoDaemonAvailable):
+        return ApiError(503, f"no mlxd daemon is available: {error}", code="daemon_unavailable")
+    if isinstance(error, DaemonTimeout):
+        return ApiError(503, f"the daemon did not answer in time: {error}", code="daemon_timeout")
+    if isinstance(error, ProtocolError):
+        # Raised before sending: the request broke a protocol rule the HTTP schema did not catch.
+        return ApiError(400, str(error), code=INVALID)
+    if isinstance(error, DaemonError):
+        if error.code == INVALID:
+            return ApiError(400, error.message, code=INVALID)
+        if error.code == NOT_FOUND:
+            return ApiError(404, error.message, code=NOT_FOUND)
+        if error.code == OVERLOADED:
+            return ApiError(429, f"the daemon is overloaded: {error.message}", code=OVERLOADED)
+        if error.code in UNAVAILABLE_CODES:
+            return ApiError(503, f"the daemon is unavailable: {error.message}", code="daemon_unavailable")
+        return ApiError(500, f"the daemon failed: {error.code}: {error.message}", code=error.code)
+    return ApiError(500, f"internal error: {type(error).__name__}: {error}", code="internal")
+
+
+def describe_validation_error(errors: list[dict]) -> tuple[str, str | None]:
+    """Turn pydantic's error list into one message naming the field, and the field's dotted path.
+
+    Args:
+        errors: ``RequestValidationError.errors()``.
+
+    Returns:
+        (message, param): the first error explained, and its location (None for the whole body).
+    """
+    if not errors:
+        return "the request is invalid", None
+    first = errors[0]
+    # Locations start with "body"; union members add their type name ("prompt", "str"): drop both.
+    location = [str(part) for part in first.get("loc", ()) if part != "body"]
+    kind = first.get("type", "")
+    if kind == "json_invalid":
+        detail = first.get("ctx", {}).get("error", first.get("msg", ""))
+        return f"the request body is not valid JSON: {detail}", None
+    if not location and kind == "missing":
+        return "the request body is missing: send a JSON object (Content-Type: application/json)", None
+    if not location and kind in ("model_attributes_type", "dict_type", "model_type"):
+        return "the request body must be a JSON object (Content-Type: application/json)", None
+    field_path = _field_path(first)
+    # A value of the wrong type for a union field fails once per member: say what each wanted.
+    same_field = [error for error in errors if _field_path(error) == field_path]
+    message = " | ".join(dict.fromkeys(error.get("msg", "invalid value").removeprefix("Value error, ")
+                                       for error in same_field))
+    others = len(errors) - len(same_field)
+    more = f" (and {others} more problem{'s' if others > 1 else ''})" if others else ""
+    return f"{field_path or 'body'}: {message}{more}", field_path or None
+
+
+def _field_path(error: dict) -> str:
+    return ".".join(str(part) for part in error.get("loc", ()) if part != "body" and _is_request_field(str(part)))
+
+
+# pydantic appends the tried union member ("str", "list[int]", "TextContentPart", ...) to locations.
+_TYPE_NAMES = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+
+def _is_request_field(part: str) -> bool:
+    """True for a location part that is a field name or list index, not a union member's type."""
+    if part.isdigit():
+        return True
+    return part.isidentifier() and part[0].islower() and part not in _TYPE_NAMES
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Make every error FastAPI or Starlette answers use OpenAI's body.
+
+    Args:
+        app: The application.
+    """
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, error: ApiError) -> JSONResponse:
+        return error.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
+        message, param = describe_validation_error(list(error.errors()))
+        return ApiError(400, message, param=param, code="invalid_value").response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        if error.status_code == 404:
+            message = f"unknown endpoint {request.method} {request.url.path}"
+        elif error.status_code == 405:
+            message = f"method {request.method} is not allowed on {request.url.path}"
+        else:
+            message = str(error.detail)
+        api_error = ApiError(error.status_code, message, code=_code_for(error.status_code))
+        response = api_error.response()
+        for name, value in (error.headers or {}).items():
+            response.headers[name] = value  # e.g. Allow on 405
+        return response
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(request: Request, error: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return ApiError(500, f"internal error: {type(error).__name__}: {error}", code="internal").response()
+
+
+def _code_for(status: int) -> str:
+    return {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(status, f"http_{status}")

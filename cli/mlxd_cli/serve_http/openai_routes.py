@@ -1,0 +1,274 @@
+"""OpenAI-compatible routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models.
+
+Contract:
+    * Chat sends ``messages`` (the daemon applies the model's chat template); completions send
+      ``prompt`` with ``chat=False`` (or ``prompt_tokens`` for a token list). The daemon is always
+      asked to stream; a non-streaming answer is assembled here from the chunks and the Done.
+    * ``max_tokens`` (or ``max_completion_tokens``) left out means "until end of sequence", bounded
+      by the daemon's context; sampling fields left out take the daemon's defaults.
+    * Streaming answers are SSE: ``data: <chunk JSON>\\n\\n`` in OpenAI's chunk shapes, the first
+      chat chunk carrying ``delta.role``, the last one ``finish_reason`` (and ``timings``, an
+      extension), then a usage chunk when ``stream_options.include_usage``, then ``data: [DONE]``.
+      A daemon failure after the stream started is sent as one ``data: {"error": ...}`` event.
+    * finish_reason: the daemon's "stop" and "length" as they are; "cancelled" (only seen when the
+      client already left, or the daemon was shut down) is reported as "stop".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+from fastapi import APIRouter, Request, Response
+
+from mlxd_protocol import Done, Generate, new_request_id
+
+from .app import SSE_HEADERS, ClosingStreamingResponse, StreamedOutput, collect_generation, sse_event
+from .daemon_pool import DaemonHandle, GenerationStream, call_daemon, open_generation
+from .errors import ERROR_RESPONSES, ApiError, NoDaemonAvailable, from_daemon_failure
+from .schemas import (
+    MAX_TOKENS_LIMIT, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
+    ChatDelta, ChatMessageOut, Completion, CompletionChoice, CompletionRequest, ModelCard, ModelList,
+    OpenAIGenerationFields, Usage, build_sampling, normalize_stop)
+
+router = APIRouter()
+FINISH_REASONS = {"stop": "stop", "length": "length", "cancelled": "stop"}
+FALLBACK_MAX_TOKENS = 256  # when the daemon has not reported its context bound
+STREAM_RESPONSES = {200: {"content": {"text/event-stream": {}}, "description": "the answer, or SSE when stream=true"}}
+
+
+def usage_of(done: Done) -> Usage:
+    """OpenAI's usage object from a Done."""
+    usage = done.usage
+    prompt, completion = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+
+def request_builder(body: OpenAIGenerationFields, prompt_fields: dict, max_tokens: int | None,
+                    logprobs: int | None, chat: bool | None) -> Callable[[DaemonHandle], Generate]:
+    """A function building the Generate for the daemon the pool picks.
+
+    Args:
+        body: The validated request.
+        prompt_fields: ``{"messages": ...}``, ``{"prompt": ...}`` or ``{"prompt_tokens": ...}``.
+        max_tokens: The client's limit, None for "until end of sequence".
+        logprobs: Alternatives to report per token, None for no logprobs.
+        chat: The protocol's ``chat`` flag.
+
+    Returns:
+        ``make_request(handle) -> Generate``, filling defaults from that daemon's status.
+    """
+    stop = normalize_stop(body.stop)
+    overrides = body.sampling_overrides(logprobs)
+    speculative = body.speculative.to_protocol() if body.speculative else None
+
+    def make_request(handle: DaemonHandle) -> Generate:
+        limit = max_tokens or min(handle.context_bound or FALLBACK_MAX_TOKENS, MAX_TOKENS_LIMIT)
+        return Generate(id=new_request_id(), **prompt_fields, chat=chat, max_tokens=limit, stop=stop, stream=True,
+                        sampling=build_sampling(overrides, handle.sampling_defaults), speculative=speculative)
+
+    return make_request
+
+
+def model_name(stream: GenerationStream) -> str:
+    status = stream.handle.status
+    return status.model if status is not None else "mlxd"
+
+
+async def token_texts(request: Request, entries: list[dict]) -> dict[int, str]:
+    """Text of every token (sampled and alternatives) in logprob entries, cached per gateway.
+
+    Args:
+        request: The HTTP request (for the pool and the cache).
+        entries: The daemon's logprob entries ``{"token", "logprob", "top": [[id, logprob], ...]}``.
+
+    Returns:
+        The cache: token id -> text.
+    """
+    cache: dict[int, str] = request.app.state.token_texts
+    wanted = {entry["token"] for entry in entries} | {pair[0] for entry in entries for pair in entry.get("top") or ()}
+    missing = sorted(token for token in wanted if token not in cache)
+    if missing:
+        pool = request.app.state.pool
+        # SentencePiece drops the leading space of the first token decoded: decode the token twice
+        # and keep what the second copy added, which is its text in the middle of a sequence.
+        alone, twice = await asyncio.gather(
+            asyncio.gather(*(call_daemon(pool, lambda client, token=token: client.detokenize([token]))
+                             for token in missing)),
+            asyncio.gather(*(call_daemon(pool, lambda client, token=token: client.detokenize([token, token]))
+                             for token in missing)))
+        cache.update((token, double[len(single):] if double.startswith(single) else single)
+                     for token, single, double in zip(missing, alone, twice))
+    return cache
+
+
+def chat_logprobs(entries: list[dict], texts: dict[int, str]) -> dict:
+    """OpenAI chat ``logprobs`` ({"content": [...]}) from the daemon's entries."""
+    def item(token: int, logprob: float) -> dict:
+        text = texts[token]
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+    return {"content": [{**item(entry["token"], entry["logprob"]),
+                         "top_logprobs": [item(token, logprob) for token, logprob in entry.get("top") or ()]}
+                        for entry in entries]}
+
+
+def completion_logprobs(entries: list[dict], texts: dict[int, str], offset: int) -> dict:
+    """Legacy completions ``logprobs`` (tokens, token_logprobs, top_logprobs, text_offset)."""
+    offsets, position = [], offset
+    for entry in entries:
+        offsets.append(position)
+        position += len(texts[entry["token"]])
+    return {"tokens": [texts[entry["token"]] for entry in entries],
+            "token_logprobs": [entry["logprob"] for entry in entries],
+            "top_logprobs": [{texts[token]: logprob for token, logprob in entry.get("top") or ()} for entry in entries],
+            "text_offset": offsets}
+
+
+# ---- /v1/chat/completions --------------------------------------------------------------------
+
+
+@router.post("/v1/chat/completions", response_model=ChatCompletion, responses={**STREAM_RESPONSES, **ERROR_RESPONSES})
+async def chat_completions(body: ChatCompletionRequest, request: Request):
+    """Chat completion through the model's chat template (OpenAI's API)."""
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    make_request = request_builder(body, {"messages": [message.to_protocol() for message in body.messages]},
+                                   body.max_completion_tokens or body.max_tokens, logprobs, chat=None)
+    try:
+        stream = await open_generation(request.app.state.pool, make_request)
+    except ApiError as error:
+        if error.status == 400 and "no chat template" in error.message:
+            # The daemon's advice names protocol fields; say what to do over HTTP instead.
+            raise ApiError(400, "this model has no chat template: send a plain prompt to /v1/completions or "
+                                "/completion instead", param="messages", code=error.code) from error
+        raise
+    reply_id, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+    if body.stream:
+        events = _chat_events(stream, request, reply_id, created, logprobs is not None,
+                              body.stream_options is not None and body.stream_options.include_usage)
+        return ClosingStreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+    result = await collect_generation(stream, request)
+    if result is None:
+        return Response(status_code=499)  # the client left; nobody reads this
+    request.app.state.metrics.count_generation(result.done.usage, result.done.timings)
+    choice_logprobs = chat_logprobs(result.logprobs, await token_texts(request, result.logprobs)) if logprobs is not None else None
+    return ChatCompletion(
+        id=reply_id, created=created, model=model_name(stream), usage=usage_of(result.done), timings=result.done.timings,
+        choices=[ChatChoice(message=ChatMessageOut(content=result.text), logprobs=choice_logprobs,
+                            finish_reason=FINISH_REASONS[result.done.finish_reason])])
+
+
+async def _chat_events(stream: GenerationStream, request: Request, reply_id: str, created: int,
+                       want_logprobs: bool, include_usage: bool) -> AsyncIterator[bytes]:
+    model = model_name(stream)
+
+    def event(choices: list[ChatChunkChoice], **extra) -> bytes:
+        chunk = ChatCompletionChunk(id=reply_id, created=created, model=model, choices=choices, **extra)
+        return sse_event(chunk.model_dump_json())
+
+    output = StreamedOutput()
+    try:
+        yield event([ChatChunkChoice(delta=ChatDelta(role="assistant", content=""))])
+        async for reply in stream:
+            text, _ = output.add(reply)
+            entries = getattr(reply, "logprobs", None) or []
+            if text or entries:
+                logprobs = chat_logprobs(entries, await token_texts(request, entries)) if want_logprobs and entries else None
+                yield event([ChatChunkChoice(delta=ChatDelta(content=text), logprobs=logprobs)])
+            if isinstance(reply, Done):
+                request.app.state.metrics.count_generation(reply.usage, reply.timings)
+                yield event([ChatChunkChoice(delta=ChatDelta(), finish_reason=FINISH_REASONS[reply.finish_reason])],
+                            timings=reply.timings)
+                if include_usage:
+                    yield event([], usage=usage_of(reply))
+                yield sse_event(b"[DONE]")
+                return
+            if await request.is_disconnected():
+                return  # the finally below cancels the generation
+    except ApiError as error:
+        yield sse_event(error.encoded())
+    except Exception as error:  # the daemon failed mid-stream: tell the client in-band
+        yield sse_event(from_daemon_failure(error).encoded())
+    finally:
+        await stream.aclose()
+
+
+# ---- /v1/completions -------------------------------------------------------------------------
+
+
+@router.post("/v1/completions", response_model=Completion, responses={**STREAM_RESPONSES, **ERROR_RESPONSES})
+async def completions(body: CompletionRequest, request: Request):
+    """Plain text completion, no chat template (OpenAI's legacy completions API)."""
+    prompt_fields = {"prompt_tokens": body.prompt} if isinstance(body.prompt, list) else {"prompt": body.prompt}
+    make_request = request_builder(body, prompt_fields, body.max_tokens, body.logprobs, chat=False)
+    stream = await open_generation(request.app.state.pool, make_request)
+    reply_id, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+    if body.stream:
+        events = _completion_events(stream, request, reply_id, created, body.logprobs is not None,
+                                    body.stream_options is not None and body.stream_options.include_usage)
+        return ClosingStreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+    result = await collect_generation(stream, request)
+    if result is None:
+        return Response(status_code=499)
+    request.app.state.metrics.count_generation(result.done.usage, result.done.timings)
+    choice_logprobs = (completion_logprobs(result.logprobs, await token_texts(request, result.logprobs), 0)
+                       if body.logprobs is not None else None)
+    return Completion(
+        id=reply_id, created=created, model=model_name(stream), usage=usage_of(result.done), timings=result.done.timings,
+        choices=[CompletionChoice(text=result.text, logprobs=choice_logprobs,
+                                  finish_reason=FINISH_REASONS[result.done.finish_reason])])
+
+
+async def _completion_events(stream: GenerationStream, request: Request, reply_id: str, created: int,
+                             want_logprobs: bool, include_usage: bool) -> AsyncIterator[bytes]:
+    model = model_name(stream)
+    output = StreamedOutput()
+
+    def event(choices: list[CompletionChoice], **extra) -> bytes:
+        return sse_event(Completion(id=reply_id, created=created, model=model, choices=choices, **extra).model_dump_json())
+
+    try:
+        async for reply in stream:
+            offset = len(output.text)
+            text, _ = output.add(reply)
+            entries = getattr(reply, "logprobs", None) or []
+            if text or entries:
+                logprobs = (completion_logprobs(entries, await token_texts(request, entries), offset)
+                            if want_logprobs and entries else None)
+                yield event([CompletionChoice(text=text, logprobs=logprobs)])
+            if isinstance(reply, Done):
+                request.app.state.metrics.count_generation(reply.usage, reply.timings)
+                yield event([CompletionChoice(text="", finish_reason=FINISH_REASONS[reply.finish_reason])],
+                            timings=reply.timings)
+                if include_usage:
+                    yield event([], usage=usage_of(reply))
+                yield sse_event(b"[DONE]")
+                return
+            if await request.is_disconnected():
+                return
+    except ApiError as error:
+        yield sse_event(error.encoded())
+    except Exception as error:
+        yield sse_event(from_daemon_failure(error).encoded())
+    finally:
+        await stream.aclose()
+
+
+# ---- /v1/models ------------------------------------------------------------------------------
+
+
+@router.get("/v1/models", response_model=ModelList, responses=ERROR_RESPONSES)
+async def list_models(request: Request) -> ModelList:
+    """The model(s) the daemons serve."""
+    pool = request.app.state.pool
+    models = [handle.status.model for handle in pool.up_handles() if handle.status is not None]
+    if not models:
+        raise from_daemon_failure(_no_daemon(pool))
+    created = int(time.time())
+    return ModelList(data=[ModelCard(id=model, created=created) for model in dict.fromkeys(models)])
+
+
+def _no_daemon(pool) -> NoDaemonAvailable:
+    return NoDaemonAvailable("; ".join(handle.last_error for handle in pool.handles) or "no daemon answers")

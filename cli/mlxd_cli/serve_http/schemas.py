@@ -1,0 +1,399 @@
+"""Request and response bodies of mlx-serve-http, as pydantic models (so /openapi.json is true).
+
+Contract:
+    * Request models are strict (``"5"`` is not an int, ``1`` is not a bool) and bound every value to
+      what the daemon accepts, so a bad request is answered 400 here and never reaches a daemon.
+      Unknown fields are ignored, as OpenAI-compatible servers commonly do, so clients that send
+      options we do not implement (``response_format``, ``mirostat``, ...) still work.
+    * Sampling fields left out take the serving daemon's defaults (its ``--temp`` etc.), not OpenAI's:
+      ``sampling_overrides()`` returns only what the client set, ``build_sampling`` fills the rest.
+    * Response models mirror OpenAI's (``chat.completion``, ``chat.completion.chunk``,
+      ``text_completion``) and llama-server's (``/completion``) bodies; ``timings`` is an extension.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from mlxd_protocol import Sampling, Speculative
+from mlxd_protocol.field_checks import MAX_LIST_ITEMS
+from mlxd_protocol.messages import MAX_DRAFT_LIMIT, MAX_LOGPROBS, MAX_STOP_STRINGS
+
+MAX_TOKENS_LIMIT = MAX_LIST_ITEMS  # the protocol's bound on max_tokens; larger is refused
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+# Sampling fields the daemon reports as its defaults (Status.options["sampling"]).
+_SAMPLING_FIELDS = frozenset(Sampling.__dataclass_fields__)
+
+
+class StrictModel(BaseModel):
+    """Base of request bodies: strict types, unknown fields ignored."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+def _exclude_none(value: Any) -> bool:
+    return value is None
+
+
+# ---- shared request parts --------------------------------------------------------------------
+
+
+class SpeculativeOptions(StrictModel):
+    """Extension: ask for (or refuse) prompt-lookup speculative decoding; never changes the output."""
+
+    kind: Literal["prompt-lookup", "none"]
+    max_draft: int | None = Field(None, ge=0, le=MAX_DRAFT_LIMIT)
+
+    def to_protocol(self) -> Speculative:
+        """The protocol's Speculative value."""
+        return Speculative(kind=self.kind, max_draft=self.max_draft)
+
+
+class StreamOptions(StrictModel):
+    include_usage: bool = False
+
+
+def normalize_stop(stop: str | list[str] | None) -> list[str]:
+    """Stop strings as a list; empty strings dropped (they could only match everywhere).
+
+    Args:
+        stop: A string, a list of strings, or None.
+
+    Returns:
+        The non-empty stop strings.
+    """
+    if stop is None:
+        return []
+    strings = [stop] if isinstance(stop, str) else stop
+    if len(strings) > MAX_STOP_STRINGS:
+        raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings")
+    return [string for string in strings if string]
+
+
+def _check_stop(stop: str | list[str] | None) -> str | list[str] | None:
+    normalize_stop(stop)  # raises for too many
+    return stop
+
+
+StopStrings = Annotated[str | list[str] | None, AfterValidator(_check_stop)]
+
+
+def check_prompt(prompt: str | list[int]) -> str | list[int]:
+    """Refuse an empty prompt or a negative token id (raises ValueError); return the prompt."""
+    if not prompt:
+        raise ValueError("the prompt must not be empty")
+    if isinstance(prompt, list) and min(prompt) < 0:
+        raise ValueError("token ids must be >= 0")
+    return prompt
+
+
+def build_sampling(overrides: dict, daemon_defaults: dict | None) -> Sampling | None:
+    """The Sampling to send: the client's settings over the daemon's defaults.
+
+    Args:
+        overrides: Protocol sampling fields the client set (``sampling_overrides()``).
+        daemon_defaults: ``Status.options["sampling"]`` of the daemon that will serve the request.
+
+    Returns:
+        None when the client set nothing (the daemon then applies its defaults itself), else a
+        Sampling; a protocol Sampling replaces the daemon's defaults whole, hence the merge.
+    """
+    if not overrides:
+        return None
+    merged = {name: value for name, value in (daemon_defaults or {}).items() if name in _SAMPLING_FIELDS}
+    merged.update(overrides)
+    return Sampling(**merged)
+
+
+class OpenAIGenerationFields(StrictModel):
+    """Fields /v1/chat/completions and /v1/completions share (OpenAI's plus our extensions)."""
+
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
+    temperature: FiniteFloat | None = Field(None, ge=0, le=2)
+    top_p: FiniteFloat | None = Field(None, gt=0, le=1)
+    stop: StopStrings = None
+    seed: int | None = Field(None, ge=0)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: FiniteFloat | None = Field(None, ge=-2, le=2)
+    frequency_penalty: FiniteFloat | None = Field(None, ge=-2, le=2)
+    logit_bias: dict[str, FiniteFloat] | None = None
+    n: int = 1
+    user: str | None = None
+    # extensions
+    top_k: int | None = Field(None, ge=0)
+    min_p: FiniteFloat | None = Field(None, ge=0, le=1)
+    repetition_penalty: FiniteFloat | None = Field(None, ge=0)
+    speculative: SpeculativeOptions | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _only_one_choice(cls, n: int) -> int:
+        if n != 1:
+            raise ValueError("only n=1 is supported")
+        return n
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_id_keys(cls, bias: dict[str, float] | None):
+        for key, value in (bias or {}).items():
+            if not key.isdigit():
+                raise ValueError(f"keys must be token ids (non-negative integers as strings), got {key!r}")
+            if not -100 <= value <= 100:
+                raise ValueError(f"bias for token {key} must be in [-100, 100], got {value}")
+        return bias
+
+    def sampling_overrides(self, logprobs: int | None) -> dict:
+        """The protocol sampling fields this request sets.
+
+        Args:
+            logprobs: How many alternatives to report per token (None: no logprobs).
+
+        Returns:
+            Protocol ``Sampling`` field -> value, only for fields the client gave.
+        """
+        given = {
+            "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
+            "repetition_penalty": self.repetition_penalty, "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty, "seed": self.seed, "logprobs": logprobs,
+            "logit_bias": {int(key): value for key, value in self.logit_bias.items()} if self.logit_bias else None,
+        }
+        return {name: value for name, value in given.items() if value is not None}
+
+
+# ---- /v1/chat/completions --------------------------------------------------------------------
+
+
+class TextContentPart(StrictModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(StrictModel):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextContentPart]
+    name: str | None = None
+
+    def to_protocol(self) -> dict:
+        """``{"role", "content"}`` for the daemon's chat template (text parts joined)."""
+        content = self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+        # Chat templates know "system"; "developer" is OpenAI's newer name for it.
+        return {"role": "system" if self.role == "developer" else self.role, "content": content}
+
+
+class ChatCompletionRequest(OpenAIGenerationFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+
+# ---- /v1/completions -------------------------------------------------------------------------
+
+
+class CompletionRequest(OpenAIGenerationFields):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_non_empty_prompt(cls, prompt):
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+            if len(prompt) != 1:
+                raise ValueError("only one prompt per request is supported")
+            prompt = prompt[0]
+        return check_prompt(prompt)
+
+    @field_validator("echo", "best_of", "suffix")
+    @classmethod
+    def _unsupported_options(cls, value, info: ValidationInfo):
+        # Refused rather than ignored: each would change what the client gets back.
+        problems = {"echo": value is True and "echo is not supported",
+                    "best_of": value not in (None, 1) and "only best_of=1 is supported",
+                    "suffix": bool(value) and "suffix (fill-in-the-middle) is not supported"}
+        if problems[info.field_name]:
+            raise ValueError(problems[info.field_name])
+        return value
+
+
+# ---- /completion (llama-server) --------------------------------------------------------------
+
+
+class LlamaCompletionRequest(StrictModel):
+    prompt: str | list[int]
+    n_predict: int = Field(-1, ge=-1, le=MAX_TOKENS_LIMIT)
+    temperature: FiniteFloat | None = Field(None, ge=0)
+    top_k: int | None = Field(None, ge=0)
+    top_p: FiniteFloat | None = Field(None, gt=0, le=1)
+    min_p: FiniteFloat | None = Field(None, ge=0, le=1)
+    repeat_penalty: FiniteFloat | None = Field(None, ge=0)
+    presence_penalty: FiniteFloat | None = None
+    frequency_penalty: FiniteFloat | None = None
+    stop: StopStrings = None
+    seed: int | None = Field(None, ge=-1)
+    stream: bool = False
+    cache_prompt: bool = True  # accepted and ignored: the daemon decides what to keep
+    ignore_eos: bool = False
+    speculative: SpeculativeOptions | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _non_empty_prompt(cls, prompt):
+        return check_prompt(prompt)
+
+    @field_validator("n_predict")
+    @classmethod
+    def _predict_something(cls, n_predict: int) -> int:
+        if n_predict == 0:
+            raise ValueError("must be -1 (until end of sequence) or >= 1")
+        return n_predict
+
+    def sampling_overrides(self) -> dict:
+        """The protocol sampling fields this request sets (seed -1 means random: no seed)."""
+        given = {
+            "temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "min_p": self.min_p,
+            "repetition_penalty": self.repeat_penalty, "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty, "seed": self.seed if self.seed != -1 else None,
+        }
+        return {name: value for name, value in given.items() if value is not None}
+
+
+class TokenizeRequest(StrictModel):
+    content: str
+    add_special: bool = False
+
+
+class DetokenizeRequest(StrictModel):
+    tokens: list[Annotated[int, Field(ge=0)]]
+
+
+# ---- responses -------------------------------------------------------------------------------
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ChatMessageOut(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: ChatMessageOut
+    logprobs: dict | None = None
+    finish_reason: str
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    timings: dict = Field(default_factory=dict, description="the daemon's timings (extension)")
+
+
+class ChatDelta(BaseModel):
+    role: str | None = Field(None, exclude_if=_exclude_none)
+    content: str | None = Field(None, exclude_if=_exclude_none)
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChatDelta
+    logprobs: dict | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = Field(None, exclude_if=_exclude_none)
+    timings: dict | None = Field(None, exclude_if=_exclude_none)
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: dict | None = None
+    finish_reason: str | None = None
+
+
+class Completion(BaseModel):
+    """A text_completion body; also each streamed chunk (then finish_reason is null until the end)."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = Field(None, exclude_if=_exclude_none)
+    timings: dict | None = Field(None, exclude_if=_exclude_none)
+
+
+class LlamaCompletion(BaseModel):
+    """llama-server's /completion answer (also the last streamed event, with empty content)."""
+
+    content: str
+    stop: bool = True
+    model: str
+    tokens_predicted: int
+    tokens_evaluated: int
+    stop_type: Literal["eos", "word", "limit", "none"]
+    stopping_word: str
+    truncated: bool = False
+    timings: dict
+
+
+class LlamaStreamChunk(BaseModel):
+    content: str
+    stop: bool = False
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "mlxd"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class Health(BaseModel):
+    status: str
+
+
+class TokenizeResponse(BaseModel):
+    tokens: list[int]
+
+
+class DetokenizeResponse(BaseModel):
+    content: str
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
