@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
+from pathlib import Path
 
 import click
 
@@ -50,12 +52,14 @@ def _endpoint_option(function):
               help="paged: pool size as a fraction of this machine's memory")
 @click.option("--drain-timeout", default=30.0, show_default=True, type=click.FloatRange(0),
               help="on SIGTERM/SIGINT, seconds in-flight requests may run before they are cancelled")
-@click.option("--allow-public", is_flag=True, help="allow binding a non-loopback tcp address")
+@click.option("--allow-public", is_flag=True, help="allow binding a non-loopback tcp address (needs an auth token)")
+@click.option("--auth-token-file", default=None, type=click.Path(dir_okay=False),
+              help="file holding the token clients must send in a hello first (else $MLXD_AUTH_TOKEN)")
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
 @click.pass_context
 def cli(ctx, model, endpoint, max_batch, max_kv_size, prefill_chunk, max_queue, lookahead, temp, top_p, top_k,
         min_p, draft_kind, draft_model, draft_block_size, prompt_lookup_max_batch, storage_backend, kv_block_size,
-        kv_pool_tokens, kv_memory_fraction, drain_timeout, allow_public, log_level):
+        kv_pool_tokens, kv_memory_fraction, drain_timeout, allow_public, auth_token_file, log_level):
     """mlxd: serve an mlx-lm model to many clients over ZeroMQ."""
     if ctx.invoked_subcommand is not None:
         return
@@ -66,13 +70,30 @@ def cli(ctx, model, endpoint, max_batch, max_kv_size, prefill_chunk, max_queue, 
         draft_kind=draft_kind, draft_model=draft_model, draft_block_size=draft_block_size,
         prompt_lookup_max_batch=prompt_lookup_max_batch, storage_backend=storage_backend,
         kv_block_size=kv_block_size, kv_pool_tokens=kv_pool_tokens, kv_memory_fraction=kv_memory_fraction,
-        drain_timeout_s=drain_timeout,
+        drain_timeout_s=drain_timeout, auth_token=_read_auth_token(auth_token_file),
     )
+    if allow_public and not options.auth_token:
+        click.echo("mlxd: --allow-public needs an auth token: pass --auth-token-file PATH or set MLXD_AUTH_TOKEN",
+                   err=True)
+        sys.exit(2)
     try:
         resolve_speculative(draft_kind, draft_model, draft_block_size)
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="--draft-kind/--draft-model/--draft-block-size")
     sys.exit(serve(options))
+
+
+def _read_auth_token(path: str | None) -> str | None:
+    """The token from --auth-token-file (first line, stripped), else $MLXD_AUTH_TOKEN, else None."""
+    if path is not None:
+        try:
+            token = Path(path).read_text().strip()
+        except OSError as error:
+            raise click.BadParameter(f"cannot read {path}: {error.strerror}", param_hint="--auth-token-file")
+        if not token:
+            raise click.BadParameter(f"{path} is empty", param_hint="--auth-token-file")
+        return token
+    return os.environ.get("MLXD_AUTH_TOKEN", "").strip() or None
 
 
 def serve(options: DaemonOptions) -> int:
@@ -81,7 +102,7 @@ def serve(options: DaemonOptions) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     log = logging.getLogger("mlxd")
     endpoint = options.endpoint or default_endpoint()
-    with Client(endpoint, timeout_s=1.0) as probe:
+    with Client(endpoint, timeout_s=1.0, auth_token=options.auth_token or "") as probe:
         if probe.ping(0.5):
             click.echo(f"mlxd: a daemon already answers at {endpoint}", err=True)
             return 1

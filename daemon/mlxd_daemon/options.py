@@ -37,6 +37,9 @@ class DaemonOptions:
     kv_block_size: int = 64
     kv_pool_tokens: int | None = None  # paged pool size; None: from kv_memory_fraction, else max_batch x max_kv_size
     kv_memory_fraction: float | None = None  # paged pool as a fraction of the machine's memory
+    auth_token: str | None = field(default=None, repr=False)  # clients must send it in a Hello first
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        summary = asdict(self)
+        summary["auth_token"] = "<set>" if self.auth_token else None  # never report the secret
+        return summary

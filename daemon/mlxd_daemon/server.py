@@ -11,16 +11,20 @@ unexpectedly is answered with an internal Error. Nothing a client sends can stop
 
 from __future__ import annotations
 
+import hmac
 import logging
 import os
 import signal
 import time
+from collections import OrderedDict
 
 import msgpack
 import zmq
 
 from mlxd_engine import Engine, LoadedModel
-from mlxd_protocol import INTERNAL, MAX_FRAME_BYTES, Message, ProtocolError, decode, encode, error_reply
+from mlxd_protocol import (
+    INTERNAL, MAX_FRAME_BYTES, Hello, Message, ProtocolError, decode, encode, error_reply)
+from mlxd_protocol.messages import UNAUTHORIZED
 from mlxd_protocol.endpoints import check_bind_address, ensure_private_dir, pid_file, socket_path, trace_endpoint
 from mlxd_scheduler import BatchScheduler, SchedulerOptions, TickRecord
 
@@ -29,6 +33,7 @@ from .options import DaemonOptions
 from .speculative import resolve_speculative
 
 MAX_FRAMES_PER_TURN = 256
+MAX_AUTHENTICATED = 10_000  # connections remembered as authenticated (least recently used dropped)
 
 
 def pool_tokens(loaded: LoadedModel, options: DaemonOptions) -> int | None:
@@ -66,6 +71,7 @@ class DaemonServer:
         self._stop_reason: str | None = None
         self._drain_deadline: float | None = None  # set by SIGTERM: finish in-flight work until then
         self._subscribers = 0
+        self._authenticated: OrderedDict[bytes, None] = OrderedDict()  # identities that sent the token
         self.context = zmq.Context.instance()
         self.router = self.context.socket(zmq.ROUTER)
         self.trace = self.context.socket(zmq.XPUB)
@@ -173,6 +179,7 @@ class DaemonServer:
             handler = HANDLERS.get(type(message))
             if handler is None:
                 raise ProtocolError("unknown_type", f"{message.TYPE!r} is a reply, not a request")
+            self._check_auth(identity, message)
             reply = handler(self, identity, message)
         except ProtocolError as error:
             reply = error.to_reply(request_id)
@@ -181,6 +188,27 @@ class DaemonServer:
             reply = error_reply(INTERNAL, f"{type(error).__name__}: {error}", request_id)
         if reply is not None:
             self.send(identity, reply)
+
+    def _check_auth(self, identity: bytes, message: Message) -> None:
+        """With an auth token, a connection's requests need a prior Hello carrying it."""
+        token = self.options.auth_token
+        if not token:
+            return
+        if isinstance(message, Hello):
+            given = message.token if isinstance(message.token, str) else ""
+            if hmac.compare_digest(given.encode(), token.encode()):
+                self._authenticated[identity] = None
+                self._authenticated.move_to_end(identity)
+                while len(self._authenticated) > MAX_AUTHENTICATED:
+                    self._authenticated.popitem(last=False)
+                return
+            self._authenticated.pop(identity, None)
+            self.log.warning("hello with a wrong auth token from connection %s", identity.hex())
+            raise ProtocolError(UNAUTHORIZED, "wrong auth token")
+        if identity in self._authenticated:
+            self._authenticated.move_to_end(identity)
+            return
+        raise ProtocolError(UNAUTHORIZED, "this daemon requires authentication: send a hello with its token first")
 
     def send(self, identity: bytes, message: Message) -> None:
         try:

@@ -21,10 +21,13 @@ from collections.abc import AsyncIterator
 import zmq
 import zmq.asyncio
 
-from .client import CLOSE_LINGER_MS, DaemonError, DaemonTimeout, connect_dealer, new_request_id, unwrap_reply
+from .client import (
+    CLOSE_LINGER_MS, DaemonError, DaemonTimeout, connect_dealer, needs_hello, new_request_id, resolve_auth_token,
+    unwrap_reply)
 from .endpoints import default_endpoint
 from .messages import (
-    Cancel, Chunk, Detokenize, DetokenizeResult, Done, Generate, Hello, Message, Ok, ProtocolError,
+    UNAUTHORIZED, Cancel, Chunk, Detokenize, DetokenizeResult, Done, Error, Generate, Hello, Message, Ok,
+    ProtocolError,
     Shutdown, Status, StatusRequest, Tokenize, TokenizeResult, decode, encode)
 
 CLIENT_CLOSED = "client_closed"  # DaemonError code raised to waiters when the client closes
@@ -42,9 +45,11 @@ class AsyncClient:
     """
 
     def __init__(self, endpoint: str | None = None, timeout_s: float = 30.0,
-                 context: zmq.asyncio.Context | None = None) -> None:
+                 context: zmq.asyncio.Context | None = None, auth_token: str | None = None) -> None:
         self.endpoint = endpoint or default_endpoint()
         self.timeout_s = timeout_s
+        self.auth_token = resolve_auth_token(auth_token)  # as in Client
+        self._authenticated = False
         self._socket = connect_dealer(context or zmq.asyncio.Context.instance(), self.endpoint)
         self._waiters: dict[str, asyncio.Queue] = {}
         self._reader: asyncio.Task | None = None
@@ -122,9 +127,21 @@ class AsyncClient:
             raise item
         return item
 
+    async def _next_reply_or_error(self, waiter: asyncio.Queue, timeout_s: float) -> Message | DaemonError:
+        try:
+            reply = await self._next_reply(waiter, timeout_s)
+        except DaemonError as error:
+            return error
+        if isinstance(reply, Error):
+            return DaemonError(reply.code, reply.message)
+        return reply
+
     # ---- requests --------------------------------------------------------------------------
 
     async def _send(self, message: Message) -> None:
+        hello = needs_hello(self, message)
+        if hello is not None:
+            await self._socket.send(encode(hello))  # its Status reply carries another id and is dropped
         await self._socket.send(encode(message))
 
     async def _call(self, request: Message, expected: type[Message], timeout_s: float | None = None) -> Message:
@@ -132,7 +149,13 @@ class AsyncClient:
         waiter = self._register(request.id)
         try:
             await self._send(request)
-            reply = await self._next_reply(waiter, self.timeout_s if timeout_s is None else timeout_s)
+            reply = await self._next_reply_or_error(waiter, self.timeout_s if timeout_s is None else timeout_s)
+            if isinstance(reply, DaemonError) and reply.code == UNAUTHORIZED and self._authenticated:
+                self._authenticated = False  # the daemon restarted or we reconnected: say hello again
+                await self._send(request)
+                reply = await self._next_reply_or_error(waiter, self.timeout_s if timeout_s is None else timeout_s)
+            if isinstance(reply, DaemonError):
+                raise reply
             return unwrap_reply(reply, expected)
         finally:
             del self._waiters[request.id]
@@ -146,7 +169,7 @@ class AsyncClient:
         Returns:
             The daemon's Status.
         """
-        return await self._call(Hello(client=client, id=new_request_id()), Status)
+        return await self._call(Hello(client=client, id=new_request_id(), token=self.auth_token), Status)
 
     async def status(self) -> Status:
         """Ask for the daemon's Status.

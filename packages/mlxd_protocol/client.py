@@ -12,6 +12,7 @@ Contract:
       caller stops iterating before the ``Done`` (or the wait times out) it sends ``Cancel``.
 """
 
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,7 +21,8 @@ import zmq
 
 from .endpoints import default_endpoint, parse_endpoint
 from .messages import (
-    INTERNAL, MAX_FRAME_BYTES, Cancel, Chunk, Detokenize, DetokenizeResult, Done, Error, Generate, Hello,
+    AUTH_TOKEN_ENV, INTERNAL, MAX_FRAME_BYTES, UNAUTHORIZED, Cancel, Chunk, Detokenize, DetokenizeResult, Done,
+    Error, Generate, Hello,
     Message, Ok, ProtocolError, Shutdown, Status, StatusRequest, Tokenize, TokenizeResult, decode, encode)
 
 # Frames queued at close (typically a Cancel) get this long to leave; the socket itself never
@@ -53,6 +55,21 @@ def new_request_id() -> str:
         16 hex characters from a random UUID (64 random bits: collisions are not a concern).
     """
     return uuid.uuid4().hex[:16]
+
+
+def resolve_auth_token(auth_token: str | None) -> str | None:
+    """The token to authenticate with: ``auth_token``, else ``$MLXD_AUTH_TOKEN``, else None."""
+    if auth_token is not None:
+        return auth_token or None
+    return os.environ.get(AUTH_TOKEN_ENV) or None
+
+
+def needs_hello(client, message: Message) -> Hello | None:
+    """The Hello carrying the client's token to send before ``message``, once per connection."""
+    if client.auth_token is None or client._authenticated or isinstance(message, Hello):
+        return None
+    client._authenticated = True
+    return Hello(client=type(client).__name__, id=new_request_id(), token=client.auth_token)
 
 
 def connect_dealer(context: zmq.Context, endpoint: str) -> zmq.Socket:
@@ -104,12 +121,16 @@ class Client:
         endpoint: The daemon's endpoint; ``default_endpoint()`` when None.
         timeout_s: Longest wait for any one reply.
         context: ZeroMQ context; the process-wide one when None.
+        auth_token: The daemon's auth token (``$MLXD_AUTH_TOKEN`` when None): sent in a Hello
+            before the first request, and again after an "unauthorized" reply (a reconnection).
     """
 
     def __init__(self, endpoint: str | None = None, timeout_s: float = 30.0,
-                 context: zmq.Context | None = None) -> None:
+                 context: zmq.Context | None = None, auth_token: str | None = None) -> None:
         self.endpoint = endpoint or default_endpoint()
         self.timeout_s = timeout_s
+        self.auth_token = resolve_auth_token(auth_token)
+        self._authenticated = False
         self._socket = connect_dealer(context or zmq.Context.instance(), self.endpoint)
 
     def __enter__(self) -> "Client":
@@ -124,6 +145,9 @@ class Client:
             self._socket.close(linger=CLOSE_LINGER_MS)
 
     def _send(self, message: Message) -> None:
+        hello = needs_hello(self, message)
+        if hello is not None:
+            self._send(hello)  # its Status reply carries another id and is dropped
         try:
             # With connect(), ZeroMQ queues frames even before the daemon is up; Again means
             # the queue is full, which only a daemon that stopped reading causes.
@@ -153,7 +177,12 @@ class Client:
 
     def _call(self, request: Message, expected: type[Message]) -> Message:
         self._send(request)
-        return unwrap_reply(self._receive(request.id, self.timeout_s), expected)
+        reply = self._receive(request.id, self.timeout_s)
+        if isinstance(reply, Error) and reply.code == UNAUTHORIZED and self._authenticated:
+            self._authenticated = False  # the daemon restarted or we reconnected: say hello again
+            self._send(request)
+            reply = self._receive(request.id, self.timeout_s)
+        return unwrap_reply(reply, expected)
 
     def hello(self, client: str = "mlxd_protocol.Client") -> Status:
         """Introduce this client to the daemon.
@@ -164,7 +193,7 @@ class Client:
         Returns:
             The daemon's Status.
         """
-        return self._call(Hello(client=client, id=new_request_id()), Status)
+        return self._call(Hello(client=client, id=new_request_id(), token=self.auth_token), Status)
 
     def status(self) -> Status:
         """Ask for the daemon's Status.

@@ -30,6 +30,11 @@ FINISH_REASONS = frozenset({FINISH_STOP, FINISH_LENGTH, FINISH_CANCELLED})
 
 SPECULATIVE_KINDS = frozenset({"prompt-lookup", "none"})
 
+# Error code of a request from a connection that has not sent a Hello with the daemon's auth token
+# (only when the daemon was started with one). Clients treat it like any code they do not know.
+UNAUTHORIZED = "unauthorized"
+AUTH_TOKEN_ENV = "MLXD_AUTH_TOKEN"
+
 
 def _require(condition: bool, message: str) -> None:
     if not condition:
@@ -125,6 +130,7 @@ class Hello(Message):
     TYPE: ClassVar[str] = "hello"
     client: str = ""
     id: str | None = None
+    token: str | None = None  # the daemon's auth token, when it was started with one
 
 
 @dataclass(slots=True)

@@ -1,0 +1,107 @@
+"""Faults through the gateway, with real processes: a daemon killed mid-stream, then back; a full queue."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.daemon.conftest import STORIES, private_endpoint, start_daemon, stop_daemon
+from tests.serve_http.conftest import Gateway
+
+LONG = {"prompt": "Once upon a time", "n_predict": 480, "ignore_eos": True}
+
+
+@pytest.fixture()
+def stories_only():
+    if not STORIES.is_dir():
+        pytest.skip("stories260K is not present")
+
+
+def wait_health(gateway: Gateway, status: int, within_s: float) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < within_s:
+        try:
+            if gateway.client.get("/health", timeout=5).status_code == status:
+                return time.monotonic() - start
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"/health did not become {status} within {within_s} s")
+
+
+def test_daemon_killed_mid_stream_then_back(stories_only):
+    endpoint = private_endpoint("k")
+    daemon = start_daemon(endpoint, "-m", str(STORIES), "--max-batch", "4")
+    gateway = Gateway([endpoint])
+    try:
+        start = time.monotonic()
+        outcome = None
+        with gateway.client.stream("POST", "/completion", json={**LONG, "stream": True}, timeout=30) as response:
+            assert response.status_code == 200
+            killed_at = None
+            for line in response.iter_lines():
+                if killed_at is None and line.startswith("data: "):
+                    daemon.send_signal(signal.SIGKILL)
+                    daemon.wait(timeout=10)
+                    killed_at = time.monotonic()
+                    continue
+                if '"error"' in line:
+                    outcome = "error-event"
+                    break
+                if '"stop": true' in line or '"stop":true' in line:
+                    outcome = "finished-before-kill"
+                    break
+            elapsed = time.monotonic() - (killed_at or start)
+        assert outcome == "error-event", outcome
+        assert elapsed < 15, elapsed
+        wait_health(gateway, 503, 15)
+        failed = gateway.client.post("/completion", json={"prompt": "Once", "n_predict": 4}, timeout=30)
+        assert failed.status_code == 503 and "Retry-After" in failed.headers
+
+        daemon = start_daemon(endpoint, "-m", str(STORIES), "--max-batch", "4")
+        assert wait_health(gateway, 200, 10) < 10
+        ok = gateway.client.post("/completion", json={"prompt": "Once", "n_predict": 4}, timeout=30)
+        assert ok.status_code == 200, ok.text
+        assert ok.json()["content"] is not None
+    finally:
+        gateway.stop()
+        stop_daemon(daemon, endpoint)
+
+
+def test_full_queue_answers_429_with_retry_after(stories_only):
+    endpoint = private_endpoint("q")
+    daemon = start_daemon(endpoint, "-m", str(STORIES), "--max-batch", "1", "--max-queue", "1")
+    gateway = Gateway([endpoint])
+    try:
+        for _attempt in range(3):
+            results: list[httpx.Response] = []
+            lock = threading.Lock()
+
+            def one():
+                with httpx.Client(base_url=gateway.url, timeout=60) as client:
+                    response = client.post("/completion", json=LONG)
+                with lock:
+                    results.append(response)
+
+            threads = [threading.Thread(target=one) for _ in range(3)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(timeout=90)
+            assert all(not thread.is_alive() for thread in threads), "a request hung"
+            refused = [r for r in results if r.status_code == 429]
+            assert all(r.status_code in (200, 429) for r in results), [(r.status_code, r.text[:200]) for r in results]
+            if refused:
+                assert refused[0].headers.get("Retry-After")
+                assert "overloaded" in refused[0].text
+                break
+        else:
+            pytest.fail("three concurrent long requests never overflowed a queue of 1")
+        assert gateway.client.get("/health").status_code == 200
+    finally:
+        gateway.stop()
+        stop_daemon(daemon, endpoint)
