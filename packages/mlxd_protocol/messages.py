@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 from .field_checks import MAX_LIST_ITEMS, FieldError
 
 MAX_STOP_STRINGS = 64
+MAX_STOP_CHARS = 1024
 MAX_LOGPROBS = 20
 MAX_DRAFT_LIMIT = 256
 
@@ -169,6 +170,8 @@ class Generate(Message):
         _require(1 <= self.max_tokens <= MAX_LIST_ITEMS, f"max_tokens: must be in [1, {MAX_LIST_ITEMS}]")
         _require(len(self.stop) <= MAX_STOP_STRINGS, f"stop: at most {MAX_STOP_STRINGS} strings")
         _require(all(self.stop), "stop: strings must not be empty")
+        _require(all(len(stop) <= MAX_STOP_CHARS for stop in self.stop),
+                 f"stop: each string at most {MAX_STOP_CHARS} characters")
 
 
 @dataclass(slots=True)

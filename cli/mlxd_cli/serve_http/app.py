@@ -37,6 +37,7 @@ DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 # Paths that never take a concurrency slot: they must answer even when the gateway is saturated.
 UNLIMITED_PATHS = frozenset({"/health", "/metrics"})
 OPEN_PATHS = frozenset({"/health"})  # reachable without the API key (load balancers probe it)
+DEFAULT_MAX_REQUESTS_PER_CLIENT = 32  # one client cannot hold every row of every daemon
 CLIENT_CLOSED_STATUS = 499  # recorded when the client left before any response started
 
 
@@ -49,6 +50,7 @@ class Settings:
         api_key: When set, every endpoint but /health demands ``Authorization: Bearer <api_key>``.
         max_concurrency: Most requests in flight at once (None: no limit).
         max_body_bytes: Largest request body accepted.
+        max_requests_per_client: Most requests in flight from one client address (None: no limit).
         health_interval_s: Seconds between health probes of each daemon.
     """
 
@@ -56,6 +58,7 @@ class Settings:
     api_key: str | None = None
     max_concurrency: int | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_requests_per_client: int | None = DEFAULT_MAX_REQUESTS_PER_CLIENT
     health_interval_s: float = 1.0
 
 
@@ -108,6 +111,7 @@ class GatewayMiddleware:
         self.settings = settings
         self.metrics = metrics
         self._expected_auth = f"Bearer {settings.api_key}".encode() if settings.api_key else None
+        self._per_client: dict[str, int] = {}
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -141,13 +145,23 @@ class GatewayMiddleware:
             await _send_error(send, ApiError(429, f"the server is at its limit of {limit} requests in flight; "
                                                   "retry shortly", code="too_many_requests"))
             return
+        client = (scope.get("client") or ("?", 0))[0]
+        per_client = self.settings.max_requests_per_client
+        if limited and per_client is not None and self._per_client.get(client, 0) >= per_client:
+            await _send_error(send, ApiError(429, f"this client already has {per_client} requests in flight; "
+                                                  "retry when one finishes", code="too_many_requests"))
+            return
         if limited:
             self.metrics.in_flight += 1
+            self._per_client[client] = self._per_client.get(client, 0) + 1
         try:
             await self.app(scope, body_receive, send)
         finally:
             if limited:
                 self.metrics.in_flight -= 1
+                self._per_client[client] -= 1
+                if not self._per_client[client]:
+                    del self._per_client[client]
 
     def _authorized(self, scope) -> bool:
         given = b""

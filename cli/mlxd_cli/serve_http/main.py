@@ -56,12 +56,14 @@ def daemon_args(draft_kind: str | None, draft_block_size: int | None, prompt_loo
               help="verify gate of a daemon started here: no verify rounds above this many rows")
 @click.option("--max-concurrency", default=None, type=click.IntRange(1),
               help="most requests in flight; more are answered 429 at once (default: no limit)")
+@click.option("--max-requests-per-client", default=32, show_default=True, type=click.IntRange(1),
+              help="most requests in flight from one client address; more are answered 429")
 @click.option("--max-body-bytes", default=DEFAULT_MAX_BODY_BYTES, show_default=True, type=click.IntRange(1),
               help="largest request body; larger ones are answered 413")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def main(daemons, model, host, port, api_key, draft_kind, draft_block_size, prompt_lookup_max_batch,
-         max_concurrency, max_body_bytes, log_level):
+         max_concurrency, max_requests_per_client, max_body_bytes, log_level):
     """Serve the mlxd daemon(s) over HTTP (OpenAI and llama-server APIs)."""
     import uvicorn
 
@@ -85,7 +87,7 @@ def main(daemons, model, host, port, api_key, draft_kind, draft_block_size, prom
     if host not in ("127.0.0.1", "::1", "localhost") and not api_key:
         click.echo(f"mlx-serve-http: warning: listening on {host} without --api-key", err=True)
     settings = Settings(daemons=endpoints, api_key=api_key, max_concurrency=max_concurrency,
-                        max_body_bytes=max_body_bytes)
+                        max_body_bytes=max_body_bytes, max_requests_per_client=max_requests_per_client)
     click.echo(f"mlx-serve-http on http://{host}:{port} -> {', '.join(endpoints)}", err=True)
     uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
 

@@ -19,7 +19,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInf
 
 from mlxd_protocol import Sampling, Speculative
 from mlxd_protocol.field_checks import MAX_LIST_ITEMS
-from mlxd_protocol.messages import MAX_DRAFT_LIMIT, MAX_LOGPROBS, MAX_STOP_STRINGS
+from mlxd_protocol.messages import MAX_DRAFT_LIMIT, MAX_LOGPROBS, MAX_STOP_CHARS, MAX_STOP_STRINGS
 
 MAX_TOKENS_LIMIT = MAX_LIST_ITEMS  # the protocol's bound on max_tokens; larger is refused
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
@@ -69,6 +69,8 @@ def normalize_stop(stop: str | list[str] | None) -> list[str]:
     strings = [stop] if isinstance(stop, str) else stop
     if len(strings) > MAX_STOP_STRINGS:
         raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings")
+    if any(len(string) > MAX_STOP_CHARS for string in strings):
+        raise ValueError(f"each stop string at most {MAX_STOP_CHARS} characters")
     return [string for string in strings if string]
 
 
