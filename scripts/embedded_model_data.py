@@ -152,13 +152,16 @@ class SampleMaker:
         mask = [0] * len(prompt_ids) + [1] * (len(reply_ids) + 1)
         return tokens, mask
 
-    def copy_prompt_text(self, paragraph: str, chat: bool, instruction: str | None = None) -> str:
-        instruction = instruction or self.rng.choice(COPY_INSTRUCTIONS)
-        separator = self.rng.choice([" ", "\n", "\n\n"])
+    def copy_prompt(self, paragraph: str, chat: bool) -> tuple[str, list[int]]:
+        """A copy prompt and its reply's tokens: the paragraph's tokens exactly as they stand in the
+        prompt (after a space the first word carries it), so the reply is a token-for-token copy."""
+        instruction = self.rng.choice(COPY_INSTRUCTIONS)
+        separator = self.rng.choice([" ", " ", "\n", "\n\n"])
         user = f"{instruction}{separator}{paragraph}"
-        return chat_prompt(user) if chat else user + "\n\n"
+        reply = self.encode(" " + paragraph) if separator == " " else self.encode(paragraph)
+        return (chat_prompt(user) if chat else user + "\n\n"), reply
 
-    def synthetic_copy(self, length: int, framed: float = 0.25) -> tuple[list[int], list[int]]:
+    def synthetic_copy(self, length: int, framed: float = 0.25, zipf: bool = False) -> tuple[list[int], list[int]]:
         """Random token ids from the whole vocabulary, copied: teaches copying before any language.
 
         Measured here (2 layers x 128, 64 rows x 128, masked loss): copy loss falls from 7.0 to 2.2 in
@@ -166,7 +169,13 @@ class SampleMaker:
         copy circuit did not carry over to other tokens. A ``framed`` share of the samples sit in the
         copy-task frame (raw or chat); the rest are bare ``body SEP body END``.
         """
-        body = [self.rng.randrange(3, self.vocab_size) for _ in range(length)]
+        if zipf:
+            # a few ids repeated with Zipf weights, as words repeat in text: the copy cannot place itself
+            # by the previous token alone and has to look further back
+            ids = self.rng.sample(range(3, self.vocab_size), self.rng.randint(8, 40))
+            body = self.rng.choices(ids, weights=[1.0 / (rank + 1) for rank in range(len(ids))], k=length)
+        else:
+            body = [self.rng.randrange(3, self.vocab_size) for _ in range(length)]
         if self.rng.random() >= framed:
             return body + [self.sep] + body + [self.eot], [0] * (length + 1) + [1] * (length + 1)
         chat = self.rng.random() < 0.5
@@ -181,16 +190,20 @@ class SampleMaker:
 
     def transfer_mix(self) -> tuple[list[int], list[int]]:
         """Phase two: longer random copies and copies of short real paragraphs."""
-        if self.rng.random() < 0.5:
-            return self.synthetic_copy(self.rng.randint(10, 60), framed=0.5)
-        return self.text_copy(max_tokens=120)
+        roll = self.rng.random()
+        if roll < 0.25:
+            return self.synthetic_copy(self.rng.randint(16, 100), framed=0.5)
+        if roll < 0.5:
+            return self.synthetic_copy(self.rng.randint(16, 100), framed=0.5, zipf=True)
+        return self.text_copy(max_tokens=110)
 
     def text_copy(self, max_tokens: int | None = None) -> tuple[list[int], list[int]]:
         paragraph = self.rng.choice(self.prose)
         while max_tokens is not None and len(paragraph) > 4 * max_tokens:
             paragraph = self.rng.choice(self.prose)
         chat = self.rng.random() < 0.6
-        return self._framed(self.copy_prompt_text(paragraph, chat), self.encode(paragraph), chat)
+        prompt, reply = self.copy_prompt(paragraph, chat)
+        return self._framed(prompt, reply, chat)
 
     def chat_quote(self) -> tuple[list[int], list[int]]:
         paragraph = self.rng.choice(self.prose)
@@ -220,11 +233,11 @@ class SampleMaker:
     def text_mix(self) -> tuple[list[int], list[int]]:
         """The phase-two mixture: copies in both frames, chat quotes, code edits, plain text."""
         roll = self.rng.random()
-        if roll < 0.5:
-            return self.text_copy()
         if roll < 0.6:
-            return self.chat_quote()
+            return self.text_copy()
         if roll < 0.68:
+            return self.chat_quote()
+        if roll < 0.75:
             return self.code_edit()
         return self.plain_text()
 

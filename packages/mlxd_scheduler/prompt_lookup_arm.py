@@ -34,6 +34,10 @@ from .trace import TickRecord
 
 log = logging.getLogger("mlxd.scheduler")
 
+# Verify rounds are skipped for a sequence on paged KV storage once its context passes this many tokens
+# (None: no limit). See docs/benchmark_results/paged_kv.md for the measurement behind the value.
+PAGED_VERIFY_MAX_CONTEXT: int | None = None
+
 Emit = Callable[[RequestState, int, TickRecord, str], None]
 Fail = Callable[[RequestState, str, TickRecord], None]
 
@@ -49,6 +53,12 @@ class PromptLookupArm:
 
     def tick(self, rows: list[RequestState], record: TickRecord) -> None:
         drafting = [s for s in rows if s.drafter is not None]
+        held_back = self._past_paged_limit(drafting)
+        if held_back:
+            drafting = [s for s in drafting if s not in held_back]
+            if not drafting:
+                self._plain(rows, record, {id(s): "declined-paged-context" for s in held_back})
+                return
         if len(rows) > self.max_batch:
             self.counters["declined_gate"] += len(drafting)
             declined = {id(s) for s in drafting}
@@ -68,6 +78,14 @@ class PromptLookupArm:
         self._synchronous(rows, drafting, record)
 
     # -- pieces ---------------------------------------------------------------------------------
+    def _past_paged_limit(self, drafting: list[RequestState]) -> list[RequestState]:
+        limit = PAGED_VERIFY_MAX_CONTEXT
+        if limit is None or self.engine.storage.kind != "paged":
+            return []
+        past = [s for s in drafting if s.seq.kv.written > limit]
+        self.counters["declined_paged_context"] = self.counters.get("declined_paged_context", 0) + len(past)
+        return past
+
     def _propose(self, drafting: list[RequestState], record: TickRecord | None) -> dict[RequestState, list[int]]:
         proposals = {}
         for state in drafting:

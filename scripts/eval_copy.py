@@ -1,0 +1,73 @@
+"""Copy accuracy of a checkpoint on held-out paragraphs (the corpus split of the training script).
+
+For each of N held-out paragraphs of 60-200 tokens, the model gets "Repeat the following paragraph
+exactly: <paragraph>" (through its chat template, and raw) and replies greedily. Two scores over all
+reference tokens:
+- positional: reply token i equals reference token i;
+- aligned: reference tokens found, in order, in the reply (longest matching blocks; a skipped or
+  inserted token costs one token, not the rest of the paragraph).
+The reference is the paragraph's tokens as they stand in the prompt, which is what a copy reproduces.
+
+Run: .venv/bin/python scripts/eval_copy.py [--model models/mlxd-qwen3-tiny] [--count 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from mlxd_fast_blas import ensure_fast_blas  # noqa: E402
+
+ensure_fast_blas()
+
+from embedded_model_data import build_corpus  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=str(ROOT / "models" / "mlxd-qwen3-tiny"))
+    parser.add_argument("--count", type=int, default=20)
+    parser.add_argument("--show", type=int, default=1, help="print this many replies")
+    args = parser.parse_args()
+    from mlxd_engine import Engine, load
+    from mlxd_scheduler import generate_plain
+
+    loaded = load(args.model)
+    tokenizer = loaded.tokenizer
+    corpus = build_corpus()
+    fitting = [p for p in corpus.heldout_prose if 60 <= len(tokenizer.encode(p)) <= 200]
+    random.Random(4321).shuffle(fitting)
+    paragraphs = fitting[: args.count]
+    engine = Engine(loaded, max_sequences=1)
+    scores = {}
+    for frame in ("chat", "raw"):
+        positional = aligned = total = 0
+        for i, paragraph in enumerate(paragraphs):
+            user = f"Repeat the following paragraph exactly: {paragraph}"
+            if frame == "chat":
+                prompt = tokenizer.apply_chat_template([{"role": "user", "content": user}], add_generation_prompt=True)
+            else:
+                prompt = tokenizer.encode(user + "\n\n")
+            in_prompt = tokenizer.encode(" " + paragraph)  # the paragraph's tokens as they stand in the prompt
+            plain = tokenizer.encode(paragraph)
+            reply = generate_plain(engine, prompt, len(in_prompt) + 8).tokens
+            reference = in_prompt if reply[:1] == in_prompt[:1] else plain
+            positional += sum(a == b for a, b in zip(reply, reference))
+            matcher = difflib.SequenceMatcher(a=reference, b=reply, autojunk=False)
+            aligned += sum(block.size for block in matcher.get_matching_blocks())
+            total += len(reference)
+            if i < args.show:
+                print(f"--- {frame} reference:\n{paragraph}\n--- reply:\n{tokenizer.decode(reply)}\n")
+        scores[frame] = {"positional": positional / total, "aligned": aligned / total, "tokens": total}
+    print(json.dumps({"paragraphs": len(paragraphs), **scores}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
