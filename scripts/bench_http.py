@@ -55,10 +55,15 @@ def wait_ready(url: str, path: str, process: subprocess.Popen, timeout_s: float 
     raise RuntimeError(f"{url} did not become ready")
 
 
+# Both servers honour OpenAI's logit_bias: pushing the end-of-sequence ids down makes every reply run to
+# max_tokens, so the two servers decode the same number of tokens (set in main from the model's config).
+NO_EOS: dict[str, float] = {}
+
+
 def non_streaming(http: httpx.Client, prompt: str, max_tokens: int) -> dict:
     started = time.perf_counter()
     response = http.post("/v1/completions", json={"prompt": prompt, "max_tokens": max_tokens,
-                                                   "temperature": 0.0})
+                                                   "temperature": 0.0, "logit_bias": NO_EOS})
     wall = time.perf_counter() - started
     response.raise_for_status()
     tokens = response.json()["usage"]["completion_tokens"]
@@ -67,7 +72,7 @@ def non_streaming(http: httpx.Client, prompt: str, max_tokens: int) -> dict:
 
 def streaming(http: httpx.Client, prompt: str, max_tokens: int) -> dict:
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
-            "stream_options": {"include_usage": True}}
+            "stream_options": {"include_usage": True}, "logit_bias": NO_EOS}
     started = time.perf_counter()
     first = last = None
     chunks, usage_tokens = 0, None
@@ -97,6 +102,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--output", default=str(ROOT / "docs" / "benchmark_results" / "http_b1.md"))
     args = parser.parse_args()
+    eos = json.loads((Path(args.model) / "config.json").read_text()).get("eos_token_id", [])
+    NO_EOS.update({str(token): -100.0 for token in (eos if isinstance(eos, list) else [eos])})
 
     daemon, endpoint = start_daemon("-m", args.model, "--max-batch", "8")
     gateway_port, mlx_lm_port = free_port(), free_port()
@@ -149,8 +156,8 @@ def write_report(path: Path, args, results: dict[tuple[str, str], list[dict]]) -
         lines.append(f"| {name} | {mode} | {spread([s['tok_s'] for s in samples])} | {ttft} | "
                      f"{', '.join(map(str, tokens))} |")
     lines += ["", "Non-streaming tok/s counts the whole request (prefill included); streaming tok/s is the "
-              "decode rate after the first token. Both servers stop at end of sequence, so token counts "
-              "may differ; compare tok/s, not totals."]
+              "decode rate after the first token. End-of-sequence ids get a logit bias of -100 on both "
+              "servers (OpenAI's logit_bias), so every reply is max_tokens long."]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -20,6 +20,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+from mlxd_fast_blas import ensure_fast_blas  # noqa: E402
+
+ensure_fast_blas()  # the daemons re-exec with OpenBLAS anyway; this makes the recorded machine facts true
+
 from bench_common import ROOT, command_line, machine_facts, ratio_spread, spread, start_daemon, stop_daemon  # noqa: E402
 
 from mlxd_protocol import AsyncClient, Generate, new_request_id  # noqa: E402
@@ -46,7 +50,8 @@ def copy_prompt(i: int) -> str:
     return f"Repeat the following paragraph exactly: {PARAGRAPHS[i % len(PARAGRAPHS)]}"
 
 
-async def run_batch(endpoint: str, prompts: list[str], max_tokens: int, ignore_eos: bool) -> dict:
+async def run_batch(endpoint: str, prompts: list[str], max_tokens: int, ignore_eos: bool, repeat: int = 1) -> dict:
+    """Run the prompts concurrently, ``repeat`` times in a row (short runs are too noisy alone)."""
     async with AsyncClient(endpoint, timeout_s=600) as client:
         async def one(prompt):
             replies = [r async for r in client.generate(Generate(id=new_request_id(), prompt=prompt, max_tokens=max_tokens,
@@ -54,13 +59,15 @@ async def run_batch(endpoint: str, prompts: list[str], max_tokens: int, ignore_e
             return replies[-1]
 
         started = time.perf_counter()
-        dones = await asyncio.gather(*(one(p) for p in prompts))
+        dones = []
+        for _ in range(repeat):
+            dones += await asyncio.gather(*(one(p) for p in prompts))
         wall = time.perf_counter() - started
     tokens = sum(d.usage["completion_tokens"] for d in dones)
     drafted = sum(d.timings.get("draft_n", 0) for d in dones)
     accepted = sum(d.timings.get("draft_n_accepted", 0) for d in dones)
-    return {"aggregate": tokens / wall, "decode": statistics.mean(d.timings["predicted_per_second"] for d in dones),
-            "tokens": [d.tokens for d in dones], "drafted": drafted, "accepted": accepted}
+    return {"aggregate": tokens / wall, "decode": statistics.median(d.timings["predicted_per_second"] for d in dones),
+            "tokens": [d.tokens for d in dones[: len(prompts)]], "drafted": drafted, "accepted": accepted}
 
 
 def main() -> None:
@@ -68,6 +75,7 @@ def main() -> None:
     parser.add_argument("--model", default=None)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=200)
+    parser.add_argument("--repeat", type=int, default=5, help="batches per measurement")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmark_results" / "prompt_lookup.md")
     args = parser.parse_args()
     model_args = ["-m", args.model] if args.model else []
@@ -90,7 +98,7 @@ def main() -> None:
                 prompts = [(copy_prompt(i) if style == "copy" else PLAIN_PROMPTS[i % 4]) for i in range(concurrency)]
                 outputs = {}
                 for name, (_, endpoint) in daemons.items():
-                    result = asyncio.run(run_batch(endpoint, prompts, args.max_tokens, style == "plain"))
+                    result = asyncio.run(run_batch(endpoint, prompts, args.max_tokens, style == "plain", args.repeat))
                     metric = result["decode"] if concurrency == 1 else result["aggregate"]
                     results[key][name].append(metric)
                     outputs[name] = result["tokens"]
@@ -116,8 +124,9 @@ def main() -> None:
         f"Command: `{command_line()}`",
         "",
         f"Embedded model unless stated: `{args.model or 'models/mlxd-qwen3-tiny'}`; greedy; {args.max_tokens} max "
-        f"tokens; {args.rounds} interleaved rounds; median [min-max]. B=1 rows: decode tok/s of the request "
-        "(first token excluded); c=4/8 rows: aggregate output tok/s (all tokens / wall time). Plain prompts "
+        f"tokens; {args.rounds} interleaved rounds of {args.repeat} batches each; median [min-max]. B=1 rows: "
+        "median decode tok/s of the requests (first token excluded); c=4/8 rows: aggregate output tok/s (all "
+        "tokens / wall time). Plain prompts "
         "run to max tokens (EOS ignored); copy prompts stop at the end of the copy.",
         "",
         "Machine: " + ", ".join(f"{k} {v}" for k, v in machine_facts().items()),

@@ -44,7 +44,7 @@ def test_prompt_lookup_output_equals_plain_and_counts_acceptance():
 
 def test_plain_row_keeps_getting_a_token_every_tick_beside_a_verifying_row():
     loaded = stub_loaded(period=6)
-    scheduler, records = make(loaded)
+    scheduler, records = make(loaded, prompt_lookup_max_batch=4)
     out = Collector()
     scheduler.submit(Request("pl", REPEATING, max_tokens=80), out.sink("pl"))
     scheduler.submit(Request("plain", PLAIN, max_tokens=30, speculative=SpeculativeRequest(False)), out.sink("plain"))
@@ -123,7 +123,7 @@ def test_gate_declines_above_max_batch_without_misses():
 
 def test_verify_failure_fails_only_that_row():
     loaded = stub_loaded(period=6)
-    scheduler, _ = make(loaded)
+    scheduler, _ = make(loaded, prompt_lookup_max_batch=4)
     out = Collector()
     scheduler.submit(Request("bad", REPEATING, max_tokens=40), out.sink("bad"))
     scheduler.submit(Request("good", PLAIN, max_tokens=40, speculative=SpeculativeRequest(False)), out.sink("good"))

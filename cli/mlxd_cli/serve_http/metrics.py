@@ -108,6 +108,15 @@ class GatewayMetrics:
                 [(labels[endpoint], status.queued) for endpoint, status in answered])
         _family(lines, "mlxd_daemon_active", "gauge", "sequences being decoded together (batch size)",
                 [(labels[endpoint], status.active) for endpoint, status in answered])
+        kv = [(endpoint, status.memory.get("kv") or {}) for endpoint, status in answered]
+        _family(lines, "mlxd_daemon_kv_blocks_used", "gauge", "paged KV blocks holding tokens (paged storage only)",
+                [(labels[endpoint], usage["blocks_used"]) for endpoint, usage in kv if "blocks_used" in usage])
+        _family(lines, "mlxd_daemon_kv_blocks", "gauge", "paged KV blocks in the pool (paged storage only)",
+                [(labels[endpoint], usage["blocks"]) for endpoint, usage in kv if "blocks" in usage])
+        _family(lines, "mlxd_daemon_kv_slots_free", "gauge", "free KV slots (contiguous storage only)",
+                [(labels[endpoint], usage["slots_free"]) for endpoint, usage in kv if "slots_free" in usage])
+        _family(lines, "mlxd_daemon_kv_allocated_bytes", "gauge", "bytes of KV buffers allocated",
+                [(labels[endpoint], usage.get("allocated_bytes", 0)) for endpoint, usage in kv])
         for key, suffix in DAEMON_TOTALS.items():
             _family(lines, f"mlxd_daemon_{suffix}", "counter", f"daemon total {key} since it started",
                     [(labels[endpoint], status.totals.get(key, 0)) for endpoint, status in answered])
