@@ -14,6 +14,9 @@ from mlxd_protocol import Client
 from ..daemon.conftest import STORIES, private_endpoint, start_daemon, stop_daemon, stories_daemon  # noqa: F401
 
 
+pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason=f"{STORIES} is not present")
+
+
 def run(*args: str, stdin: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", *args], input=stdin, capture_output=True, text=True, timeout=timeout)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from tests.daemon.conftest import STORIES
+
 import asyncio
 
 import msgpack
@@ -11,6 +13,9 @@ import zmq
 from mlxd_protocol import (
     AsyncClient, Client, DaemonError, Done, Generate, Sampling, decode, new_request_id,
 )
+
+
+pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason=f"{STORIES} is not present")
 
 
 def raw_exchange(endpoint: str, frames: list[bytes], timeout_ms: int = 5000):

@@ -14,6 +14,9 @@ from mlxd_protocol import Client, Generate, Speculative, new_request_id
 from .conftest import STORIES, private_endpoint, start_daemon, stop_daemon
 
 
+pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason=f"{STORIES} is not present")
+
+
 def test_prompt_lookup_alone_uses_documented_defaults():
     dispatch = resolve_speculative("prompt-lookup")
     assert dispatch.enabled and dispatch.kind == "prompt-lookup"

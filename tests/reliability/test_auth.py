@@ -15,6 +15,9 @@ from mlxd_protocol import Client, DaemonError, Generate, StatusRequest, decode, 
 from mlxd_protocol.endpoints import socket_path
 from tests.daemon.conftest import STORIES, private_endpoint, start_daemon, stop_daemon
 
+
+pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason=f"{STORIES} is not present")
+
 TOKEN = "s3cret-token-for-tests"
 
 

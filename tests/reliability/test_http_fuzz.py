@@ -12,6 +12,9 @@ from hypothesis import strategies as st  # noqa: E402
 from tests.daemon.conftest import STORIES, private_endpoint, start_daemon, stop_daemon  # noqa: E402
 from tests.serve_http.conftest import Gateway  # noqa: E402
 
+
+pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason=f"{STORIES} is not present")
+
 SMALL_MAX = 4  # valid max_tokens / n_predict stay tiny so valid requests are fast
 
 junk = st.one_of(st.none(), st.booleans(), st.integers(-2**40, 2**40), st.floats(allow_nan=True, allow_infinity=True),

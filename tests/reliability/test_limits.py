@@ -12,6 +12,9 @@ from tests.daemon.conftest import STORIES, private_endpoint, start_daemon, stop_
 from tests.serve_http.conftest import Gateway
 
 
+pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason=f"{STORIES} is not present")
+
+
 @pytest.fixture()
 def limited_gateway():
     endpoint = private_endpoint("l")

@@ -10,6 +10,9 @@ import pytest
 from tests.daemon.conftest import ROOT, STORIES
 
 
+pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason=f"{STORIES} is not present")
+
+
 @pytest.mark.slow
 def test_soak_short(tmp_path):
     if not STORIES.is_dir():
