@@ -1,0 +1,29 @@
+"""The KV pool's use shows in /metrics (and in the daemon's status) for both storage backends."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlxd_protocol import Client
+from tests.daemon.conftest import STORIES, private_endpoint, start_daemon, stop_daemon
+from tests.serve_http.conftest import Gateway
+
+pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason=f"{STORIES} is not present")
+
+
+def test_paged_pool_use_in_status_and_metrics():
+    endpoint = private_endpoint("k")
+    daemon = start_daemon(endpoint, "-m", str(STORIES), "--decode-storage-backend", "paged", "--kv-pool-tokens", "2048",
+                          "--kv-block-size", "32")
+    gateway = Gateway([endpoint])
+    try:
+        assert gateway.client.post("/v1/completions", json={"prompt": "Once upon a time", "max_tokens": 8}).status_code == 200
+        with Client(endpoint, timeout_s=5) as client:
+            kv = client.status().memory["kv"]
+        assert kv["backend"] == "paged" and kv["blocks"] == 64 and kv["blocks_used"] == 0
+        metrics = gateway.client.get("/metrics").text
+        assert f'mlxd_daemon_kv_blocks{{daemon="{endpoint}"}} 64' in metrics
+        assert f'mlxd_daemon_kv_blocks_used{{daemon="{endpoint}"}} 0' in metrics
+    finally:
+        gateway.stop()
+        stop_daemon(daemon, endpoint)
