@@ -62,8 +62,8 @@ def mlx_lm_generate(model, tokenizer, prompt: list[int], n: int, eos: frozenset[
     return last.generation_tps
 
 
-def mlx_generate_cli(endpoint: str, prompt: str, n: int) -> float:
-    # mlx-generate has no ignore-eos flag: speak the same request it sends, through the same client
+def mlxd_request(endpoint: str, prompt: str, n: int) -> float:
+    """mlxd's decode tok/s for the request mlx-generate sends, through the same client (plus ignore_eos)."""
     from mlxd_protocol import Client, Generate, new_request_id
 
     with Client(endpoint, timeout_s=300) as client:
@@ -120,14 +120,14 @@ def main() -> None:
         bare_loop(loaded.model, prompt_ids, 16)
         mlx_lm_generate(loaded.model, loaded.tokenizer, prompt_ids, 16, loaded.eos_token_ids)
         for _, endpoint in (pipelined, unpipelined):
-            mlx_generate_cli(endpoint, PROMPT, 16)
+            mlxd_request(endpoint, PROMPT, 16)
         for round_number in range(args.rounds):
             results["bare loop"].append(bare_loop(loaded.model, prompt_ids, args.max_tokens))
             results["mlx_lm.generate"].append(mlx_lm_generate(loaded.model, loaded.tokenizer, prompt_ids, args.max_tokens,
                                                               loaded.eos_token_ids))
             results["mlxd (mlx-generate)"].append(mlx_generate_process(pipelined[1], PROMPT, args.max_tokens))
-            results["mlxd pipelined"].append(mlx_generate_cli(pipelined[1], PROMPT, args.max_tokens))
-            results["mlxd unpipelined"].append(mlx_generate_cli(unpipelined[1], PROMPT, args.max_tokens))
+            results["mlxd pipelined"].append(mlxd_request(pipelined[1], PROMPT, args.max_tokens))
+            results["mlxd unpipelined"].append(mlxd_request(unpipelined[1], PROMPT, args.max_tokens))
             for level in levels:
                 aggregate_results[level].append(asyncio.run(aggregate(pipelined[1], PROMPT, args.max_tokens, level)))
             print(f"round {round_number + 1}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in results.items()), flush=True)

@@ -19,7 +19,7 @@ Operations:
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import mlx.core as mx
 
@@ -75,7 +75,6 @@ class StepHandle:
     logits: mx.array  # [B, V] last-position logits (kept for tests and diagnostics)
     logprob_parts: tuple | None = None
     read: bool = False
-    row_index: dict[int, int] = field(default_factory=dict)
 
 
 def kv_bytes_per_token(loaded: LoadedModel, bytes_per_value: int = 4) -> int:
