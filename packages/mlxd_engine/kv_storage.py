@@ -40,6 +40,36 @@ class KVStorageFull(RuntimeError):
     """No free slot, or a sequence would pass the storage's capacity."""
 
 
+def commit_pending(state, n: int) -> None:
+    """Turn the oldest ``n`` pending appends of ``state`` into committed ones (both storage kinds)."""
+    if n < 0 or n > state.pending:
+        raise ValueError(f"cannot commit {n} appends; {state.pending} pending")
+    state.committed += n
+    state.pending -= n
+
+
+def drop_pending(state, n: int) -> None:
+    """Drop the newest ``n`` pending appends of ``state`` (both storage kinds)."""
+    if n < 0 or n > state.pending:
+        raise ValueError(f"cannot unwind {n} appends; {state.pending} pending")
+    state.pending -= n
+
+
+def row_mask(starts: list[int], starts_array, read_length: int, n: int, return_array: bool,
+             window_size: int | None):
+    """mlx-lm attention mask for rows whose ``n`` new tokens start at ``starts`` (both storage kinds)."""
+    if len(set(starts)) == 1 and window_size is None and not return_array:
+        # every row ends at read_length: the plain causal (or no) mask is exact
+        return None if n == 1 else "causal"
+    # [B, 1, n, L]: key j is visible to query i of row r when j <= start_r + i
+    key_positions = mx.arange(read_length)[None, None, None, :]
+    query_positions = starts_array[:, None, None, None] + mx.arange(n)[None, None, :, None]
+    mask = key_positions <= query_positions
+    if window_size is not None:
+        mask = mask & (key_positions > query_positions - window_size)
+    return mask
+
+
 class SlotKVStorage:
     """Per-layer slot buffers shared by all sequences of one engine."""
 
@@ -102,15 +132,10 @@ class SlotKVStorage:
             self._grow(needed)
 
     def commit(self, state: SlotState, n: int) -> None:
-        if n < 0 or n > state.pending:
-            raise ValueError(f"cannot commit {n} appends; {state.pending} pending")
-        state.committed += n
-        state.pending -= n
+        commit_pending(state, n)
 
     def unwind(self, state: SlotState, n: int) -> None:
-        if n < 0 or n > state.pending:
-            raise ValueError(f"cannot unwind {n} appends; {state.pending} pending")
-        state.pending -= n
+        drop_pending(state, n)
 
     def _grow(self, needed: int) -> None:
         # Buffers are (re)made lazily by ensure_layer, which is the first place that knows head shapes.
@@ -205,16 +230,7 @@ class LayerView:
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
         plan = self.plan
-        if plan.uniform and window_size is None and not return_array:
-            # every row ends at read_length: the plain causal (or no) mask is exact
-            return None if n == 1 else "causal"
-        # [B, 1, n, L]: key j is visible to query i of row r when j <= start_r + i
-        key_positions = mx.arange(plan.read_length)[None, None, None, :]
-        query_positions = plan.array("starts")[:, None, None, None] + mx.arange(n)[None, None, :, None]
-        mask = key_positions <= query_positions
-        if window_size is not None:
-            mask = mask & (key_positions > query_positions - window_size)
-        return mask
+        return row_mask(plan.starts, plan.array("starts"), plan.read_length, n, return_array, window_size)
 
     @property
     def state(self):  # mlx-lm reads this only to evaluate caches; the storage owns the arrays

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from .kv_storage import KVStorageFull
+from .kv_storage import KVStorageFull, commit_pending, drop_pending, row_mask
 
 DEFAULT_BLOCK_SIZE = 64
 
@@ -130,15 +130,10 @@ class PagedKVStorage:
                     self._reserved -= 1  # a promised block was taken
 
     def commit(self, state: PagedState, n: int) -> None:
-        if n < 0 or n > state.pending:
-            raise ValueError(f"cannot commit {n} appends; {state.pending} pending")
-        state.committed += n
-        state.pending -= n
+        commit_pending(state, n)
 
     def unwind(self, state: PagedState, n: int) -> None:
-        if n < 0 or n > state.pending:
-            raise ValueError(f"cannot unwind {n} appends; {state.pending} pending")
-        state.pending -= n
+        drop_pending(state, n)
         keep = self.blocks_for(state.written)
         while len(state.blocks) > keep:
             self._free.append(state.blocks.pop())
@@ -214,14 +209,7 @@ class PagedLayerView:
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
         plan = self.plan
-        if plan.uniform and window_size is None and not return_array:
-            return None if n == 1 else "causal"
-        key_positions = mx.arange(plan.read_length)[None, None, None, :]
-        query_positions = mx.array(plan.starts)[:, None, None, None] + mx.arange(n)[None, None, :, None]
-        mask = key_positions <= query_positions
-        if window_size is not None:
-            mask = mask & (key_positions > query_positions - window_size)
-        return mask
+        return row_mask(plan.starts, mx.array(plan.starts), plan.read_length, n, return_array, window_size)
 
     @property
     def state(self):
