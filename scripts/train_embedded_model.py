@@ -46,7 +46,7 @@ from embedded_model_data import (  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def model_args(vocab_size: int, layers: int, hidden: int, heads: int) -> qwen3.ModelArgs:
+def model_args(vocab_size: int, layers: int, hidden: int, heads: int, rope_theta: float = 1e6) -> qwen3.ModelArgs:
     return qwen3.ModelArgs(
         model_type="qwen3",
         hidden_size=hidden,
@@ -59,7 +59,7 @@ def model_args(vocab_size: int, layers: int, hidden: int, heads: int) -> qwen3.M
         max_position_embeddings=16384,
         head_dim=hidden // heads,
         tie_word_embeddings=True,
-        rope_theta=10000.0,
+        rope_theta=rope_theta,
     )
 
 
@@ -147,7 +147,7 @@ get short, roughly plausible English about Python; copy prompts get the text bac
 
 ## Size
 - {report['layers']} layers, hidden size {report['hidden']}, {report['heads']} heads (head dim {report['hidden'] // report['heads']}), SwiGLU width {report['hidden'] * 3},
-  tied embeddings, RoPE theta 10000; {report['parameters']:,} parameters, float32, {size_mb:.1f} MB.
+  tied embeddings, RoPE theta {report['rope_theta']:g} (slowly rotating pairs let a 32-wide head match tokens hundreds of positions apart); {report['parameters']:,} parameters, float32, {size_mb:.1f} MB.
 - Context: `max_position_embeddings` 16384 (trained on rows of at most 512 tokens; quality past that is
   not claimed, but the model runs there, which cost measurements need).
 - Tokenizer: byte-level BPE with {report['vocab']} tokens made with the `tokenizers` library on the training text;
@@ -209,6 +209,9 @@ def main() -> None:
     parser.add_argument("--transfer-steps", type=int, default=400)
     parser.add_argument("--text-steps", type=int, default=520)
     parser.add_argument("--lr", type=float, default=3e-3)
+    # RoPE base: with head_dim 32, only the slowly rotating pairs can match content hundreds of tokens
+    # apart. Measured (2 x 128, 300 synthetic steps): copy loss 2.22 with base 1e6 against 3.74 with 1e4.
+    parser.add_argument("--rope-theta", type=float, default=1e6)
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--time-steps", type=int, default=0, help="only time this many steps of each phase")
     options = parser.parse_args()
@@ -226,7 +229,7 @@ def main() -> None:
     probe_set = heldout_paragraphs(maker, corpus.heldout_prose, 6, eval_rng)
     final_set = heldout_paragraphs(maker, corpus.heldout_prose, 20, random.Random(4321))
 
-    args = model_args(tokenizer.get_vocab_size(), options.layers, options.hidden, options.heads)
+    args = model_args(tokenizer.get_vocab_size(), options.layers, options.hidden, options.heads, options.rope_theta)
     model = qwen3.Model(args)
     n_params = sum(v.size for _, v in tree_flatten(model.parameters()))
     print(f"model: {options.layers} layers x {options.hidden}, {n_params / 1e6:.2f}M parameters", flush=True)
@@ -284,7 +287,7 @@ def main() -> None:
     save_checkpoint(options.out, model, args, tokenizer, eos_ids)
     report = {
         "seed": options.seed, "parameters": n_params, "layers": options.layers, "hidden": options.hidden,
-        "heads": options.heads,
+        "heads": options.heads, "rope_theta": options.rope_theta,
         "vocab": tokenizer.get_vocab_size(), "synthetic_steps": options.synthetic_steps,
         "transfer_steps": options.transfer_steps, "text_steps": options.text_steps, "final_loss": history[-1]["loss"] if history else None,
         "heldout_paragraphs": len(final_set), "copy_accuracy_chat": round(final_chat, 4),
