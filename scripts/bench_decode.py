@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from mlxd_fast_blas import ensure_fast_blas  # noqa: E402
+from mlxd_fast_blas import ensure_fast_blas, set_blas_threads  # noqa: E402
 
 ensure_fast_blas()
 
@@ -111,7 +112,7 @@ def main() -> None:
     prompt_ids = loaded.tokenizer.encode(PROMPT)
     pipelined = start_daemon(*model_args)
     unpipelined = start_daemon(*model_args, "--no-lookahead")
-    results: dict[str, list[float]] = {k: [] for k in ("bare loop", "mlx_lm.generate", "mlxd (mlx-generate)",
+    results: dict[str, list[float]] = {k: [] for k in ("bare loop", "bare loop, 1 BLAS thread", "mlx_lm.generate", "mlxd (mlx-generate)",
                                                         "mlxd pipelined", "mlxd unpipelined")}
     levels = [int(c) for c in args.concurrency.split(",")]
     aggregate_results: dict[int, list[float]] = {c: [] for c in levels}
@@ -123,6 +124,10 @@ def main() -> None:
             mlxd_request(endpoint, PROMPT, 16)
         for round_number in range(args.rounds):
             results["bare loop"].append(bare_loop(loaded.model, prompt_ids, args.max_tokens))
+            # the daemon runs OpenBLAS on one thread less than the machine has (mlxd_fast_blas): the same here
+            if set_blas_threads(max(1, (os.cpu_count() or 1) - 1)):
+                results["bare loop, 1 BLAS thread"].append(bare_loop(loaded.model, prompt_ids, args.max_tokens))
+                set_blas_threads(os.cpu_count() or 1)
             results["mlx_lm.generate"].append(mlx_lm_generate(loaded.model, loaded.tokenizer, prompt_ids, args.max_tokens,
                                                               loaded.eos_token_ids))
             results["mlxd (mlx-generate)"].append(mlx_generate_process(pipelined[1], PROMPT, args.max_tokens))
@@ -144,7 +149,9 @@ def main() -> None:
         f"Command: `{command_line()}`",
         "",
         f"Model: `{loaded.path}`; {args.max_tokens} tokens per run (end-of-sequence ignored); {args.rounds} "
-        "interleaved rounds; decode tok/s excludes the first token; median [min-max].",
+        "interleaved rounds; decode tok/s excludes the first token; median [min-max]. mlxd streams chunks to the "
+        "client (coalesced, --stream-interval-ms 5); mlx-generate --json asks for no stream. mlxd runs OpenBLAS on "
+        "one thread less than the machine has; the bare loop is timed both with the library's default and so.",
         "",
         "Machine: " + ", ".join(f"{k} {v}" for k, v in machine_facts().items()),
         "",
@@ -158,7 +165,10 @@ def main() -> None:
         "|---|---|",
         f"| mlxd pipelined / bare loop | {ratio_spread(ratios('mlxd pipelined', 'bare loop'))} |",
         f"| mlxd (mlx-generate) / bare loop | {ratio_spread(ratios('mlxd (mlx-generate)', 'bare loop'))} |",
+        f"| mlxd pipelined / bare loop, 1 BLAS thread | {ratio_spread(ratios('mlxd pipelined', 'bare loop, 1 BLAS thread'))} |",
+        f"| mlxd (mlx-generate) / bare loop, 1 BLAS thread | {ratio_spread(ratios('mlxd (mlx-generate)', 'bare loop, 1 BLAS thread'))} |",
         f"| mlxd pipelined / mlx_lm.generate | {ratio_spread(ratios('mlxd pipelined', 'mlx_lm.generate'))} |",
+        f"| mlxd (mlx-generate) / mlx_lm.generate | {ratio_spread(ratios('mlxd (mlx-generate)', 'mlx_lm.generate'))} |",
         f"| mlxd pipelined / mlxd unpipelined | {ratio_spread(ratios('mlxd pipelined', 'mlxd unpipelined'))} |",
         "",
         "Aggregate output tok/s, concurrent requests to one pipelined mlxd (same prompt, same length):",

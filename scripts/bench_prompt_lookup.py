@@ -2,7 +2,7 @@
 
 (a) plain prompt, B=1: decode tok/s with --draft-kind prompt-lookup vs without;
 (b) copy prompt ("Repeat the following paragraph exactly: ..."), B=1: speedup and accepted per verify;
-(c) 4 and 8 concurrent requests, plain and copy: aggregate tok/s, flag on (gate at its default and with
+(c) 2, 4 and 8 concurrent requests, plain and copy: aggregate tok/s, flag on (gate at its default and with
     the gate open) vs off — the numbers behind the --prompt-lookup-max-batch default.
 Daemons run side by side; every round runs each variant once, interleaved. Median [min-max] over rounds.
 
@@ -76,6 +76,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=200)
     parser.add_argument("--repeat", type=int, default=5, help="batches per measurement")
+    parser.add_argument("--concurrency", default="1,2,4,8", help="concurrent requests per case (comma list)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmark_results" / "prompt_lookup.md")
     args = parser.parse_args()
     model_args = ["-m", args.model] if args.model else []
@@ -85,7 +86,7 @@ def main() -> None:
         "on, gate open": start_daemon(*model_args, "--max-batch", "8", "--draft-kind", "prompt-lookup",
                                       "--prompt-lookup-max-batch", "64"),
     }
-    cases = [("plain", 1), ("copy", 1), ("plain", 4), ("copy", 4), ("plain", 8), ("copy", 8)]
+    cases = [(style, int(c)) for c in args.concurrency.split(",") for style in ("plain", "copy")]
     results: dict = {f"{style} c={c}": {name: [] for name in daemons} for style, c in cases}
     acceptance: dict = {key: {"drafted": 0, "accepted": 0, "rounds": 0} for key in results}
     mismatches = 0
@@ -125,7 +126,7 @@ def main() -> None:
         "",
         f"Embedded model unless stated: `{args.model or 'models/mlxd-qwen3-tiny'}`; greedy; {args.max_tokens} max "
         f"tokens; {args.rounds} interleaved rounds of {args.repeat} batches each; median [min-max]. B=1 rows: "
-        "median decode tok/s of the requests (first token excluded); c=4/8 rows: aggregate output tok/s (all "
+        "median decode tok/s of the requests (first token excluded); c>1 rows: aggregate output tok/s (all "
         "tokens / wall time). Plain prompts "
         "run to max tokens (EOS ignored); copy prompts stop at the end of the copy.",
         "",

@@ -20,7 +20,8 @@ from mlxd_protocol.endpoints import default_endpoint
 
 
 def build_request(prompt: str, max_tokens: int, temp, top_p, seed, system, chat, stop,
-                  prompt_lookup: bool | None = None, draft_block_size: int | None = None) -> Generate:
+                  prompt_lookup: bool | None = None, draft_block_size: int | None = None,
+                  stream: bool = True) -> Generate:
     sampling = None
     if temp is not None or top_p is not None or seed is not None:
         sampling = Sampling(temperature=temp or 0.0, top_p=top_p if top_p is not None else 1.0, seed=seed)
@@ -29,7 +30,7 @@ def build_request(prompt: str, max_tokens: int, temp, top_p, seed, system, chat,
         kind = None if prompt_lookup is None else ("prompt-lookup" if prompt_lookup else "none")
         speculative = Speculative(kind=kind, max_draft=draft_block_size)
     return Generate(id=new_request_id(), prompt=prompt, chat=chat, system=system, max_tokens=max_tokens,
-                    stop=list(stop), stream=True, sampling=sampling, speculative=speculative)
+                    stop=list(stop), stream=stream, sampling=sampling, speculative=speculative)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -60,7 +61,9 @@ def main(prompt, model, endpoint, max_tokens, temp, top_p, seed, system, chat, s
         prompt = sys.stdin.read()
     if not prompt.strip():
         raise click.UsageError("the prompt is empty")
-    request = build_request(prompt, max_tokens, temp, top_p, seed, system, chat, stop, prompt_lookup, draft_block_size)
+    # --json prints one object at the end: no chunks are asked for (the daemon then sends one reply)
+    request = build_request(prompt, max_tokens, temp, top_p, seed, system, chat, stop, prompt_lookup, draft_block_size,
+                            stream=not as_json)
     started = time.perf_counter()
     try:
         if local:

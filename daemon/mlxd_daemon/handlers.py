@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING, Callable
 import psutil
 
 from mlxd_protocol import (
-    INVALID, OVERLOADED, PROTOCOL_VERSION, Cancel, Detokenize, DetokenizeResult, Generate, Hello, Message, Ok,
+    INVALID, OVERLOADED, PROTOCOL_VERSION, Cancel, Chunk, Detokenize, DetokenizeResult, Generate, Hello, Message, Ok,
     ProtocolError, Shutdown, Status, StatusRequest, Tokenize, TokenizeResult,
 )
 from mlxd_scheduler import QueueFull
 
 from . import __version__
+from .chunking import ChunkBuffer
 from .edge import to_reply, to_request
 
 if TYPE_CHECKING:
@@ -60,13 +61,27 @@ def generate(server: "DaemonServer", identity: bytes, message: Generate) -> None
     if internal_id in server.routes:
         raise ProtocolError(INVALID, f"request id {message.id!r} is already running")
     request = to_request(server.loaded, message, internal_id, server.options.sampling)
+    chunks = ChunkBuffer(server.options.stream_interval_s)
 
     def sink(event) -> None:
         reply = to_reply(event, message.id, message.stream)
-        if reply is not None:
-            server.send(identity, reply)
-        if reply is not None and reply.TYPE in ("done", "error"):
-            server.routes.pop(internal_id, None)
+        if reply is None:
+            return
+        now = time.monotonic()
+        if isinstance(reply, Chunk):
+            ready = chunks.add(reply, now)
+            if ready is None:
+                server.chunks_waiting[internal_id] = (identity, chunks)
+                return
+            server.chunks_waiting.pop(internal_id, None)
+            server.send(identity, ready)
+            return
+        kept = chunks.take(now)  # the last tokens go before the Done (or Error)
+        server.chunks_waiting.pop(internal_id, None)
+        if kept is not None:
+            server.send(identity, kept)
+        server.send(identity, reply)
+        server.routes.pop(internal_id, None)
 
     server.routes[internal_id] = message.id
     try:

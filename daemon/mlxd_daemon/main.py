@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from mlxd_fast_blas import blas_in_use, ensure_fast_blas
+from mlxd_fast_blas import blas_in_use, ensure_fast_blas, leave_cores_for_clients
 from mlxd_protocol import Client, DaemonError, DaemonTimeout
 from mlxd_protocol.endpoints import default_endpoint
 
@@ -55,11 +55,14 @@ def _endpoint_option(function):
 @click.option("--allow-public", is_flag=True, help="allow binding a non-loopback tcp address (needs an auth token)")
 @click.option("--auth-token-file", default=None, type=click.Path(dir_okay=False),
               help="file holding the token clients must send in a hello first (else $MLXD_AUTH_TOKEN)")
+@click.option("--stream-interval-ms", default=5.0, show_default=True, type=click.FloatRange(0),
+              help="streamed tokens are sent at most this often per request (0: every token at once)")
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
 @click.pass_context
 def cli(ctx, model, endpoint, max_batch, max_kv_size, prefill_chunk, max_queue, lookahead, temp, top_p, top_k,
         min_p, draft_kind, draft_model, draft_block_size, prompt_lookup_max_batch, storage_backend, kv_block_size,
-        kv_pool_tokens, kv_memory_fraction, drain_timeout, allow_public, auth_token_file, log_level):
+        kv_pool_tokens, kv_memory_fraction, drain_timeout, allow_public, auth_token_file, stream_interval_ms,
+        log_level):
     """mlxd: serve an mlx-lm model to many clients over ZeroMQ."""
     if ctx.invoked_subcommand is not None:
         return
@@ -70,7 +73,7 @@ def cli(ctx, model, endpoint, max_batch, max_kv_size, prefill_chunk, max_queue, 
         draft_kind=draft_kind, draft_model=draft_model, draft_block_size=draft_block_size,
         prompt_lookup_max_batch=prompt_lookup_max_batch, storage_backend=storage_backend,
         kv_block_size=kv_block_size, kv_pool_tokens=kv_pool_tokens, kv_memory_fraction=kv_memory_fraction,
-        drain_timeout_s=drain_timeout, auth_token=_read_auth_token(auth_token_file),
+        drain_timeout_s=drain_timeout, stream_interval_s=stream_interval_ms / 1000.0, auth_token=_read_auth_token(auth_token_file),
     )
     if allow_public and not options.auth_token:
         click.echo("mlxd: --allow-public needs an auth token: pass --auth-token-file PATH or set MLXD_AUTH_TOKEN",
@@ -122,10 +125,12 @@ def serve(options: DaemonOptions) -> int:
         click.echo(f"mlxd: cannot listen on {endpoint}: {error}", err=True)
         return 2
     server.install_signal_handlers()
+    blas_threads = leave_cores_for_clients()
     log.info("model=%s type=%s layers=%d max_batch=%d max_kv_size=%d lookahead=%s %s prompt_lookup_max_batch=%d "
-             "storage=%s blas=%s", loaded.path, loaded.model_type, loaded.n_layers, options.max_batch,
+             "storage=%s blas=%s blas_threads=%s", loaded.path, loaded.model_type, loaded.n_layers, options.max_batch,
              server.engine.max_kv_size, options.lookahead, server.speculative.summary(),
-             server.scheduler.options.prompt_lookup_max_batch, server.engine.storage.usage(), blas_in_use())
+             server.scheduler.options.prompt_lookup_max_batch, server.engine.storage.usage(), blas_in_use(),
+             blas_threads or "library default")
     click.echo(f"mlxd ready endpoint={endpoint} model={loaded.path} pid={__import__('os').getpid()}", nl=True)
     sys.stdout.flush()
     reason = "error"

@@ -37,6 +37,7 @@ class DaemonOptions:
     kv_block_size: int = 64
     kv_pool_tokens: int | None = None  # paged pool size; None: from kv_memory_fraction, else max_batch x max_kv_size
     kv_memory_fraction: float | None = None  # paged pool as a fraction of the machine's memory
+    stream_interval_s: float = 0.005  # a streaming request gets at most one chunk per interval (0: per token)
     auth_token: str | None = field(default=None, repr=False)  # clients must send it in a Hello first
 
     def as_dict(self) -> dict:

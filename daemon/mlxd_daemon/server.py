@@ -67,6 +67,7 @@ class DaemonServer:
             scheduler_options.prompt_lookup_max_batch = options.prompt_lookup_max_batch
         self.scheduler = BatchScheduler(self.engine, scheduler_options, trace_sink=self._publish_tick)
         self.routes: dict[str, str] = {}  # internal request id -> client's id
+        self.chunks_waiting: dict = {}  # internal request id -> (identity, ChunkBuffer) holding tokens
         self.started = time.monotonic()
         self._stop_reason: str | None = None
         self._drain_deadline: float | None = None  # set by SIGTERM: finish in-flight work until then
@@ -153,6 +154,8 @@ class DaemonServer:
                 self._track_subscriptions()
             if self.scheduler.has_work:
                 self.scheduler.tick()
+            if self.chunks_waiting:
+                self._send_due_chunks()
             if self._drain_deadline is not None and (not self.scheduler.by_id or time.monotonic() > self._drain_deadline):
                 self._stop_reason = self._drain_reason
         return self._stop_reason
@@ -215,6 +218,13 @@ class DaemonServer:
             self.router.send_multipart([identity, encode(message)], zmq.NOBLOCK)
         except zmq.ZMQError as error:  # the peer is gone or its queue is full: drop, never block
             self.log.debug("could not send %s: %s", message.TYPE, error)
+
+    def _send_due_chunks(self) -> None:
+        now = time.monotonic()
+        for internal_id, (identity, chunks) in list(self.chunks_waiting.items()):
+            if chunks.due(now):
+                del self.chunks_waiting[internal_id]
+                self.send(identity, chunks.take(now))
 
     # -- tick trace ----------------------------------------------------------------------------
     def _track_subscriptions(self) -> None:

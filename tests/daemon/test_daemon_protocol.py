@@ -11,7 +11,7 @@ import pytest
 import zmq
 
 from mlxd_protocol import (
-    AsyncClient, Client, DaemonError, Done, Generate, Sampling, decode, new_request_id,
+    AsyncClient, Chunk, Client, DaemonError, Done, Generate, Sampling, decode, new_request_id,
 )
 
 
@@ -173,3 +173,14 @@ def test_sigterm_drains_in_flight_requests_then_stops():
         assert process.wait(timeout=20) == 0
     finally:
         stop_daemon(process, endpoint)
+
+
+def test_streamed_chunks_add_up_to_the_done(stories_daemon):
+    """Chunks are coalesced in time (first one at once): together they carry every token and all the text."""
+    with Client(stories_daemon, timeout_s=30) as client:
+        replies = list(client.generate(Generate(id=new_request_id(), prompt="Once upon a time", max_tokens=80)))
+    chunks, done = replies[:-1], replies[-1]
+    assert isinstance(done, Done) and chunks and all(isinstance(c, Chunk) for c in chunks)
+    assert chunks[0].tokens == done.tokens[:1]
+    assert [t for c in chunks for t in c.tokens] == done.tokens
+    assert "".join(c.text for c in chunks) == done.text
