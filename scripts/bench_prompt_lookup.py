@@ -77,6 +77,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=200)
     parser.add_argument("--repeat", type=int, default=5, help="batches per measurement")
     parser.add_argument("--concurrency", default="1,2,4,8", help="concurrent requests per case (comma list)")
+    parser.add_argument("--styles", default="plain,copy", help="prompt styles to run (plain: little copying expected)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmark_results" / "prompt_lookup.md")
     args = parser.parse_args()
     model_args = ["-m", args.model] if args.model else []
@@ -86,7 +87,7 @@ def main() -> None:
         "on, gate open": start_daemon(*model_args, "--max-batch", "8", "--draft-kind", "prompt-lookup",
                                       "--prompt-lookup-max-batch", "64"),
     }
-    cases = [(style, int(c)) for c in args.concurrency.split(",") for style in ("plain", "copy")]
+    cases = [(style, int(c)) for c in args.concurrency.split(",") for style in args.styles.split(",")]
     results: dict = {f"{style} c={c}": {name: [] for name in daemons} for style, c in cases}
     acceptance: dict = {key: {"drafted": 0, "accepted": 0, "rounds": 0} for key in results}
     mismatches = 0

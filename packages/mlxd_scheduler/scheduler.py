@@ -34,10 +34,13 @@ log = logging.getLogger("mlxd.scheduler")
 
 
 # Verify gate default: the largest active batch at which measurement showed no aggregate loss. On the
-# embedded model (2-core CPU, docs/benchmark_results/prompt_lookup.md, 5 rounds): at batch 1 the flag gave
-# 1.44x (plain) and 1.30x (copy); at batch 4, 0.73x on plain prompts (1.17x on copy); at batch 8 with
-# verifying allowed, 0.61x (plain). Batches 2-3 were not measured, so the default stays at 1.
-DEFAULT_PROMPT_LOOKUP_MAX_BATCH = 1
+# embedded model (2-core CPU, docs/benchmark_results/prompt_lookup.md, 5 rounds, gate open vs flag off):
+# batch 2: plain 1.09x, copy 2.70x; batch 4: plain 0.86x (copy 2.10x); batch 8: plain 0.72x (copy 1.77x).
+# Each proposing row verifies in a forward of its own, so with many rows the verify forwards outweigh the
+# batched step they replace unless nearly every row copies. Batch 3 was not measured. On stories260K, whose
+# plain stories copy little (22% of drafts accepted), batch 2 measured 0.93x [0.68-1.03] and batch 1 1.02x
+# (docs/benchmark_results/prompt_lookup_stories260k.md): the governor, not the gate, guards that case.
+DEFAULT_PROMPT_LOOKUP_MAX_BATCH = 2
 
 
 @dataclass
