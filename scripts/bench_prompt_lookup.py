@@ -66,8 +66,9 @@ async def run_batch(endpoint: str, prompts: list[str], max_tokens: int, ignore_e
     tokens = sum(d.usage["completion_tokens"] for d in dones)
     drafted = sum(d.timings.get("draft_n", 0) for d in dones)
     accepted = sum(d.timings.get("draft_n_accepted", 0) for d in dones)
+    rounds = sum(d.timings.get("draft_verify_n", 0) for d in dones)
     return {"aggregate": tokens / wall, "decode": statistics.median(d.timings["predicted_per_second"] for d in dones),
-            "tokens": [d.tokens for d in dones[: len(prompts)]], "drafted": drafted, "accepted": accepted}
+            "tokens": [d.tokens for d in dones[: len(prompts)]], "drafted": drafted, "accepted": accepted, "rounds": rounds}
 
 
 def main() -> None:
@@ -107,6 +108,7 @@ def main() -> None:
                     if name == "on":
                         acceptance[key]["drafted"] += result["drafted"]
                         acceptance[key]["accepted"] += result["accepted"]
+                        acceptance[key]["rounds"] += result["rounds"]
                 mismatches += outputs["on"] != outputs["off"]
                 print(f"round {round_number + 1} {key}: " + ", ".join(f"{n} {v[-1]:.1f}" for n, v in results[key].items()),
                       flush=True)
@@ -142,10 +144,12 @@ def main() -> None:
         lines.append(f"| {key} | {spread(by_name['off'])} | {spread(by_name['on'])} | {spread(by_name['on, gate open'])} "
                      f"| {ratio_spread(on_off)} | {ratio_spread(open_off)} |")
     lines += ["", "Acceptance with the flag on (default gate), summed over rounds:", "",
-              "| case | drafted | accepted | accepted / drafted |", "|---|---|---|---|"]
+              "| case | verify rounds | drafted | accepted | accepted / drafted | accepted per verify |",
+              "|---|---|---|---|---|---|"]
     for key, a in acceptance.items():
         rate = a["accepted"] / a["drafted"] if a["drafted"] else 0.0
-        lines.append(f"| {key} | {a['drafted']} | {a['accepted']} | {rate:.2f} |")
+        per_round = a["accepted"] / a["rounds"] if a["rounds"] else 0.0
+        lines.append(f"| {key} | {a['rounds']} | {a['drafted']} | {a['accepted']} | {rate:.2f} | {per_round:.2f} |")
     lines += ["", "Daemon totals at the end (verify rounds, declines):", ""]
     for name, totals in with_status.items():
         lines.append(f"- {name}: " + ", ".join(f"{k}={v}" for k, v in totals.items()))
