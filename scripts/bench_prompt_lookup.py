@@ -4,7 +4,7 @@
 (b) copy prompt ("Repeat the following paragraph exactly: ..."), B=1: speedup and accepted per verify;
 (c) 2, 4 and 8 concurrent requests, plain and copy: aggregate tok/s, flag on (gate at its default and with
     the gate open) vs off — the numbers behind the --prompt-lookup-max-batch default.
-Daemons run side by side; every round runs each variant once, interleaved. Median [min-max] over rounds.
+Daemons run side by side; every round runs each variant once, interleaved, in alternating order. Median [min-max] over rounds.
 
 Run: .venv/bin/python scripts/bench_prompt_lookup.py [--rounds 3] [--model PATH]
 """
@@ -100,7 +100,10 @@ def main() -> None:
                 key = f"{style} c={concurrency}"
                 prompts = [(copy_prompt(i) if style == "copy" else PLAIN_PROMPTS[i % 4]) for i in range(concurrency)]
                 outputs = {}
-                for name, (_, endpoint) in daemons.items():
+                order = list(daemons.items())
+                if round_number % 2:
+                    order.reverse()  # alternate the order of the targets from round to round
+                for name, (_, endpoint) in order:
                     result = asyncio.run(run_batch(endpoint, prompts, args.max_tokens, style == "plain", args.repeat))
                     metric = result["decode"] if concurrency == 1 else result["aggregate"]
                     results[key][name].append(metric)
