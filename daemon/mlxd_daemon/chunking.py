@@ -40,7 +40,8 @@ class ChunkBuffer:
         return None
 
     def due(self, now: float) -> bool:
-        return self.kept is not None and (self.last_sent is None or now - self.last_sent >= self.interval_s)
+        # tokens are only ever kept after a send, so last_sent is set whenever kept is
+        return self.kept is not None and now - self.last_sent >= self.interval_s
 
     def take(self, now: float) -> Chunk | None:
         kept, self.kept = self.kept, None

@@ -67,19 +67,16 @@ def generate(server: "DaemonServer", identity: bytes, message: Generate) -> None
         reply = to_reply(event, message.id, message.stream)
         if reply is None:
             return
-        now = time.monotonic()
         if isinstance(reply, Chunk):
-            ready = chunks.add(reply, now)
+            ready = chunks.add(reply, time.monotonic())
             if ready is None:
                 server.chunks_waiting[internal_id] = (identity, chunks)
-                return
-            server.chunks_waiting.pop(internal_id, None)
-            server.send(identity, ready)
+            else:  # ready holds whatever was kept: the buffer keeps nothing now
+                server.chunks_waiting.pop(internal_id, None)
+                server.send(identity, ready)
             return
-        kept = chunks.take(now)  # the last tokens go before the Done (or Error)
-        server.chunks_waiting.pop(internal_id, None)
-        if kept is not None:
-            server.send(identity, kept)
+        if internal_id in server.chunks_waiting:
+            server.send_kept_chunk(internal_id)  # the last tokens go before the Done (or Error)
         server.send(identity, reply)
         server.routes.pop(internal_id, None)
 

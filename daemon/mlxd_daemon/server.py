@@ -28,6 +28,7 @@ from mlxd_protocol.messages import UNAUTHORIZED
 from mlxd_protocol.endpoints import check_bind_address, ensure_private_dir, pid_file, socket_path, trace_endpoint
 from mlxd_scheduler import BatchScheduler, SchedulerOptions, TickRecord
 
+from .chunking import ChunkBuffer
 from .handlers import HANDLERS
 from .options import DaemonOptions
 from .speculative import resolve_speculative
@@ -67,7 +68,8 @@ class DaemonServer:
             scheduler_options.prompt_lookup_max_batch = options.prompt_lookup_max_batch
         self.scheduler = BatchScheduler(self.engine, scheduler_options, trace_sink=self._publish_tick)
         self.routes: dict[str, str] = {}  # internal request id -> client's id
-        self.chunks_waiting: dict = {}  # internal request id -> (identity, ChunkBuffer) holding tokens
+        # internal request id -> (identity, ChunkBuffer) for buffers keeping tokens (and only those)
+        self.chunks_waiting: dict[str, tuple[bytes, ChunkBuffer]] = {}
         self.started = time.monotonic()
         self._stop_reason: str | None = None
         self._drain_deadline: float | None = None  # set by SIGTERM: finish in-flight work until then
@@ -219,12 +221,16 @@ class DaemonServer:
         except zmq.ZMQError as error:  # the peer is gone or its queue is full: drop, never block
             self.log.debug("could not send %s: %s", message.TYPE, error)
 
+    def send_kept_chunk(self, internal_id: str) -> None:
+        """Send the tokens a request's ChunkBuffer is keeping (it leaves ``chunks_waiting``)."""
+        identity, chunks = self.chunks_waiting.pop(internal_id)
+        self.send(identity, chunks.take(time.monotonic()))
+
     def _send_due_chunks(self) -> None:
         now = time.monotonic()
-        for internal_id, (identity, chunks) in list(self.chunks_waiting.items()):
+        for internal_id, (_, chunks) in list(self.chunks_waiting.items()):
             if chunks.due(now):
-                del self.chunks_waiting[internal_id]
-                self.send(identity, chunks.take(now))
+                self.send_kept_chunk(internal_id)
 
     # -- tick trace ----------------------------------------------------------------------------
     def _track_subscriptions(self) -> None:
