@@ -137,9 +137,18 @@ class Engine:
 
     # -- forwards ---------------------------------------------------------------------------
     def _forward(self, rows: list[Sequence], inputs: mx.array) -> mx.array:
-        # inputs: [B, T] -> logits [B, T, V]; appends become pending on every row
-        self.storage.reserve([r.kv for r in rows], inputs.shape[1])
-        return self.model(inputs, cache=self.storage.views([r.kv for r in rows], inputs.shape[1]))
+        # inputs: [B, T] -> logits [B, T, V] in the rows' order; appends become pending on every row
+        states = [r.kv for r in rows]
+        self.storage.reserve(states, inputs.shape[1])
+        order = self.storage.read_order(states) if len(rows) > 1 else None
+        if order is None:
+            return self.model(inputs, cache=self.storage.views(states, inputs.shape[1]))
+        # run the rows in the order the storage reads fastest, hand the logits back in the caller's
+        inverse = [0] * len(order)
+        for position, row in enumerate(order):
+            inverse[row] = position
+        logits = self.model(inputs[mx.array(order)], cache=self.storage.views([states[i] for i in order], inputs.shape[1]))
+        return logits[mx.array(inverse)]
 
     def prefill(self, seq: Sequence, max_tokens: int | None = None) -> Emitted | None:
         """Forward one chunk of the prompt. Returns the first output token once the prompt is in."""
@@ -177,7 +186,9 @@ class Engine:
                 columns.append(mx.array([seq.tokens[-1]], dtype=mx.int32))
         inputs = mx.concatenate(columns)[:, None] if len(columns) > 1 else columns[0][None]
         logits = self._forward(rows, inputs)[:, -1, :]
-        histories = [self._history_fn(seq, pending_index, lookahead) for seq in rows]
+        # only rows with per-row sampler state (penalties) read their history
+        histories = [self._history_fn(seq, pending_index, lookahead) if seq.chain.has_row_state else None
+                     for seq in rows]
         tokens = sample_rows([seq.chain for seq in rows], logits, histories)
         handle = StepHandle(rows=list(rows), tokens=tokens, logits=logits)
         if any(seq.params.logprobs is not None for seq in rows):

@@ -116,6 +116,10 @@ class PagedKVStorage:
         return [a for a in self.keys + self.values if a is not None]
 
     # -- appends ---------------------------------------------------------------------------------
+    def read_order(self, states: list[PagedState]) -> list[int] | None:
+        """Rows read through their block tables: any order is as cheap (see SlotKVStorage.read_order)."""
+        return None
+
     def reserve(self, states: list[PagedState], n_tokens: int) -> None:
         """Take the blocks the next ``n_tokens`` appends of each state need."""
         for state in states:
@@ -209,7 +213,7 @@ class PagedLayerView:
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
         plan = self.plan
-        return row_mask(plan.starts, mx.array(plan.starts), plan.read_length, n, return_array, window_size)
+        return row_mask(plan.starts, plan.read_length, n, return_array, window_size, plan.uniform)
 
     @property
     def state(self):

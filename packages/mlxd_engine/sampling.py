@@ -140,17 +140,21 @@ def token_logprobs(logits: mx.array, tokens: mx.array, top_n: int) -> tuple[mx.a
     return chosen, mx.take_along_axis(top_ids, order, axis=-1), mx.take_along_axis(top_values, order, axis=-1)
 
 
-def sample_rows(chains: list[SamplerChain], logits: mx.array, histories: list[Callable[[], mx.array]]) -> mx.array:
+def sample_rows(chains: list[SamplerChain], logits: mx.array,
+                histories: list[Callable[[], mx.array] | None]) -> mx.array:
     """Sample one token for every row of a batched step, lazily.
 
     Args:
         chains: the rows' chains, in row order.
         logits: [B, V] last-position logits of the step.
-        histories: per row, a callable returning its token history (only called for rows that need it).
+        histories: per row, a callable returning its token history (only called, and only needed, for
+            rows whose chain has per-row state; None elsewhere).
     Returns:
         [B] int32 tokens (not evaluated).
     """
     batch = len(chains)
+    if batch == 1 and not chains[0].has_row_state:  # the B=1 decode step
+        return chains[0].draw(logits).astype(mx.int32)
     groups: dict[tuple, list[int]] = {}
     solo: list[int] = []
     for row, chain in enumerate(chains):

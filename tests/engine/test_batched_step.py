@@ -28,7 +28,7 @@ def _last_logits_alone(loaded, prompt: list[int], extra: list[int]) -> mx.array:
     return handle.logits[0]
 
 
-@pytest.mark.parametrize("slots_order", ["contiguous", "scattered"])
+@pytest.mark.parametrize("slots_order", ["contiguous", "scattered", "reversed"])
 def test_rows_at_different_positions_match_rows_alone(tiny_random_model, slots_order):
     rng = random.Random(3)
     vocab = tiny_random_model.vocab_size
@@ -43,6 +43,10 @@ def test_rows_at_different_positions_match_rows_alone(tiny_random_model, slots_o
     seqs = [engine.add_sequence(p) for p in prompts]
     if slots_order == "scattered":
         assert [s.kv.slot for s in seqs] != list(range(seqs[0].kv.slot, seqs[0].kv.slot + 3))
+    if slots_order == "reversed":
+        # rows given in descending slot order run in slot order (one slice read); logits come back per row
+        seqs, prompts = seqs[::-1], prompts[::-1]
+        assert engine.storage.read_order([s.kv for s in seqs]) == [2, 1, 0]
     for seq in seqs:
         engine.prefill(seq)
     steps = [[rng.randrange(1, vocab) for _ in range(3)] for _ in seqs]
@@ -99,6 +103,16 @@ def test_lookahead_step_equals_synchronous_steps(tiny_random_model):
         return [s.output for s in seqs]
 
     assert run(pipelined=True) == run(pipelined=False)
+
+
+def test_slots_are_handed_out_lowest_first(tiny_random_model):
+    # a batch then tends to occupy adjacent slots, which a step reads as one slice
+    engine = Engine(tiny_random_model, max_sequences=4)
+    seqs = [engine.add_sequence([1, 2]) for _ in range(4)]
+    assert [s.kv.slot for s in seqs] == [0, 1, 2, 3]
+    engine.release(seqs[2])
+    engine.release(seqs[0])
+    assert [engine.add_sequence([1, 2]).kv.slot for _ in range(2)] == [0, 2]
 
 
 def test_kv_bound_and_slots_are_enforced(tiny_random_model):
