@@ -4,12 +4,13 @@ Why: a client process that wakes for every token takes CPU from the daemon on a 
 on 2 cores (embedded model, B=1, 256 tokens): the daemon kept 1.09x a bare loop's decode speed when the
 client asked for no stream and 0.85x when it was sent a chunk per token (two BLAS threads).
 
-Contract: ``ChunkBuffer.add(chunk, now)`` returns what to send now: the request's first chunk always goes
-at once (time to first token is untouched), later ones once ``interval_s`` has passed since the last
-send; otherwise it keeps the tokens and returns None. ``take(now)`` returns everything kept, merged into
-one chunk (tokens, text and logprobs in order), or None. The daemon sends what is kept before a
-request's Done and, after every scheduler tick, every buffer that has waited ``interval_s``. With
-``interval_s`` 0 every chunk goes at once.
+Contract: ``ChunkBuffer.add(tokens, text, logprobs, now)`` takes one scheduler token event and returns the
+Chunk to send now: the request's first tokens always go at once (time to first token is untouched), later
+ones once ``interval_s`` has passed since the last send; otherwise it keeps them and returns None.
+``take(now)`` returns everything kept as one Chunk (tokens, text and logprobs in order), or None. The
+daemon sends what is kept before a request's Done and, after every scheduler tick, every buffer that has
+waited ``interval_s``. With ``interval_s`` 0 every event goes at once. Kept tokens are plain lists: a
+wire message is built (and checked) once per send, not once per token.
 """
 
 from __future__ import annotations
@@ -17,34 +18,36 @@ from __future__ import annotations
 from mlxd_protocol import Chunk
 
 
-def merge(first: Chunk | None, second: Chunk) -> Chunk:
-    if first is None:
-        return second
-    logprobs = (first.logprobs or []) + (second.logprobs or [])
-    return Chunk(id=second.id, tokens=list(first.tokens) + list(second.tokens), text=first.text + second.text,
-                 logprobs=logprobs or None)
-
-
 class ChunkBuffer:
-    def __init__(self, interval_s: float):
+    def __init__(self, client_id: str, interval_s: float):
+        self.client_id = client_id
         self.interval_s = interval_s
-        self.kept: Chunk | None = None
+        self.tokens: list[int] = []
+        self.parts: list[str] = []
+        self.logprobs: list = []
         self.last_sent: float | None = None
 
-    def add(self, chunk: Chunk, now: float) -> Chunk | None:
-        merged = merge(self.kept, chunk)
+    @property
+    def keeping(self) -> bool:
+        return bool(self.tokens or self.parts)
+
+    def add(self, tokens: list[int], text: str, logprobs: list | None, now: float) -> Chunk | None:
+        self.tokens += tokens
+        self.parts.append(text)
+        if logprobs:
+            self.logprobs += logprobs
         if self.last_sent is None or now - self.last_sent >= self.interval_s:
-            self.kept, self.last_sent = None, now
-            return merged
-        self.kept = merged
+            return self.take(now)
         return None
 
     def due(self, now: float) -> bool:
-        # tokens are only ever kept after a send, so last_sent is set whenever kept is
-        return self.kept is not None and now - self.last_sent >= self.interval_s
+        # tokens are only ever kept after a send, so last_sent is set whenever something is kept
+        return self.keeping and now - self.last_sent >= self.interval_s
 
     def take(self, now: float) -> Chunk | None:
-        kept, self.kept = self.kept, None
-        if kept is not None:
-            self.last_sent = now
-        return kept
+        if not self.keeping:
+            return None
+        chunk = Chunk(id=self.client_id, tokens=self.tokens, text="".join(self.parts), logprobs=self.logprobs or None)
+        self.tokens, self.parts, self.logprobs = [], [], []
+        self.last_sent = now
+        return chunk

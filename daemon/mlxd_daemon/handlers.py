@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Callable
 import psutil
 
 from mlxd_protocol import (
-    INVALID, OVERLOADED, PROTOCOL_VERSION, Cancel, Chunk, Detokenize, DetokenizeResult, Generate, Hello, Message, Ok,
+    INVALID, OVERLOADED, PROTOCOL_VERSION, Cancel, Detokenize, DetokenizeResult, Generate, Hello, Message, Ok,
     ProtocolError, Shutdown, Status, StatusRequest, Tokenize, TokenizeResult,
 )
-from mlxd_scheduler import QueueFull
+from mlxd_scheduler import QueueFull, TokenEvent
 
 from . import __version__
 from .chunking import ChunkBuffer
@@ -61,14 +61,13 @@ def generate(server: "DaemonServer", identity: bytes, message: Generate) -> None
     if internal_id in server.routes:
         raise ProtocolError(INVALID, f"request id {message.id!r} is already running")
     request = to_request(server.loaded, message, internal_id, server.options.sampling)
-    chunks = ChunkBuffer(server.options.stream_interval_s)
+    chunks = ChunkBuffer(message.id, server.options.stream_interval_s)
 
     def sink(event) -> None:
-        reply = to_reply(event, message.id, message.stream)
-        if reply is None:
-            return
-        if isinstance(reply, Chunk):
-            ready = chunks.add(reply, time.monotonic())
+        if isinstance(event, TokenEvent):
+            if not message.stream:
+                return
+            ready = chunks.add(event.tokens, event.text, event.logprobs, time.monotonic())
             if ready is None:
                 server.chunks_waiting[internal_id] = (identity, chunks)
             else:  # ready holds whatever was kept: the buffer keeps nothing now
@@ -77,7 +76,7 @@ def generate(server: "DaemonServer", identity: bytes, message: Generate) -> None
             return
         if internal_id in server.chunks_waiting:
             server.send_kept_chunk(internal_id)  # the last tokens go before the Done (or Error)
-        server.send(identity, reply)
+        server.send(identity, to_reply(event, message.id, message.stream))
         server.routes.pop(internal_id, None)
 
     server.routes[internal_id] = message.id
