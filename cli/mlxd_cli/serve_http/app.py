@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hmac
 import json
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -277,6 +278,31 @@ class ClosingStreamingResponse(StreamingResponse):
             close = getattr(self.body_iterator, "aclose", None)
             if close is not None:
                 await close()
+
+
+async def sse_body(stream: GenerationStream, request: Request,
+                   events_for: Callable[[Chunk | Done], AsyncIterator[bytes]], opening: bytes | None = None,
+                   ) -> AsyncIterator[bytes]:
+    """The body of a streaming answer: ``opening`` (if any), then ``events_for(reply)`` for every reply.
+
+    Shared by every streaming route, which only says what each reply becomes. The stream ends after the
+    Done's events, or when the client has gone (the ``finally`` cancels the generation on the daemon). A
+    daemon failure mid-stream is told in-band as one error event, in OpenAI's error shape.
+    """
+    try:
+        if opening is not None:
+            yield opening
+        async for reply in stream:
+            async for event in events_for(reply):
+                yield event
+            if isinstance(reply, Done) or await request.is_disconnected():
+                return
+    except ApiError as error:
+        yield sse_event(error.encoded())
+    except Exception as error:  # noqa: BLE001 - the daemon failed mid-stream: tell the client in-band
+        yield sse_event(from_daemon_failure(error).encoded())
+    finally:
+        await stream.aclose()
 
 
 def unsent_part(streamed_text: str, streamed_tokens: list[int], done: Done) -> tuple[str, list[int]]:

@@ -24,9 +24,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from mlxd_protocol import Done, Generate, new_request_id
 
-from .app import SSE_HEADERS, ClosingStreamingResponse, StreamedOutput, collect_generation, sse_event
+from .app import SSE_HEADERS, ClosingStreamingResponse, StreamedOutput, collect_generation, sse_body, sse_event
 from .daemon_pool import DaemonHandle, DaemonPool, GenerationStream, call_daemon, open_generation
-from .errors import ERROR_RESPONSES, ApiError, NoDaemonAvailable, from_daemon_failure
+from .errors import ERROR_RESPONSES, NoDaemonAvailable, from_daemon_failure
 from .metrics import CONTENT_TYPE
 from .schemas import (
     MAX_TOKENS_LIMIT, DetokenizeRequest, DetokenizeResponse, Health, LlamaCompletion, LlamaCompletionRequest,
@@ -110,26 +110,19 @@ async def completion(body: LlamaCompletionRequest, request: Request):
     return llama_answer(_model(stream), result.text, result.done, stop_type, word)
 
 
-async def _completion_events(stream: GenerationStream, request: Request, stop: list[str]) -> AsyncIterator[bytes]:
+def _completion_events(stream: GenerationStream, request: Request, stop: list[str]) -> AsyncIterator[bytes]:
     output = StreamedOutput()
-    try:
-        async for reply in stream:
-            text, _ = output.add(reply)
-            if text:
-                yield sse_event(LlamaStreamChunk(content=text).model_dump_json())
-            if isinstance(reply, Done):
-                request.app.state.metrics.count_generation(reply.usage, reply.timings)
-                stop_type, word = await stop_reason(request.app.state.pool, reply, output.tokens, stop)
-                yield sse_event(llama_answer(_model(stream), "", reply, stop_type, word).model_dump_json())
-                return
-            if await request.is_disconnected():
-                return  # the finally below cancels the generation
-    except ApiError as error:
-        yield sse_event(error.encoded())
-    except Exception as error:  # the daemon failed mid-stream: tell the client in-band
-        yield sse_event(from_daemon_failure(error).encoded())
-    finally:
-        await stream.aclose()
+
+    async def events_for(reply) -> AsyncIterator[bytes]:
+        text, _ = output.add(reply)
+        if text:
+            yield sse_event(LlamaStreamChunk(content=text).model_dump_json())
+        if isinstance(reply, Done):
+            request.app.state.metrics.count_generation(reply.usage, reply.timings)
+            stop_type, word = await stop_reason(request.app.state.pool, reply, output.tokens, stop)
+            yield sse_event(llama_answer(_model(stream), "", reply, stop_type, word).model_dump_json())
+
+    return sse_body(stream, request, events_for)
 
 
 @router.post("/tokenize", response_model=TokenizeResponse, responses=ERROR_RESPONSES)

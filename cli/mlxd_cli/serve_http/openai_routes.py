@@ -25,7 +25,7 @@ from fastapi import APIRouter, Request, Response
 
 from mlxd_protocol import Done, Generate, new_request_id
 
-from .app import SSE_HEADERS, ClosingStreamingResponse, StreamedOutput, collect_generation, sse_event
+from .app import SSE_HEADERS, ClosingStreamingResponse, StreamedOutput, collect_generation, sse_body, sse_event
 from .daemon_pool import DaemonHandle, GenerationStream, call_daemon, open_generation
 from .errors import ERROR_RESPONSES, ApiError, NoDaemonAvailable, from_daemon_failure
 from .schemas import (
@@ -160,39 +160,30 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
                             finish_reason=FINISH_REASONS[result.done.finish_reason])])
 
 
-async def _chat_events(stream: GenerationStream, request: Request, reply_id: str, created: int,
-                       want_logprobs: bool, include_usage: bool) -> AsyncIterator[bytes]:
+def _chat_events(stream: GenerationStream, request: Request, reply_id: str, created: int,
+                 want_logprobs: bool, include_usage: bool) -> AsyncIterator[bytes]:
     model = model_name(stream)
+    output = StreamedOutput()
 
     def event(choices: list[ChatChunkChoice], **extra) -> bytes:
         chunk = ChatCompletionChunk(id=reply_id, created=created, model=model, choices=choices, **extra)
         return sse_event(chunk.model_dump_json())
 
-    output = StreamedOutput()
-    try:
-        yield event([ChatChunkChoice(delta=ChatDelta(role="assistant", content=""))])
-        async for reply in stream:
-            text, _ = output.add(reply)
-            entries = getattr(reply, "logprobs", None) or []
-            if text or entries:
-                logprobs = chat_logprobs(entries, await token_texts(request, entries)) if want_logprobs and entries else None
-                yield event([ChatChunkChoice(delta=ChatDelta(content=text), logprobs=logprobs)])
-            if isinstance(reply, Done):
-                request.app.state.metrics.count_generation(reply.usage, reply.timings)
-                yield event([ChatChunkChoice(delta=ChatDelta(), finish_reason=FINISH_REASONS[reply.finish_reason])],
-                            timings=reply.timings)
-                if include_usage:
-                    yield event([], usage=usage_of(reply))
-                yield sse_event(b"[DONE]")
-                return
-            if await request.is_disconnected():
-                return  # the finally below cancels the generation
-    except ApiError as error:
-        yield sse_event(error.encoded())
-    except Exception as error:  # the daemon failed mid-stream: tell the client in-band
-        yield sse_event(from_daemon_failure(error).encoded())
-    finally:
-        await stream.aclose()
+    async def events_for(reply) -> AsyncIterator[bytes]:
+        text, _ = output.add(reply)
+        entries = getattr(reply, "logprobs", None) or []
+        if text or entries:
+            logprobs = chat_logprobs(entries, await token_texts(request, entries)) if want_logprobs and entries else None
+            yield event([ChatChunkChoice(delta=ChatDelta(content=text), logprobs=logprobs)])
+        if isinstance(reply, Done):
+            request.app.state.metrics.count_generation(reply.usage, reply.timings)
+            yield event([ChatChunkChoice(delta=ChatDelta(), finish_reason=FINISH_REASONS[reply.finish_reason])],
+                        timings=reply.timings)
+            if include_usage:
+                yield event([], usage=usage_of(reply))
+            yield sse_event(b"[DONE]")
+
+    return sse_body(stream, request, events_for, opening=event([ChatChunkChoice(delta=ChatDelta(role="assistant", content=""))]))
 
 
 # ---- /v1/completions -------------------------------------------------------------------------
@@ -221,39 +212,31 @@ async def completions(body: CompletionRequest, request: Request):
                                   finish_reason=FINISH_REASONS[result.done.finish_reason])])
 
 
-async def _completion_events(stream: GenerationStream, request: Request, reply_id: str, created: int,
-                             want_logprobs: bool, include_usage: bool) -> AsyncIterator[bytes]:
+def _completion_events(stream: GenerationStream, request: Request, reply_id: str, created: int,
+                       want_logprobs: bool, include_usage: bool) -> AsyncIterator[bytes]:
     model = model_name(stream)
     output = StreamedOutput()
 
     def event(choices: list[CompletionChoice], **extra) -> bytes:
         return sse_event(Completion(id=reply_id, created=created, model=model, choices=choices, **extra).model_dump_json())
 
-    try:
-        async for reply in stream:
-            offset = len(output.text)
-            text, _ = output.add(reply)
-            entries = getattr(reply, "logprobs", None) or []
-            if text or entries:
-                logprobs = (completion_logprobs(entries, await token_texts(request, entries), offset)
-                            if want_logprobs and entries else None)
-                yield event([CompletionChoice(text=text, logprobs=logprobs)])
-            if isinstance(reply, Done):
-                request.app.state.metrics.count_generation(reply.usage, reply.timings)
-                yield event([CompletionChoice(text="", finish_reason=FINISH_REASONS[reply.finish_reason])],
-                            timings=reply.timings)
-                if include_usage:
-                    yield event([], usage=usage_of(reply))
-                yield sse_event(b"[DONE]")
-                return
-            if await request.is_disconnected():
-                return
-    except ApiError as error:
-        yield sse_event(error.encoded())
-    except Exception as error:
-        yield sse_event(from_daemon_failure(error).encoded())
-    finally:
-        await stream.aclose()
+    async def events_for(reply) -> AsyncIterator[bytes]:
+        offset = len(output.text)
+        text, _ = output.add(reply)
+        entries = getattr(reply, "logprobs", None) or []
+        if text or entries:
+            logprobs = (completion_logprobs(entries, await token_texts(request, entries), offset)
+                        if want_logprobs and entries else None)
+            yield event([CompletionChoice(text=text, logprobs=logprobs)])
+        if isinstance(reply, Done):
+            request.app.state.metrics.count_generation(reply.usage, reply.timings)
+            yield event([CompletionChoice(text="", finish_reason=FINISH_REASONS[reply.finish_reason])],
+                        timings=reply.timings)
+            if include_usage:
+                yield event([], usage=usage_of(reply))
+            yield sse_event(b"[DONE]")
+
+    return sse_body(stream, request, events_for)
 
 
 # ---- /v1/models ------------------------------------------------------------------------------
