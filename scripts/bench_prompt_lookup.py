@@ -5,6 +5,8 @@
 (c) 2, 4 and 8 concurrent requests, plain and copy: aggregate tok/s, flag on (gate at its default and with
     the gate open) vs off — the numbers behind the --prompt-lookup-max-batch default.
 Daemons run side by side; every round runs each variant once, interleaved, in alternating order. Median [min-max] over rounds.
+A second daemon without the flag ("off, again") is measured like the others: its ratio to "off" is the
+A/A spread, how far two identical daemons differ on this machine in the same rounds.
 
 Run: .venv/bin/python scripts/bench_prompt_lookup.py [--rounds 3] [--model PATH]
 """
@@ -84,6 +86,7 @@ def main() -> None:
     model_args = ["-m", args.model] if args.model else []
     daemons = {
         "off": start_daemon(*model_args, "--max-batch", "8"),
+        "off, again": start_daemon(*model_args, "--max-batch", "8"),
         "on": start_daemon(*model_args, "--max-batch", "8", "--draft-kind", "prompt-lookup"),
         "on, gate open": start_daemon(*model_args, "--max-batch", "8", "--draft-kind", "prompt-lookup",
                                       "--prompt-lookup-max-batch", "64"),
@@ -138,14 +141,16 @@ def main() -> None:
         "",
         "Machine: " + ", ".join(f"{k} {v}" for k, v in machine_facts().items()),
         "",
-        "| case | off | on (default gate) | on, gate open | on/off per round | gate-open/off per round |",
-        "|---|---|---|---|---|---|",
+        "| case | off | on (default gate) | on, gate open | on/off per round | gate-open/off per round "
+        "| A/A: off again/off per round |",
+        "|---|---|---|---|---|---|---|",
     ]
     for key, by_name in results.items():
-        on_off = [a / b for a, b in zip(by_name["on"], by_name["off"])]
-        open_off = [a / b for a, b in zip(by_name["on, gate open"], by_name["off"])]
+        def per_round(name: str) -> str:
+            return ratio_spread([a / b for a, b in zip(by_name[name], by_name["off"])])
+
         lines.append(f"| {key} | {spread(by_name['off'])} | {spread(by_name['on'])} | {spread(by_name['on, gate open'])} "
-                     f"| {ratio_spread(on_off)} | {ratio_spread(open_off)} |")
+                     f"| {per_round('on')} | {per_round('on, gate open')} | {per_round('off, again')} |")
     lines += ["", "Acceptance with the flag on (default gate), summed over rounds:", "",
               "| case | verify rounds | drafted | accepted | accepted / drafted | accepted per verify |",
               "|---|---|---|---|---|---|"]

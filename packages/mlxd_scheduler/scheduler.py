@@ -35,11 +35,11 @@ log = logging.getLogger("mlxd.scheduler")
 
 # Verify gate default: the largest active batch at which measurement showed no aggregate loss. On the
 # embedded model (2-core CPU, docs/benchmark_results/prompt_lookup.md, 5 rounds, gate open vs flag off):
-# batch 2: plain 1.09x, copy 2.70x; batch 4: plain 0.86x (copy 2.10x); batch 8: plain 0.72x (copy 1.77x).
+# batch 2: plain 0.99x, copy 2.09x; batch 4: plain 0.56x (copy 1.47x); batch 8: plain 0.35x (copy 1.07x).
 # Each proposing row verifies in a forward of its own, so with many rows the verify forwards outweigh the
 # batched step they replace unless nearly every row copies. Batch 3 was not measured. On stories260K, whose
-# plain stories copy little (22% of drafts accepted), batch 2 measured 0.93x [0.68-1.03] and batch 1 1.02x
-# (docs/benchmark_results/prompt_lookup_stories260k.md): the governor, not the gate, guards that case.
+# plain stories copy little, the governor rather than the gate guards batch 2
+# (docs/benchmark_results/prompt_lookup_stories260k.md).
 DEFAULT_PROMPT_LOOKUP_MAX_BATCH = 2
 
 
