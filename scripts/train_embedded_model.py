@@ -142,8 +142,9 @@ def write_model_card(out: Path, report: dict) -> None:
 
 A small qwen3-architecture checkpoint in mlx-lm format, trained from scratch on this machine so that it
 really copies text: prompt-lookup speculative decoding has something real to accept, and tests and
-benchmarks run without any download. It is a test and demo model, not a useful assistant: plain prompts
-get short, roughly plausible English about Python; copy prompts get the text back.
+benchmarks run without any download. It is a test and demo model, not a useful assistant: copy prompts
+get the text back, plain prompts do not get useful text (through the chat template it mostly echoes the
+user's message; raw continuations fall into repetition). A model this small spends its capacity on copying.
 
 ## Size
 - {report['layers']} layers, hidden size {report['hidden']}, {report['heads']} heads (head dim {report['hidden'] // report['heads']}), SwiGLU width {report['hidden'] * 3},
