@@ -43,7 +43,7 @@ def _endpoint_option(function):
 @click.option("--draft-model", default=None, help="draft model (no supported kind takes one yet)")
 @click.option("--draft-block-size", default=None, type=int, help="prompt lookup: most draft tokens per verify round (default 8)")
 @click.option("--prompt-lookup-max-batch", default=None, type=click.IntRange(0),
-              help="verify gate: no verify rounds while more rows than this decode (default: measured, see docs)")
+              help="verify gate: no verify rounds while more rows than this decode or prefill (default: measured, see docs)")
 @click.option("--decode-storage-backend", "storage_backend", default="contiguous", show_default=True,
               type=click.Choice(["contiguous", "paged"]), help="KV storage: a slot per sequence, or blocks from a pool")
 @click.option("--kv-block-size", default=64, show_default=True, type=click.IntRange(1), help="paged: tokens per block")

@@ -7,6 +7,9 @@ row runs the engine's shared verify round at most once per tick.
 The tick, in the order the rules are applied:
 1. Gate: when the active batch is above ``max_batch`` no row drafts this tick (no ``draft_block`` call,
    so no miss is recorded); its drafter keeps observing tokens and resumes when the batch shrinks.
+   The active batch counts the decoding rows and the rows still in prefill, which join within a few
+   ticks: while a burst of requests is admitted, the first rows do not start verify rounds (measured on
+   stories260K, 8 requests of 200 tokens in-process: the flag cost 3.1% when only decoding rows counted).
    A row whose governor grants no budget is "declined by governor".
 2. While step n is in flight, every gated-in drafter is asked for a proposal on its committed tokens.
 3. No proposal anywhere: step n+1 is primed and the tick pipelines exactly as plain decode does.
@@ -53,7 +56,8 @@ class PromptLookupArm:
         self.fail = fail
         self.counters = {"verify_rounds": 0, "declined_gate": 0, "declined_governor": 0}
 
-    def tick(self, rows: list[RequestState], record: TickRecord) -> None:
+    def tick(self, rows: list[RequestState], record: TickRecord, prefilling: int = 0) -> None:
+        """One decode tick over ``rows``; ``prefilling`` rows (admitted, prompt not yet in) count toward the gate."""
         drafting = [s for s in rows if s.drafter is not None]
         held_back = self._past_paged_limit(drafting)
         if held_back:
@@ -61,7 +65,7 @@ class PromptLookupArm:
             if not drafting:
                 self._plain(rows, record, {id(s): "declined-paged-context" for s in held_back})
                 return
-        if len(rows) > self.max_batch:
+        if len(rows) + prefilling > self.max_batch:
             self.counters["declined_gate"] += len(drafting)
             declined = {id(s) for s in drafting}
             self._plain(rows, record, {id(s): "declined-gate" for s in drafting if id(s) in declined})

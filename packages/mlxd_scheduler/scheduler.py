@@ -165,7 +165,7 @@ class BatchScheduler:
         was_pipelined = self.decode_loop.pipelined
         record.pipelined = self.decode_loop.lookahead and was_pipelined and bool(rows)
         if any(s.drafter is not None for s in rows):
-            self.prompt_lookup.tick(rows, record)
+            self.prompt_lookup.tick(rows, record, prefilling=len(self.prefilling))
             record.pipelined = record.pipelined and self.decode_loop.pipelined
         else:
             emitted, failed = self.decode_loop.tick(rows)

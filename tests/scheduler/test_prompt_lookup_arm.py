@@ -188,3 +188,23 @@ def test_paged_context_limit_skips_verify_rounds_and_says_why(monkeypatch):
     assert any(x.detail == "declined-paged-context" for before, x in positions if before > 20)
     plain, _, _ = run_one(loaded, REPEATING, 40, enabled=False)
     assert out.done("p").tokens == plain.tokens
+
+
+def test_rows_still_in_prefill_count_toward_the_gate():
+    # a burst of admissions: the first row decodes while the second's long prompt is still prefilling
+    loaded = stub_loaded(period=6)
+    scheduler, records = make(loaded, prompt_lookup_max_batch=1, prefill_chunk=4)
+    out = Collector()
+    scheduler.submit(Request("a", REPEATING, max_tokens=30), out.sink("a"))
+    scheduler.submit(Request("b", REPEATING * 6, max_tokens=30), out.sink("b"))
+    gated_while_b_prefills = 0
+    while scheduler.has_work:
+        b_prefilling = any(s.request_id == "b" for s in scheduler.prefilling)
+        record = scheduler.tick()
+        a_rows = [x for x in (record.rows if record else []) if x.request_id == "a"]
+        if b_prefilling and any(x.action == "decode" for x in a_rows):
+            assert not any(x.action == "verify" for x in a_rows)
+            assert any(x.detail == "declined-gate" for x in a_rows)
+            gated_while_b_prefills += 1
+    assert gated_while_b_prefills >= 3
+    assert [x for r in records for x in r.rows if x.action == "verify"]  # alone, each row verifies
