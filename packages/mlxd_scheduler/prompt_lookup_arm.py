@@ -101,6 +101,10 @@ class PromptLookupArm:
                     self.counters["declined_governor"] += 1
                 continue
             proposal = state.drafter.draft_block()
+            if proposal and state.request.max_tokens - state.emitted <= 1:
+                # one token left: the round would check no draft; a plain step gives that token
+                state.drafter.retract_draft()
+                continue
             if proposal:
                 proposals[state] = proposal
         return proposals
