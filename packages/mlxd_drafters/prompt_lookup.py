@@ -99,6 +99,10 @@ class PromptLookupDrafter:
     def __init__(self, config: PromptLookupConfig | None = None) -> None:
         self._config = config if config is not None else PromptLookupConfig()
         self._index = NgramIndex(self._config.min_ngram, self._config.max_ngram)
+        # Observed tokens wait here until the index is next read: a row the verify gate holds back
+        # observes every token it decodes and may never propose. Measured in-process (embedded model, 4
+        # rows gated out, 10 rounds): indexing each token as it came cost about 2% of plain decode.
+        self._unindexed: list[int] = []
         self._governor = DraftGovernor(self._config)
         self._stats = PromptLookupStats()
         self._outstanding: list[int] | None = None
@@ -121,12 +125,12 @@ class PromptLookupDrafter:
     @property
     def index(self) -> NgramIndex:
         """The n-gram index over the observed context."""
-        return self._index
+        return self._indexed()
 
     @property
     def context_length(self) -> int:
         """Number of tokens observed so far."""
-        return len(self._index)
+        return len(self._index) + len(self._unindexed)
 
     @property
     def outstanding_draft(self) -> list[int] | None:
@@ -139,7 +143,14 @@ class PromptLookupDrafter:
         Args:
             tokens: Prompt tokens, or tokens committed by a decode step.
         """
-        self._index.extend(tokens)
+        self._unindexed.extend(tokens)
+
+    def _indexed(self) -> NgramIndex:
+        """The index, with every observed token in it."""
+        if self._unindexed:
+            self._index.extend(self._unindexed)
+            self._unindexed.clear()
+        return self._index
 
     def draft_block(self) -> list[int]:
         """Propose draft tokens for the next verify round.
@@ -156,7 +167,7 @@ class PromptLookupDrafter:
         budget = min(self._governor.budget(), self._config.max_draft)
         if budget <= 0:
             return []
-        proposal = self._index.propose(budget)
+        proposal = self._indexed().propose(budget)
         if proposal:
             self._stats.proposals += 1
             self._stats.drafted_tokens += len(proposal)
@@ -222,4 +233,4 @@ class PromptLookupDrafter:
         """
         if self._governor.peek_budget() <= 0:
             return True
-        return not self._index.has_match()
+        return not self._indexed().has_match()
