@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from mlxd_fast_blas import ensure_fast_blas, set_blas_threads  # noqa: E402
+from mlxd_fast_blas import ensure_fast_blas, server_blas_threads, set_blas_threads  # noqa: E402
 
 ensure_fast_blas()
 
@@ -124,8 +124,8 @@ def main() -> None:
             mlxd_request(endpoint, PROMPT, 16)
         for round_number in range(args.rounds):
             results["bare loop"].append(bare_loop(loaded.model, prompt_ids, args.max_tokens))
-            # the daemon runs OpenBLAS on one thread less than the machine has (mlxd_fast_blas): the same here
-            if set_blas_threads(max(1, (os.cpu_count() or 1) - 1)):
+            # the daemon's OpenBLAS thread count (one less than the machine has, unless the environment says)
+            if set_blas_threads(server_blas_threads()):
                 results["bare loop, 1 BLAS thread"].append(bare_loop(loaded.model, prompt_ids, args.max_tokens))
                 set_blas_threads(os.cpu_count() or 1)
             results["mlx_lm.generate"].append(mlx_lm_generate(loaded.model, loaded.tokenizer, prompt_ids, args.max_tokens,

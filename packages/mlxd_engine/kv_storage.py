@@ -21,6 +21,7 @@ Contract:
 from __future__ import annotations
 
 import heapq
+from typing import Callable
 
 from dataclasses import dataclass, field
 
@@ -62,18 +63,18 @@ def drop_pending(state, n: int) -> None:
 
 
 def row_mask(starts: list[int], read_length: int, n: int, return_array: bool, window_size: int | None,
-             uniform: bool | None = None):
+             uniform: bool, starts_array: Callable[[], mx.array] | None = None):
     """mlx-lm attention mask for rows whose ``n`` new tokens start at ``starts`` (both storage kinds).
 
-    ``uniform`` (every row starts at the same position) may be passed when the caller knows it."""
-    if uniform is None:
-        uniform = len(set(starts)) == 1
+    ``uniform``: every row starts at the same position. ``starts_array`` returns ``starts`` as an array
+    when the caller already holds one (it is only asked for when a mask array is built)."""
     if uniform and window_size is None and not return_array:
         # every row ends at read_length: the plain causal (or no) mask is exact
         return None if n == 1 else "causal"
     # [B, 1, n, L]: key j is visible to query i of row r when j <= start_r + i
     key_positions = mx.arange(read_length)[None, None, None, :]
-    query_positions = mx.array(starts)[:, None, None, None] + mx.arange(n)[None, None, :, None]
+    starts_mx = starts_array() if starts_array is not None else mx.array(starts)
+    query_positions = starts_mx[:, None, None, None] + mx.arange(n)[None, None, :, None]
     mask = key_positions <= query_positions
     if window_size is not None:
         mask = mask & (key_positions > query_positions - window_size)
@@ -248,7 +249,8 @@ class LayerView:
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
         plan = self.plan
-        return row_mask(plan.starts, plan.read_length, n, return_array, window_size, plan.uniform)
+        return row_mask(plan.starts, plan.read_length, n, return_array, window_size, plan.uniform,
+                        lambda: plan.array("starts"))  # the array the RoPE offsets use
 
     @property
     def state(self):  # mlx-lm reads this only to evaluate caches; the storage owns the arrays

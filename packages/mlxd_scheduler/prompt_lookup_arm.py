@@ -67,8 +67,7 @@ class PromptLookupArm:
                 return
         if len(rows) + prefilling > self.max_batch:
             self.counters["declined_gate"] += len(drafting)
-            declined = {id(s) for s in drafting}
-            self._plain(rows, record, {id(s): "declined-gate" for s in drafting if id(s) in declined})
+            self._plain(rows, record, {id(s): "declined-gate" for s in drafting})
             return
         if self.decode_loop.pipelined:
             proposals = self._propose(drafting, record=None)
