@@ -106,19 +106,24 @@ def main() -> None:
     args = parser.parse_args()
 
     from mlxd_engine import load
+    from mlxd_engine.cpu_fusion import fuse_cpu_layers, fusion_wanted
 
-    loaded = load(args.model)
+    loaded = load(args.model)  # stock layers: the bare loop and mlx_lm.generate
+    fused = load(args.model)  # a second copy with the layers the daemon's engine fuses (on the CPU)
+    fused_count = fuse_cpu_layers(fused.model) if fusion_wanted() else 0
     model_args = ["-m", args.model] if args.model else []
     prompt_ids = loaded.tokenizer.encode(PROMPT)
     pipelined = start_daemon(*model_args)
     unpipelined = start_daemon(*model_args, "--no-lookahead")
-    results: dict[str, list[float]] = {k: [] for k in ("bare loop", "bare loop, 1 BLAS thread", "mlx_lm.generate", "mlxd (mlx-generate)",
-                                                        "mlxd pipelined", "mlxd unpipelined")}
+    names = ("bare loop", "bare loop, 1 BLAS thread", "bare loop, fused layers, 1 BLAS thread", "mlx_lm.generate",
+             "mlxd (mlx-generate)", "mlxd pipelined", "mlxd unpipelined")
+    results: dict[str, list[float]] = {k: [] for k in names}
     levels = [int(c) for c in args.concurrency.split(",")]
     aggregate_results: dict[int, list[float]] = {c: [] for c in levels}
     try:
         # warm-up: compile paths, fill caches
         bare_loop(loaded.model, prompt_ids, 16)
+        bare_loop(fused.model, prompt_ids, 16)
         mlx_lm_generate(loaded.model, loaded.tokenizer, prompt_ids, 16, loaded.eos_token_ids)
         for _, endpoint in (pipelined, unpipelined):
             mlxd_request(endpoint, PROMPT, 16)
@@ -127,6 +132,7 @@ def main() -> None:
             # the daemon's OpenBLAS thread count (one less than the machine has, unless the environment says)
             if set_blas_threads(server_blas_threads()):
                 results["bare loop, 1 BLAS thread"].append(bare_loop(loaded.model, prompt_ids, args.max_tokens))
+                results["bare loop, fused layers, 1 BLAS thread"].append(bare_loop(fused.model, prompt_ids, args.max_tokens))
                 set_blas_threads(os.cpu_count() or 1)
             results["mlx_lm.generate"].append(mlx_lm_generate(loaded.model, loaded.tokenizer, prompt_ids, args.max_tokens,
                                                               loaded.eos_token_ids))
@@ -151,7 +157,10 @@ def main() -> None:
         f"Model: `{loaded.path}`; {args.max_tokens} tokens per run (end-of-sequence ignored); {args.rounds} "
         "interleaved rounds; decode tok/s excludes the first token; median [min-max]. mlxd streams chunks to the "
         "client (coalesced, --stream-interval-ms 5); mlx-generate --json asks for no stream. mlxd runs OpenBLAS on "
-        "one thread less than the machine has; the bare loop is timed both with the library's default and so.",
+        "one thread less than the machine has; the bare loop is timed both with the library's default and so. "
+        f"On the CPU the daemon's engine fuses the model's RMSNorm and RoPE layers ({fused_count} modules here; "
+        "packages/mlxd_engine/cpu_fusion.py); the bare loop and mlx_lm.generate run the stock layers, and the "
+        "\"fused layers\" bare loop runs the same fused layers as the daemon.",
         "",
         "Machine: " + ", ".join(f"{k} {v}" for k, v in machine_facts().items()),
         "",
@@ -167,6 +176,8 @@ def main() -> None:
         f"| mlxd (mlx-generate) / bare loop | {ratio_spread(ratios('mlxd (mlx-generate)', 'bare loop'))} |",
         f"| mlxd pipelined / bare loop, 1 BLAS thread | {ratio_spread(ratios('mlxd pipelined', 'bare loop, 1 BLAS thread'))} |",
         f"| mlxd (mlx-generate) / bare loop, 1 BLAS thread | {ratio_spread(ratios('mlxd (mlx-generate)', 'bare loop, 1 BLAS thread'))} |",
+        f"| mlxd pipelined / bare loop, fused layers, 1 BLAS thread | {ratio_spread(ratios('mlxd pipelined', 'bare loop, fused layers, 1 BLAS thread'))} |",
+        f"| mlxd (mlx-generate) / bare loop, fused layers, 1 BLAS thread | {ratio_spread(ratios('mlxd (mlx-generate)', 'bare loop, fused layers, 1 BLAS thread'))} |",
         f"| mlxd pipelined / mlx_lm.generate | {ratio_spread(ratios('mlxd pipelined', 'mlx_lm.generate'))} |",
         f"| mlxd (mlx-generate) / mlx_lm.generate | {ratio_spread(ratios('mlxd (mlx-generate)', 'mlx_lm.generate'))} |",
         f"| mlxd pipelined / mlxd unpipelined | {ratio_spread(ratios('mlxd pipelined', 'mlxd unpipelined'))} |",

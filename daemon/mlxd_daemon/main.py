@@ -127,10 +127,10 @@ def serve(options: DaemonOptions) -> int:
     server.install_signal_handlers()
     blas_threads = leave_cores_for_clients()
     log.info("model=%s type=%s layers=%d max_batch=%d max_kv_size=%d lookahead=%s %s prompt_lookup_max_batch=%d "
-             "storage=%s blas=%s blas_threads=%s", loaded.path, loaded.model_type, loaded.n_layers, options.max_batch,
+             "storage=%s blas=%s blas_threads=%s fused_cpu_layers=%d", loaded.path, loaded.model_type, loaded.n_layers, options.max_batch,
              server.engine.max_kv_size, options.lookahead, server.speculative.summary(),
              server.scheduler.options.prompt_lookup_max_batch, server.engine.storage.usage(), blas_in_use(),
-             blas_threads or "library default")
+             blas_threads or "library default", server.engine.fused_layers)
     click.echo(f"mlxd ready endpoint={endpoint} model={loaded.path} pid={__import__('os').getpid()}", nl=True)
     sys.stdout.flush()
     reason = "error"

@@ -138,6 +138,7 @@ class DaemonServer:
         summary = self.options.as_dict()
         summary["endpoint"] = self.endpoint
         summary["max_kv_size"] = self.engine.max_kv_size
+        summary["fused_cpu_layers"] = self.engine.fused_layers
         summary["speculative"] = self.speculative.summary()
         summary["prompt_lookup_max_batch"] = self.scheduler.options.prompt_lookup_max_batch
         return summary

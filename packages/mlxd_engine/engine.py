@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from .cpu_fusion import fuse_cpu_layers as fuse_cpu_layers_of, fusion_wanted
 from .kv_storage import KVStorageFull, SlotKVStorage, SlotState
 from .loading import LoadedModel
 from .paged_kv_storage import DEFAULT_BLOCK_SIZE, PagedKVStorage
@@ -87,13 +88,18 @@ def kv_bytes_per_token(loaded: LoadedModel, bytes_per_value: int = 4) -> int:
 
 
 class Engine:
-    """Runs one loaded model over contiguous (slot) or paged KV storage."""
+    """Runs one loaded model over contiguous (slot) or paged KV storage.
+
+    On the CPU the model's RMSNorm and RoPE layers are fused first (``cpu_fusion``; bit-identical
+    results); ``fuse_cpu_layers=False`` or ``MLXD_FUSE_CPU_LAYERS=0`` keeps them stock."""
 
     def __init__(self, loaded: LoadedModel, max_sequences: int = 8, max_kv_size: int | None = None,
                  storage: str = "contiguous", kv_block_size: int = DEFAULT_BLOCK_SIZE,
-                 kv_pool_tokens: int | None = None):
+                 kv_pool_tokens: int | None = None, fuse_cpu_layers: bool | None = None):
         self.loaded = loaded
         self.model = loaded.model
+        wanted = fusion_wanted() if fuse_cpu_layers is None else fuse_cpu_layers
+        self.fused_layers = fuse_cpu_layers_of(self.model) if wanted else 0
         self.max_kv_size = min(max_kv_size or loaded.context_length, loaded.context_length)
         if storage == "contiguous":
             self.storage = SlotKVStorage(loaded.n_layers, max_sequences, self.max_kv_size)
