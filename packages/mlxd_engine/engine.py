@@ -182,15 +182,18 @@ class Engine:
     def submit_step(self, rows: list[Sequence], lookahead: StepHandle | None = None) -> StepHandle:
         """Submit one decode step for ``rows`` (async). See the module docstring for ``lookahead``."""
         pending_index = {r.seq_id: i for i, r in enumerate(lookahead.rows)} if lookahead and not lookahead.read else {}
-        columns = []
-        for seq in rows:
-            if seq.seq_id in pending_index:
-                columns.append(lookahead.tokens[pending_index[seq.seq_id] : pending_index[seq.seq_id] + 1])
-            else:
-                if seq.kv.written != len(seq.tokens) - 1:
-                    raise ValueError(f"sequence {seq.seq_id} has {len(seq.tokens) - seq.kv.written} tokens outside storage; a step feeds exactly one")
-                columns.append(mx.array([seq.tokens[-1]], dtype=mx.int32))
-        inputs = mx.concatenate(columns)[:, None] if len(columns) > 1 else columns[0][None]
+        if pending_index and len(lookahead.rows) == len(rows) and all(a is b for a, b in zip(lookahead.rows, rows)):
+            inputs = lookahead.tokens[:, None]  # steady decode: the same rows in the same order
+        else:
+            columns = []
+            for seq in rows:
+                if seq.seq_id in pending_index:
+                    columns.append(lookahead.tokens[pending_index[seq.seq_id] : pending_index[seq.seq_id] + 1])
+                else:
+                    if seq.kv.written != len(seq.tokens) - 1:
+                        raise ValueError(f"sequence {seq.seq_id} has {len(seq.tokens) - seq.kv.written} tokens outside storage; a step feeds exactly one")
+                    columns.append(mx.array([seq.tokens[-1]], dtype=mx.int32))
+            inputs = mx.concatenate(columns)[:, None] if len(columns) > 1 else columns[0][None]
         logits = self._forward(rows, inputs)[:, -1, :]
         # only rows with per-row sampler state (penalties) read their history
         histories = [self._history_fn(seq, pending_index, lookahead) if seq.chain.has_row_state else None
