@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import statistics
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -41,6 +42,7 @@ def stop_daemon(process: subprocess.Popen, endpoint: str) -> None:
         process.wait(timeout=20)
     except Exception:  # noqa: BLE001
         process.kill()
+    shutil.rmtree(Path(endpoint.removeprefix("ipc://")).parent, ignore_errors=True)  # the private folder
 
 
 def spread(values: list[float]) -> str:

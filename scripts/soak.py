@@ -22,6 +22,7 @@ import json
 import os
 import random
 import socket
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -204,6 +205,7 @@ def soak(model: str, duration_s: float, concurrency: int, chat: bool | None, max
             daemon.wait(timeout=30)
         except subprocess.TimeoutExpired:
             daemon.kill()
+        shutil.rmtree(directory, ignore_errors=True)
     accounted = counts["completed"] + counts["cancelled_on_purpose"]
     failures = []
     if counts["errors"]:

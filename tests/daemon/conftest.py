@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -51,6 +53,7 @@ def private_endpoint(name: str = "d") -> str:
     # ipc paths are limited to ~100 bytes: keep them short
     directory = Path(tempfile.mkdtemp(prefix="mlxd-t-", dir="/tmp"))
     directory.chmod(0o700)
+    atexit.register(shutil.rmtree, directory, True)  # the daemon removes its sockets; this the folder
     return f"ipc://{directory}/{name}.sock"
 
 
