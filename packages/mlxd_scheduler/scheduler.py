@@ -35,7 +35,7 @@ log = logging.getLogger("mlxd.scheduler")
 
 # Verify gate default: the largest active batch at which measurement showed no aggregate loss. On the
 # embedded model (2-core CPU, docs/benchmark_results/prompt_lookup.md, 5 rounds, gate open vs flag off):
-# batch 2: plain 1.04x, copy 2.28x; batch 4: plain 0.58x (copy 1.46x); batch 8: plain 0.36x (copy 1.11x).
+# batch 2: plain 1.03x, copy 1.93x; batch 4: plain 0.56x (copy 1.30x); batch 8: plain 0.35x (copy 1.16x).
 # Each proposing row verifies in a forward of its own, so with many rows the verify forwards outweigh the
 # batched step they replace unless nearly every row copies. Batch 3 was not measured. On stories260K, whose
 # plain stories copy little, the governor rather than the gate guards batch 2
