@@ -13,8 +13,9 @@ Contract (the same interface as ``SlotKVStorage``, so the engine runs on either)
   cost paged storage adds to every forward, step and verify alike; docs/benchmark_results/paged_kv.md
   measures it.
 - No context limit applies to verify rounds on paged storage (``PAGED_VERIFY_MAX_CONTEXT`` beside the
-  verify gate stays None). Measured on the embedded model, 2-core CPU: an 8-draft verify costs 1.03x,
-  1.08x, 1.26x, 1.41x its contiguous cost at 1K, 2K, 4K, 8K tokens of context, and 1.6-2.2 paged steps.
+  verify gate stays None). Measured on the embedded model, 2-core CPU (fused CPU layers): an 8-draft
+  verify costs 1.25x, 1.21x, 1.20x, 1.25x its contiguous cost at 1K, 2K, 4K, 8K tokens of context, and
+  1.9-2.2 paged steps.
   The gather grows the verify and the step alike, so a round that accepts more than about 2 drafts still
   beats plain decode at 8K; the governor already stops rounds that accept less.
 """

@@ -38,8 +38,8 @@ from .trace import TickRecord
 log = logging.getLogger("mlxd.scheduler")
 
 # Verify rounds are skipped for a sequence on paged KV storage once its context passes this many tokens
-# (None: no limit). None, measured: at 8K tokens of context an 8-draft verify on paged storage costs 1.41x
-# the contiguous one and 2.2 paged steps, so a round still pays when it accepts 2+ drafts, and the governor
+# (None: no limit). None, measured: at 8K tokens of context an 8-draft verify on paged storage costs 1.25x
+# the contiguous one and 2.1 paged steps, so a round still pays when it accepts 2+ drafts, and the governor
 # already stops rounds that accept less (docs/benchmark_results/paged_kv.md).
 PAGED_VERIFY_MAX_CONTEXT: int | None = None
 
