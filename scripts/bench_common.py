@@ -46,11 +46,15 @@ def stop_daemon(process: subprocess.Popen, endpoint: str) -> None:
 
 
 def spread(values: list[float]) -> str:
-    """median [min-max] with one decimal."""
+    """median [min-max] with one decimal; "-" when the variant did not run here (e.g. no OpenBLAS)."""
+    if not values:
+        return "-"
     return f"{statistics.median(values):.1f} [{min(values):.1f}-{max(values):.1f}]"
 
 
 def ratio_spread(values: list[float]) -> str:
+    if not values:
+        return "-"
     return f"{statistics.median(values):.3f} [{min(values):.3f}-{max(values):.3f}]"
 
 

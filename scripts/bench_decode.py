@@ -141,7 +141,7 @@ def main() -> None:
             results["mlxd unpipelined"].append(mlxd_request(unpipelined[1], PROMPT, args.max_tokens))
             for level in levels:
                 aggregate_results[level].append(asyncio.run(aggregate(pipelined[1], PROMPT, args.max_tokens, level)))
-            print(f"round {round_number + 1}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in results.items()), flush=True)
+            print(f"round {round_number + 1}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in results.items() if v), flush=True)
     finally:
         stop_daemon(*pipelined)
         stop_daemon(*unpipelined)
@@ -192,7 +192,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     args.out.with_suffix(".json").write_text(json.dumps({"results": results, "aggregate": aggregate_results,
-                                                          "median": {k: statistics.median(v) for k, v in results.items()}},
+                                                          "median": {k: statistics.median(v) for k, v in results.items() if v}},
                                                          indent=2) + "\n")
     print(text)
 
