@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
-import math
 import random
 import sys
 import time

@@ -38,8 +38,9 @@ log = logging.getLogger("mlxd.scheduler")
 # batch 2: plain 1.03x, copy 1.93x; batch 4: plain 0.56x (copy 1.30x); batch 8: plain 0.35x (copy 1.16x).
 # Each proposing row verifies in a forward of its own, so with many rows the verify forwards outweigh the
 # batched step they replace unless nearly every row copies. Batch 3 was not measured. On stories260K, whose
-# plain stories copy little, the governor rather than the gate guards batch 2
-# (docs/benchmark_results/prompt_lookup_stories260k.md).
+# plain stories copy little (about 29% of drafts accepted), batch 2 lost 5-11% once the fused CPU layers
+# made steps cheaper (on/off 0.889 over 5 rounds, 0.953 over 8; docs/benchmark_results/
+# prompt_lookup_stories260k.md): the governor does not fully guard that case yet.
 DEFAULT_PROMPT_LOOKUP_MAX_BATCH = 2
 
 
