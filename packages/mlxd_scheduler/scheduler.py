@@ -34,8 +34,9 @@ log = logging.getLogger("mlxd.scheduler")
 
 
 # Verify gate default: the largest active batch at which measurement showed no aggregate loss. On the
-# embedded model (2-core CPU, docs/benchmark_results/prompt_lookup.md, 5 rounds, gate open vs flag off):
-# batch 2: plain 1.03x, copy 1.93x; batch 4: plain 0.56x (copy 1.30x); batch 8: plain 0.35x (copy 1.16x).
+# embedded model (2-core CPU, docs/benchmark_results/prompt_lookup.md, 5 rounds, gate open vs flag off;
+# the retrained model echoes much of a plain prompt too, so "plain" rows also accept drafts):
+# batch 2: plain 1.30x, copy 1.38x; batch 4: plain 0.72x (copy 1.19x); batch 8: plain 0.49x (copy 1.07x).
 # Each proposing row verifies in a forward of its own, so with many rows the verify forwards outweigh the
 # batched step they replace unless nearly every row copies. Batch 3 was not measured. On stories260K, whose
 # plain stories copy little (about 29% of drafts accepted), batch 2 lost 5-11% once the fused CPU layers

@@ -310,7 +310,7 @@ class ServedTarget(HttpTarget):
         self.url = f"http://127.0.0.1:{port}"
         self.command = self.command_template.replace("{port}", str(port))
         self.log_path = Path(log_dir) / f"serve-{re.sub(r'[^A-Za-z0-9_.-]+', '_', self.name)}.log"
-        with open(self.log_path, "ab") as log:
+        with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(self.command, shell=True, stdin=subprocess.DEVNULL, stdout=log,
                                             stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout_s
