@@ -271,7 +271,7 @@ def main() -> None:
     parser.add_argument("--ema-decay", type=float, default=0.995, help="moving average of the text phase's weights")
     parser.add_argument("--time-steps", type=int, default=0, help="only time this many steps of each phase")
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
-                        help="data-parallel processes (each builds rows/workers of every batch)")
+                        help="data-parallel processes (each packs the whole batch and trains on its share of the rows)")
     options = parser.parse_args()
     if options.workers > 1 and "MLX_RANK" not in os.environ:
         relaunch_data_parallel(options.workers)
