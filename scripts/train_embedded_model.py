@@ -145,12 +145,19 @@ def relaunch_data_parallel(workers: int) -> None:
         command = [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:]]
         processes = [subprocess.Popen(command, env=dict(env, MLX_RANK=str(rank))) for rank in range(workers)]
         try:
-            codes = [process.wait() for process in processes]
-        except KeyboardInterrupt:
+            # A worker that fails leaves the others blocked in all_sum: stop them rather than wait forever.
+            while True:
+                codes = [process.poll() for process in processes]
+                failure = next((code for code in codes if code), 0)
+                if failure or None not in codes:
+                    break
+                time.sleep(1.0)
+        finally:
             for process in processes:
-                process.terminate()
-            raise
-    sys.exit(next((code for code in codes if code), 0))
+                if process.poll() is None:
+                    process.terminate()
+                    process.wait()
+    sys.exit(failure)
 
 
 def save_checkpoint(out: Path, model, args: qwen3.ModelArgs, tokenizer, eos_ids: list[int]) -> None:
@@ -295,7 +302,8 @@ def main() -> None:
     # paragraphs, so the choice never sees the paragraphs it is scored on. The probe during training is
     # the first 6 validation paragraphs.
     final_set = heldout_paragraphs(maker, corpus.heldout_prose, 20, random.Random(4321))
-    others = [p for p in corpus.heldout_prose if p not in set(final_set)]
+    scored = set(final_set)
+    others = [p for p in corpus.heldout_prose if p not in scored]
     validation_set = heldout_paragraphs(maker, others, 20, random.Random(1234))
     probe_set = validation_set[:6]
 
