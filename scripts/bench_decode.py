@@ -77,7 +77,7 @@ def mlxd_request(endpoint: str, prompt: str, n: int) -> float:
 def mlx_generate_process(endpoint: str, prompt: str, n: int) -> float:
     """The real tool, as a user runs it (includes its process start-up in nothing: tok/s is the daemon's)."""
     out = subprocess.run([sys.executable, "-m", "mlxd_cli.generate", "--endpoint", endpoint, "--no-autostart",
-                          "--no-chat", "--max-tokens", str(n), "--json", prompt], capture_output=True, text=True,
+                          "--no-chat", "--max-tokens", str(n), "--ignore-eos", "--json", prompt], capture_output=True, text=True,
                          timeout=300, check=True)
     return json.loads(out.stdout)["timings"]["predicted_per_second"]
 

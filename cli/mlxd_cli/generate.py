@@ -1,7 +1,7 @@
 """``mlx-generate``: generate text with the model held by mlxd (started in the background if needed).
 
     mlx-generate [-m MODEL] [--endpoint E] [--max-tokens N] [--temp T] [--top-p P] [--seed S]
-                 [--system TEXT] [--chat/--no-chat] [--json] [--no-autostart | --local] PROMPT
+                 [--system TEXT] [--chat/--no-chat] [--stop S] [--ignore-eos] [--json] [--no-autostart | --local] PROMPT
 
 PROMPT ``-`` reads standard input. Text streams to stdout; statistics go to stderr.
 """
@@ -21,7 +21,7 @@ from mlxd_protocol.endpoints import default_endpoint
 
 def build_request(prompt: str, max_tokens: int, temp, top_p, seed, system, chat, stop,
                   prompt_lookup: bool | None = None, draft_block_size: int | None = None,
-                  stream: bool = True) -> Generate:
+                  stream: bool = True, ignore_eos: bool = False) -> Generate:
     sampling = None
     if temp is not None or top_p is not None or seed is not None:
         sampling = Sampling(temperature=temp or 0.0, top_p=top_p if top_p is not None else 1.0, seed=seed)
@@ -30,7 +30,7 @@ def build_request(prompt: str, max_tokens: int, temp, top_p, seed, system, chat,
         kind = None if prompt_lookup is None else ("prompt-lookup" if prompt_lookup else "none")
         speculative = Speculative(kind=kind, max_draft=draft_block_size)
     return Generate(id=new_request_id(), prompt=prompt, chat=chat, system=system, max_tokens=max_tokens,
-                    stop=list(stop), stream=stream, sampling=sampling, speculative=speculative)
+                    stop=list(stop), stream=stream, sampling=sampling, speculative=speculative, ignore_eos=ignore_eos)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -47,11 +47,12 @@ def build_request(prompt: str, max_tokens: int, temp, top_p, seed, system, chat,
 @click.option("--prompt-lookup/--no-prompt-lookup", default=None,
               help="ask for prompt-lookup speculative decoding, or refuse it (default: the daemon's)")
 @click.option("--draft-block-size", default=None, type=click.IntRange(1), help="lower the most draft tokens per round")
+@click.option("--ignore-eos", is_flag=True, help="generate until --max-tokens or a stop string, past end-of-sequence")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of streaming text")
 @click.option("--autostart/--no-autostart", default=True, show_default=True, help="start mlxd if none answers")
 @click.option("--local", is_flag=True, help="run the scheduler in this process instead of talking to mlxd")
 def main(prompt, model, endpoint, max_tokens, temp, top_p, seed, system, chat, stop, prompt_lookup, draft_block_size,
-         as_json, autostart, local):
+         ignore_eos, as_json, autostart, local):
     """Generate a reply to PROMPT."""
     if local:
         from mlxd_fast_blas import ensure_fast_blas
@@ -63,7 +64,7 @@ def main(prompt, model, endpoint, max_tokens, temp, top_p, seed, system, chat, s
         raise click.UsageError("the prompt is empty")
     # --json prints one object at the end: no chunks are asked for (the daemon then sends one reply)
     request = build_request(prompt, max_tokens, temp, top_p, seed, system, chat, stop, prompt_lookup, draft_block_size,
-                            stream=not as_json)
+                            stream=not as_json, ignore_eos=ignore_eos)
     started = time.perf_counter()
     try:
         if local:

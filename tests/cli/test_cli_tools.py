@@ -47,6 +47,20 @@ def test_generate_local_equals_daemon(stories_daemon):
     assert json.loads(local.stdout)["tokens"] == remote["tokens"]
 
 
+def test_generate_ignore_eos_runs_to_max_tokens():
+    """The embedded model ends a copy with end-of-sequence; --ignore-eos keeps going to --max-tokens."""
+    prompt = "Repeat the following sentence exactly: The cat sat on the mat."
+    plain = generate("--local", "--max-tokens", "24", "--json", prompt)
+    assert plain.returncode == 0, plain.stderr
+    plain_reply = json.loads(plain.stdout)
+    assert plain_reply["finish_reason"] == "stop" and len(plain_reply["tokens"]) < 24
+    forced = generate("--local", "--max-tokens", "24", "--ignore-eos", "--json", prompt)
+    assert forced.returncode == 0, forced.stderr
+    forced_reply = json.loads(forced.stdout)
+    assert forced_reply["finish_reason"] == "length" and len(forced_reply["tokens"]) == 24
+    assert forced_reply["tokens"][: len(plain_reply["tokens"])] == plain_reply["tokens"]
+
+
 def test_generate_bad_input_is_a_clean_error(stories_daemon):
     empty = generate("--endpoint", stories_daemon, "")
     assert empty.returncode != 0 and "empty" in empty.stderr and "Traceback" not in empty.stderr
