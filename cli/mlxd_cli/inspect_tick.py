@@ -28,8 +28,9 @@ def describe_row(row: dict) -> str:
         return f"verify {row.get('accepted', 0)}/{row.get('drafted', 0)}"
     if action == "finished":
         return f"finished:{row.get('detail', '')}"
-    if action == "decode" and row.get("detail"):
-        return f"decode({row['detail']})"
+    if action == "decode":
+        count = f" x{row['tokens']}" if row.get("tokens") else ""
+        return f"decode({row['detail']}){count}" if row.get("detail") else f"decode{count}"
     return action
 
 
@@ -47,6 +48,8 @@ def render(ticks) -> "Table":
     for tick in ticks:
         rows = ", ".join(f"{short_id(r['request_id'])}:{describe_row(r)}" for r in tick["rows"])
         mode = "[green]pipelined[/]" if tick["pipelined"] else "[yellow]sync[/]"
+        if tick.get("steps", 1) > 1:
+            mode += f" x{tick['steps']}"
         table.add_row(str(tick["tick"]), str(tick["batch"]), mode, rows, str(tick.get("prefill_tokens", 0) or ""),
                       f"{tick['duration_ms']:.2f}")
     return table

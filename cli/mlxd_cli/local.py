@@ -9,12 +9,13 @@ from mlxd_protocol import DaemonError, Error, Generate
 
 def generate_local(model: str | None, request: Generate) -> Iterator:
     from mlxd_daemon.edge import to_reply, to_request
-    from mlxd_daemon.options import SamplingDefaults
+    from mlxd_daemon.options import DaemonOptions, SamplingDefaults
     from mlxd_engine import Engine, load
-    from mlxd_scheduler import BatchScheduler, InProcessClient
+    from mlxd_scheduler import BatchScheduler, InProcessClient, SchedulerOptions
 
     loaded = load(model)
-    client = InProcessClient(BatchScheduler(Engine(loaded, max_sequences=1)))
+    options = SchedulerOptions(max_decode_steps=DaemonOptions().decode_steps)  # as the daemon runs it
+    client = InProcessClient(BatchScheduler(Engine(loaded, max_sequences=1), options))
     for event in client.generate(to_request(loaded, request, request.id, SamplingDefaults())):
         reply = to_reply(event, request.id, stream=True)
         if isinstance(reply, Error):

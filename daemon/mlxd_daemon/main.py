@@ -35,6 +35,8 @@ def _endpoint_option(function):
 @click.option("--prefill-chunk", default=512, show_default=True, type=click.IntRange(1), help="prompt tokens per prefill forward")
 @click.option("--max-queue", default=256, show_default=True, type=click.IntRange(1), help="waiting requests before refusing")
 @click.option("--lookahead/--no-lookahead", default=True, show_default=True, help="pipeline decode steps")
+@click.option("--decode-steps", default=8, show_default=True, type=click.IntRange(1, 64),
+              help="most chained decode steps per scheduler tick in plain steady decode (1: one step per tick)")
 @click.option("--temp", default=0.0, show_default=True, type=click.FloatRange(0), help="default temperature")
 @click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True), help="default top-p")
 @click.option("--top-k", default=0, show_default=True, type=click.IntRange(0), help="default top-k (0: off)")
@@ -59,7 +61,7 @@ def _endpoint_option(function):
               help="streamed tokens are sent at most this often per request (0: every token at once)")
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
 @click.pass_context
-def cli(ctx, model, endpoint, max_batch, max_kv_size, prefill_chunk, max_queue, lookahead, temp, top_p, top_k,
+def cli(ctx, model, endpoint, max_batch, max_kv_size, prefill_chunk, max_queue, lookahead, decode_steps, temp, top_p, top_k,
         min_p, draft_kind, draft_model, draft_block_size, prompt_lookup_max_batch, storage_backend, kv_block_size,
         kv_pool_tokens, kv_memory_fraction, drain_timeout, allow_public, auth_token_file, stream_interval_ms,
         log_level):
@@ -68,7 +70,7 @@ def cli(ctx, model, endpoint, max_batch, max_kv_size, prefill_chunk, max_queue, 
         return
     options = DaemonOptions(
         model=model, endpoint=endpoint, max_batch=max_batch, max_kv_size=max_kv_size, prefill_chunk=prefill_chunk,
-        lookahead=lookahead, max_queue=max_queue, allow_public=allow_public, log_level=log_level,
+        lookahead=lookahead, decode_steps=decode_steps, max_queue=max_queue, allow_public=allow_public, log_level=log_level,
         sampling=SamplingDefaults(temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p),
         draft_kind=draft_kind, draft_model=draft_model, draft_block_size=draft_block_size,
         prompt_lookup_max_batch=prompt_lookup_max_batch, storage_backend=storage_backend,

@@ -24,6 +24,7 @@ class DaemonOptions:
     max_kv_size: int | None = None  # None: the model's context length
     prefill_chunk: int = 512
     lookahead: bool = True
+    decode_steps: int = 8  # most chained decode steps per tick in plain steady decode
     max_queue: int = 256
     allow_public: bool = False
     drain_timeout_s: float = 30.0  # SIGTERM: how long in-flight requests may run before they are cancelled

@@ -61,7 +61,8 @@ class DaemonServer:
                              kv_pool_tokens=pool_tokens(loaded, options))
         self.speculative = resolve_speculative(options.draft_kind, options.draft_model, options.draft_block_size)
         scheduler_options = SchedulerOptions(max_batch=options.max_batch, prefill_chunk=options.prefill_chunk,
-                                             lookahead=options.lookahead, max_queue=options.max_queue,
+                                             lookahead=options.lookahead, max_decode_steps=options.decode_steps,
+                                             max_queue=options.max_queue,
                                              prompt_lookup=self.speculative.config,
                                              prompt_lookup_cap=self.speculative.cap)
         if options.prompt_lookup_max_batch is not None:

@@ -4,22 +4,28 @@ Contract: ``DecodeLoop.tick(rows)`` gives every decoding row one token per call 
 of a pipelined run, which only primes) and returns ``(state, Emitted)`` pairs to the finish step.
 
 Lookahead (steady decode): step n+1 is submitted with ``mx.async_eval`` before step n is read, so the
-model runs while Python detokenizes, checks stops and streams step n's tokens. The rules that keep the
-in-flight step right when the batch changes:
+model runs while Python detokenizes, checks stops and streams step n's tokens. With ``steps`` > 1 a
+tick submits that many chained steps (each started as soon as it is built) and then reads the ones the
+previous tick left in flight: the tick's fixed Python cost (reading, the finish step's bookkeeping, the
+trace, the daemon's socket turn) is paid once per ``steps`` tokens instead of once per token. The
+scheduler asks for more than one step only in plain steady decode (see ``BatchScheduler``). The rules
+that keep the in-flight steps right when the batch changes:
 
 1. Admission: a row that finished prefill joins the next submission with its own last token; rows
-   that were in the in-flight step take their still-unread tokens. No teardown is needed.
-2. Completion: a row found finished when step n is read is already inside step n+1. Its slot is
-   released at once (MLX orders step n+1's writes before any later forward's) and its step-n+1 token
-   is dropped when that step is read.
+   that were in the in-flight steps take their still-unread tokens. No teardown is needed.
+2. Completion: a row found finished when a step is read is already inside the later in-flight steps.
+   Its slot is released at once (MLX orders those steps' writes before any later forward's) and its
+   later tokens are dropped when those steps are read (a released row's tokens are never reported).
 3. Cancellation: as completion, at the next tick boundary.
-4. Teardown: ``teardown()`` reads and discards nothing: it reads the in-flight step (committing its
-   appends and keeping its tokens) so every row again has exactly one token outside storage. Callers
+4. Teardown: ``teardown()`` reads and discards nothing: it reads the in-flight steps (committing their
+   appends and keeping their tokens) so every row again has exactly one token outside storage. Callers
    that need synchronous rows (a verify round, an error retry) tear down first.
 5. Errors: if a batched step fails, the in-flight work is abandoned, every row's pending appends are
    unwound and each row is retried alone; a row that fails alone is reported failed, the others go on.
+6. Rows whose sampler keeps per-row state (penalties) read their history through the newest in-flight
+   step only, so a tick with such a row submits one step (the scheduler sees to it).
 
-With ``lookahead=False`` every tick submits and reads its own step (the unpipelined baseline).
+With ``lookahead=False`` every tick submits and reads its own single step (the unpipelined baseline).
 """
 
 from __future__ import annotations
@@ -39,33 +45,38 @@ class DecodeLoop:
     def __init__(self, engine: Engine, lookahead: bool = True):
         self.engine = engine
         self.lookahead = lookahead
-        self.in_flight: StepHandle | None = None
-        self._in_flight_states: list[RequestState] = []
+        # submitted, unread steps, oldest first: (handle, the rows it was submitted for)
+        self.in_flight: list[tuple[StepHandle, list[RequestState]]] = []
 
     @property
     def pipelined(self) -> bool:
-        return self.in_flight is not None
+        return bool(self.in_flight)
 
-    def tick(self, rows: list[RequestState]) -> tuple[list[tuple[RequestState, Emitted]], list[tuple[RequestState, str]]]:
-        """One decode tick. Returns (emitted tokens, failed rows with their error)."""
+    def tick(self, rows: list[RequestState], steps: int = 1) -> tuple[list[tuple[RequestState, Emitted]], list[tuple[RequestState, str]]]:
+        """One decode tick of ``steps`` chained steps. Returns (emitted tokens in order, failed rows)."""
         if not rows:
             return self.teardown(), []
         try:
             if not self.lookahead:
                 return self._pairs(rows, self.engine.step([s.seq for s in rows])), []
-            next_handle = self.engine.submit_step([s.seq for s in rows], lookahead=self.in_flight)
-            previous, previous_states = self.in_flight, self._in_flight_states
-            self.in_flight, self._in_flight_states = next_handle, list(rows)
-            if previous is None:
-                return [], []
-            return self._pairs(previous_states, self.engine.read_step(previous)), []
+            seqs = [s.seq for s in rows]
+            previous = self.in_flight[-1][0] if self.in_flight else None
+            submitted = []
+            for _ in range(max(1, steps)):
+                previous = self.engine.submit_step(seqs, lookahead=previous)
+                submitted.append((previous, list(rows)))
+            unread, self.in_flight = self.in_flight, submitted
+            emitted = []
+            for handle, states in unread:
+                emitted.extend(self._pairs(states, self.engine.read_step(handle)))
+            return emitted, []
         except Exception as error:  # noqa: BLE001 - a failed forward must not take the daemon down
             log.warning("batched step failed (%s); retrying rows one by one", error)
             return self._recover(rows)
 
     def step_synchronously(self, rows: list[RequestState]):
         """One unpipelined batched step (nothing may be in flight). Returns (emitted, failed)."""
-        assert self.in_flight is None, "tear down the in-flight step first"
+        assert not self.in_flight, "tear down the in-flight steps first"
         try:
             return self._pairs(rows, self.engine.step([s.seq for s in rows])), []
         except Exception as error:  # noqa: BLE001
@@ -73,23 +84,22 @@ class DecodeLoop:
             return self._recover(rows)
 
     def teardown(self) -> list[tuple[RequestState, Emitted]]:
-        """Read the in-flight step, if any, so no step is left in flight."""
-        if self.in_flight is None:
-            return []
-        handle, states = self.in_flight, self._in_flight_states
-        self.in_flight, self._in_flight_states = None, []
+        """Read the in-flight steps, if any, so no step is left in flight."""
+        unread, self.in_flight = self.in_flight, []
+        emitted = []
         try:
-            return self._pairs(states, self.engine.read_step(handle))
+            for handle, states in unread:
+                emitted.extend(self._pairs(states, self.engine.read_step(handle)))
         except Exception as error:  # noqa: BLE001
             log.warning("in-flight step failed at teardown (%s)", error)
-            self._unwind_all(states)
-            return []
+            self._unwind_all([s for _, states in unread for s in states])
+        return emitted
 
     def _pairs(self, states: list[RequestState], emitted: list[Emitted]) -> list[tuple[RequestState, Emitted]]:
         return [(s, e) for s, e in zip(states, emitted) if not s.seq.released]
 
     def _unwind_all(self, states: list[RequestState]) -> None:
-        for state in states:
+        for state in {id(s): s for s in states}.values():
             seq = state.seq
             # tokens are recorded only when a step is read, so dropping the unread appends leaves
             # every row with exactly its last token outside storage again
@@ -97,9 +107,9 @@ class DecodeLoop:
                 self.engine.unwind_appends(seq, seq.kv.pending)
 
     def _recover(self, rows: list[RequestState]):
-        states = {id(s): s for s in rows + self._in_flight_states}.values()
-        self.in_flight, self._in_flight_states = None, []
-        self._unwind_all(list(states))
+        states = rows + [s for _, in_flight_states in self.in_flight for s in in_flight_states]
+        self.in_flight = []
+        self._unwind_all(states)
         mx.clear_cache()
         emitted, failed = [], []
         for state in rows:

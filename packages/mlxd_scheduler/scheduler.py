@@ -6,11 +6,18 @@ Contract: no sockets and no threads. Callers ``submit`` requests (already tokeni
 1. settle cancellations (rows leave at the tick boundary; their slots are freed),
 2. admit waiting requests while slots and the batch limit allow,
 3. decode: one batched step for every decoding row (lookahead-pipelined, see ``decode.py``), each
-   token through the finish step,
+   token through the finish step; in plain steady decode a tick may chain several steps (below),
 4. prefill: one chunk of at most ``prefill_chunk`` prompt tokens for the oldest admitted request, so
    a long prompt never stalls the decoding rows for more than a chunk.
 
 Every tick that did work leaves a ``TickRecord`` for the trace sink.
+
+Steps per tick: with ``max_decode_steps`` > 1 a tick in plain steady decode (no prompt to admit or
+prefill, no prompt-lookup row, no sampler with per-row state) submits several chained steps and reads
+the previous tick's, so the tick's fixed cost is shared by several tokens. The count is the most that
+fits ``tick_budget_ms`` at the measured step time (so a large model, whose steps are long, keeps one step
+per tick and streams as before), and never more than any row may still produce or hold: no step is
+wasted at max_tokens and none runs past the KV bound. Tokens stay the same as with one step per tick.
 """
 
 from __future__ import annotations
@@ -54,6 +61,8 @@ class SchedulerOptions:
     prompt_lookup: PromptLookupConfig | None = None  # on by default for every eligible request when set
     prompt_lookup_cap: PromptLookupConfig = field(default_factory=PromptLookupConfig)  # for per-request opt-in
     prompt_lookup_max_batch: int = DEFAULT_PROMPT_LOOKUP_MAX_BATCH  # verify gate: largest active batch
+    max_decode_steps: int = 1  # most chained decode steps per tick in plain steady decode (see above)
+    tick_budget_ms: float = 5.0  # ... and only as many as fit this long at the measured step time
 
 
 class QueueFull(RuntimeError):
@@ -75,6 +84,7 @@ class BatchScheduler:
         self.decoding: list[RequestState] = []
         self.by_id: dict[str, RequestState] = {}
         self.tick_number = 0
+        self.step_ms: float | None = None  # moving average of a plain decode step's time (ticks of many steps)
         self.totals = {"requests": 0, "finished": 0, "prompt_tokens": 0, "completion_tokens": 0,
                        "draft_tokens": 0, "draft_accepted": 0}
 
@@ -170,7 +180,12 @@ class BatchScheduler:
             self.prompt_lookup.tick(rows, record, prefilling=len(self.prefilling))
             record.pipelined = record.pipelined and self.decode_loop.pipelined
         else:
-            emitted, failed = self.decode_loop.tick(rows)
+            steps = self._steps_this_tick(rows)
+            started = time.perf_counter()
+            emitted, failed = self.decode_loop.tick(rows, steps)
+            if was_pipelined and emitted:
+                self._measure_step((time.perf_counter() - started) * 1000.0 / steps)
+            record.steps = steps
             for state, error in failed:
                 self._fail(state, error, record)
             for state, out in emitted:
@@ -180,12 +195,34 @@ class BatchScheduler:
             for state in rows:  # a lookahead step was submitted and nothing read: show it in the trace
                 record.add(state.request_id, "prime")
 
+    def _steps_this_tick(self, rows: list[RequestState]) -> int:
+        """How many chained steps this plain decode tick submits (see the module docstring)."""
+        most = self.options.max_decode_steps
+        if most <= 1 or not self.decode_loop.lookahead or self.prefilling:
+            return 1
+        if self.waiting and self.active < self.options.max_batch:
+            return 1  # someone may be admitted: keep ticks short
+        if self.step_ms is not None and self.step_ms > 0:
+            most = min(most, int(self.options.tick_budget_ms / self.step_ms))
+        unread = len(self.decode_loop.in_flight)
+        for state in rows:
+            seq = state.seq
+            if seq.chain.has_row_state:
+                return 1
+            left = state.request.max_tokens - state.emitted - unread  # tokens the row may still take
+            room = seq.max_kv - seq.kv.written  # appends the row may still make
+            most = min(most, left, room)
+        return max(1, most)
+
+    def _measure_step(self, ms: float) -> None:
+        self.step_ms = ms if self.step_ms is None else 0.8 * self.step_ms + 0.2 * ms
+
     def _emit(self, state: RequestState, token: int, record: TickRecord, action: str, logprobs=None) -> None:
         """One output token of a decoding row, however produced: finish step, drafter, trace."""
         if state.phase != "decode":
             return
         if action:
-            record.add(state.request_id, "decode", detail=action if action != "decode" else None)
+            record.add_decode(state.request_id, detail=action if action != "decode" else None)
         reason = self.finisher.accept(state, token, logprobs)
         if state.drafter is not None:
             state.drafter.observe([token])

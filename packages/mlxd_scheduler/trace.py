@@ -2,8 +2,9 @@
 
 Contract: one ``TickRecord`` per tick that did any work; plain data (JSON- and msgpack-friendly via
 ``as_dict``). Row actions: "prefill" (a prompt chunk), "first-token" (prefill finished), "prime" (a lookahead step was
-submitted, nothing read yet), "decode" (took the batched step; ``detail`` says "declined-gate" or
-"declined-governor" when a prompt-lookup row was held back), "verify" (ran a verify round; with
+submitted, nothing read yet), "decode" (took the batched step; ``tokens`` counts them when a tick of
+several steps gave the row more than one; ``detail`` says "declined-gate" or "declined-governor" when a
+prompt-lookup row was held back), "verify" (ran a verify round; with
 drafted/accepted), and "finished" (with the reason in ``detail``).
 """
 
@@ -19,6 +20,7 @@ class RowAction:
     drafted: int | None = None
     accepted: int | None = None
     detail: str | None = None
+    tokens: int | None = None  # decode: tokens this tick, when more than one
 
 
 @dataclass
@@ -29,11 +31,23 @@ class TickRecord:
     rows: list[RowAction] = field(default_factory=list)
     duration_ms: float = 0.0
     prefill_tokens: int = 0
+    steps: int = 1  # chained decode steps this tick submitted
+    _decoding: dict = field(default_factory=dict, repr=False)  # (request id, detail) -> its decode action
 
     def add(self, request_id: str, action: str, **details) -> None:
         self.rows.append(RowAction(request_id, action, **details))
 
+    def add_decode(self, request_id: str, detail: str | None = None) -> None:
+        """One decoded token of a row: the row's decode action for this tick counts it."""
+        row = self._decoding.get((request_id, detail))
+        if row is None:
+            row = self._decoding[(request_id, detail)] = RowAction(request_id, "decode", detail=detail)
+            self.rows.append(row)
+        else:
+            row.tokens = (row.tokens or 1) + 1
+
     def as_dict(self) -> dict:
         record = asdict(self)
+        del record["_decoding"]
         record["rows"] = [{k: v for k, v in row.items() if v is not None} for row in record["rows"]]
         return record

@@ -76,7 +76,7 @@ def test_lookahead_rules_with_the_flag_on():
     in_flight_after = []
     while scheduler.has_work:
         record = scheduler.tick()
-        in_flight_after.append((record, scheduler.decode_loop.in_flight is not None))
+        in_flight_after.append((record, scheduler.decode_loop.pipelined))
     verify = [(r, f) for r, f in in_flight_after if r and any(x.action == "verify" for x in r.rows)]
     assert verify
     for record, in_flight in verify:
@@ -96,7 +96,7 @@ def test_reprime_after_proposals_stop():
     while scheduler.has_work:
         record = scheduler.tick()
         if record is not None:
-            ticks.append((record, scheduler.decode_loop.in_flight is not None, state.drafter.pipelines_plain_rounds()))
+            ticks.append((record, scheduler.decode_loop.pipelined, state.drafter.pipelines_plain_rounds()))
     # once the drafter says pipelining is safe, a prime is submitted and later ticks are pipelined again
     assert any(in_flight for _, in_flight, _ in ticks)
     assert any(r.pipelined for r, _, _ in ticks)

@@ -1,0 +1,133 @@
+"""Several chained decode steps per tick (``max_decode_steps``): same tokens, bounded, only in steady decode."""
+
+from __future__ import annotations
+
+from mlxd_engine import Engine, SamplingParams
+from mlxd_scheduler import BatchScheduler, Request, SchedulerOptions, TextStream
+
+from .stub_model import ByteDetokenizer, as_text, stub_loaded
+from .test_batch_scheduler import PROMPTS, Collector, reference
+
+NO_TIME_CAP = 1e9  # the step-time budget would cap steps by wall time; these tests count steps exactly
+
+
+def make(loaded, steps: int, **options):
+    records = []
+    options.setdefault("tick_budget_ms", NO_TIME_CAP)
+    scheduler = BatchScheduler(Engine(loaded, max_sequences=8), SchedulerOptions(max_decode_steps=steps, **options),
+                               records.append)
+    return scheduler, records
+
+
+def count_submitted_steps(scheduler) -> list[int]:
+    submitted = [0]
+    real = scheduler.engine.submit_step
+
+    def counting(rows, lookahead=None):
+        submitted[0] += 1
+        return real(rows, lookahead=lookahead)
+
+    scheduler.engine.submit_step = counting
+    return submitted
+
+
+def run_mixed(steps: int):
+    loaded = stub_loaded()
+    full = reference(loaded, PROMPTS[3], 40)
+    stop = as_text(full[10:13])  # a stop string over three output tokens
+    eos_at = reference(loaded, PROMPTS[1], 9)[8]
+    eos_loaded = stub_loaded(eos=eos_at)
+    out = Collector()
+    scheduler, records = make(eos_loaded, steps)
+    scheduler.submit(Request("long", PROMPTS[0], max_tokens=45), out.sink("long"))
+    scheduler.submit(Request("eos", PROMPTS[1], max_tokens=50), out.sink("eos"))
+    scheduler.submit(Request("short", PROMPTS[2], max_tokens=7), out.sink("short"))
+    scheduler.submit(Request("stop", PROMPTS[3], max_tokens=40, text=TextStream(ByteDetokenizer(), [stop])),
+                     out.sink("stop"))
+    scheduler.run_until_idle()
+    finishes = {k: (out.done(k).tokens, out.done(k).finish_reason, out.done(k).text) for k in out.events}
+    streamed = {k: out.streamed_tokens(k) for k in out.events}
+    return finishes, streamed, records, scheduler
+
+
+def test_many_steps_per_tick_give_the_same_tokens_as_one():
+    one, one_streamed, one_records, _ = run_mixed(1)
+    many, many_streamed, many_records, scheduler = run_mixed(8)
+    assert many == one and many_streamed == one_streamed
+    assert {k: many[k][1] for k in ("eos", "short", "stop")} == {"eos": "stop", "short": "length", "stop": "stop"}
+    assert len(many["eos"][0]) == 8 and len(many["short"][0]) == 7
+    assert max(r.steps for r in many_records) == 8 and all(r.steps == 1 for r in one_records)
+    assert len(many_records) < len(one_records)  # fewer ticks for the same tokens
+    # a row's decode action counts the tokens the tick read for it (those of the steps the previous tick
+    # submitted): with the first token from prefill they add up to the row's output (and its EOS)
+    for request_id, (tokens, reason, _) in many.items():
+        counted = sum(row.tokens or 1 for r in many_records for row in r.rows
+                      if row.request_id == request_id and row.action == "decode")
+        assert counted + 1 - len(tokens) in ((0, 1) if reason == "stop" else (0,))  # an EOS is read, not output
+    assert scheduler.engine.storage.free_slots == 8
+
+
+def test_steps_never_pass_max_tokens():
+    loaded = stub_loaded()
+    totals, ticks = {}, {}
+    for steps in (1, 8):
+        scheduler, records = make(loaded, steps)
+        submitted = count_submitted_steps(scheduler)
+        out = Collector()
+        scheduler.submit(Request("a", PROMPTS[0], max_tokens=77), out.sink("a"))
+        scheduler.run_until_idle()
+        assert out.done("a").tokens == reference(loaded, PROMPTS[0], 77)
+        totals[steps], ticks[steps] = submitted[0], len(records)
+    # the first token comes from prefill, so 76 decode steps are needed; a pipelined run submits at most
+    # one more (the step in flight when the last token is read), however many steps its ticks chain
+    assert totals[1] <= 77 and totals[8] == totals[1]
+    assert ticks[8] < ticks[1] / 4
+
+
+def test_one_step_per_tick_while_a_prompt_waits_or_prefills():
+    loaded = stub_loaded()
+    scheduler, records = make(loaded, 8, prefill_chunk=2)
+    out = Collector()
+    scheduler.submit(Request("a", PROMPTS[0], max_tokens=300), out.sink("a"))
+    for _ in range(5):
+        scheduler.tick()
+    assert records[-1].steps > 1
+    scheduler.submit(Request("b", PROMPTS[1], max_tokens=10), out.sink("b"))  # 8 prompt tokens: 4 chunks
+    while scheduler.has_work:
+        record = scheduler.tick()
+        if record is not None and any(r.request_id == "b" and r.action in ("prefill", "first-token") for r in record.rows):
+            assert record.steps == 1
+    assert out.done("a").tokens == reference(loaded, PROMPTS[0], 300)
+    assert out.done("b").tokens == reference(loaded, PROMPTS[1], 10)
+
+
+def test_a_sampler_with_row_state_keeps_one_step_per_tick():
+    loaded = stub_loaded()
+    params = SamplingParams(repetition_penalty=1.3)
+    outputs = {}
+    for steps in (1, 8):
+        scheduler, records = make(loaded, steps)
+        out = Collector()
+        scheduler.submit(Request("p", PROMPTS[1], params=params, max_tokens=25), out.sink("p"))
+        scheduler.run_until_idle()
+        outputs[steps] = out.done("p").tokens
+        assert all(r.steps == 1 for r in records)
+    assert outputs[8] == outputs[1]
+
+
+def test_a_failing_row_fails_alone_with_many_steps():
+    loaded = stub_loaded()
+    poison = reference(loaded, PROMPTS[2], 12)[9]  # fed to a step deep inside a tick of several steps
+    scheduler, records = make(loaded, 8)
+    loaded.model.poison = poison
+    out = Collector()
+    scheduler.submit(Request("bad", PROMPTS[2], max_tokens=30), out.sink("bad"))
+    for i, prompt in enumerate(PROMPTS[:2]):
+        scheduler.submit(Request(str(i), prompt, max_tokens=30), out.sink(str(i)))
+    scheduler.run_until_idle()
+    loaded.model.poison = None
+    assert out.done("bad").finish_reason == "error"
+    for i, prompt in enumerate(PROMPTS[:2]):
+        assert out.done(str(i)).tokens == reference(loaded, prompt, 30)
+    assert max(r.steps for r in records) > 1
+    assert scheduler.engine.storage.free_slots == 8
