@@ -114,9 +114,10 @@ def main() -> None:
     model_args = ["-m", args.model] if args.model else []
     prompt_ids = loaded.tokenizer.encode(PROMPT)
     pipelined = start_daemon(*model_args)
+    one_step = start_daemon(*model_args, "--decode-steps", "1")
     unpipelined = start_daemon(*model_args, "--no-lookahead")
     names = ("bare loop", "bare loop, 1 BLAS thread", "bare loop, fused layers, 1 BLAS thread", "mlx_lm.generate",
-             "mlxd (mlx-generate)", "mlxd pipelined", "mlxd unpipelined")
+             "mlxd (mlx-generate)", "mlxd pipelined", "mlxd pipelined, 1 step per tick", "mlxd unpipelined")
     results: dict[str, list[float]] = {k: [] for k in names}
     levels = [int(c) for c in args.concurrency.split(",")]
     aggregate_results: dict[int, list[float]] = {c: [] for c in levels}
@@ -125,7 +126,7 @@ def main() -> None:
         bare_loop(loaded.model, prompt_ids, 16)
         bare_loop(fused.model, prompt_ids, 16)
         mlx_lm_generate(loaded.model, loaded.tokenizer, prompt_ids, 16, loaded.eos_token_ids)
-        for _, endpoint in (pipelined, unpipelined):
+        for _, endpoint in (pipelined, one_step, unpipelined):
             mlxd_request(endpoint, PROMPT, 16)
         for round_number in range(args.rounds):
             results["bare loop"].append(bare_loop(loaded.model, prompt_ids, args.max_tokens))
@@ -138,12 +139,14 @@ def main() -> None:
                                                               loaded.eos_token_ids))
             results["mlxd (mlx-generate)"].append(mlx_generate_process(pipelined[1], PROMPT, args.max_tokens))
             results["mlxd pipelined"].append(mlxd_request(pipelined[1], PROMPT, args.max_tokens))
+            results["mlxd pipelined, 1 step per tick"].append(mlxd_request(one_step[1], PROMPT, args.max_tokens))
             results["mlxd unpipelined"].append(mlxd_request(unpipelined[1], PROMPT, args.max_tokens))
             for level in levels:
                 aggregate_results[level].append(asyncio.run(aggregate(pipelined[1], PROMPT, args.max_tokens, level)))
             print(f"round {round_number + 1}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in results.items() if v), flush=True)
     finally:
         stop_daemon(*pipelined)
+        stop_daemon(*one_step)
         stop_daemon(*unpipelined)
 
     def ratios(a: str, b: str) -> list[float]:
@@ -156,7 +159,9 @@ def main() -> None:
         "",
         f"Model: `{loaded.path}`; {args.max_tokens} tokens per run (end-of-sequence ignored); {args.rounds} "
         "interleaved rounds; decode tok/s excludes the first token; median [min-max]. mlxd streams chunks to the "
-        "client (coalesced, --stream-interval-ms 5); mlx-generate --json asks for no stream. mlxd runs OpenBLAS on "
+        "client (coalesced, --stream-interval-ms 5); mlx-generate --json asks for no stream. \"pipelined\" is the "
+        "daemon's default (ticks chain up to --decode-steps 8 steps in steady decode); \"1 step per tick\" is "
+        "--decode-steps 1; \"unpipelined\" is --no-lookahead. mlxd runs OpenBLAS on "
         "one thread less than the machine has; the bare loop is timed both with the library's default and so. "
         f"On the CPU the daemon's engine fuses the model's RMSNorm and RoPE layers ({fused_count} modules here; "
         "packages/mlxd_engine/cpu_fusion.py); the bare loop and mlx_lm.generate run the stock layers, and the "
@@ -181,6 +186,8 @@ def main() -> None:
         f"| mlxd pipelined / mlx_lm.generate | {ratio_spread(ratios('mlxd pipelined', 'mlx_lm.generate'))} |",
         f"| mlxd (mlx-generate) / mlx_lm.generate | {ratio_spread(ratios('mlxd (mlx-generate)', 'mlx_lm.generate'))} |",
         f"| mlxd pipelined / mlxd unpipelined | {ratio_spread(ratios('mlxd pipelined', 'mlxd unpipelined'))} |",
+        f"| mlxd pipelined / mlxd pipelined, 1 step per tick | {ratio_spread(ratios('mlxd pipelined', 'mlxd pipelined, 1 step per tick'))} |",
+        f"| mlxd pipelined, 1 step per tick / bare loop, fused layers, 1 BLAS thread | {ratio_spread(ratios('mlxd pipelined, 1 step per tick', 'bare loop, fused layers, 1 BLAS thread'))} |",
         "",
         "Aggregate output tok/s, concurrent requests to one pipelined mlxd (same prompt, same length):",
         "",

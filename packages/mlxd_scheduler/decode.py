@@ -31,6 +31,7 @@ With ``lookahead=False`` every tick submits and reads its own single step (the u
 from __future__ import annotations
 
 import logging
+import time
 
 import mlx.core as mx
 
@@ -47,6 +48,7 @@ class DecodeLoop:
         self.lookahead = lookahead
         # submitted, unread steps, oldest first: (handle, the rows it was submitted for)
         self.in_flight: list[tuple[StepHandle, list[RequestState]]] = []
+        self.step_ms: float | None = None  # moving average of one step's time, from pipelined ticks
 
     @property
     def pipelined(self) -> bool:
@@ -59,6 +61,7 @@ class DecodeLoop:
         try:
             if not self.lookahead:
                 return self._pairs(rows, self.engine.step([s.seq for s in rows])), []
+            started = time.perf_counter()
             seqs = [s.seq for s in rows]
             previous = self.in_flight[-1][0] if self.in_flight else None
             submitted = []
@@ -69,10 +72,17 @@ class DecodeLoop:
             emitted = []
             for handle, states in unread:
                 emitted.extend(self._pairs(states, self.engine.read_step(handle)))
+            if unread:
+                # each submission waits while MLX works off the queue, so a pipelined tick lasts about as
+                # long as the steps it submitted
+                self._measure((time.perf_counter() - started) * 1000.0 / len(submitted))
             return emitted, []
         except Exception as error:  # noqa: BLE001 - a failed forward must not take the daemon down
             log.warning("batched step failed (%s); retrying rows one by one", error)
             return self._recover(rows)
+
+    def _measure(self, ms: float) -> None:
+        self.step_ms = ms if self.step_ms is None else 0.8 * self.step_ms + 0.2 * ms
 
     def step_synchronously(self, rows: list[RequestState]):
         """One unpipelined batched step (nothing may be in flight). Returns (emitted, failed)."""

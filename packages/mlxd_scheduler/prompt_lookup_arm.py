@@ -12,7 +12,13 @@ The tick, in the order the rules are applied:
    stories260K, 8 requests of 200 tokens in-process: the flag cost 3.1% when only decoding rows counted).
    A row whose governor grants no budget is "declined by governor".
 2. While step n is in flight, every gated-in drafter is asked for a proposal on its committed tokens.
-3. No proposal anywhere: step n+1 is primed and the tick pipelines exactly as plain decode does.
+3. No proposal anywhere: step n+1 is primed and the tick pipelines exactly as plain decode does. A
+   drafter sees tokens only when they are read, so chaining several steps per tick (the scheduler's
+   ``steps``, see ``scheduler.py``) delays its next look by that many tokens. The chain therefore backs
+   off: a row that has gone q pipelined ticks without proposing allows 2**q steps (1, 2, 4, 8, ...), the
+   tick takes the least any drafting row allows, and a proposal resets the row to one step. A row that
+   copies keeps finding its matches at once; one that never matches soon decodes as fast as a plain row.
+   Ticks where the gate (or the paged-context limit) holds every drafter back chain ``steps`` at once.
 4. Some row proposes: no prime is submitted; step n is read and committed (tokens to the finish step),
    the proposals made before it are retracted (they predate its token), and the tick goes on
    synchronously: rows that propose on their now-current tokens run one verify round each, every other
@@ -56,24 +62,30 @@ class PromptLookupArm:
         self.fail = fail
         self.counters = {"verify_rounds": 0, "declined_gate": 0, "declined_governor": 0}
 
-    def tick(self, rows: list[RequestState], record: TickRecord, prefilling: int = 0) -> None:
-        """One decode tick over ``rows``; ``prefilling`` rows (admitted, prompt not yet in) count toward the gate."""
+    def tick(self, rows: list[RequestState], record: TickRecord, prefilling: int = 0, steps: int = 1) -> None:
+        """One decode tick over ``rows``; ``prefilling`` rows (admitted, prompt not yet in) count toward the gate;
+        ``steps``: the most chained steps a plain tick may submit (rule 3)."""
         drafting = [s for s in rows if s.drafter is not None]
         held_back = self._past_paged_limit(drafting)
         if held_back:
             drafting = [s for s in drafting if s not in held_back]
             if not drafting:
-                self._plain(rows, record, {id(s): "declined-paged-context" for s in held_back})
+                self._plain(rows, record, {id(s): "declined-paged-context" for s in held_back}, steps)
                 return
         if len(rows) + prefilling > self.max_batch:
             self.counters["declined_gate"] += len(drafting)
-            self._plain(rows, record, {id(s): "declined-gate" for s in drafting})
+            self._plain(rows, record, {id(s): "declined-gate" for s in drafting}, steps)
             return
         if self.decode_loop.pipelined:
             proposals = self._propose(drafting, record=None)
-            if not proposals:
-                self._plain(rows, record)  # rule 3: keep pipelining
+            if not proposals:  # rule 3: keep pipelining, chaining steps as the rows' quiet streaks allow
+                allowed = min((2 ** min(s.quiet_ticks, 6) for s in drafting), default=steps)
+                for state in drafting:
+                    state.quiet_ticks += 1
+                self._plain(rows, record, None, min(steps, allowed))
                 return
+            for state in proposals:
+                state.quiet_ticks = 0
             # rule 4: read step n instead of priming n+1; the early proposals are stale now
             for state in proposals:
                 state.drafter.retract_draft()
@@ -150,9 +162,11 @@ class PromptLookupArm:
                 break
             self.emit(state, token, record, "")
 
-    def _plain(self, rows: list[RequestState], record: TickRecord, details: dict[int, str] | None = None) -> None:
+    def _plain(self, rows: list[RequestState], record: TickRecord, details: dict[int, str] | None = None,
+               steps: int = 1) -> None:
         details = details or {}
-        emitted, failed = self.decode_loop.tick(rows)
+        record.steps = steps
+        emitted, failed = self.decode_loop.tick(rows, steps)
         for state, error in failed:
             self.fail(state, error, record)
         for state, out in emitted:

@@ -13,7 +13,8 @@ Contract: no sockets and no threads. Callers ``submit`` requests (already tokeni
 Every tick that did work leaves a ``TickRecord`` for the trace sink.
 
 Steps per tick: with ``max_decode_steps`` > 1 a tick in plain steady decode (no prompt to admit or
-prefill, no prompt-lookup row, no sampler with per-row state) submits several chained steps and reads
+prefill, no sampler with per-row state; prompt-lookup rows only where the arm allows it, see
+``prompt_lookup_arm.py``) submits several chained steps and reads
 the previous tick's, so the tick's fixed cost is shared by several tokens. The count is the most that
 fits ``tick_budget_ms`` at the measured step time (so a large model, whose steps are long, keeps one step
 per tick and streams as before), and never more than any row may still produce or hold: no step is
@@ -84,7 +85,6 @@ class BatchScheduler:
         self.decoding: list[RequestState] = []
         self.by_id: dict[str, RequestState] = {}
         self.tick_number = 0
-        self.step_ms: float | None = None  # moving average of a plain decode step's time (ticks of many steps)
         self.totals = {"requests": 0, "finished": 0, "prompt_tokens": 0, "completion_tokens": 0,
                        "draft_tokens": 0, "draft_accepted": 0}
 
@@ -177,15 +177,11 @@ class BatchScheduler:
         was_pipelined = self.decode_loop.pipelined
         record.pipelined = self.decode_loop.lookahead and was_pipelined and bool(rows)
         if any(s.drafter is not None for s in rows):
-            self.prompt_lookup.tick(rows, record, prefilling=len(self.prefilling))
+            self.prompt_lookup.tick(rows, record, prefilling=len(self.prefilling), steps=self._steps_this_tick(rows))
             record.pipelined = record.pipelined and self.decode_loop.pipelined
         else:
-            steps = self._steps_this_tick(rows)
-            started = time.perf_counter()
-            emitted, failed = self.decode_loop.tick(rows, steps)
-            if was_pipelined and emitted:
-                self._measure_step((time.perf_counter() - started) * 1000.0 / steps)
-            record.steps = steps
+            record.steps = self._steps_this_tick(rows)
+            emitted, failed = self.decode_loop.tick(rows, record.steps)
             for state, error in failed:
                 self._fail(state, error, record)
             for state, out in emitted:
@@ -202,8 +198,9 @@ class BatchScheduler:
             return 1
         if self.waiting and self.active < self.options.max_batch:
             return 1  # someone may be admitted: keep ticks short
-        if self.step_ms is not None and self.step_ms > 0:
-            most = min(most, int(self.options.tick_budget_ms / self.step_ms))
+        step_ms = self.decode_loop.step_ms
+        if step_ms is not None and step_ms > 0:
+            most = min(most, int(self.options.tick_budget_ms / step_ms))
         unread = len(self.decode_loop.in_flight)
         for state in rows:
             seq = state.seq
@@ -213,9 +210,6 @@ class BatchScheduler:
             room = seq.max_kv - seq.kv.written  # appends the row may still make
             most = min(most, left, room)
         return max(1, most)
-
-    def _measure_step(self, ms: float) -> None:
-        self.step_ms = ms if self.step_ms is None else 0.8 * self.step_ms + 0.2 * ms
 
     def _emit(self, state: RequestState, token: int, record: TickRecord, action: str, logprobs=None) -> None:
         """One output token of a decoding row, however produced: finish step, drafter, trace."""

@@ -131,3 +131,56 @@ def test_a_failing_row_fails_alone_with_many_steps():
         assert out.done(str(i)).tokens == reference(loaded, prompt, 30)
     assert max(r.steps for r in records) > 1
     assert scheduler.engine.storage.free_slots == 8
+
+
+def test_prompt_lookup_rows_with_many_steps_equal_plain_and_still_verify():
+    from mlxd_drafters import PromptLookupConfig
+    from mlxd_scheduler import SpeculativeRequest
+
+    from .test_prompt_lookup_arm import PLAIN, REPEATING
+
+    loaded = stub_loaded(period=6)
+    outputs, accepted, chained = {}, {}, {}
+    for enabled in (False, True):
+        scheduler, records = make(loaded, 8, prompt_lookup=PromptLookupConfig())
+        out = Collector()
+        scheduler.submit(Request("copy", REPEATING, max_tokens=65, speculative=SpeculativeRequest(enabled)),
+                         out.sink("copy"))
+        scheduler.submit(Request("plain", PLAIN, max_tokens=65, speculative=SpeculativeRequest(enabled)),
+                         out.sink("plain"))
+        scheduler.run_until_idle()
+        outputs[enabled] = (out.done("copy").tokens, out.done("plain").tokens)
+        accepted[enabled] = out.done("copy").timings.get("draft_n_accepted", 0)
+        chained[enabled] = max(r.steps for r in records)
+    assert outputs[True] == outputs[False]
+    assert accepted[True] > 30  # chaining where no drafter has a match leaves the copy's rounds alone
+    assert chained[False] == 8
+
+
+def test_gate_declined_ticks_chain_steps():
+    from mlxd_drafters import PromptLookupConfig
+
+    from .test_prompt_lookup_arm import REPEATING
+
+    loaded = stub_loaded(period=6)
+    scheduler, records = make(loaded, 8, prompt_lookup=PromptLookupConfig(), prompt_lookup_max_batch=1)
+    out = Collector()
+    scheduler.submit(Request("a", REPEATING, max_tokens=60), out.sink("a"))
+    scheduler.submit(Request("b", REPEATING, max_tokens=60), out.sink("b"))
+    scheduler.run_until_idle()
+    declined = [r for r in records if any(x.detail == "declined-gate" for x in r.rows)]
+    assert declined and max(r.steps for r in declined) > 1
+    assert out.done("a").tokens == out.done("b").tokens == reference(loaded, REPEATING, 60)
+
+
+def test_a_drafting_row_without_matches_backs_off_to_many_steps():
+    from mlxd_drafters import PromptLookupConfig
+
+    loaded = stub_loaded()  # no period: the output never repeats, so the drafter never has a match
+    scheduler, records = make(loaded, 8, prompt_lookup=PromptLookupConfig())
+    out = Collector()
+    scheduler.submit(Request("p", PROMPTS[0], max_tokens=80), out.sink("p"))
+    scheduler.run_until_idle()
+    steps = [r.steps for r in records if r.pipelined]
+    assert steps[:4] == [1, 2, 4, 8] and max(steps) == 8
+    assert out.done("p").tokens == reference(loaded, PROMPTS[0], 80)
