@@ -46,6 +46,40 @@ class Finisher:
             return "length"  # the KV bound: no room for the next token
         return None
 
+    def accept_run(self, state: RequestState, tokens: list[int], logprobs: list | None = None) -> tuple[int, int, str | None]:
+        """``accept`` for a row's tokens of one tick, in order, with one TokenEvent for them all.
+
+        Judges every token exactly as ``accept`` would and stops at the first that ends the row. Returns
+        (tokens judged, tokens taken as output: an EOS that ends the row is judged but not taken, the
+        finish reason or None)."""
+        now = time.perf_counter()
+        timings = state.timings
+        if timings.first_token is None:
+            timings.first_token = now
+        timings.last_token = now
+        request, seq, text_stream = state.request, state.seq, state.request.text
+        judged, taken, parts, reason = 0, 0, [], None
+        for token in tokens:
+            judged += 1
+            if token in self.eos and not request.ignore_eos:
+                reason = "stop"
+                break
+            taken += 1
+            state.emitted += 1
+            if text_stream is not None:
+                text, stopped = text_stream.push(token)
+                parts.append(text)
+                if stopped:
+                    reason = "stop"
+                    break
+            if state.emitted >= request.max_tokens or (seq is not None and seq.kv.committed + 1 > seq.max_kv):
+                reason = "length"
+                break
+        if taken:
+            kept = logprobs[:taken] if logprobs else None
+            state.sink(TokenEvent(state.request_id, list(tokens[:taken]), "".join(parts), kept))
+        return judged, taken, reason
+
     def finish(self, state: RequestState, reason: str, error: str | None = None) -> None:
         """End a request: release its sequence, flush its text and report the FinishEvent."""
         if state.phase == "finished":

@@ -184,9 +184,18 @@ class BatchScheduler:
             emitted, failed = self.decode_loop.tick(rows, record.steps)
             for state, error in failed:
                 self._fail(state, error, record)
+            # a tick of several steps reads several tokens per row: each row's run goes through the finish
+            # step at once (one event per row and tick), in order
+            runs: dict[int, tuple[RequestState, list[int], list]] = {}
             for state, out in emitted:
-                logprobs = {"token": out.token, "logprob": out.logprob, "top": out.top_logprobs} if out.logprob is not None else None
-                self._emit(state, out.token, record, "decode", logprobs)
+                run = runs.get(id(state))
+                if run is None:
+                    run = runs[id(state)] = (state, [], [])
+                run[1].append(out.token)
+                if out.logprob is not None:
+                    run[2].append({"token": out.token, "logprob": out.logprob, "top": out.top_logprobs})
+            for state, tokens, logprobs in runs.values():
+                self._emit_run(state, tokens, record, logprobs or None)
         if self.decode_loop.pipelined and not was_pipelined:
             for state in rows:  # a lookahead step was submitted and nothing read: show it in the trace
                 record.add(state.request_id, "prime")
@@ -220,6 +229,17 @@ class BatchScheduler:
         reason = self.finisher.accept(state, token, logprobs)
         if state.drafter is not None:
             state.drafter.observe([token])
+        if reason is not None:
+            self._finish(state, reason, record)
+
+    def _emit_run(self, state: RequestState, tokens: list[int], record: TickRecord, logprobs: list | None) -> None:
+        """A plain decode row's tokens of one tick: as ``_emit`` for each, with one event for the run."""
+        if state.phase != "decode":
+            return
+        judged, taken, reason = self.finisher.accept_run(state, tokens, logprobs)
+        record.add_decode(state.request_id, count=judged)
+        if state.drafter is not None:
+            state.drafter.observe(tokens[:taken])
         if reason is not None:
             self._finish(state, reason, record)
 

@@ -37,14 +37,15 @@ class TickRecord:
     def add(self, request_id: str, action: str, **details) -> None:
         self.rows.append(RowAction(request_id, action, **details))
 
-    def add_decode(self, request_id: str, detail: str | None = None) -> None:
-        """One decoded token of a row: the row's decode action for this tick counts it."""
+    def add_decode(self, request_id: str, detail: str | None = None, count: int = 1) -> None:
+        """``count`` decoded tokens of a row: the row's decode action for this tick counts them."""
         row = self._decoding.get((request_id, detail))
         if row is None:
             row = self._decoding[(request_id, detail)] = RowAction(request_id, "decode", detail=detail)
             self.rows.append(row)
-        else:
-            row.tokens = (row.tokens or 1) + 1
+            count -= 1
+        if count:
+            row.tokens = (row.tokens or 1) + count
 
     def as_dict(self) -> dict:
         record = asdict(self)
