@@ -58,6 +58,7 @@ class DecodeLoop:
         """One decode tick of ``steps`` chained steps. Returns (emitted tokens in order, failed rows)."""
         if not rows:
             return self.teardown(), []
+        emitted = []  # tokens of steps read (and committed) before any failure are still reported
         try:
             if not self.lookahead:
                 return self._pairs(rows, self.engine.step([s.seq for s in rows])), []
@@ -69,7 +70,6 @@ class DecodeLoop:
                 previous = self.engine.submit_step(seqs, lookahead=previous)
                 submitted.append((previous, list(rows)))
             unread, self.in_flight = self.in_flight, submitted
-            emitted = []
             for handle, states in unread:
                 emitted.extend(self._pairs(states, self.engine.read_step(handle)))
             if unread:
@@ -79,7 +79,8 @@ class DecodeLoop:
             return emitted, []
         except Exception as error:  # noqa: BLE001 - a failed forward must not take the daemon down
             log.warning("batched step failed (%s); retrying rows one by one", error)
-            return self._recover(rows)
+            recovered, failed = self._recover(rows)
+            return emitted + recovered, failed
 
     def _measure(self, ms: float) -> None:
         self.step_ms = ms if self.step_ms is None else 0.8 * self.step_ms + 0.2 * ms
