@@ -231,14 +231,18 @@ class SampleMaker:
         return tokens, [1] * len(tokens)
 
     def text_mix(self) -> tuple[list[int], list[int]]:
-        """The phase-two mixture: copies in both frames, chat quotes, code edits, plain text."""
+        """The text phase's mixture: copies in both frames, chat quotes, code edits, repeated-id copies, plain text."""
         roll = self.rng.random()
-        if roll < 0.6:
+        if roll < 0.55:
             return self.text_copy()
-        if roll < 0.68:
+        if roll < 0.63:
             return self.chat_quote()
-        if roll < 0.75:
+        if roll < 0.70:
             return self.code_edit()
+        if roll < 0.80:
+            # Ids repeated as words repeat in text: the copy must place itself by more than the last token
+            # (the errors left after training without these were all jumps to another occurrence of a word).
+            return self.synthetic_copy(self.rng.randint(30, 150), framed=0.5, zipf=True)
         return self.plain_text()
 
 

@@ -5,7 +5,8 @@ Curriculum (see the model card):
      induction heads form here;
   2. transfer: longer random copies and copies of short real paragraphs;
   3. the text mixture (copy tasks raw and in the chat template, chat turns that quote the user, code with a
-     renamed identifier, plain prose and code with loss everywhere), longer rows.
+     renamed identifier, copies of ids that recur as words do, plain prose and code with loss
+     everywhere), longer rows.
 Greedy copy accuracy on held-out paragraphs is measured during training and at the end.
 
 Data parallel: MLX runs elementwise work (softmax, exp, the loss) on one core, so a single process
@@ -222,7 +223,9 @@ elementwise parts of a step that one process runs on a single core.
    repeat in text), and copies of short real paragraphs;
 3. text mixture ({report['text_steps']} steps, 16 x 512): "Repeat the following paragraph exactly: ..." and
    similar copy tasks raw and through the chat template, chat turns that quote the user, code with a
-   renamed identifier (loss on the reply only), plain prose and code (loss everywhere).
+   renamed identifier, copies of random ids drawn with Zipf weights from a small pool so that ids recur
+   as words do (10% of samples: the copy must place itself by more than its last token; loss on the
+   reply only), plain prose and code (loss everywhere).
 
 A moving average of the weights runs through the text phase (decay {report['ema_decay']}). At the end the final
 weights and the average are scored on 20 other held-out paragraphs (validation, chat), and the better one
