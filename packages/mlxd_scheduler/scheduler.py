@@ -42,14 +42,13 @@ log = logging.getLogger("mlxd.scheduler")
 
 
 # Verify gate default: the largest active batch at which measurement showed no aggregate loss. On the
-# embedded model (2-core CPU, docs/benchmark_results/prompt_lookup.md, 5 rounds, gate open vs flag off;
-# the retrained model echoes much of a plain prompt too, so "plain" rows also accept drafts):
-# batch 2: plain 1.30x, copy 1.38x; batch 4: plain 0.72x (copy 1.19x); batch 8: plain 0.49x (copy 1.07x).
-# Each proposing row verifies in a forward of its own, so with many rows the verify forwards outweigh the
-# batched step they replace unless nearly every row copies. Batch 3 was not measured. On stories260K, whose
-# plain stories copy little (about 29% of drafts accepted), batch 2 lost 5-11% once the fused CPU layers
-# made steps cheaper (on/off 0.889 over 5 rounds, 0.953 over 8; docs/benchmark_results/
-# prompt_lookup_stories260k.md): the governor does not fully guard that case yet.
+# embedded model (2-core CPU, docs/benchmark_results/prompt_lookup.md, 5 rounds, gate open vs flag off, with
+# several steps per tick and short proposals declined beside other rows; the model echoes much of a plain
+# prompt, so "plain" rows also accept drafts): batch 2: plain 1.02x, copy 1.91x; batch 4: plain 0.93x
+# (copy 1.48x); batch 8: plain 0.43x (copy 1.29x). Each proposing row verifies in a forward of its own, so
+# with many rows the verify forwards outweigh the batched steps they replace unless nearly every row
+# copies. Batch 3 was not measured. On stories260K, whose plain stories copy little, the flag with this
+# gate costs nothing measurable (on/off 0.99-1.00 at 1, 2, 4 and 8 rows; prompt_lookup_stories260k.md).
 DEFAULT_PROMPT_LOOKUP_MAX_BATCH = 2
 
 

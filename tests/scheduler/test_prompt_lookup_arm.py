@@ -210,3 +210,33 @@ def test_rows_still_in_prefill_count_toward_the_gate():
             gated_while_b_prefills += 1
     assert gated_while_b_prefills >= 3
     assert [x for r in records for x in r.rows if x.action == "verify"]  # alone, each row verifies
+
+
+def test_short_proposals_are_declined_beside_other_rows():
+    loaded = stub_loaded(period=6)
+    short = PromptLookupConfig(max_draft=2)  # every proposal is shorter than MIN_DRAFT_BESIDE_OTHERS
+    scheduler, records = make(loaded, short, prompt_lookup_max_batch=4)
+    out = Collector()
+    scheduler.submit(Request("a", REPEATING, max_tokens=40), out.sink("a"))
+    scheduler.submit(Request("b", REPEATING, max_tokens=40), out.sink("b"))
+    scheduler.run_until_idle()
+    both = [r for r in records if {x.request_id for x in r.rows if x.action == "decode"} == {"a", "b"}]
+    assert both and not any(x.action == "verify" for r in both for x in r.rows)
+    assert scheduler.prompt_lookup.counters["declined_short"] > 0
+    solo, _ = make(loaded, short)
+    solo.submit(Request("c", REPEATING, max_tokens=40), out.sink("c"))
+    solo.run_until_idle()
+    assert out.done("a").tokens == out.done("b").tokens == out.done("c").tokens
+    assert solo.prompt_lookup.counters["verify_rounds"] > 0  # alone, short drafts still verify
+    assert solo.prompt_lookup.counters["declined_short"] == 0
+
+
+def test_rows_with_declined_short_proposals_keep_pipelining():
+    loaded = stub_loaded(period=6)
+    scheduler, records = make(loaded, PromptLookupConfig(max_draft=2), prompt_lookup_max_batch=4)
+    out = Collector()
+    scheduler.submit(Request("a", REPEATING, max_tokens=60), out.sink("a"))
+    scheduler.submit(Request("b", REPEATING, max_tokens=60), out.sink("b"))
+    scheduler.run_until_idle()
+    both = [r for r in records if {x.request_id for x in r.rows if x.action == "decode"} == {"a", "b"}]
+    assert len(both) > 5 and sum(r.pipelined for r in both) >= len(both) - 2
