@@ -88,6 +88,14 @@ class SamplerChain:
         self.key = mx.random.key(params.seed) if params.seed is not None else None
 
     @property
+    def needs_history(self) -> bool:
+        """True when a processor reads the row's past tokens (penalties, caller-given processors); a
+        logit bias alone does not."""
+        p = self.params
+        return (p.repetition_penalty not in (0.0, 1.0) or bool(p.presence_penalty) or bool(p.frequency_penalty)
+                or bool(p.custom_processors))
+
+    @property
     def has_row_state(self) -> bool:
         """True when the chain needs the row's history or its own key (cannot join a batched draw)."""
         return bool(self.processors) or self.key is not None

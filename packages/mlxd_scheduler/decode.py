@@ -22,8 +22,9 @@ that keep the in-flight steps right when the batch changes:
    that need synchronous rows (a verify round, an error retry) tear down first.
 5. Errors: if a batched step fails, the in-flight work is abandoned, every row's pending appends are
    unwound and each row is retried alone; a row that fails alone is reported failed, the others go on.
-6. Rows whose sampler keeps per-row state (penalties) read their history through the newest in-flight
-   step only, so a tick with such a row submits one step (the scheduler sees to it).
+6. Rows whose sampler reads their history (penalties) see it through the newest in-flight step only,
+   so a tick with such a row submits one step (the scheduler sees to it). A logit bias or a per-request
+   seed needs no history: each chained step draws in order, as single steps would.
 
 With ``lookahead=False`` every tick submits and reads its own single step (the unpipelined baseline).
 """

@@ -13,7 +13,7 @@ Contract: no sockets and no threads. Callers ``submit`` requests (already tokeni
 Every tick that did work leaves a ``TickRecord`` for the trace sink.
 
 Steps per tick: with ``max_decode_steps`` > 1 a tick in plain steady decode (no prompt to admit or
-prefill, no sampler with per-row state; prompt-lookup rows only where the arm allows it, see
+prefill, no sampler that reads the row's history (penalties); prompt-lookup rows only where the arm allows it, see
 ``prompt_lookup_arm.py``) submits several chained steps and reads
 the previous tick's, so the tick's fixed cost is shared by several tokens. The count is the most that
 fits ``tick_budget_ms`` at the measured step time (so a large model, whose steps are long, keeps one step
@@ -212,7 +212,7 @@ class BatchScheduler:
         unread = len(self.decode_loop.in_flight)
         for state in rows:
             seq = state.seq
-            if seq.chain.has_row_state:
+            if seq.chain.needs_history:
                 return 1
             left = state.request.max_tokens - state.emitted - unread  # tokens the row may still take
             room = seq.max_kv - seq.kv.written  # appends the row may still make

@@ -184,3 +184,22 @@ def test_a_drafting_row_without_matches_backs_off_to_many_steps():
     steps = [r.steps for r in records if r.pipelined]
     assert steps[:4] == [1, 2, 4, 8] and max(steps) == 8
     assert out.done("p").tokens == reference(loaded, PROMPTS[0], 80)
+
+
+def test_logit_bias_and_seeded_sampling_chain_steps_with_the_same_tokens():
+    loaded = stub_loaded()
+    banned = reference(loaded, PROMPTS[1], 6)[3]
+    for params in (SamplingParams(logit_bias=((banned, -100.0),)),
+                   SamplingParams(temperature=0.8, seed=7), SamplingParams(temperature=0.8, seed=7, top_k=5)):
+        outputs = {}
+        for steps in (1, 8):
+            scheduler, records = make(loaded, steps)
+            out = Collector()
+            scheduler.submit(Request("p", PROMPTS[1], params=params, max_tokens=40), out.sink("p"))
+            scheduler.run_until_idle()
+            outputs[steps] = out.done("p").tokens
+            if steps == 8:
+                assert max(r.steps for r in records) > 1
+        assert outputs[8] == outputs[1]
+        if params.logit_bias:
+            assert banned not in outputs[1]  # the bias acted (the plain greedy reply has it)
