@@ -31,7 +31,7 @@ class TickRecord:
     rows: list[RowAction] = field(default_factory=list)
     duration_ms: float = 0.0
     prefill_tokens: int = 0
-    steps: int = 1  # chained decode steps this tick submitted
+    steps: int = 1  # chained decode steps this tick submitted (its rows' tokens come from the previous tick's)
     _decoding: dict = field(default_factory=dict, repr=False)  # (request id, detail) -> its decode action
 
     def add(self, request_id: str, action: str, **details) -> None:
