@@ -86,14 +86,9 @@ class SamplerChain:
             frequency_context_size=params.penalty_context,
         ) + list(params.custom_processors)
         self.key = mx.random.key(params.seed) if params.seed is not None else None
-
-    @property
-    def needs_history(self) -> bool:
-        """True when a processor reads the row's past tokens (penalties, caller-given processors); a
-        logit bias alone does not."""
-        p = self.params
-        return (p.repetition_penalty not in (0.0, 1.0) or bool(p.presence_penalty) or bool(p.frequency_penalty)
-                or bool(p.custom_processors))
+        # a processor reads the row's past tokens (penalties, caller-given processors); a logit bias does not
+        self.needs_history = bool(repetition or params.presence_penalty or params.frequency_penalty
+                                  or params.custom_processors)
 
     @property
     def has_row_state(self) -> bool:

@@ -1,6 +1,7 @@
 """The finish step: every emitted token of every row goes through here, whatever produced it.
 
-Contract: ``Finisher.accept(state, token)`` records one output token of a request: timings, EOS, the
+Contract: ``Finisher.accept(state, token)`` records one output token of a request (``accept_run`` the
+tokens a row got in one tick, with one event for them): timings, EOS, the
 stop strings (through the request's TextStream), max_tokens and the KV bound; it streams a TokenEvent
 unless the token ended the output (EOS, or a stop string with nothing before it). It returns the
 finish reason when the row must stop. ``Finisher.finish(state, reason)`` releases the row's sequence
@@ -27,24 +28,7 @@ class Finisher:
 
     def accept(self, state: RequestState, token: int, logprobs: dict | None = None) -> str | None:
         """Record one emitted token. Returns a finish reason ("stop", "length") or None."""
-        now = time.perf_counter()
-        timings = state.timings
-        if timings.first_token is None:
-            timings.first_token = now
-        timings.last_token = now
-        if token in self.eos and not state.request.ignore_eos:
-            return "stop"
-        state.emitted += 1
-        text, stopped = ("", False) if state.request.text is None else state.request.text.push(token)
-        state.sink(TokenEvent(state.request_id, [token], text, [logprobs] if logprobs else None))
-        if stopped:
-            return "stop"
-        if state.emitted >= state.request.max_tokens:
-            return "length"
-        seq = state.seq
-        if seq is not None and seq.kv.committed + 1 > seq.max_kv:
-            return "length"  # the KV bound: no room for the next token
-        return None
+        return self.accept_run(state, [token], [logprobs] if logprobs else None)[2]
 
     def accept_run(self, state: RequestState, tokens: list[int], logprobs: list | None = None) -> tuple[int, int, str | None]:
         """``accept`` for a row's tokens of one tick, in order, with one TokenEvent for them all.

@@ -70,14 +70,12 @@ class PromptLookupArm:
         self.emit = emit  # (state, token, record, action) -> goes through the finish step
         self.fail = fail
         self.counters = {"verify_rounds": 0, "declined_gate": 0, "declined_governor": 0, "declined_short": 0}
-        self._batch = 1  # decoding rows this tick (rule 6)
-        self._declined_short: set[int] = set()  # ids of rows whose proposal rule 6 declined in the last _propose
 
     def tick(self, rows: list[RequestState], record: TickRecord, prefilling: int = 0, steps: int = 1) -> None:
         """One decode tick over ``rows``; ``prefilling`` rows (admitted, prompt not yet in) count toward the gate;
         ``steps``: the most chained steps a plain tick may submit (rule 3)."""
         drafting = [s for s in rows if s.drafter is not None]
-        self._batch = len(rows)
+        batch = len(rows)  # decoding rows as the tick starts (rule 6)
         held_back = self._past_paged_limit(drafting)
         if held_back:
             drafting = [s for s in drafting if s not in held_back]
@@ -89,7 +87,7 @@ class PromptLookupArm:
             self._plain(rows, record, {id(s): "declined-gate" for s in drafting}, steps)
             return
         if self.decode_loop.pipelined:
-            proposals = self._propose(drafting, record=None)
+            proposals, _ = self._propose(drafting, None, batch)
             if not proposals:  # rule 3: keep pipelining, chaining steps as the rows' quiet streaks allow
                 allowed = min((2 ** min(s.quiet_ticks, 6) for s in drafting), default=steps)
                 for state in drafting:
@@ -104,7 +102,7 @@ class PromptLookupArm:
             self._emit_all(self.decode_loop.teardown(), record, "decode")
             rows = [s for s in rows if s.phase == "decode"]
             drafting = [s for s in drafting if s.phase == "decode"]
-        self._synchronous(rows, drafting, record)
+        self._synchronous(rows, drafting, record, batch)
 
     # -- pieces ---------------------------------------------------------------------------------
     def _past_paged_limit(self, drafting: list[RequestState]) -> list[RequestState]:
@@ -115,9 +113,10 @@ class PromptLookupArm:
         self.counters["declined_paged_context"] = self.counters.get("declined_paged_context", 0) + len(past)
         return past
 
-    def _propose(self, drafting: list[RequestState], record: TickRecord | None) -> dict[RequestState, list[int]]:
-        proposals = {}
-        self._declined_short = set()
+    def _propose(self, drafting: list[RequestState], record: TickRecord | None,
+                 batch: int) -> tuple[dict[RequestState, list[int]], set[int]]:
+        """Proposals to verify, and the ids of rows whose proposal rule 6 declined."""
+        proposals, declined_short = {}, set()
         for state in drafting:
             if state.drafter.governor.peek_budget() == 0:
                 state.drafter.draft_block()  # counts toward the governor's probe spacing
@@ -129,19 +128,20 @@ class PromptLookupArm:
                 # one token left: the round would check no draft; a plain step gives that token
                 state.drafter.retract_draft()
                 continue
-            if proposal and self._batch > 1 and len(proposal) < MIN_DRAFT_BESIDE_OTHERS:
+            if proposal and batch > 1 and len(proposal) < MIN_DRAFT_BESIDE_OTHERS:
                 state.drafter.retract_draft()  # rule 6: not worth a forward of its own beside other rows
-                self._declined_short.add(id(state))
+                declined_short.add(id(state))
                 if record is not None:
                     self.counters["declined_short"] += 1
                 continue
             if proposal:
                 proposals[state] = proposal
-        return proposals
+        return proposals, declined_short
 
-    def _synchronous(self, rows: list[RequestState], drafting: list[RequestState], record: TickRecord) -> None:
+    def _synchronous(self, rows: list[RequestState], drafting: list[RequestState], record: TickRecord,
+                     batch: int) -> None:
         governor_off = {id(s) for s in drafting if s.drafter.governor.peek_budget() == 0}
-        proposals = self._propose(drafting, record)
+        proposals, declined_short = self._propose(drafting, record, batch)
         for state, proposal in proposals.items():
             self._verify(state, proposal, record)
         rest = [s for s in rows if s not in proposals and s.phase == "decode"]
@@ -149,7 +149,7 @@ class PromptLookupArm:
             return
         details = {i: "declined-governor" for i in governor_off}
         # a row whose short proposal was declined would be declined again: it does not hold pipelining back
-        if not proposals and all(id(s) in self._declined_short or s.drafter.pipelines_plain_rounds() for s in drafting):
+        if not proposals and all(id(s) in declined_short or s.drafter.pipelines_plain_rounds() for s in drafting):
             self._plain(rest, record, details)  # rule 5: re-prime (this tick only submits)
             return
         emitted, failed = self.decode_loop.step_synchronously(rest)

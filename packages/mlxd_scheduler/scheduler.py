@@ -13,9 +13,9 @@ Contract: no sockets and no threads. Callers ``submit`` requests (already tokeni
 Every tick that did work leaves a ``TickRecord`` for the trace sink.
 
 Steps per tick: with ``max_decode_steps`` > 1 a tick in plain steady decode (no prompt to admit or
-prefill, no sampler that reads the row's history (penalties); prompt-lookup rows only where the arm allows it, see
-``prompt_lookup_arm.py``) submits several chained steps and reads
-the previous tick's, so the tick's fixed cost is shared by several tokens. The count is the most that
+prefill, no sampler that reads the row's history, such as penalties; prompt-lookup rows only where the
+arm allows it, see ``prompt_lookup_arm.py``) submits several chained steps and reads the previous
+tick's, so the tick's fixed cost is shared by several tokens. The count is the most that
 fits ``tick_budget_ms`` at the measured step time (so a large model, whose steps are long, keeps one step
 per tick and streams as before), and never more than any row may still produce or hold: no step is
 wasted at max_tokens and none runs past the KV bound. Tokens stay the same as with one step per tick.
@@ -221,24 +221,19 @@ class BatchScheduler:
 
     def _emit(self, state: RequestState, token: int, record: TickRecord, action: str, logprobs=None) -> None:
         """One output token of a decoding row, however produced: finish step, drafter, trace."""
-        if state.phase != "decode":
-            return
-        if action:
-            record.add_decode(state.request_id, detail=action if action != "decode" else None)
-        reason = self.finisher.accept(state, token, logprobs)
-        if state.drafter is not None:
-            state.drafter.observe([token])
-        if reason is not None:
-            self._finish(state, reason, record)
+        self._emit_run(state, [token], record, [logprobs] if logprobs else None, action)
 
-    def _emit_run(self, state: RequestState, tokens: list[int], record: TickRecord, logprobs: list | None) -> None:
-        """A plain decode row's tokens of one tick: as ``_emit`` for each, with one event for the run."""
+    def _emit_run(self, state: RequestState, tokens: list[int], record: TickRecord, logprobs: list | None,
+                  action: str = "decode") -> None:
+        """A decoding row's tokens of one tick, in order: one finish-step call and one event for them.
+        ``action``: "decode", a decline detail for the trace, or "" for tokens the trace shows otherwise."""
         if state.phase != "decode":
             return
-        judged, taken, reason = self.finisher.accept_run(state, tokens, logprobs)
-        record.add_decode(state.request_id, count=judged)
+        judged, _, reason = self.finisher.accept_run(state, tokens, logprobs)
+        if action:
+            record.add_decode(state.request_id, detail=action if action != "decode" else None, count=judged)
         if state.drafter is not None:
-            state.drafter.observe(tokens[:taken])
+            state.drafter.observe(tokens[:judged])
         if reason is not None:
             self._finish(state, reason, record)
 
