@@ -167,6 +167,11 @@ def test_bad_requests_are_refused_and_a_failing_row_fails_alone():
     poisoned_prompt = PROMPTS[2]
     poison = reference(loaded, poisoned_prompt, 3)[1]  # the 2nd output token is fed to a step
     scheduler, _ = make(loaded)
+    assert_poisoned_row_fails_alone(scheduler, loaded, poisoned_prompt, poison)
+
+
+def assert_poisoned_row_fails_alone(scheduler, loaded, poisoned_prompt, poison) -> None:
+    """A row whose step sees ``poison`` fails with an error; two rows beside it finish as if alone."""
     loaded.model.poison = poison
     out = Collector()
     scheduler.submit(Request("bad", poisoned_prompt, max_tokens=30), out.sink("bad"))

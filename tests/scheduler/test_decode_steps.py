@@ -6,7 +6,7 @@ from mlxd_engine import Engine, SamplingParams
 from mlxd_scheduler import BatchScheduler, Request, SchedulerOptions, TextStream
 
 from .stub_model import ByteDetokenizer, as_text, stub_loaded
-from .test_batch_scheduler import PROMPTS, Collector, reference
+from .test_batch_scheduler import PROMPTS, Collector, assert_poisoned_row_fails_alone, reference
 
 NO_TIME_CAP = 1e9  # the step-time budget would cap steps by wall time; these tests count steps exactly
 
@@ -17,6 +17,15 @@ def make(loaded, steps: int, **options):
     scheduler = BatchScheduler(Engine(loaded, max_sequences=8), SchedulerOptions(max_decode_steps=steps, **options),
                                records.append)
     return scheduler, records
+
+
+def run_alone(loaded, steps: int, params: SamplingParams, max_tokens: int):
+    """One request on PROMPTS[1]: its tokens and the scheduler's tick records."""
+    scheduler, records = make(loaded, steps)
+    out = Collector()
+    scheduler.submit(Request("p", PROMPTS[1], params=params, max_tokens=max_tokens), out.sink("p"))
+    scheduler.run_until_idle()
+    return out.done("p").tokens, records
 
 
 def count_submitted_steps(scheduler) -> list[int]:
@@ -106,11 +115,7 @@ def test_a_sampler_with_row_state_keeps_one_step_per_tick():
     params = SamplingParams(repetition_penalty=1.3)
     outputs = {}
     for steps in (1, 8):
-        scheduler, records = make(loaded, steps)
-        out = Collector()
-        scheduler.submit(Request("p", PROMPTS[1], params=params, max_tokens=25), out.sink("p"))
-        scheduler.run_until_idle()
-        outputs[steps] = out.done("p").tokens
+        outputs[steps], records = run_alone(loaded, steps, params, 25)
         assert all(r.steps == 1 for r in records)
     assert outputs[8] == outputs[1]
 
@@ -119,18 +124,8 @@ def test_a_failing_row_fails_alone_with_many_steps():
     loaded = stub_loaded()
     poison = reference(loaded, PROMPTS[2], 12)[9]  # fed to a step deep inside a tick of several steps
     scheduler, records = make(loaded, 8)
-    loaded.model.poison = poison
-    out = Collector()
-    scheduler.submit(Request("bad", PROMPTS[2], max_tokens=30), out.sink("bad"))
-    for i, prompt in enumerate(PROMPTS[:2]):
-        scheduler.submit(Request(str(i), prompt, max_tokens=30), out.sink(str(i)))
-    scheduler.run_until_idle()
-    loaded.model.poison = None
-    assert out.done("bad").finish_reason == "error"
-    for i, prompt in enumerate(PROMPTS[:2]):
-        assert out.done(str(i)).tokens == reference(loaded, prompt, 30)
+    assert_poisoned_row_fails_alone(scheduler, loaded, PROMPTS[2], poison)
     assert max(r.steps for r in records) > 1
-    assert scheduler.engine.storage.free_slots == 8
 
 
 def test_prompt_lookup_rows_with_many_steps_equal_plain_and_still_verify():
@@ -193,11 +188,7 @@ def test_logit_bias_and_seeded_sampling_chain_steps_with_the_same_tokens():
                    SamplingParams(temperature=0.8, seed=7), SamplingParams(temperature=0.8, seed=7, top_k=5)):
         outputs = {}
         for steps in (1, 8):
-            scheduler, records = make(loaded, steps)
-            out = Collector()
-            scheduler.submit(Request("p", PROMPTS[1], params=params, max_tokens=40), out.sink("p"))
-            scheduler.run_until_idle()
-            outputs[steps] = out.done("p").tokens
+            outputs[steps], records = run_alone(loaded, steps, params, 40)
             if steps == 8:
                 assert max(r.steps for r in records) > 1
         assert outputs[8] == outputs[1]
