@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from .compiled_decode import CompiledDecode, compile_wanted
 from .cpu_fusion import fuse_cpu_layers as fuse_cpu_layers_of, fusion_wanted
 from .kv_storage import KVStorageFull, SlotKVStorage, SlotState
 from .loading import LoadedModel
@@ -91,11 +92,14 @@ class Engine:
     """Runs one loaded model over contiguous (slot) or paged KV storage.
 
     On the CPU the model's RMSNorm and RoPE layers are fused first (``cpu_fusion``; bit-identical
-    results); ``fuse_cpu_layers=False`` or ``MLXD_FUSE_CPU_LAYERS=0`` keeps them stock."""
+    results); ``fuse_cpu_layers=False`` or ``MLXD_FUSE_CPU_LAYERS=0`` keeps them stock. Decode steps over
+    contiguous storage run as one compiled graph (``compiled_decode``); ``compile_decode=False`` or
+    ``MLXD_COMPILE_DECODE=0`` builds them op by op."""
 
     def __init__(self, loaded: LoadedModel, max_sequences: int = 8, max_kv_size: int | None = None,
                  storage: str = "contiguous", kv_block_size: int = DEFAULT_BLOCK_SIZE,
-                 kv_pool_tokens: int | None = None, fuse_cpu_layers: bool | None = None):
+                 kv_pool_tokens: int | None = None, fuse_cpu_layers: bool | None = None,
+                 compile_decode: bool | None = None):
         self.loaded = loaded
         self.model = loaded.model
         wanted = fusion_wanted() if fuse_cpu_layers is None else fuse_cpu_layers
@@ -109,6 +113,8 @@ class Engine:
         else:
             raise ValueError(f"unknown KV storage backend {storage!r}; known: contiguous, paged")
         self._ids = itertools.count()
+        compiled = compile_wanted() if compile_decode is None else compile_decode
+        self.compiled_decode = CompiledDecode(self.model) if compiled and storage == "contiguous" else None
 
     def fits(self, prompt_tokens: int, max_new_tokens: int) -> bool:
         """Whether a request could ever run here (it may still have to wait for room)."""
@@ -147,14 +153,20 @@ class Engine:
         states = [r.kv for r in rows]
         self.storage.reserve(states, inputs.shape[1])
         order = self.storage.read_order(states) if len(rows) > 1 else None
-        if order is None:
-            return self.model(inputs, cache=self.storage.views(states, inputs.shape[1]))
-        # run the rows in the order the storage reads fastest, hand the logits back in the caller's
-        inverse = [0] * len(order)
-        for position, row in enumerate(order):
-            inverse[row] = position
-        logits = self.model(inputs[mx.array(order)], cache=self.storage.views([states[i] for i in order], inputs.shape[1]))
-        return logits[mx.array(inverse)]
+        if order is not None:
+            # run the rows in the order the storage reads fastest, hand the logits back in the caller's
+            inverse = [0] * len(order)
+            for position, row in enumerate(order):
+                inverse[row] = position
+            return self._forward_in_order([states[i] for i in order], inputs[mx.array(order)])[mx.array(inverse)]
+        return self._forward_in_order(states, inputs)
+
+    def _forward_in_order(self, states: list[SlotState], inputs: mx.array) -> mx.array:
+        if self.compiled_decode is not None:
+            logits = self.compiled_decode.forward(self.storage, states, inputs)
+            if logits is not None:
+                return logits[:, None, :]
+        return self.model(inputs, cache=self.storage.views(states, inputs.shape[1]))
 
     def prefill(self, seq: Sequence, max_tokens: int | None = None) -> Emitted | None:
         """Forward one chunk of the prompt. Returns the first output token once the prompt is in."""
