@@ -1,4 +1,4 @@
-"""The decode step of the whole model as one compiled graph, over contiguous slot storage.
+"""Decode steps and verify forwards of the whole model as one compiled graph, over contiguous slot storage.
 
 Why: a decode step of a small model is hundreds of tiny ops. Built op by op, each step pays Python for
 every layer's graph and a dispatch per op; ``mx.compile`` traces the step once per shape and replays it,
@@ -7,16 +7,18 @@ interleaved rounds: a loop of compiled steps ran 1.39-1.49x the tokens per secon
 model's plain forwards (with the CPU-fused norm and RoPE layers in both).
 
 Contract:
-- ``CompiledDecode.forward(storage, states, inputs)`` runs one token per row (``inputs`` [B, 1]) for rows
-  whose slots are adjacent and in order (``first``, ``first + 1``, ...) and returns the last-position
-  logits [B, V], or ``None`` when it does not apply (rows not adjacent, a layer's buffer not yet allocated
-  or grown to the storage's capacity, or the step failed to trace once: then it stays off). The caller
-  runs its ordinary forward instead. Bookkeeping is the ordinary forward's: every row gets one pending
-  append at position ``state.written``.
+- ``CompiledDecode.forward(storage, states, inputs)`` runs ``inputs`` [B, T] (T at most
+  ``MAX_COMPILED_TOKENS``: a decode step is T=1, a verify forward T=k+1) for rows whose slots are
+  adjacent and in order (``first``, ``first + 1``, ...) and returns logits [B, T, V], or ``None`` when it
+  does not apply (longer inputs such as prompt chunks, rows not adjacent, a layer's buffer not yet
+  allocated or grown to the storage's capacity, or the model failed to trace once: then it stays off).
+  The caller runs its ordinary forward instead. Bookkeeping is the ordinary forward's: every row gets T
+  pending appends from position ``state.written``.
 - Shapes are fixed inside a trace: attention reads every position of the rows' slots up to the storage
-  capacity and a mask hides what the row has not written (positions past ``written``, or outside a
-  sliding window). Each new (first slot, batch size, capacity) traces once; capacity grows in chunks.
-- The new token's key and value are scattered into the layer buffers, which are passed in and returned;
+  capacity and a mask hides what the query may not see (positions past its own, or outside a sliding
+  window). Each (first slot, batch size, T, capacity) has its own trace, made on first use (a few ms
+  for the embedded model); the ``MAX_TRACES`` most recently used are kept.
+- The new tokens' keys and values are scattered into the layer buffers, which are passed in and returned;
   MLX updates them in place when nothing else holds the old buffers (the storage swaps in the returned
   ones at once).
 - Results equal the ordinary forward's within float tolerance (attention sums over more, masked,
@@ -28,12 +30,16 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import OrderedDict
+from typing import Callable
 
 import mlx.core as mx
 
 log = logging.getLogger("mlxd.engine")
 
 DISABLE_ENV = "MLXD_COMPILE_DECODE"
+MAX_COMPILED_TOKENS = 16  # longer inputs (prompt chunks) are matmul-bound and would each add a trace
+MAX_TRACES = 64  # compiled signatures kept (least recently used goes first); a new one traces in a few ms
 
 
 def compile_wanted() -> bool:
@@ -49,21 +55,22 @@ class _TracedView:
         self.offset = positions  # RoPE position of each row's new token
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        # keys: [B, kv_heads, 1, k_dim]; the buffers: [slots, kv_heads, capacity, k_dim]
+        # keys: [B, kv_heads, T, k_dim]; the buffers: [slots, kv_heads, capacity, k_dim]
         slots = mx.arange(self.first, self.first + self.rows)
-        self.keys[slots, :, self.offset] = keys[:, :, 0]
-        self.values[slots, :, self.offset] = values[:, :, 0]
+        for i in range(keys.shape[2]):
+            self.keys[slots, :, self.offset + i] = keys[:, :, i]
+            self.values[slots, :, self.offset + i] = values[:, :, i]
         rows = slice(self.first, self.first + self.rows)
         return self.keys[rows], self.values[rows]
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> mx.array:
-        # [B, 1, 1, capacity]: a row sees what it has written, its new token included
-        key_positions = mx.arange(self.keys.shape[2])[None, :]
-        query_positions = self.offset[:, None]
+        # [B, 1, T, capacity]: query i of a row sees the row's positions up to its own
+        key_positions = mx.arange(self.keys.shape[2])[None, None, :]
+        query_positions = (self.offset[:, None] + mx.arange(n)[None, :])[:, :, None]
         mask = key_positions <= query_positions
         if window_size is not None:
             mask = mask & (key_positions > query_positions - window_size)
-        return mask[:, None, None, :]
+        return mask[:, None, :, :]
 
     @property
     def state(self):
@@ -71,23 +78,44 @@ class _TracedView:
 
 
 class CompiledDecode:
-    """The model's one-token step, compiled; see the module docstring."""
+    """The model's forward over a few tokens per row (decode steps, verify forwards), compiled; see the
+    module docstring."""
 
-    def __init__(self, model):
+    def __init__(self, model, max_traces: int = MAX_TRACES):
         self.model = model
         self.enabled = True
-        self.steps = 0  # steps that ran compiled (tests, diagnostics)
+        self.steps = 0  # forwards that ran compiled (tests, diagnostics)
+        self.max_traces = max_traces
+        # (first slot, batch, tokens, capacity) -> its own compiled function, least recently used first:
+        # a trace holds its graph, so a long-lived daemon keeps only the ones it uses (rows grow into new
+        # capacities and leave the old traces behind)
+        self._traces: OrderedDict[tuple, Callable] = OrderedDict()
 
-        def step(first: int, tokens: mx.array, positions: mx.array, *buffers: mx.array):
+    def _trace_for(self, first: int, batch: int, tokens: int, capacity: int) -> Callable:
+        key = (first, batch, tokens, capacity)
+        traced = self._traces.get(key)
+        if traced is not None:
+            self._traces.move_to_end(key)
+            return traced
+        model = self.model
+
+        def step(inputs: mx.array, positions: mx.array, *buffers: mx.array):
             views = [_TracedView(buffers[2 * i], buffers[2 * i + 1], first, positions)
                      for i in range(len(buffers) // 2)]
-            logits = model(tokens, cache=views)[:, -1, :]
+            logits = model(inputs, cache=views)
             return (logits, *[array for view in views for array in (view.keys, view.values)])
 
-        self._step = mx.compile(step)
+        traced = self._traces[key] = mx.compile(step)
+        while len(self._traces) > self.max_traces:
+            self._traces.popitem(last=False)
+        return traced
+
+    @property
+    def traces(self) -> int:
+        return len(self._traces)
 
     def forward(self, storage, states: list, inputs: mx.array) -> mx.array | None:
-        if not self.enabled or inputs.shape[1] != 1:
+        if not self.enabled or inputs.shape[1] > MAX_COMPILED_TOKENS:
             return None
         first = states[0].slot
         if any(s.slot != first + i for i, s in enumerate(states)):
@@ -97,7 +125,8 @@ class CompiledDecode:
         positions = mx.array([s.written for s in states], dtype=mx.int32)
         buffers = [array for pair in zip(storage.keys, storage.values) for array in pair]
         try:
-            logits, *updated = self._step(first, inputs, positions, *buffers)
+            traced = self._trace_for(first, len(states), inputs.shape[1], storage.capacity)
+            logits, *updated = traced(inputs, positions, *buffers)
         except Exception as error:  # noqa: BLE001 - a model the trace cannot follow runs uncompiled
             self.enabled = False
             log.warning("compiled decode step is off for this model (%s: %s)", type(error).__name__, error)
@@ -106,6 +135,6 @@ class CompiledDecode:
         storage.keys = list(updated[0::2])
         storage.values = list(updated[1::2])
         for state in states:
-            state.pending += 1
+            state.pending += inputs.shape[1]
         self.steps += 1
         return logits

@@ -148,8 +148,9 @@ class Engine:
         self.storage.release(seq.kv)
 
     # -- forwards ---------------------------------------------------------------------------
-    def _forward(self, rows: list[Sequence], inputs: mx.array) -> mx.array:
-        # inputs: [B, T] -> logits [B, T, V] in the rows' order; appends become pending on every row
+    def _forward(self, rows: list[Sequence], inputs: mx.array, compiled: bool = True) -> mx.array:
+        # inputs: [B, T] -> logits [B, T, V] in the rows' order; appends become pending on every row.
+        # compiled: a decode step or verify forward may run as the compiled graph (prompt chunks do not)
         states = [r.kv for r in rows]
         self.storage.reserve(states, inputs.shape[1])
         order = self.storage.read_order(states) if len(rows) > 1 else None
@@ -158,14 +159,14 @@ class Engine:
             inverse = [0] * len(order)
             for position, row in enumerate(order):
                 inverse[row] = position
-            return self._forward_in_order([states[i] for i in order], inputs[mx.array(order)])[mx.array(inverse)]
-        return self._forward_in_order(states, inputs)
+            return self._forward_in_order([states[i] for i in order], inputs[mx.array(order)], compiled)[mx.array(inverse)]
+        return self._forward_in_order(states, inputs, compiled)
 
-    def _forward_in_order(self, states: list[SlotState], inputs: mx.array) -> mx.array:
-        if self.compiled_decode is not None:
+    def _forward_in_order(self, states: list[SlotState], inputs: mx.array, compiled: bool) -> mx.array:
+        if compiled and self.compiled_decode is not None:
             logits = self.compiled_decode.forward(self.storage, states, inputs)
             if logits is not None:
-                return logits[:, None, :]
+                return logits
         return self.model(inputs, cache=self.storage.views(states, inputs.shape[1]))
 
     def prefill(self, seq: Sequence, max_tokens: int | None = None) -> Emitted | None:
@@ -175,7 +176,7 @@ class Engine:
         if remaining <= 0:
             raise ValueError("sequence is already prefilled")
         n = remaining if max_tokens is None else min(max_tokens, remaining)
-        logits = self._forward([seq], mx.array([seq.tokens[start : start + n]]))
+        logits = self._forward([seq], mx.array([seq.tokens[start : start + n]]), compiled=False)
         self.commit_appends(seq, n)
         if n < remaining:
             mx.eval(self.storage.arrays())

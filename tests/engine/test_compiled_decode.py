@@ -88,8 +88,34 @@ def test_unwound_appends_are_masked_out(tiny_random_model):
     seq.tokens[-1] = forced[0][0]
     handle = engine.submit_step([seq])
     engine.read_step(handle)
-    assert engine.compiled_decode.steps == 1
+    assert engine.compiled_decode.steps == 2  # the verify forward and the step
     assert mx.allclose(handle.logits, expected[0], atol=1e-4, rtol=1e-4).item()
+
+
+@pytest.mark.parametrize("first_slot", [0, 2])
+def test_compiled_verify_forward_matches(tiny_random_model, first_slot):
+    """A verify forward (the current token and a proposal) gives the ordinary forward's logits at every
+    position, and a step after unwinding part of it sees only the kept appends."""
+    prompts, forced = _random_rows(tiny_random_model.vocab_size, [30], 6, seed=8)
+    results = {}
+    for compiled in (False, True):
+        engine = Engine(tiny_random_model, max_sequences=4, compile_decode=compiled)
+        for _ in range(first_slot):
+            engine.add_sequence([1, 2])
+        seq = engine.add_sequence(prompts[0])
+        engine.prefill(seq)
+        verified = engine.verify(seq, [seq.tokens[-1]] + forced[0][:5])
+        engine.commit_appends(seq, 3)
+        engine.unwind_appends(seq, 3)
+        seq.tokens += forced[0][:3]
+        handle = engine.submit_step([seq])
+        engine.read_step(handle)
+        results[compiled] = (verified, handle.logits)
+        if compiled:
+            assert engine.compiled_decode.steps == 2
+    assert results[True][0].shape == results[False][0].shape == (6, tiny_random_model.vocab_size)
+    for plain, fast in zip(results[False], results[True]):
+        assert mx.allclose(plain, fast, atol=1e-4, rtol=1e-4).item()
 
 
 class _PythonOffsetModel(nn.Module):
@@ -147,3 +173,16 @@ def test_one_engine_steps_rows_in_different_slots(tiny_random_model):
         assert not compiled or engine.compiled_decode.steps == 4
     for plain, fast in zip(logits[False], logits[True]):
         assert mx.allclose(plain, fast, atol=1e-4, rtol=1e-4).item()
+
+
+def test_least_recently_used_traces_are_dropped(tiny_random_model):
+    prompts, forced = _random_rows(tiny_random_model.vocab_size, [4, 4, 4], 2, seed=4)
+    engine = Engine(tiny_random_model, max_sequences=4, compile_decode=True)
+    engine.compiled_decode.max_traces = 2
+    seqs = [engine.add_sequence(p) for p in prompts]
+    for seq in seqs:
+        engine.prefill(seq)
+    for rows in ([seqs[0]], [seqs[1]], [seqs[0]], seqs):  # (0, 1), (1, 1), (0, 1) again, (0, 3)
+        engine.step(rows)
+    assert engine.compiled_decode.steps == 4
+    assert list(engine.compiled_decode._traces) == [(0, 1, 1, engine.storage.capacity), (0, 3, 1, engine.storage.capacity)]
