@@ -56,10 +56,16 @@ class _TracedView:
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         # keys: [B, kv_heads, T, k_dim]; the buffers: [slots, kv_heads, capacity, k_dim]
-        slots = mx.arange(self.first, self.first + self.rows)
-        for i in range(keys.shape[2]):
-            self.keys[slots, :, self.offset + i] = keys[:, :, i]
-            self.values[slots, :, self.offset + i] = values[:, :, i]
+        if self.rows == 1:
+            # one row: a slice update at (slot, position) writes all its new tokens (faster than a scatter)
+            start = mx.concatenate([mx.array([self.first], dtype=mx.int32), self.offset])
+            self.keys = mx.slice_update(self.keys, keys, start, axes=(0, 2))
+            self.values = mx.slice_update(self.values, values, start, axes=(0, 2))
+        else:
+            slots = mx.arange(self.first, self.first + self.rows)
+            for i in range(keys.shape[2]):
+                self.keys[slots, :, self.offset + i] = keys[:, :, i]
+                self.values[slots, :, self.offset + i] = values[:, :, i]
         rows = slice(self.first, self.first + self.rows)
         return self.keys[rows], self.values[rows]
 
