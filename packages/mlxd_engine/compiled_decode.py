@@ -3,14 +3,15 @@
 Why: a decode step of a small model is hundreds of tiny ops. Built op by op, each step pays Python for
 every layer's graph and a dispatch per op; ``mx.compile`` traces the step once per shape and replays it,
 fusing elementwise chains on the way. Measured on the embedded model, B=1 greedy, one BLAS thread,
-interleaved rounds: a loop of compiled steps ran 1.39-1.49x the tokens per second of a loop of the
-model's plain forwards (with the CPU-fused norm and RoPE layers in both).
+interleaved rounds on a quiet host: a loop of the engine's compiled steps ran 2490-2700 tok/s against
+2090-2300 for a loop of the model's forwards (the CPU-fused norm and RoPE layers in both).
 
 Contract:
 - ``CompiledDecode.forward(storage, states, inputs)`` runs ``inputs`` [B, T] (T at most
-  ``MAX_COMPILED_TOKENS``: a decode step is T=1, a verify forward T=k+1) for rows whose slots are
+  ``MAX_COMPILED_TOKENS``: a decode step is T=1, a verify forward T=k+1; B at most ``max_rows``,
+  by default ``MAX_COMPILED_ROWS`` = 1, where it measurably wins) for rows whose slots are
   adjacent and in order (``first``, ``first + 1``, ...) and returns logits [B, T, V], or ``None`` when it
-  does not apply (longer inputs such as prompt chunks, rows not adjacent, a layer's buffer not yet
+  does not apply (longer inputs such as prompt chunks, more rows, rows not adjacent, a layer's buffer not yet
   allocated or grown to the storage's capacity, or the model failed to trace once: then it stays off).
   The caller runs its ordinary forward instead. Bookkeeping is the ordinary forward's: every row gets T
   pending appends from position ``state.written``.
@@ -18,7 +19,8 @@ Contract:
   capacity and a mask hides what the query may not see (positions past its own, or outside a sliding
   window). Each (first slot, batch size, T, capacity) has its own trace, made on first use (a few ms
   for the embedded model); the ``MAX_TRACES`` most recently used are kept.
-- The new tokens' keys and values are scattered into the layer buffers, which are passed in and returned;
+- The new tokens' keys and values are written into the layer buffers (one row: a slice update; several:
+  a scatter per token), which are passed in and returned;
   MLX updates them in place when nothing else holds the old buffers (the storage swaps in the returned
   ones at once).
 - Results equal the ordinary forward's within float tolerance (attention sums over more, masked,
@@ -39,6 +41,12 @@ log = logging.getLogger("mlxd.engine")
 
 DISABLE_ENV = "MLXD_COMPILE_DECODE"
 MAX_COMPILED_TOKENS = 16  # longer inputs (prompt chunks) are matmul-bound and would each add a trace
+# Batches of more rows take the ordinary forward: measured through the scheduler (embedded model, 256
+# tokens per request, 1 BLAS thread), compiled steps gave 2190-2270 tok/s at 1 request against 1940-2070,
+# but 4080-4800 at 4 concurrent (ordinary 4520-5010) and 4810-5700 at 8 (ordinary 7320-7610): with more
+# rows, reading every slot's whole capacity and scattering rows at different positions cost more than
+# the graph building they save.
+MAX_COMPILED_ROWS = 1
 MAX_TRACES = 64  # compiled signatures kept (least recently used goes first); a new one traces in a few ms
 
 
@@ -87,8 +95,9 @@ class CompiledDecode:
     """The model's forward over a few tokens per row (decode steps, verify forwards), compiled; see the
     module docstring."""
 
-    def __init__(self, model, max_traces: int = MAX_TRACES):
+    def __init__(self, model, max_traces: int = MAX_TRACES, max_rows: int = MAX_COMPILED_ROWS):
         self.model = model
+        self.max_rows = max_rows
         self.enabled = True
         self.steps = 0  # forwards that ran compiled (tests, diagnostics)
         self.max_traces = max_traces
@@ -121,7 +130,7 @@ class CompiledDecode:
         return len(self._traces)
 
     def forward(self, storage, states: list, inputs: mx.array) -> mx.array | None:
-        if not self.enabled or inputs.shape[1] > MAX_COMPILED_TOKENS:
+        if not self.enabled or inputs.shape[1] > MAX_COMPILED_TOKENS or len(states) > self.max_rows:
             return None
         first = states[0].slot
         if any(s.slot != first + i for i, s in enumerate(states)):

@@ -17,6 +17,8 @@ def _run(loaded, compiled: bool, prompts: list[list[int]], forced: list[list[int
     idle sequences), then feed each row its forced tokens one batched step at a time. Returns the logits
     of every step and the engine."""
     engine = Engine(loaded, max_sequences=6, compile_decode=compiled)
+    if compiled:
+        engine.compiled_decode.max_rows = 6  # batches too (off by default, where it does not pay)
     for _ in range(first_slot):
         engine.add_sequence([1, 2])
     seqs = [engine.add_sequence(p) for p in prompts]
@@ -52,8 +54,20 @@ def test_compiled_step_matches_the_ordinary_forward(tiny_random_model, lengths, 
         assert mx.array_equal(mx.argmax(a, axis=-1), mx.argmax(b, axis=-1)).item()
 
 
+def test_batches_take_the_ordinary_forward_by_default(tiny_random_model):
+    engine = Engine(tiny_random_model, max_sequences=4, compile_decode=True)
+    a, b = engine.add_sequence([3, 4, 5]), engine.add_sequence([6, 7])
+    for seq in (a, b):
+        engine.prefill(seq)
+    engine.step([a, b])
+    assert engine.compiled_decode.steps == 0
+    engine.step([b])
+    assert engine.compiled_decode.steps == 1
+
+
 def test_rows_in_separate_slots_take_the_ordinary_forward(tiny_random_model):
     engine = Engine(tiny_random_model, max_sequences=6, compile_decode=True)
+    engine.compiled_decode.max_rows = 6
     a, gap, b = (engine.add_sequence([3, 4, 5]) for _ in range(3))
     engine.release(gap)
     for seq in (a, b):
@@ -179,6 +193,7 @@ def test_least_recently_used_traces_are_dropped(tiny_random_model):
     prompts, forced = _random_rows(tiny_random_model.vocab_size, [4, 4, 4], 2, seed=4)
     engine = Engine(tiny_random_model, max_sequences=4, compile_decode=True)
     engine.compiled_decode.max_traces = 2
+    engine.compiled_decode.max_rows = 4
     seqs = [engine.add_sequence(p) for p in prompts]
     for seq in seqs:
         engine.prefill(seq)
