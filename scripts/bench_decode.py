@@ -1,4 +1,4 @@
-"""B=1 greedy decode speed: mlxd + mlx-generate vs a bare loop of model forwards vs mlx_lm.generate.
+"""B=1 greedy decode speed: mlxd + mlx-generate vs bare loops (model forwards; the engine's forward) vs mlx_lm.generate.
 
 Each round runs every variant once, in turn (interleaved), on the same model and prompt, for the same
 number of tokens (end-of-sequence ignored everywhere). Reports decode tok/s (first token excluded)
@@ -46,6 +46,27 @@ def bare_loop(model, prompt: list[int], n: int) -> float:
         y = next_y
     y.item()
     return (n - 1) / (time.perf_counter() - started)
+
+
+def engine_forward_loop(loaded, prompt: list[int], n: int) -> float:
+    """The limit of the daemon's own step: the engine's forward (on the CPU its compiled one-token step over
+    slot storage) in a bare loop, argmax, one step kept in flight; no sampler chain, no scheduler."""
+    from mlxd_engine import Engine
+
+    engine = Engine(loaded, max_sequences=1)
+    seq = engine.add_sequence(prompt)
+    y = mx.array([engine.prefill(seq).token])
+    started = time.perf_counter()
+    for _ in range(n - 1):
+        next_y = mx.argmax(engine._forward([seq], y[:, None])[:, -1], axis=-1)
+        mx.async_eval(next_y)
+        y.item()
+        engine.commit_appends(seq, 1)
+        y = next_y
+    y.item()
+    elapsed = time.perf_counter() - started
+    engine.release(seq)
+    return (n - 1) / elapsed
 
 
 def mlx_lm_generate(model, tokenizer, prompt: list[int], n: int, eos: frozenset[int]) -> float:
@@ -116,7 +137,8 @@ def main() -> None:
     pipelined = start_daemon(*model_args)
     one_step = start_daemon(*model_args, "--decode-steps", "1")
     unpipelined = start_daemon(*model_args, "--no-lookahead")
-    names = ("bare loop", "bare loop, 1 BLAS thread", "bare loop, fused layers, 1 BLAS thread", "mlx_lm.generate",
+    names = ("bare loop", "bare loop, 1 BLAS thread", "bare loop, fused layers, 1 BLAS thread",
+             "engine forward loop, 1 BLAS thread", "mlx_lm.generate",
              "mlxd (mlx-generate)", "mlxd pipelined", "mlxd pipelined, 1 step per tick", "mlxd unpipelined")
     results: dict[str, list[float]] = {k: [] for k in names}
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -125,6 +147,7 @@ def main() -> None:
         # warm-up: compile paths, fill caches
         bare_loop(loaded.model, prompt_ids, 16)
         bare_loop(fused.model, prompt_ids, 16)
+        engine_forward_loop(fused, prompt_ids, 16)
         mlx_lm_generate(loaded.model, loaded.tokenizer, prompt_ids, 16, loaded.eos_token_ids)
         for _, endpoint in (pipelined, one_step, unpipelined):
             mlxd_request(endpoint, PROMPT, 16)
@@ -134,6 +157,7 @@ def main() -> None:
             if set_blas_threads(server_blas_threads()):
                 results["bare loop, 1 BLAS thread"].append(bare_loop(loaded.model, prompt_ids, args.max_tokens))
                 results["bare loop, fused layers, 1 BLAS thread"].append(bare_loop(fused.model, prompt_ids, args.max_tokens))
+                results["engine forward loop, 1 BLAS thread"].append(engine_forward_loop(fused, prompt_ids, args.max_tokens))
                 set_blas_threads(os.cpu_count() or 1)
             results["mlx_lm.generate"].append(mlx_lm_generate(loaded.model, loaded.tokenizer, prompt_ids, args.max_tokens,
                                                               loaded.eos_token_ids))
@@ -165,7 +189,10 @@ def main() -> None:
         "one thread less than the machine has; the bare loop is timed both with the library's default and so. "
         f"On the CPU the daemon's engine fuses the model's RMSNorm and RoPE layers ({fused_count} modules here; "
         "packages/mlxd_engine/cpu_fusion.py); the bare loop and mlx_lm.generate run the stock layers, and the "
-        "\"fused layers\" bare loop runs the same fused layers as the daemon.",
+        "\"fused layers\" bare loop runs the same fused layers as the daemon. The \"engine forward loop\" is the "
+        "daemon's own forward in a bare loop: on the CPU the engine runs a decode step as one compiled graph "
+        "(packages/mlxd_engine/compiled_decode.py), faster than any loop of the model's forwards, so it is the "
+        "limit for the daemon's step, and the model-forward loops are the limit the model sets without it.",
         "",
         "Machine: " + ", ".join(f"{k} {v}" for k, v in machine_facts().items()),
         "",
@@ -183,6 +210,9 @@ def main() -> None:
         f"| mlxd (mlx-generate) / bare loop, 1 BLAS thread | {ratio_spread(ratios('mlxd (mlx-generate)', 'bare loop, 1 BLAS thread'))} |",
         f"| mlxd pipelined / bare loop, fused layers, 1 BLAS thread | {ratio_spread(ratios('mlxd pipelined', 'bare loop, fused layers, 1 BLAS thread'))} |",
         f"| mlxd (mlx-generate) / bare loop, fused layers, 1 BLAS thread | {ratio_spread(ratios('mlxd (mlx-generate)', 'bare loop, fused layers, 1 BLAS thread'))} |",
+        f"| mlxd pipelined / engine forward loop, 1 BLAS thread | {ratio_spread(ratios('mlxd pipelined', 'engine forward loop, 1 BLAS thread'))} |",
+        f"| mlxd (mlx-generate) / engine forward loop, 1 BLAS thread | {ratio_spread(ratios('mlxd (mlx-generate)', 'engine forward loop, 1 BLAS thread'))} |",
+        f"| engine forward loop / bare loop, fused layers (both 1 BLAS thread) | {ratio_spread(ratios('engine forward loop, 1 BLAS thread', 'bare loop, fused layers, 1 BLAS thread'))} |",
         f"| mlxd pipelined / mlx_lm.generate | {ratio_spread(ratios('mlxd pipelined', 'mlx_lm.generate'))} |",
         f"| mlxd (mlx-generate) / mlx_lm.generate | {ratio_spread(ratios('mlxd (mlx-generate)', 'mlx_lm.generate'))} |",
         f"| mlxd pipelined / mlxd unpipelined | {ratio_spread(ratios('mlxd pipelined', 'mlxd unpipelined'))} |",
