@@ -9,7 +9,8 @@ interleaved rounds on a quiet host: a loop of the engine's compiled steps ran 24
 Contract:
 - ``CompiledDecode.forward(storage, states, inputs)`` runs ``inputs`` [B, T] (T at most
   ``MAX_COMPILED_TOKENS``: a decode step is T=1, a verify forward T=k+1; B at most ``max_rows``,
-  by default ``MAX_COMPILED_ROWS`` = 1, where it measurably wins) for rows whose slots are
+  by default ``MAX_COMPILED_ROWS`` = 1, and a storage capacity of at most ``max_capacity``, by default
+  ``MAX_COMPILED_CAPACITY``: where it measurably wins) for rows whose slots are
   adjacent and in order (``first``, ``first + 1``, ...) and returns logits [B, T, V], or ``None`` when it
   does not apply (longer inputs such as prompt chunks, more rows, rows not adjacent, a layer's buffer not yet
   allocated or grown to the storage's capacity, or the model failed to trace once: then it stays off).
@@ -47,6 +48,11 @@ MAX_COMPILED_TOKENS = 16  # longer inputs (prompt chunks) are matmul-bound and w
 # rows, reading every slot's whole capacity and scattering rows at different positions cost more than
 # the graph building they save.
 MAX_COMPILED_ROWS = 1
+# Past this capacity the ordinary forward (which reads only the written positions, without a mask for one
+# row) is as fast or faster: one row, 200 steps after a prompt of N tokens, us per step ordinary /
+# compiled: N=40 460-484 / 402-415, N=500 543-585 / 449-471, N=1000 578-604 / 563-598, N=2000 745-851 /
+# 766-823, N=4000 1169-1260 / 1255-1681.
+MAX_COMPILED_CAPACITY = 2048
 MAX_TRACES = 64  # compiled signatures kept (least recently used goes first); a new one traces in a few ms
 
 
@@ -95,9 +101,11 @@ class CompiledDecode:
     """The model's forward over a few tokens per row (decode steps, verify forwards), compiled; see the
     module docstring."""
 
-    def __init__(self, model, max_traces: int = MAX_TRACES, max_rows: int = MAX_COMPILED_ROWS):
+    def __init__(self, model, max_traces: int = MAX_TRACES, max_rows: int = MAX_COMPILED_ROWS,
+                 max_capacity: int = MAX_COMPILED_CAPACITY):
         self.model = model
         self.max_rows = max_rows
+        self.max_capacity = max_capacity
         self.enabled = True
         self.steps = 0  # forwards that ran compiled (tests, diagnostics)
         self.max_traces = max_traces
@@ -134,6 +142,8 @@ class CompiledDecode:
             return None
         first = states[0].slot
         if any(s.slot != first + i for i, s in enumerate(states)):
+            return None
+        if storage.capacity > self.max_capacity:
             return None
         if any(k is None or k.shape[2] != storage.capacity for k in storage.keys):
             return None  # the ordinary forward allocates or grows the buffers first

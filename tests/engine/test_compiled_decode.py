@@ -201,3 +201,17 @@ def test_least_recently_used_traces_are_dropped(tiny_random_model):
         engine.step(rows)
     assert engine.compiled_decode.steps == 4
     assert list(engine.compiled_decode._traces) == [(0, 1, 1, engine.storage.capacity), (0, 3, 1, engine.storage.capacity)]
+
+
+def test_long_contexts_take_the_ordinary_forward(tiny_random_model):
+    engine = Engine(tiny_random_model, max_sequences=2, compile_decode=True)
+    engine.compiled_decode.max_capacity = GROW_CHUNK
+    seq = engine.add_sequence(list(range(3, 3 + GROW_CHUNK - 2)))
+    engine.prefill(seq)
+    engine.step([seq])
+    engine.step([seq])  # positions GROW_CHUNK - 2 and - 1: capacity GROW_CHUNK, compiled
+    assert engine.compiled_decode.steps == 2
+    engine.step([seq])  # the storage grows past max_capacity: op by op from here on
+    engine.step([seq])
+    assert engine.storage.capacity == 2 * GROW_CHUNK
+    assert engine.compiled_decode.steps == 2
