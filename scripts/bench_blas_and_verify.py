@@ -81,7 +81,8 @@ def main() -> None:
     lines = ["# BLAS on Linux CPU, and step vs verify cost of the embedded model", "",
              f"Command: `.venv/bin/python scripts/bench_blas_and_verify.py {' '.join(sys.argv[1:])}`".rstrip(), "",
              f"Medians of {args.rounds} alternating child processes; step/verify at a 256-token context, "
-             "median of 25 timed forwards each, through the engine (which fuses RMSNorm and RoPE on the CPU).", "",
+             "median of 25 timed forwards each, through the engine (which on the CPU fuses RMSNorm and RoPE and "
+             "runs a lone row's step and verify forward as one compiled graph).", "",
              "| BLAS | matmul 1024 GFLOP/s | matmul 2048 GFLOP/s | step ms | verify (9 tokens) ms | verify/step |",
              "|---|---|---|---|---|---|"]
     for name, results in runs.items():
