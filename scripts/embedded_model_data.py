@@ -246,6 +246,49 @@ class SampleMaker:
         return self.plain_text()
 
 
+# Plain prompts (no copy asked, none from the corpus) for the plausible-text check of a trained model.
+PLAIN_PROMPTS = [
+    "Explain how a bicycle works.",
+    "What is a list comprehension?",
+    "Tell me about dictionaries.",
+    "How do I read a file line by line?",
+    "Write a paragraph about exceptions.",
+    "What does the return statement do?",
+    "Describe how a class is defined.",
+    "How does sorting work?",
+    "What is a generator?",
+    "Tell me something about strings.",
+    "Why would I use a tuple?",
+    "How are modules imported?",
+]
+
+
+def known_words(corpus: Corpus) -> set[str]:
+    """Every lower-cased word of the training text (what a plausible reply is made of)."""
+    words: set[str] = set()
+    for text in corpus.train_prose + corpus.train_code:
+        words.update(w.lower() for w in re.findall(r"[A-Za-z]+", text))
+    return words
+
+
+def plausible_reply(prompt: str, reply: str, vocabulary: set[str]) -> tuple[bool, str]:
+    """Whether a reply to a plain prompt reads as text: at least 8 words, not an echo of the prompt, at
+    least 90% of its words known, and not stuck in a loop (at least 40% of its words distinct, no
+    character repeated 8 times in a row). Returns (ok, why not)."""
+    words = [w.lower() for w in re.findall(r"[A-Za-z]+", reply)]
+    if len(words) < 8:
+        return False, f"{len(words)} words"
+    asked = " ".join(w.lower() for w in re.findall(r"[A-Za-z]+", prompt))
+    if asked in " ".join(words):
+        return False, "echo"
+    known = sum(w in vocabulary for w in words) / len(words)
+    if known < 0.9:
+        return False, f"{known:.0%} known words"
+    if len(set(words)) < 0.4 * len(words) or re.search(r"(.)\1{7}", reply):
+        return False, "loop"
+    return True, ""
+
+
 def pack_rows(make_sample, rows: int, length: int, pad_id: int) -> tuple[list[list[int]], list[list[int]]]:
     """Fill ``rows`` rows of ``length`` tokens with whole samples (too-long ones are skipped)."""
     token_rows, mask_rows = [], []

@@ -7,6 +7,8 @@ reference tokens:
 - aligned: reference tokens found, in order, in the reply (longest matching blocks; a skipped or
   inserted token costs one token, not the rest of the paragraph).
 The reference is the paragraph's tokens as they stand in the prompt, which is what a copy reproduces.
+Then the plain prompts of the training script's check (no copy asked): how many greedy replies (chat
+template, 60 tokens) read as text by ``plausible_reply``.
 
 Run: .venv/bin/python scripts/eval_copy.py [--model models/mlxd-qwen3-tiny] [--count 20]
 """
@@ -25,7 +27,7 @@ from mlxd_fast_blas import ensure_fast_blas  # noqa: E402
 
 ensure_fast_blas()
 
-from embedded_model_data import build_corpus  # noqa: E402
+from embedded_model_data import PLAIN_PROMPTS, build_corpus, known_words, plausible_reply  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -66,6 +68,16 @@ def main() -> None:
             if i < args.show:
                 print(f"--- {frame} reference:\n{paragraph}\n--- reply:\n{tokenizer.decode(reply)}\n")
         scores[frame] = {"positional": positional / total, "aligned": aligned / total, "tokens": total}
+    vocabulary = known_words(corpus)
+    plausible = 0
+    for i, prompt in enumerate(PLAIN_PROMPTS):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+        reply = tokenizer.decode(generate_plain(engine, ids, 60).tokens)
+        ok, why = plausible_reply(prompt, reply, vocabulary)
+        plausible += ok
+        if i < args.show:
+            print(f"--- plain prompt: {prompt}\n--- reply ({'plausible' if ok else why}):\n{reply}\n")
+    scores["plain_prompts"] = {"plausible": plausible, "of": len(PLAIN_PROMPTS)}
     print(json.dumps({"paragraphs": len(paragraphs), **scores}, indent=2))
 
 
