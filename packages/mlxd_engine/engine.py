@@ -92,9 +92,9 @@ class Engine:
     """Runs one loaded model over contiguous (slot) or paged KV storage.
 
     On the CPU the model's RMSNorm and RoPE layers are fused first (``cpu_fusion``; bit-identical
-    results); ``fuse_cpu_layers=False`` or ``MLXD_FUSE_CPU_LAYERS=0`` keeps them stock. Decode steps over
-    contiguous storage run as one compiled graph (``compiled_decode``); ``compile_decode=False`` or
-    ``MLXD_COMPILE_DECODE=0`` builds them op by op."""
+    results); ``fuse_cpu_layers=False`` or ``MLXD_FUSE_CPU_LAYERS=0`` keeps them stock. A lone row's decode
+    steps and verify forwards over contiguous storage (up to a capacity of 2048) run as one compiled
+    graph (``compiled_decode``); ``compile_decode=False`` or ``MLXD_COMPILE_DECODE=0`` builds them op by op."""
 
     def __init__(self, loaded: LoadedModel, max_sequences: int = 8, max_kv_size: int | None = None,
                  storage: str = "contiguous", kv_block_size: int = DEFAULT_BLOCK_SIZE,
