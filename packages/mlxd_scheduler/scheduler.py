@@ -44,11 +44,12 @@ log = logging.getLogger("mlxd.scheduler")
 # Verify gate default: the largest active batch at which measurement showed no aggregate loss. On the
 # embedded model (2-core CPU, docs/benchmark_results/prompt_lookup.md, 5 rounds, gate open vs flag off, with
 # several steps per tick and short proposals declined beside other rows; the model echoes much of a plain
-# prompt, so "plain" rows also accept drafts): batch 2: plain 1.02x, copy 1.91x; batch 4: plain 0.93x
-# (copy 1.48x); batch 8: plain 0.43x (copy 1.29x). Each proposing row verifies in a forward of its own, so
+# prompt, so "plain" rows also accept drafts): batch 2: plain 1.05x, copy 1.65x; batch 4: plain 0.78x
+# (copy 1.36x); batch 8: plain 0.40x (copy 1.28x). Each proposing row verifies in a forward of its own, so
 # with many rows the verify forwards outweigh the batched steps they replace unless nearly every row
 # copies. Batch 3 was not measured. On stories260K, whose plain stories copy little, the flag with this
-# gate costs nothing measurable (on/off 0.99-1.00 at 1, 2, 4 and 8 rows; prompt_lookup_stories260k.md).
+# gate costs nothing measurable at 2, 4 and 8 rows (on/off 0.99-1.01) and about 6% at one row (0.934; the
+# verify rounds a fresh governor tries before it shuts drafting off; prompt_lookup_stories260k.md).
 DEFAULT_PROMPT_LOOKUP_MAX_BATCH = 2
 
 

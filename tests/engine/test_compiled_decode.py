@@ -1,4 +1,4 @@
-"""The compiled decode step against the op-by-op forward it replaces."""
+"""The compiled forward (decode steps, verify forwards) against the op-by-op forward it replaces."""
 
 from __future__ import annotations
 
