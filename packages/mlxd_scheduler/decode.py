@@ -43,6 +43,20 @@ from .request import RequestState
 log = logging.getLogger("mlxd.scheduler")
 
 
+def runs_by_row(emitted: list[tuple[RequestState, Emitted]]) -> list[tuple[RequestState, list[int], list[dict]]]:
+    """A tick's tokens grouped per row, in order: (state, tokens, logprob records of the tokens that carry
+    them). The finish step takes each row's run at once (one event per row and tick)."""
+    runs: dict[int, tuple[RequestState, list[int], list[dict]]] = {}
+    for state, out in emitted:
+        run = runs.get(id(state))
+        if run is None:
+            run = runs[id(state)] = (state, [], [])
+        run[1].append(out.token)
+        if out.logprob is not None:
+            run[2].append({"token": out.token, "logprob": out.logprob, "top": out.top_logprobs})
+    return list(runs.values())
+
+
 class DecodeLoop:
     def __init__(self, engine: Engine, lookahead: bool = True):
         self.engine = engine

@@ -1,8 +1,9 @@
 """The prompt-lookup arm of the decode tick: verify rounds without giving up lookahead.
 
 Contract: ``PromptLookupArm.tick(rows, record)`` replaces the plain decode tick whenever a decoding row
-has a drafter. Every token still goes through the scheduler's finish step (``emit``); each proposing
-row runs the engine's shared verify round at most once per tick.
+has a drafter. Every token still goes through the scheduler's finish step (``emit_decoded``, ``emit_run``:
+each row's tokens of a tick as one run, logprobs included); each proposing row runs the engine's shared
+verify round at most once per tick.
 
 The tick, in the order the rules are applied:
 1. Gate: when the active batch is above ``max_batch`` no row drafts this tick (no ``draft_block`` call,
@@ -58,16 +59,20 @@ PAGED_VERIFY_MAX_CONTEXT: int | None = None
 # Rule 6: the shortest proposal a row verifies while other rows decode beside it.
 MIN_DRAFT_BESIDE_OTHERS = 4
 
-Emit = Callable[[RequestState, int, TickRecord, str], None]
+EmitDecoded = Callable[[list, TickRecord, dict | None], None]  # steps' (state, Emitted) pairs, trace actions by row id
+EmitRun = Callable[[RequestState, list, TickRecord, list, str], None]  # a row's tokens, logprobs, trace action
 Fail = Callable[[RequestState, str, TickRecord], None]
 
 
 class PromptLookupArm:
-    def __init__(self, engine: Engine, decode_loop: DecodeLoop, max_batch: int, emit: Emit, fail: Fail):
+    def __init__(self, engine: Engine, decode_loop: DecodeLoop, max_batch: int, emit_decoded: EmitDecoded,
+                 emit_run: EmitRun, fail: Fail):
         self.engine = engine
         self.decode_loop = decode_loop
         self.max_batch = max_batch
-        self.emit = emit  # (state, token, record, action) -> goes through the finish step
+        # both go through the scheduler's finish step: steps' tokens grouped per row, and one row's run
+        self.emit_decoded = emit_decoded
+        self.emit_run = emit_run
         self.fail = fail
         self.counters = {"verify_rounds": 0, "declined_gate": 0, "declined_governor": 0, "declined_short": 0}
 
@@ -99,7 +104,7 @@ class PromptLookupArm:
             # rule 4: read step n instead of priming n+1; the early proposals are stale now
             for state in proposals:
                 state.drafter.retract_draft()
-            self._emit_all(self.decode_loop.teardown(), record, "decode")
+            self.emit_decoded(self.decode_loop.teardown(), record, {})
             rows = [s for s in rows if s.phase == "decode"]
             drafting = [s for s in drafting if s.phase == "decode"]
         self._synchronous(rows, drafting, record, batch)
@@ -155,8 +160,7 @@ class PromptLookupArm:
         emitted, failed = self.decode_loop.step_synchronously(rest)
         for state, error in failed:
             self.fail(state, error, record)
-        for state, out in emitted:
-            self.emit(state, out.token, record, details.get(id(state), "decode"))
+        self.emit_decoded(emitted, record, details)
 
     def _verify(self, state: RequestState, proposal: list[int], record: TickRecord) -> None:
         remaining = state.request.max_tokens - state.emitted
@@ -177,22 +181,13 @@ class PromptLookupArm:
         state.timings.draft_n_accepted += outcome.accepted
         state.timings.draft_verify_n += 1
         record.add(state.request_id, "verify", drafted=outcome.drafted, accepted=outcome.accepted)
-        for token in outcome.emitted:
-            if state.phase != "decode":
-                break
-            self.emit(state, token, record, "")
+        self.emit_run(state, outcome.emitted, record, None, "")  # the trace shows them as the verify
 
     def _plain(self, rows: list[RequestState], record: TickRecord, details: dict[int, str] | None = None,
                steps: int = 1) -> None:
-        details = details or {}
         record.steps = steps
         emitted, failed = self.decode_loop.tick(rows, steps)
         for state, error in failed:
             self.fail(state, error, record)
-        for state, out in emitted:
-            self.emit(state, out.token, record, details.get(id(state), "decode"))
-
-    def _emit_all(self, emitted, record: TickRecord, action: str) -> None:
-        for state, out in emitted:
-            self.emit(state, out.token, record, action)
+        self.emit_decoded(emitted, record, details)
 

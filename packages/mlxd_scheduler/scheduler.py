@@ -32,7 +32,7 @@ from typing import Callable
 from mlxd_drafters import PromptLookupConfig, PromptLookupDrafter
 from mlxd_engine import Engine, KVStorageFull, prompt_lookup_eligibility
 
-from .decode import DecodeLoop
+from .decode import DecodeLoop, runs_by_row
 from .finishing import Finisher
 from .prompt_lookup_arm import PromptLookupArm
 from .request import EventSink, Request, RequestState
@@ -79,7 +79,7 @@ class BatchScheduler:
         self.finisher = Finisher(engine)
         self.decode_loop = DecodeLoop(engine, lookahead=self.options.lookahead)
         self.prompt_lookup = PromptLookupArm(engine, self.decode_loop, self.options.prompt_lookup_max_batch,
-                                             self._emit, self._fail)
+                                             self._emit_decoded, self._emit_run, self._fail)
         self.waiting: deque[RequestState] = deque()
         self.prefilling: list[RequestState] = []
         self.decoding: list[RequestState] = []
@@ -184,18 +184,7 @@ class BatchScheduler:
             emitted, failed = self.decode_loop.tick(rows, record.steps)
             for state, error in failed:
                 self._fail(state, error, record)
-            # a tick of several steps reads several tokens per row: each row's run goes through the finish
-            # step at once (one event per row and tick), in order
-            runs: dict[int, tuple[RequestState, list[int], list]] = {}
-            for state, out in emitted:
-                run = runs.get(id(state))
-                if run is None:
-                    run = runs[id(state)] = (state, [], [])
-                run[1].append(out.token)
-                if out.logprob is not None:
-                    run[2].append({"token": out.token, "logprob": out.logprob, "top": out.top_logprobs})
-            for state, tokens, logprobs in runs.values():
-                self._emit_run(state, tokens, record, logprobs or None)
+            self._emit_decoded(emitted, record)
         if self.decode_loop.pipelined and not was_pipelined:
             for state in rows:  # a lookahead step was submitted and nothing read: show it in the trace
                 record.add(state.request_id, "prime")
@@ -220,9 +209,12 @@ class BatchScheduler:
             most = min(most, left, room)
         return max(1, most)
 
-    def _emit(self, state: RequestState, token: int, record: TickRecord, action: str, logprobs=None) -> None:
-        """One output token of a decoding row, however produced: finish step, drafter, trace."""
-        self._emit_run(state, [token], record, [logprobs] if logprobs else None, action)
+    def _emit_decoded(self, emitted: list, record: TickRecord, details: dict[int, str] | None = None) -> None:
+        """Steps' tokens, (state, Emitted) pairs in order: each row's run through ``_emit_run``, its trace
+        action from ``details`` (by row id; "decode" when absent)."""
+        details = details or {}
+        for state, tokens, logprobs in runs_by_row(emitted):
+            self._emit_run(state, tokens, record, logprobs or None, details.get(id(state), "decode"))
 
     def _emit_run(self, state: RequestState, tokens: list[int], record: TickRecord, logprobs: list | None,
                   action: str = "decode") -> None:

@@ -240,3 +240,21 @@ def test_rows_with_declined_short_proposals_keep_pipelining():
     scheduler.run_until_idle()
     both = [r for r in records if {x.request_id for x in r.rows if x.action == "decode"} == {"a", "b"}]
     assert len(both) > 5 and sum(r.pipelined for r in both) >= len(both) - 2
+
+
+def test_a_logprobs_row_keeps_its_logprobs_beside_a_verifying_row():
+    """Ticks the arm runs (verify rounds, teardowns, synchronous steps) still report every token's logprobs."""
+    from mlxd_engine import SamplingParams
+    from mlxd_scheduler.request import TokenEvent
+
+    loaded = stub_loaded(period=6)
+    for steps in (1, 8):
+        scheduler, records = make(loaded, prompt_lookup_max_batch=4, max_decode_steps=steps)
+        out = Collector()
+        scheduler.submit(Request("pl", REPEATING, max_tokens=60), out.sink("pl"))
+        scheduler.submit(Request("lp", REPEATING, SamplingParams(logprobs=2), max_tokens=40), out.sink("lp"))
+        scheduler.run_until_idle()
+        assert any(x.action == "verify" for r in records for x in r.rows)
+        events = [e for e in out.events["lp"] if isinstance(e, TokenEvent)]
+        assert all(e.logprobs is not None and len(e.logprobs) == len(e.tokens) for e in events)
+        assert len(out.streamed_tokens("lp")) == 40
