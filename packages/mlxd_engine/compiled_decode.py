@@ -133,10 +133,6 @@ class CompiledDecode:
             self._traces.popitem(last=False)
         return traced
 
-    @property
-    def traces(self) -> int:
-        return len(self._traces)
-
     def forward(self, storage, states: list, inputs: mx.array) -> mx.array | None:
         if not self.enabled or inputs.shape[1] > MAX_COMPILED_TOKENS or len(states) > self.max_rows:
             return None

@@ -78,12 +78,13 @@ class DecodeLoop:
             if not self.lookahead:
                 return self._pairs(rows, self.engine.step([s.seq for s in rows])), []
             started = time.perf_counter()
-            seqs = [s.seq for s in rows]
+            states = list(rows)  # the chained steps share it: their rows are the same
+            seqs = [s.seq for s in states]
             previous = self.in_flight[-1][0] if self.in_flight else None
             submitted = []
             for _ in range(max(1, steps)):
                 previous = self.engine.submit_step(seqs, lookahead=previous)
-                submitted.append((previous, list(rows)))
+                submitted.append((previous, states))
             unread, self.in_flight = self.in_flight, submitted
             for handle, states in unread:
                 emitted.extend(self._pairs(states, self.engine.read_step(handle)))
