@@ -139,6 +139,15 @@ def main() -> None:
         "tokens / wall time). Plain prompts "
         "run to max tokens (EOS ignored); copy prompts stop at the end of the copy.",
         "",
+    ]
+    if not args.model:
+        lines += [
+            "The embedded model's greedy replies to plain prompts fall into repetition (see its model card), and "
+            "prompt lookup drafts from the repeats: its plain rows are not the no-match case. "
+            "`prompt_lookup_stories260k.md` measures plain text that copies little.",
+            "",
+        ]
+    lines += [
         "Machine: " + ", ".join(f"{k} {v}" for k, v in machine_facts().items()),
         "",
         "| case | off | on (default gate) | on, gate open | on/off per round | gate-open/off per round "

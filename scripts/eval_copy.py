@@ -7,8 +7,8 @@ reference tokens:
 - aligned: reference tokens found, in order, in the reply (longest matching blocks; a skipped or
   inserted token costs one token, not the rest of the paragraph).
 The reference is the paragraph's tokens as they stand in the prompt, which is what a copy reproduces.
-Then the plain prompts of the training script's check (no copy asked): how many greedy replies (chat
-template, 60 tokens) read as text by ``plausible_reply``.
+Then the plain prompts (no copy asked): how many replies (chat template, 60 tokens) read as text by
+``plausible_reply``, greedy and with llama-server's default sampler (seeded).
 
 Run: .venv/bin/python scripts/eval_copy.py [--model models/mlxd-qwen3-tiny] [--count 20]
 """
@@ -35,10 +35,10 @@ ROOT = Path(__file__).resolve().parent.parent
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=str(ROOT / "models" / "mlxd-qwen3-tiny"))
-    parser.add_argument("--count", type=int, default=20)
+    parser.add_argument("--count", type=int, default=20, help="how many held-out paragraphs (0: all that fit)")
     parser.add_argument("--show", type=int, default=1, help="print this many replies")
     args = parser.parse_args()
-    from mlxd_engine import Engine, load
+    from mlxd_engine import Engine, SamplingParams, load
     from mlxd_scheduler import generate_plain
 
     loaded = load(args.model)
@@ -46,11 +46,14 @@ def main() -> None:
     corpus = build_corpus()
     fitting = [p for p in corpus.heldout_prose if 60 <= len(tokenizer.encode(p)) <= 200]
     random.Random(4321).shuffle(fitting)
-    paragraphs = fitting[: args.count]
+    paragraphs = fitting[: args.count or None]
     engine = Engine(loaded, max_sequences=1)
+    # greedy, and llama-server's default sampler (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05), seeded
+    plain_samplers = {"greedy": SamplingParams(),
+                      "sampled": SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=0)}
     scores = {}
     for frame in ("chat", "raw"):
-        positional = aligned = total = 0
+        positional = aligned = total = perfect = 0
         for i, paragraph in enumerate(paragraphs):
             user = f"Repeat the following paragraph exactly: {paragraph}"
             if frame == "chat":
@@ -65,19 +68,22 @@ def main() -> None:
             matcher = difflib.SequenceMatcher(a=reference, b=reply, autojunk=False)
             aligned += sum(block.size for block in matcher.get_matching_blocks())
             total += len(reference)
+            perfect += reply == reference
             if i < args.show:
                 print(f"--- {frame} reference:\n{paragraph}\n--- reply:\n{tokenizer.decode(reply)}\n")
-        scores[frame] = {"positional": positional / total, "aligned": aligned / total, "tokens": total}
+        scores[frame] = {"positional": round(positional / total, 4), "aligned": round(aligned / total, 4),
+                         "paragraphs_exact": perfect, "tokens": total}
     vocabulary = known_words(corpus)
-    plausible = 0
-    for i, prompt in enumerate(PLAIN_PROMPTS):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
-        reply = tokenizer.decode(generate_plain(engine, ids, 60).tokens)
-        ok, why = plausible_reply(prompt, reply, vocabulary)
-        plausible += ok
-        if i < args.show:
-            print(f"--- plain prompt: {prompt}\n--- reply ({'plausible' if ok else why}):\n{reply}\n")
-    scores["plain_prompts"] = {"plausible": plausible, "of": len(PLAIN_PROMPTS)}
+    for name, params in plain_samplers.items():
+        plausible = 0
+        for i, prompt in enumerate(PLAIN_PROMPTS):
+            ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+            reply = tokenizer.decode(generate_plain(engine, ids, 60, params).tokens)
+            ok, why = plausible_reply(prompt, reply, vocabulary)
+            plausible += ok
+            if i < args.show:
+                print(f"--- plain prompt ({name}): {prompt}\n--- reply ({'plausible' if ok else why}):\n{reply}\n")
+        scores[f"plain_prompts_{name}"] = {"plausible": plausible, "of": len(PLAIN_PROMPTS)}
     print(json.dumps({"paragraphs": len(paragraphs), **scores}, indent=2))
 
 
