@@ -74,10 +74,11 @@ def main() -> None:
         scores[frame] = {"positional": round(positional / total, 4), "aligned": round(aligned / total, 4),
                          "paragraphs_exact": perfect, "tokens": total}
     vocabulary = known_words(corpus)
+    plain_ids = [tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+                 for prompt in PLAIN_PROMPTS]
     for name, params in plain_samplers.items():
         plausible = 0
-        for i, prompt in enumerate(PLAIN_PROMPTS):
-            ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+        for i, (prompt, ids) in enumerate(zip(PLAIN_PROMPTS, plain_ids)):
             reply = tokenizer.decode(generate_plain(engine, ids, 60, params).tokens)
             ok, why = plausible_reply(prompt, reply, vocabulary)
             plausible += ok
