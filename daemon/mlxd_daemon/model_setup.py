@@ -1,20 +1,39 @@
 """Which model the daemon serves and how it is loaded: one function shared by ``mlxd`` and ``--local``.
 
-Contract: ``load_for_serving(options)`` resolves ``options.model`` (None: the default model), loads it
-through the engine and returns the ``LoadedModel``; a model the engine cannot serve raises
-``ModelLoadError`` with a message for the user.
+Contract: ``load_for_serving(options)`` resolves ``options.model`` and loads it through the engine:
+- None: the default model (SmolLM2-135M-Instruct, fetched and converted once; see
+  ``mlxd_engine.default_model``), or the embedded tiny model with a logged warning where it cannot be had;
+- ``embedded`` (or ``mlxd-qwen3-tiny``): the embedded tiny model;
+- anything else: a checkpoint directory, a ``.gguf`` file or a hub id, as ``mlxd_engine.load`` takes it.
+The CPU weight rule gets ``options.cpu_weight_budget`` of the machine's memory. A model the engine cannot
+serve raises ``ModelLoadError`` with a message for the user.
 """
 
 from __future__ import annotations
 
 import logging
 
-from mlxd_engine import LoadedModel, load
+from mlxd_engine import LoadedModel, embedded_model_path, load
+from mlxd_engine.cpu_weights import default_budget_bytes
+from mlxd_engine.default_model import EMBEDDED_ALIASES, resolve_default_model
 
 from .options import DaemonOptions
 
 log = logging.getLogger("mlxd")
 
 
+def resolve_model_name(model: str | None) -> str:
+    """The path or hub id to load for ``--model`` (see the module docstring); logs what it chose."""
+    if model is None:
+        path, note = resolve_default_model()
+        (log.info if path != embedded_model_path() else log.warning)("%s", note)
+        return str(path)
+    if model.strip().lower() in EMBEDDED_ALIASES:
+        return str(embedded_model_path())
+    return model
+
+
 def load_for_serving(options: DaemonOptions) -> LoadedModel:
-    return load(options.model)
+    loaded = load(resolve_model_name(options.model), cpu_weight_budget=default_budget_bytes(options.cpu_weight_budget))
+    log.info("%s", loaded.weights)
+    return loaded

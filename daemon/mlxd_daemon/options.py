@@ -18,7 +18,7 @@ class SamplingDefaults:
 
 @dataclass
 class DaemonOptions:
-    model: str | None = None  # None: the embedded model
+    model: str | None = None  # None: the default model (model_setup.py); "embedded": the embedded tiny model
     endpoint: str | None = None  # None: the default private ipc endpoint
     max_batch: int = 8
     max_kv_size: int | None = None  # None: the model's context length
@@ -38,6 +38,7 @@ class DaemonOptions:
     kv_block_size: int = 64
     kv_pool_tokens: int | None = None  # paged pool size; None: from kv_memory_fraction, else max_batch x max_kv_size
     kv_memory_fraction: float | None = None  # paged pool as a fraction of the machine's memory
+    cpu_weight_budget: float = 0.4  # CPU: share of the machine's memory float32 weights may take (cpu_weights.py)
     stream_interval_s: float = 0.005  # a streaming request gets at most one chunk per interval (0: per token)
     auth_token: str | None = field(default=None, repr=False)  # clients must send it in a Hello first
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .cpu_weights import apply_cpu_weight_rule
+
 EMBEDDED_MODEL_NAME = "mlxd-qwen3-tiny"
 
 
@@ -36,6 +38,7 @@ class LoadedModel:
     vocab_size: int
     eos_token_ids: frozenset[int]
     context_length: int
+    weights: str = "as stored"  # what the CPU weight rule did (cpu_weights.py), for the log and status
 
     def new_detokenizer(self):
         """A fresh streaming detokenizer (one per sequence): mlx-lm hands out a reset copy per call."""
@@ -46,11 +49,13 @@ def _looks_like_local_path(name: str) -> bool:
     return name.startswith((".", "/", "~")) or Path(name).exists() or name.count("/") != 1
 
 
-def load(model: str | Path | None = None) -> LoadedModel:
-    """Load an mlx-lm checkpoint.
+def load(model: str | Path | None = None, cpu_weight_budget: int | None = None) -> LoadedModel:
+    """Load an mlx-lm checkpoint and apply the CPU weight rule (``cpu_weights.py``) to it.
 
     Args:
         model: a local directory or a hub id ("org/name"); None means the embedded model.
+        cpu_weight_budget: bytes the float32 weights may take on the CPU before quantized layers stay
+            quantized (None: a share of the machine's memory).
     Returns:
         The loaded model with its tokenizer.
     Raises:
@@ -78,6 +83,7 @@ def load(model: str | Path | None = None) -> LoadedModel:
         if "not supported" in str(error):
             raise ModelLoadError(str(error)) from error
         raise
+    weights = apply_cpu_weight_rule(module, cpu_weight_budget)
     args = getattr(module, "args", None)
     model_type = getattr(args, "model_type", None) or getattr(module, "model_type", "unknown")
     layers = module.layers if hasattr(module, "layers") else module.model.layers
@@ -94,6 +100,7 @@ def load(model: str | Path | None = None) -> LoadedModel:
         vocab_size=int(getattr(args, "vocab_size", 0) or module.model.embed_tokens.weight.shape[0]),
         eos_token_ids=frozenset(eos),
         context_length=int(context),
+        weights=weights.detail,
     )
 
 

@@ -9,12 +9,9 @@ unless ``MLXD_FAST_BLAS=0``, it looks for an OpenBLAS (``MLXD_OPENBLAS`` names o
 it is not already preloaded, re-executes the process with it in ``LD_PRELOAD``. It never imports mlx.
 ``blas_in_use()`` says what the running process has mapped, for the log line at start-up.
 
-A server shares the machine with its clients: ``leave_cores_for_clients()`` caps OpenBLAS at one thread
-less than the machine has (``MLXD_BLAS_THREADS`` or ``OPENBLAS_NUM_THREADS`` choose otherwise). Why,
-measured on 2 cores (embedded model, B=1 greedy, tok/s relative to a bare loop in one process): the daemon
-streaming to a client process ran at 0.85 with two OpenBLAS threads and 0.98 with one: a client that
-wakes for each token takes a core from one BLAS thread, and the other thread waits for it. Decode and
-prefill of small models ran as fast on one thread as on two.
+A server chooses its OpenBLAS thread count by timing the loaded model (``mlxd_daemon.blas_tuning``);
+``explicit_blas_threads()`` is the count the environment fixes instead (``MLXD_BLAS_THREADS``, else
+``OPENBLAS_NUM_THREADS``), and ``set_blas_threads()`` sets it in the running process.
 This module is a leaf: standard library only.
 """
 
@@ -87,8 +84,8 @@ def ensure_fast_blas() -> None:
         log.warning("could not re-exec with %s preloaded: %s", value, error)
 
 
-def server_blas_threads() -> int:
-    """OpenBLAS threads for a process that serves local clients (see the module docstring)."""
+def explicit_blas_threads() -> int | None:
+    """OpenBLAS threads the environment asks for (``MLXD_BLAS_THREADS``, else ``OPENBLAS_NUM_THREADS``), or None."""
     for name in (THREADS_ENV, "OPENBLAS_NUM_THREADS"):
         value = os.environ.get(name, "").strip()
         if value:
@@ -96,8 +93,7 @@ def server_blas_threads() -> int:
                 return max(1, int(value))
             except ValueError:
                 log.warning("ignoring %s=%r: not a whole number", name, value)
-    cores = os.cpu_count() or 1
-    return max(1, cores - 1)
+    return None
 
 
 def set_blas_threads(threads: int) -> bool:
@@ -110,12 +106,6 @@ def set_blas_threads(threads: int) -> bool:
     setter.restype = None
     setter(int(threads))
     return True
-
-
-def leave_cores_for_clients() -> int | None:
-    """Cap OpenBLAS threads for a server (see the module docstring). Returns the count set, or None."""
-    threads = server_blas_threads()
-    return threads if set_blas_threads(threads) else None
 
 
 def blas_in_use() -> str:

@@ -1,4 +1,4 @@
-"""mlxd_fast_blas: where the fast path applies, and the thread count a server leaves for its clients."""
+"""mlxd_fast_blas: where the fast path applies, and the thread count the environment fixes."""
 
 from __future__ import annotations
 
@@ -17,22 +17,17 @@ def clean_env(monkeypatch):
     return monkeypatch
 
 
-def test_server_threads_leave_one_core(clean_env):
-    clean_env.setattr(fast_blas.os, "cpu_count", lambda: 2)
-    assert fast_blas.server_blas_threads() == 1
-    clean_env.setattr(fast_blas.os, "cpu_count", lambda: 16)
-    assert fast_blas.server_blas_threads() == 15
-    clean_env.setattr(fast_blas.os, "cpu_count", lambda: 1)
-    assert fast_blas.server_blas_threads() == 1
+def test_no_thread_count_without_the_environment(clean_env):
+    assert fast_blas.explicit_blas_threads() is None  # the daemon measures instead (blas_tuning)
 
 
-def test_server_threads_follow_the_environment(clean_env):
+def test_thread_count_follows_the_environment(clean_env):
     clean_env.setenv("OPENBLAS_NUM_THREADS", "3")
-    assert fast_blas.server_blas_threads() == 3
+    assert fast_blas.explicit_blas_threads() == 3
     clean_env.setenv(fast_blas.THREADS_ENV, "5")  # ours wins over the library's own variable
-    assert fast_blas.server_blas_threads() == 5
+    assert fast_blas.explicit_blas_threads() == 5
     clean_env.setenv(fast_blas.THREADS_ENV, "many")  # unusable: warned about and skipped
-    assert fast_blas.server_blas_threads() == 3
+    assert fast_blas.explicit_blas_threads() == 3
 
 
 def test_disabled_fast_path_preloads_nothing(monkeypatch):

@@ -1,0 +1,109 @@
+"""The CPU weight rule: on MLX's CPU backend compute in float32, and dequantize when it fits.
+
+Why: MLX's CPU backend runs float16 / bfloat16 arithmetic slowly, and its quantized matmul costs about
+one pass over the weights per input token, so a multi-token verify forward costs as many steps as it
+has tokens; dequantized float32 weights go through BLAS, where a verify costs about two steps. Figures:
+docs/benchmark_results/cpu_weights.md.
+
+Contract: ``apply_cpu_weight_rule(model, budget_bytes)`` changes the model in place and returns a
+``WeightForm`` saying what it did, for the log and the daemon's status:
+- On Metal and CUDA nothing changes (the checkpoint runs as stored).
+- On the CPU every float16 / bfloat16 parameter is cast to float32 (exact: every such value is a
+  float32 value). Quantized layers are then dequantized to float32 (with float32 scales, so the values
+  are exactly ``scale * q + bias`` computed in float32) when the whole model fits ``budget_bytes``
+  dequantized; above it they stay quantized with float32 scales.
+- ``MLXD_CPU_WEIGHTS`` chooses otherwise: ``stored`` keeps the checkpoint as stored, ``quantized`` casts
+  but never dequantizes, ``dequantized`` dequantizes whatever the budget; ``auto`` (default) as above.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+
+ENV = "MLXD_CPU_WEIGHTS"
+CHOICES = ("auto", "stored", "quantized", "dequantized")
+DEFAULT_BUDGET_FRACTION = 0.4  # of the machine's memory, for the float32 weights
+
+
+@dataclass(frozen=True)
+class WeightForm:
+    form: str  # "stored", "float32", "float32 quantized", "float32 dequantized"
+    detail: str  # one line for the log
+
+    def __str__(self) -> str:
+        return self.detail
+
+
+def default_budget_bytes(fraction: float = DEFAULT_BUDGET_FRACTION) -> int:
+    import psutil
+
+    return int(psutil.virtual_memory().total * fraction)
+
+
+def _is_quantized(module) -> bool:
+    return hasattr(module, "scales") and hasattr(module, "bits") and hasattr(module, "group_size")
+
+
+def quantized_layers(model: nn.Module) -> list:
+    return [m for _, m in model.named_modules() if _is_quantized(m)]
+
+
+def dequantized_bytes(model: nn.Module) -> int:
+    """Bytes the model's parameters take in float32 once every quantized layer is dequantized."""
+    total = 0
+    packed = set()  # ids of the quantized layers' own arrays (counted by their unpacked size)
+    for layer in quantized_layers(model):
+        weight = layer["weight"]
+        total += weight.size * 32 // layer.bits * 4 if weight.dtype == mx.uint32 else weight.size * 4
+        packed.update(id(layer[key]) for key in ("weight", "scales", "biases") if key in layer)
+    return total + sum(array.size * 4 for _, array in _flat_parameters(model) if id(array) not in packed)
+
+
+def _flat_parameters(model: nn.Module):
+    from mlx.utils import tree_flatten
+
+    return tree_flatten(model.parameters())
+
+
+def _floating(dtype) -> bool:
+    return mx.issubdtype(dtype, mx.floating)
+
+
+def apply_cpu_weight_rule(model: nn.Module, budget_bytes: int | None = None, choice: str | None = None) -> WeightForm:
+    """Apply the rule of the module docstring to ``model`` (in place). ``choice`` overrides the environment."""
+    if not isinstance(model, nn.Module):
+        return WeightForm("stored", "weights as stored (not an mlx module)")
+    if mx.default_device() != mx.cpu:
+        return WeightForm("stored", "weights as stored (GPU backend)")
+    choice = (choice or os.environ.get(ENV, "auto")).strip().lower() or "auto"
+    if choice not in CHOICES:
+        raise ValueError(f"{ENV}={choice!r}: expected one of {', '.join(CHOICES)}")
+    if choice == "stored":
+        return WeightForm("stored", f"weights as stored ({ENV}=stored; float16 math on the CPU is slow)")
+    low_precision = [a for _, a in _flat_parameters(model) if _floating(a.dtype) and a.dtype != mx.float32]
+    model.set_dtype(mx.float32)  # casts floating parameters only (scales and biases included)
+    cast = f"cast {len(low_precision)} float16/bfloat16 tensors to float32" if low_precision else "float32"
+    layers = quantized_layers(model)
+    if not layers:
+        mx.eval(model.parameters())
+        return WeightForm("float32", f"weights: {cast}")
+    needed = dequantized_bytes(model)
+    budget = default_budget_bytes() if budget_bytes is None else budget_bytes
+    if choice == "quantized" or (choice == "auto" and needed > budget):
+        why = (f"{ENV}=quantized" if choice == "quantized" else
+               f"dequantized they would take {needed / 2**30:.2f} GiB, above the budget of {budget / 2**30:.2f} GiB")
+        mx.eval(model.parameters())
+        return WeightForm("float32 quantized",
+                          f"weights: {cast}; {len(layers)} quantized layers kept quantized with float32 scales ({why}): "
+                          "on the CPU a k-token verify forward then costs about k decode steps")
+    from mlx_lm.utils import dequantize_model
+
+    dequantize_model(model)
+    mx.eval(model.parameters())
+    return WeightForm("float32 dequantized",
+                      f"weights: {cast}; {len(layers)} quantized layers dequantized to float32 "
+                      f"({needed / 2**30:.2f} GiB of a {budget / 2**30:.2f} GiB budget)")
