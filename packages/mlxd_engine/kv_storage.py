@@ -30,7 +30,7 @@ import mlx.core as mx
 GROW_CHUNK = 256
 
 
-@dataclass
+@dataclass(eq=False)  # identity, as PagedState: a record is one sequence, whatever its counts
 class SlotState:
     """Bookkeeping for one occupied slot."""
 

@@ -31,7 +31,7 @@ from .kv_storage import KVStorageFull, commit_pending, drop_pending, row_mask
 DEFAULT_BLOCK_SIZE = 64
 
 
-@dataclass
+@dataclass(eq=False)  # identity: two sequences with equal counts are still two records (see release)
 class PagedState:
     """Bookkeeping for one sequence in the pool."""
 
@@ -39,7 +39,6 @@ class PagedState:
     pending: int = 0
     reserved_blocks: int = 0  # blocks promised at admission
     blocks: list[int] = field(default_factory=list)  # the block table
-    slot: int = -1  # unused by paged storage; kept so callers can treat both kinds alike
 
     @property
     def written(self) -> int:
@@ -65,7 +64,9 @@ class PagedKVStorage:
         self.values: list[mx.array | None] = [None] * n_layers
         self._free = list(range(self.n_blocks - 1, -1, -1))
         self._reserved = 0  # blocks promised to admitted sequences and not yet taken
-        self.sequences: list[PagedState] = []
+        # the admitted sequences' records, by identity: two waiting sequences with the same reservation and
+        # no blocks have equal fields, and releasing one must never drop the other's record
+        self.sequences: set[PagedState] = set()
 
     # -- admission and lifetime ------------------------------------------------------------------
     def blocks_for(self, tokens: int) -> int:
@@ -85,12 +86,12 @@ class PagedKVStorage:
                                 f"{blocks} are needed")
         state = PagedState(reserved_blocks=blocks)
         self._reserved += blocks
-        self.sequences.append(state)
+        self.sequences.add(state)
         return state
 
     def release(self, state: PagedState) -> None:
         if state not in self.sequences:
-            return
+            return  # released before (a finish after a cancel, say)
         self.sequences.remove(state)
         self._reserved -= max(state.reserved_blocks - len(state.blocks), 0)
         self._free.extend(reversed(state.blocks))

@@ -112,3 +112,39 @@ def test_admission_waits_for_room_and_impossible_requests_are_refused(stories_mo
         scheduler.submit(Request("big", prompt, max_tokens=16 * 12 + 1), lambda e: None)
     with pytest.raises(KVStorageFull):
         engine.storage.allocate(16 * 13)
+
+
+def test_cancelling_one_of_identical_waiting_sequences_leaks_nothing():
+    """Identical requests admitted together wait for prefill with equal records (same reservation, no
+    blocks yet). Cancelling one must release that one: every block and reservation comes back."""
+    from tests.scheduler.stub_model import stub_loaded
+
+    engine = paged(stub_loaded(), block=4, pool=256, max_sequences=4)
+    scheduler = BatchScheduler(engine, SchedulerOptions(max_batch=4, prefill_chunk=4))
+    prompt = list(range(1, 13))  # three prefill chunks: the others wait with no blocks meanwhile
+    finished = {}
+    for name in ("a", "b", "c"):
+        scheduler.submit(Request(name, prompt, max_tokens=6),
+                         lambda e, name=name: finished.__setitem__(name, e) if hasattr(e, "finish_reason") else None)
+    scheduler.tick()  # admits all three, prefills a's first chunk: b and c hold equal records
+    b, c = (scheduler.by_id[name].seq.kv for name in ("b", "c"))
+    assert not b.blocks and not c.blocks and b.reserved_blocks == c.reserved_blocks
+    scheduler.cancel("c")
+    scheduler.run_until_idle()
+    assert finished["c"].finish_reason == "cancelled"
+    assert finished["a"].finish_reason == finished["b"].finish_reason == "length"
+    assert finished["a"].tokens == finished["b"].tokens
+    usage = engine.storage.usage()
+    assert engine.storage.free_blocks == engine.storage.n_blocks, usage
+    assert usage["blocks_reserved"] == 0 and usage["sequences"] == 0, usage
+    assert engine.storage.free_slots == 4
+
+
+def test_release_removes_that_record_not_an_equal_one(tiny_random_model):
+    storage = paged(tiny_random_model, block=4, pool=64, max_sequences=4).storage
+    first, second = storage.allocate(8), storage.allocate(8)  # equal by value: same reservation, no blocks
+    storage.release(second)
+    storage.reserve([first], 5)  # first takes its two promised blocks
+    storage.release(first)
+    assert storage.free_blocks == storage.n_blocks and storage.usage()["blocks_reserved"] == 0
+    assert storage.free_slots == 4
