@@ -83,7 +83,7 @@ def main() -> None:
     parser.add_argument("--styles", default="plain,copy", help="prompt styles to run (plain: little copying expected)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmark_results" / "prompt_lookup.md")
     args = parser.parse_args()
-    model_args = ["-m", args.model] if args.model else []
+    model_args = ["-m", args.model or "embedded"]
     daemons = {
         "off": start_daemon(*model_args, "--max-batch", "8"),
         "off, again": start_daemon(*model_args, "--max-batch", "8"),

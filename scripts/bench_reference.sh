@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The project's reference serving comparison on the embedded model, measured side by side in one run:
+# The project's reference serving comparison on one model (MODEL; default the embedded one), side by side in one run:
 #   off     mlx-serve-http (its own mlxd, prompt lookup off)
 #   on      mlx-serve-http (its own mlxd, --draft-kind prompt-lookup)
-#   mlx_lm  mlx_lm.server on the same model (with the same OpenBLAS preload as mlxd, on Linux CPU)
+#   mlx_lm  mlx_lm.server on the same model, made fair: the same OpenBLAS preload as mlxd on Linux CPU, and a
+#           copy of the checkpoint with mlxd's CPU weight rule applied (float32, dequantized; written by
+#           scripts/write_cpu_weights_copy.py), since mlx_lm.server would compute in float16 on the CPU
 # plain and copy prompts, concurrency 1,4,8, 3 interleaved rounds; ratios vs "off".
 # Written to docs/benchmark_results/reference/ (results.md, results.json, PNG plots, server logs).
 # Sized to finish in under 20 minutes on 2 CPU cores; override with the environment variables below.
@@ -52,13 +54,18 @@ PRELOAD=$("$PY" -m mlxd_fast_blas 2>/dev/null || true)
 umask 022
 mkdir -p "$OUT"
 
+# mlx_lm.server's copy of the model with the CPU weight rule applied (removed at exit with the socket folders).
+MLX_LM_DIR=$(mktemp -d /tmp/mlxd-bench-mlx-lm-XXXXXX)
+trap 'stop_daemons; rm -rf "$MLX_LM_DIR"' EXIT
+"$PY" scripts/write_cpu_weights_copy.py "$MODEL" "$MLX_LM_DIR/model"
+
 # mlx-bench once the console script is installed (make setup), else the module.
 if [ -x "$BIN/mlx-bench" ]; then BENCH=("$BIN/mlx-bench"); else BENCH=("$PY" -m mlxd_cli.bench.main); fi
 
 "${BENCH[@]}" \
     --serve "off=env MLXD_ENDPOINT=$OFF_EP '$ROOT/$BIN/mlx-serve-http' --port {port} -m '$MODEL'" \
     --serve "on=env MLXD_ENDPOINT=$ON_EP '$ROOT/$BIN/mlx-serve-http' --port {port} -m '$MODEL' --draft-kind prompt-lookup" \
-    --serve "mlx_lm=env LD_PRELOAD='$PRELOAD' '$PY' -m mlx_lm server --model '$MODEL' --port {port}" \
+    --serve "mlx_lm=env LD_PRELOAD='$PRELOAD' '$PY' -m mlx_lm server --model '$MLX_LM_DIR/model' --port {port}" \
     --target-model mlx_lm=default_model \
     --baseline off \
     --prompt-style plain,copy \
