@@ -19,6 +19,7 @@ from mlxd_fast_blas import blas_in_use, ensure_fast_blas
 from mlxd_protocol import Client, DaemonError, DaemonTimeout
 from mlxd_protocol.endpoints import default_endpoint
 
+from .convert_command import convert_gguf_command
 from .options import DaemonOptions, SamplingDefaults
 from .speculative import resolve_speculative
 
@@ -193,6 +194,9 @@ def stop(endpoint):
         click.echo(f"mlxd: no daemon answers at {endpoint} ({error})", err=True)
         sys.exit(1)
     click.echo(f"mlxd at {endpoint}: stopping")
+
+
+cli.add_command(convert_gguf_command)
 
 
 def main() -> None:

@@ -66,7 +66,12 @@ def load(model: str | Path | None = None, cpu_weight_budget: int | None = None) 
 
     name = str(model) if model is not None else str(embedded_model_path())
     path = Path(name).expanduser()
-    if _looks_like_local_path(name):
+    if name.lower().endswith(".gguf") and path.is_file():  # a GGUF file: served from its converted directory
+        from .gguf_import import cached_conversion
+
+        path = cached_conversion(path)
+        name = str(path)
+    if _looks_like_local_path(name) or name.lower().endswith(".gguf"):
         if not path.exists():
             raise ModelLoadError(f"model path {name!r} does not exist (give a local mlx-lm checkpoint directory or a hub id like org/name)")
         if not (path / "config.json").is_file():
