@@ -7,7 +7,7 @@ CLI tools can talk to the daemon without loading a model runtime. The wire forma
 
 # messages must load before codec (codec imports the message classes; messages re-exports codec).
 from .messages import (
-    BAD_FRAME, BAD_VERSION, CANCELLED, ERROR_CODES, FINISH_CANCELLED, FINISH_LENGTH, FINISH_REASONS,
+    BAD_FRAME, BAD_VERSION, CANCELLED, DISCONNECTED, ERROR_CODES, FINISH_CANCELLED, FINISH_LENGTH, FINISH_REASONS,
     FINISH_STOP, INTERNAL, INVALID, MAX_FRAME_BYTES, MESSAGE_TYPES, NOT_FOUND, OVERLOADED,
     PROTOCOL_VERSION, REPLY_TYPES, REQUEST_TYPES, SPECULATIVE_KINDS, SUPPORTED_VERSIONS, UNKNOWN_TYPE,
     Cancel, Chunk, Detokenize, DetokenizeResult, Done, Error, Generate, Hello, Message, Ok,
@@ -20,7 +20,7 @@ from .client import Client, DaemonError, DaemonTimeout, new_request_id
 from .async_client import CLIENT_CLOSED, AsyncClient
 
 __all__ = [
-    "BAD_FRAME", "BAD_VERSION", "CANCELLED", "ERROR_CODES", "FINISH_CANCELLED", "FINISH_LENGTH",
+    "BAD_FRAME", "BAD_VERSION", "CANCELLED", "DISCONNECTED", "ERROR_CODES", "FINISH_CANCELLED", "FINISH_LENGTH",
     "FINISH_REASONS", "FINISH_STOP", "INTERNAL", "INVALID", "MAX_FRAME_BYTES", "MESSAGE_TYPES",
     "NOT_FOUND", "OVERLOADED", "PROTOCOL_VERSION", "REPLY_TYPES", "REQUEST_TYPES", "SPECULATIVE_KINDS",
     "SUPPORTED_VERSIONS", "UNKNOWN_TYPE",

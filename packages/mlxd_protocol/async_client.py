@@ -10,27 +10,35 @@ Contract:
     * ``generate`` is an async generator of ``Chunk``s then the ``Done``; the request is sent on
       the first iteration. If the consumer stops before the ``Done`` (``break``, an exception, its
       task cancelled) or the wait times out, the client sends ``Cancel`` for that id by itself.
+    * The connection is watched with ZeroMQ's socket monitor: when it drops (the daemon exited or
+      was killed), every reply that arrived before the drop is still delivered, then every waiter
+      gets ``DaemonError("disconnected")`` at once (no reply sent before the drop can come any more)
+      and the ``on_disconnect`` callbacks run. ZeroMQ reconnects by itself; ``connection_lost`` is
+      True from the drop until the connection is back, and ``wait_connected`` waits for it.
     * ``aclose()`` stops the reader, wakes every waiter with ``DaemonError("client_closed")``
       and closes the socket.
 """
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from .client import (
     CLOSE_LINGER_MS, DaemonError, DaemonTimeout, connect_dealer, needs_hello, new_request_id, resolve_auth_token,
     unwrap_reply)
 from .endpoints import default_endpoint
 from .messages import (
-    UNAUTHORIZED, Cancel, Chunk, Detokenize, DetokenizeResult, Done, Error, Generate, Hello, Message, Ok,
+    DISCONNECTED, UNAUTHORIZED, Cancel, Chunk, Detokenize, DetokenizeResult, Done, Error, Generate, Hello, Message, Ok,
     ProtocolError,
     Shutdown, Status, StatusRequest, Tokenize, TokenizeResult, decode, encode)
 
 CLIENT_CLOSED = "client_closed"  # DaemonError code raised to waiters when the client closes
+# What the socket monitor reports: a connection made (again), a connection dropped.
+CONNECTION_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +64,13 @@ class AsyncClient:
         self._failure: DaemonError | None = None
         # Cancel sends started from synchronous cleanup; kept so they are not garbage-collected.
         self._pending_sends: set[asyncio.Future] = set()
+        # Made now, read by the reader task: events from before the first request wait in its queue.
+        self._monitor = self._socket.get_monitor_socket(CONNECTION_EVENTS)
+        self.connected = False  # a connection to the daemon is up
+        self.connection_lost = False  # it dropped and is not back yet
+        self.disconnects = 0
+        self._connection_changed: asyncio.Event | None = None
+        self._disconnect_callbacks: list[Callable[[str], None]] = []
 
     async def __aenter__(self) -> "AsyncClient":
         return self
@@ -72,7 +87,69 @@ class AsyncClient:
             self._reader.cancel()
             await asyncio.gather(self._reader, return_exceptions=True)
         self._fail_waiters(self._failure)
+        self._socket.disable_monitor()
+        self._monitor.close(linger=0)
         self._socket.close(linger=CLOSE_LINGER_MS)
+
+    # ---- the connection --------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start reading replies and connection events now (the first request does it otherwise).
+
+        Must be called inside the event loop that will use the client.
+        """
+        self._start_reader()
+
+    def on_disconnect(self, callback: Callable[[str], None]) -> None:
+        """Have ``callback(reason)`` called each time the connection drops (after waiters are failed)."""
+        self._disconnect_callbacks.append(callback)
+
+    async def wait_connected(self, timeout_s: float) -> bool:
+        """Wait until a connection to the daemon is up.
+
+        Args:
+            timeout_s: Longest wait.
+
+        Returns:
+            True when connected (at once if it already is), False after ``timeout_s``.
+        """
+        self._start_reader()
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while not self.connected:
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                return False
+            changed = self._connection_event()
+            try:
+                async with asyncio.timeout(remaining):
+                    await changed.wait()
+            except TimeoutError:
+                return self.connected
+        return True
+
+    def _connection_event(self) -> asyncio.Event:
+        if self._connection_changed is None or self._connection_changed.is_set():
+            self._connection_changed = asyncio.Event()
+        return self._connection_changed
+
+    def _connection_state(self, event: zmq.Event) -> None:
+        if event == zmq.EVENT_CONNECTED:
+            self.connected, self.connection_lost = True, False
+        elif event == zmq.EVENT_DISCONNECTED:
+            self._connection_dropped()
+        if self._connection_changed is not None:
+            self._connection_changed.set()
+
+    def _connection_dropped(self) -> None:
+        self.connected, self.connection_lost = False, True
+        self.disconnects += 1
+        self._authenticated = False  # a new connection (to a restarted daemon) says hello again
+        self._drain_replies()  # replies that arrived before the drop still go to their callers
+        reason = f"the connection to the daemon at {self.endpoint} dropped (it exited or was killed)"
+        self._fail_waiters(DaemonError(DISCONNECTED, reason))
+        log.warning("%s; %d requests failed", reason, len(self._waiters))
+        for callback in self._disconnect_callbacks:
+            callback(reason)
 
     # ---- reading ---------------------------------------------------------------------------
 
@@ -83,12 +160,38 @@ class AsyncClient:
             self._reader = asyncio.get_running_loop().create_task(self._read_replies(), name="mlxd-reader")
 
     async def _read_replies(self) -> None:
+        # One task reads the replies and the monitor's events, so a drop is handled only after every
+        # reply that came before it was dispatched.
+        poller = zmq.asyncio.Poller()
+        poller.register(self._socket, zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
         try:
             while True:
-                self._dispatch(await self._socket.recv())
+                ready = dict(await poller.poll())
+                if self._socket in ready:
+                    self._drain_replies()
+                if self._monitor in ready:
+                    self._read_connection_events()
         except zmq.ZMQError as error:
             self._failure = DaemonError(CLIENT_CLOSED, f"the socket failed: {error}")
             self._fail_waiters(self._failure)
+
+    def _drain_replies(self) -> None:
+        while True:
+            try:
+                # a non-blocking receive on an asyncio socket returns a future that is already settled
+                frame = self._socket.recv(zmq.NOBLOCK).result()
+            except zmq.Again:
+                return
+            self._dispatch(frame)
+
+    def _read_connection_events(self) -> None:
+        while True:
+            try:
+                parts = self._monitor.recv_multipart(zmq.NOBLOCK).result()
+            except zmq.Again:
+                return
+            self._connection_state(parse_monitor_message(parts)["event"])
 
     def _dispatch(self, frame: bytes) -> None:
         try:

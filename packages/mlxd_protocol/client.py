@@ -10,6 +10,9 @@ Contract:
       reply, so a long generation is fine as long as chunks keep coming) raises ``DaemonTimeout``.
     * ``generate`` sends at once and returns an iterator of ``Chunk``s then the ``Done``; if the
       caller stops iterating before the ``Done`` (or the wait times out) it sends ``Cancel``.
+    * The connection is watched with ZeroMQ's socket monitor: if it drops while a reply is awaited
+      (the daemon exited or was killed), the replies that arrived before the drop are still read,
+      then ``DaemonError("disconnected")`` is raised at once instead of waiting for ``timeout_s``.
 """
 
 import os
@@ -18,16 +21,19 @@ import uuid
 from collections.abc import Iterator
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from .endpoints import default_endpoint, parse_endpoint
 from .messages import (
-    AUTH_TOKEN_ENV, INTERNAL, MAX_FRAME_BYTES, UNAUTHORIZED, Cancel, Chunk, Detokenize, DetokenizeResult, Done,
-    Error, Generate, Hello,
+    AUTH_TOKEN_ENV, DISCONNECTED, INTERNAL, MAX_FRAME_BYTES, UNAUTHORIZED, Cancel, Chunk, Detokenize,
+    DetokenizeResult, Done, Error, Generate, Hello,
     Message, Ok, ProtocolError, Shutdown, Status, StatusRequest, Tokenize, TokenizeResult, decode, encode)
 
 # Frames queued at close (typically a Cancel) get this long to leave; the socket itself never
 # lingers, so a dead daemon cannot make a client hang.
 CLOSE_LINGER_MS = 100
+# What the socket monitor reports: a connection made (again), a connection dropped.
+CONNECTION_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
 
 
 class DaemonError(Exception):
@@ -131,7 +137,13 @@ class Client:
         self.timeout_s = timeout_s
         self.auth_token = resolve_auth_token(auth_token)
         self._authenticated = False
-        self._socket = connect_dealer(context or zmq.Context.instance(), self.endpoint)
+        self._context = context or zmq.Context.instance()
+        self._socket = connect_dealer(self._context, self.endpoint)
+        self._monitor = self._socket.get_monitor_socket(CONNECTION_EVENTS)
+        self._poller = zmq.Poller()
+        self._poller.register(self._socket, zmq.POLLIN)
+        self._poller.register(self._monitor, zmq.POLLIN)
+        self.connected = False  # a connection to the daemon is up (as far as the monitor has told)
 
     def __enter__(self) -> "Client":
         return self
@@ -142,9 +154,26 @@ class Client:
     def close(self) -> None:
         """Close the socket; safe to call twice."""
         if not self._socket.closed:
+            self._socket.disable_monitor()
+            self._monitor.close(linger=0)
             self._socket.close(linger=CLOSE_LINGER_MS)
 
+    def _connection_dropped(self) -> bool:
+        """Read the monitor's waiting events; True when the connection dropped among them."""
+        dropped = False
+        while True:
+            try:
+                event = parse_monitor_message(self._monitor.recv_multipart(zmq.NOBLOCK))["event"]
+            except zmq.Again:
+                return dropped
+            if event == zmq.EVENT_CONNECTED:
+                self.connected = True
+            elif event == zmq.EVENT_DISCONNECTED:
+                self.connected, dropped = False, True
+                self._authenticated = False  # a new connection (to a restarted daemon) says hello again
+
     def _send(self, message: Message) -> None:
+        self._connection_dropped()  # a drop before this request does not concern it
         hello = needs_hello(self, message)
         if hello is not None:
             self._send(hello)  # its Status reply carries another id and is dropped
@@ -160,20 +189,41 @@ class Client:
         deadline = time.monotonic() + timeout_s
         while True:
             remaining_ms = (deadline - time.monotonic()) * 1000
-            if remaining_ms <= 0 or not self._socket.poll(max(1, int(remaining_ms)), zmq.POLLIN):
+            ready = dict(self._poller.poll(max(1, int(remaining_ms)))) if remaining_ms > 0 else {}
+            if not ready:
                 raise DaemonTimeout(f"no reply from the daemon at {self.endpoint} within {timeout_s:g} s")
-            try:
-                reply = decode(self._socket.recv(zmq.NOBLOCK))
-            except zmq.Again:
-                continue
-            except ProtocolError as error:
-                if error.request_id not in (None, request_id):
-                    continue
-                raise DaemonError(error.code, f"unreadable reply from the daemon: {error.message}") from None
-            # An Error without id answers a frame the daemon could not read: with one request at a
-            # time, that frame was ours.
-            if reply.id == request_id or (isinstance(reply, Error) and reply.id is None):
-                return reply
+            if self._monitor in ready and self._connection_dropped():
+                while (frame := self._next_frame()) is not None:  # what came before the drop
+                    reply = self._ours(frame, request_id)
+                    if reply is not None:
+                        return reply
+                raise DaemonError(DISCONNECTED, f"the connection to the daemon at {self.endpoint} dropped "
+                                                "(it exited or was killed)")
+            if self._socket in ready and (frame := self._next_frame()) is not None:
+                reply = self._ours(frame, request_id)
+                if reply is not None:
+                    return reply
+
+    def _next_frame(self) -> bytes | None:
+        try:
+            return self._socket.recv(zmq.NOBLOCK)
+        except zmq.Again:
+            return None
+
+    @staticmethod
+    def _ours(frame: bytes, request_id: str) -> Message | None:
+        """The reply in ``frame`` if it answers ``request_id``, else None (a stale reply is dropped)."""
+        try:
+            reply = decode(frame)
+        except ProtocolError as error:
+            if error.request_id not in (None, request_id):
+                return None
+            raise DaemonError(error.code, f"unreadable reply from the daemon: {error.message}") from None
+        # An Error without id answers a frame the daemon could not read: with one request at a
+        # time, that frame was ours.
+        if reply.id == request_id or (isinstance(reply, Error) and reply.id is None):
+            return reply
+        return None
 
     def _call(self, request: Message, expected: type[Message]) -> Message:
         self._send(request)

@@ -34,6 +34,8 @@ SPECULATIVE_KINDS = frozenset({"prompt-lookup", "none"})
 # Error code of a request from a connection that has not sent a Hello with the daemon's auth token
 # (only when the daemon was started with one). Clients treat it like any code they do not know.
 UNAUTHORIZED = "unauthorized"
+# Raised by the clients, never sent: the connection to the daemon dropped with the request in flight.
+DISCONNECTED = "disconnected"
 AUTH_TOKEN_ENV = "MLXD_AUTH_TOKEN"
 
 

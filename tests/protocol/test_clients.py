@@ -8,7 +8,7 @@ import pytest
 import zmq
 
 from mlxd_protocol import (
-    INVALID, AsyncClient, Cancel, Chunk, DaemonError, DaemonTimeout, Detokenize, DetokenizeResult, Done, Error,
+    DISCONNECTED, INVALID, AsyncClient, Cancel, Chunk, DaemonError, DaemonTimeout, Detokenize, DetokenizeResult, Done, Error,
     Generate, Hello, Ok, Shutdown, Status, StatusRequest, Tokenize, TokenizeResult, decode, encode)
 from mlxd_protocol.async_client import CLIENT_CLOSED
 from mlxd_protocol.client import Client
@@ -280,3 +280,41 @@ def test_async_errors_timeouts_and_close(endpoint):
         asyncio.run(against_fake())
     with FakeDaemon(endpoint, silent=True):
         asyncio.run(against_silent())
+
+
+# ---- the connection drops ------------------------------------------------------------------
+
+
+def test_blocking_stream_fails_at_once_when_the_daemon_goes_away(endpoint):
+    with Client(endpoint, timeout_s=30.0) as client:
+        with FakeDaemon(endpoint):
+            stream = client.generate(Generate(id="h", prompt="hang"))
+            assert isinstance(next(stream), Chunk)
+        started = time.monotonic()  # the fake daemon's socket is closed: the connection dropped
+        with pytest.raises(DaemonError) as caught:
+            next(stream)
+        assert caught.value.code == DISCONNECTED and time.monotonic() - started < 1.0
+        with FakeDaemon(endpoint):  # back: ZeroMQ reconnects and the next request is answered
+            assert client.status().model == "fake"
+
+
+def test_async_stream_fails_at_once_when_the_daemon_goes_away(endpoint):
+    async def main():
+        async with AsyncClient(endpoint, timeout_s=30.0) as client:
+            dropped = []
+            client.on_disconnect(dropped.append)
+            with FakeDaemon(endpoint):
+                stream = client.generate(Generate(id="h", prompt="hang"))
+                assert isinstance(await anext(stream), Chunk)
+                assert client.connected and not client.connection_lost
+            started = time.monotonic()
+            with pytest.raises(DaemonError) as caught:
+                await anext(stream)
+            assert caught.value.code == DISCONNECTED and time.monotonic() - started < 1.0
+            assert client.connection_lost and len(dropped) == 1 and endpoint in dropped[0]
+            assert await client.wait_connected(0.2) is False
+            with FakeDaemon(endpoint):
+                assert await client.wait_connected(5.0)
+                assert not client.connection_lost and (await client.status()).model == "fake"
+
+    asyncio.run(main())

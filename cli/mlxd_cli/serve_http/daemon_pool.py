@@ -7,7 +7,12 @@ Contract:
       misses in a row, and *dead* after ``DEAD_AFTER_MISSES``: then its client is closed, which
       fails every request still waiting on it with ``client_closed``, and a fresh client is opened.
       Down only stops new requests (a daemon busy with a long prefill may answer probes late);
-      dead means nothing more will come.
+      dead means nothing more will come (a daemon that hangs with its socket open).
+    * A daemon that exits or is killed is noticed at once, not after missed probes: its client's
+      socket monitor reports the dropped connection, which fails the requests waiting on it with
+      ``disconnected`` (a stream then ends with an error event) and marks the daemon down. While
+      the connection is down a probe misses without waiting (so /health answers 503 at once) and the
+      health task waits for ZeroMQ's reconnection instead of probing.
     * ``pick`` chooses among up daemons the one with the fewest requests in flight through this
       gateway; ties go round-robin.
     * ``open_stream(make_request)`` sends a Generate and waits for its first reply. If, before that
@@ -35,7 +40,7 @@ from .errors import UNAVAILABLE_CODES, NoDaemonAvailable, from_daemon_failure
 log = logging.getLogger("mlx-serve-http")
 
 DOWN_AFTER_MISSES = 2  # one late answer under load is not an outage
-DEAD_AFTER_MISSES = 5  # ~5 s without any answer: fail the requests waiting on it
+DEAD_AFTER_MISSES = 5  # ~5 s without any answer on an open connection (a hung daemon): fail its requests
 PROBE_TIMEOUT_S = 1.0
 CALL_TIMEOUT_S = 15.0  # tokenize / detokenize through the pool
 # Per-reply wait on a generation: long enough for a queue plus a long prefill on CPU. A dead daemon
@@ -117,6 +122,7 @@ class DaemonPool:
         self.handles = [DaemonHandle(endpoint, self._new_client(endpoint)) for endpoint in endpoints]
         for handle in self.handles:
             handle.went_down.set()  # down until a probe says otherwise
+            self._watch_connection(handle)
         self.health_interval_s = health_interval_s
         self._round_robin = itertools.count()
         self._watchers: list[asyncio.Task] = []
@@ -125,10 +131,21 @@ class DaemonPool:
     def _new_client(endpoint: str) -> AsyncClient:
         return AsyncClient(endpoint, timeout_s=REPLY_TIMEOUT_S)
 
+    def _watch_connection(self, handle: DaemonHandle) -> None:
+        client = handle.client
+
+        def dropped(reason: str) -> None:
+            if handle.client is client:  # not a client already replaced by a fresh one
+                self.mark_down(handle, reason)
+
+        client.on_disconnect(dropped)
+
     # ---- lifecycle -----------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Probe every daemon once, then keep probing each in the background."""
+        for handle in self.handles:
+            handle.client.start()  # connection events flow from now on, requests or not
         await self.probe_all()
         loop = asyncio.get_running_loop()
         self._watchers = [loop.create_task(self._watch(handle), name=f"mlxd-health {handle.endpoint}")
@@ -149,14 +166,23 @@ class DaemonPool:
             except Exception:  # a probe bug must not end health checking for good
                 log.exception("health probe of %s failed", handle.endpoint)
                 answered = False
-            # After a miss, ask again at once: an outage is then confirmed (or not) within ~1 s.
-            await asyncio.sleep(self.health_interval_s if answered else 0.05)
+            if answered:
+                await asyncio.sleep(self.health_interval_s)
+            elif handle.client.connection_lost:
+                # nothing can answer before ZeroMQ reconnects: wait for that instead of probing
+                await handle.client.wait_connected(self.health_interval_s)
+            else:
+                # After a miss, ask again at once: an outage is then confirmed (or not) within ~1 s.
+                await asyncio.sleep(0.05)
 
     async def probe_all(self) -> None:
         """Ask every daemon for its Status at once and mark each up or down."""
         await asyncio.gather(*(self._probe(handle) for handle in self.handles))
 
     async def _probe(self, handle: DaemonHandle) -> bool:
+        if handle.client.connection_lost:
+            self.mark_down(handle, f"no connection to {handle.endpoint}: it dropped and is not back")
+            return False  # at once: a probe could only time out
         try:
             async with asyncio.timeout(PROBE_TIMEOUT_S):
                 status = await handle.client.status()
@@ -193,6 +219,8 @@ class DaemonPool:
         """Close a dead daemon's client (waking everything waiting on it) and open a fresh one."""
         log.warning("daemon %s is not answering at all; failing its requests", handle.endpoint)
         old_client, handle.client = handle.client, self._new_client(handle.endpoint)
+        self._watch_connection(handle)
+        handle.client.start()
         await old_client.aclose()
 
     # ---- choosing ------------------------------------------------------------------------------

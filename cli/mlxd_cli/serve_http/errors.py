@@ -21,7 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from mlxd_protocol import CANCELLED, CLIENT_CLOSED, INVALID, NOT_FOUND, OVERLOADED, DaemonError, DaemonTimeout, ProtocolError
+from mlxd_protocol import CANCELLED, CLIENT_CLOSED, DISCONNECTED, INVALID, NOT_FOUND, OVERLOADED, DaemonError, DaemonTimeout, ProtocolError
 
 from .schemas import ErrorResponse
 
@@ -36,7 +36,7 @@ _TYPE_BY_STATUS = {
     500: "server_error", 503: "service_unavailable",
 }
 # Daemon codes that mean "this daemon cannot serve now", not "the request is bad".
-UNAVAILABLE_CODES = frozenset({CLIENT_CLOSED, CANCELLED})
+UNAVAILABLE_CODES = frozenset({CLIENT_CLOSED, CANCELLED, DISCONNECTED})
 
 
 # For /openapi.json: every route may answer these, all with the OpenAI error body.
