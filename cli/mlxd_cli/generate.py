@@ -35,7 +35,7 @@ def build_request(prompt: str, max_tokens: int, temp, top_p, seed, system, chat,
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("prompt")
-@click.option("-m", "--model", default=None, help="model for a daemon started by this call (default: embedded)")
+@click.option("-m", "--model", default=None, help="model for a daemon started by this call (or for --local): checkpoint directory, .gguf file, hub id or 'embedded' (default: SmolLM2-135M-Instruct)")
 @click.option("--endpoint", default=None, help="daemon endpoint (default: the private ipc socket)")
 @click.option("--max-tokens", default=256, show_default=True, type=click.IntRange(1))
 @click.option("--temp", default=None, type=click.FloatRange(0), help="temperature (default: the daemon's)")

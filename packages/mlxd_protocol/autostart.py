@@ -34,7 +34,7 @@ def ensure_daemon(endpoint: str, model: str | None = None, extra_args: list[str]
 
     Args:
         endpoint: where the daemon listens (or will).
-        model: the model to load if a daemon has to be started (None: the embedded model).
+        model: the model to load if a daemon has to be started (None: the daemon's default model).
         extra_args: further ``mlxd`` options for a daemon started here.
         timeout_s: how long to wait for a started daemon to answer.
     Returns:

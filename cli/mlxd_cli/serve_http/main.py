@@ -44,7 +44,7 @@ def daemon_args(draft_kind: str | None, draft_block_size: int | None, prompt_loo
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--daemon", "daemons", multiple=True,
               help="mlxd endpoint to forward to (repeatable; default: the private ipc socket, started if needed)")
-@click.option("-m", "--model", default=None, help="model for a daemon started by this command (default: embedded)")
+@click.option("-m", "--model", default=None, help="model for a daemon started by this command: checkpoint directory, .gguf file, hub id or 'embedded' (default: the default model, SmolLM2-135M-Instruct)")
 @click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--api-key", default=None, envvar="MLXD_HTTP_API_KEY",
