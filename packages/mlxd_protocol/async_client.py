@@ -30,13 +30,12 @@ from zmq.utils.monitor import parse_monitor_message
 from .client import (
     CLOSE_LINGER_MS, DaemonError, DaemonTimeout, connect_dealer, needs_hello, new_request_id, resolve_auth_token,
     unwrap_reply)
+from .codec import ProtocolError, decode, encode
 from .endpoints import default_endpoint
 from .messages import (
-    DISCONNECTED, UNAUTHORIZED, Cancel, Chunk, Detokenize, DetokenizeResult, Done, Error, Generate, Hello, Message, Ok,
-    ProtocolError,
-    Shutdown, Status, StatusRequest, Tokenize, TokenizeResult, decode, encode)
+    CLIENT_CLOSED, DISCONNECTED, UNAUTHORIZED, Cancel, Chunk, Detokenize, DetokenizeResult, Done, Error, Generate,
+    Hello, Message, Ok, Shutdown, Status, StatusRequest, Tokenize, TokenizeResult)
 
-CLIENT_CLOSED = "client_closed"  # DaemonError code raised to waiters when the client closes
 # What the socket monitor reports: a connection made (again), a connection dropped.
 CONNECTION_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
 

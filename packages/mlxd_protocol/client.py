@@ -23,11 +23,12 @@ from collections.abc import Iterator
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from .codec import ProtocolError, decode, encode
 from .endpoints import default_endpoint, parse_endpoint
 from .messages import (
     AUTH_TOKEN_ENV, DISCONNECTED, INTERNAL, MAX_FRAME_BYTES, UNAUTHORIZED, Cancel, Chunk, Detokenize,
-    DetokenizeResult, Done, Error, Generate, Hello,
-    Message, Ok, ProtocolError, Shutdown, Status, StatusRequest, Tokenize, TokenizeResult, decode, encode)
+    DetokenizeResult, Done, Error, Generate, Hello, Message, Ok, Shutdown, Status, StatusRequest, Tokenize,
+    TokenizeResult)
 
 # Frames queued at close (typically a Cancel) get this long to leave; the socket itself never
 # lingers, so a dead daemon cannot make a client hang.

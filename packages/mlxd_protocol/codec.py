@@ -1,12 +1,12 @@
-"""Framing of the mlxd protocol: ``encode`` / ``decode``, ``ProtocolError`` and the error codes.
+"""Framing of the mlxd protocol: ``encode`` / ``decode`` and ``ProtocolError``.
 
 Contract:
     * A frame is one msgpack map holding ``"v"`` (the protocol version, an int), ``"type"`` (the
       message's ``TYPE``) and the message's fields by name. Strings are msgpack str, never bin;
       frames over ``MAX_FRAME_BYTES`` are refused.
     * ``decode(frame)`` returns a message from ``messages`` or raises ``ProtocolError`` carrying
-      one of the error codes below and, when the frame had a string "id", that id; it never
-      raises anything else, whatever the bytes.
+      one of the error codes (defined in ``messages``) and, when the frame had a string "id", that
+      id; it never raises anything else, whatever the bytes.
     * ``encode(message)`` applies the checks ``decode`` applies, so whatever ``encode`` accepts,
       ``decode`` accepts and turns back into an equal message.
 """
@@ -16,31 +16,16 @@ from typing import Any
 import msgpack
 
 from .field_checks import FieldError, build, check_instance, field_specs, type_name
-from .messages import MESSAGE_TYPES, Error, Message, Sampling, Speculative
-
-PROTOCOL_VERSION = 1
-SUPPORTED_VERSIONS = frozenset({PROTOCOL_VERSION})
-MAX_FRAME_BYTES = 64 * 1024 * 1024  # the daemon also sets ZMQ_MAXMSGSIZE to this
-MAX_ID_CHARS = 256
-
-# Error codes (Error.code). Clients treat a code they do not know like INTERNAL.
-BAD_FRAME = "bad_frame"  # not msgpack, not a map, or larger than MAX_FRAME_BYTES
-BAD_VERSION = "bad_version"  # "v" missing or not a supported version
-UNKNOWN_TYPE = "unknown_type"  # "type" missing or not a known message type
-INVALID = "invalid_request"  # unknown or missing field, wrong type, value out of range
-NOT_FOUND = "not_found"  # names something the daemon lacks (a token id, a chat template)
-OVERLOADED = "overloaded"  # the queue is full; retry later
-CANCELLED = "cancelled"  # the daemon dropped the request itself (e.g. on Shutdown)
-INTERNAL = "internal"  # a daemon bug or a failure inside the model
-ERROR_CODES = frozenset(
-    {BAD_FRAME, BAD_VERSION, UNKNOWN_TYPE, INVALID, NOT_FOUND, OVERLOADED, CANCELLED, INTERNAL})
+from .messages import (
+    BAD_FRAME, BAD_VERSION, INVALID, MAX_FRAME_BYTES, MAX_ID_CHARS, MESSAGE_TYPES, PROTOCOL_VERSION,
+    SUPPORTED_VERSIONS, UNKNOWN_TYPE, Error, Message)
 
 
 class ProtocolError(Exception):
     """A frame or message that breaks the protocol.
 
     Attributes:
-        code: One of the error codes above.
+        code: One of the error codes of ``messages``.
         message: What was wrong, for a human.
         request_id: The offending frame's id when it could be read, so the reply can carry it.
     """
@@ -68,7 +53,7 @@ def error_reply(code: str, message: str, id: str | None = None) -> Error:
     """Build an Error reply.
 
     Args:
-        code: One of the error codes above.
+        code: One of the error codes of ``messages``.
         message: What went wrong, for a human.
         id: The request's id (None only when it could not be read).
 
@@ -85,11 +70,16 @@ def _check_id(message: Message) -> None:
 
 
 def _to_wire(message: Message) -> dict[str, Any]:
-    wire = {}
-    for name, _, _ in field_specs(type(message)):
-        value = getattr(message, name)
-        wire[name] = _to_wire(value) if isinstance(value, (Sampling, Speculative)) else value
-    return wire
+    return {name: _wire_value(getattr(message, name)) for name, _, _ in field_specs(type(message))}
+
+
+def _wire_value(value: Any) -> Any:
+    # nested messages (Sampling, Speculative, a Tick's rows) travel as maps
+    if isinstance(value, Message):
+        return _to_wire(value)
+    if type(value) is list and value and isinstance(value[0], Message):
+        return [_wire_value(item) for item in value]
+    return value
 
 
 def encode(message: Message) -> bytes:

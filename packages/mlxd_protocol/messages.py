@@ -1,28 +1,57 @@
-"""Wire types of the mlxd protocol: the only place message types live.
+"""The mlxd protocol's vocabulary, as plain data: the version, the limits, every code and every message type.
 
 Contract:
     * One dataclass per message; ``TYPE`` is the "type" string of its frame and
       ``MESSAGE_TYPES`` maps every such string to its class. ``REQUEST_TYPES`` travel client ->
-      daemon, ``REPLY_TYPES`` daemon -> client. Nested ``Sampling`` / ``Speculative`` are maps.
+      daemon, ``REPLY_TYPES`` daemon -> client, ``TRACE_TYPES`` go out on the daemon's trace socket.
+      Nested ``Sampling`` / ``Speculative`` / ``TickRow`` are maps.
     * Every message has an ``id`` (required for ``Generate``, ``Cancel``, ``Chunk``, ``Done`` and
       ``Error``, optional elsewhere); the daemon echoes a request's id on every reply to it, which
       is how clients match replies to requests on one socket.
     * Field types are the annotations (checked by ``field_checks``); each message's ``validate()``
       adds the value rules (ranges, "exactly one of") and raises ``FieldError``.
-    * The codec (``encode``, ``decode``, ``ProtocolError``, error codes) is in ``codec`` and
-      re-exported here, so this module is the whole wire vocabulary.
+    * Every code lives here: the error codes a daemon sends (``ERROR_CODES``) and the ones the Python
+      clients raise themselves and never send (``CLIENT_CODES``).
+    * This module imports nothing of the protocol but ``field_checks`` and ``sampling_rules`` (the type
+      and value rules). ``codec`` (``encode``, ``decode``, ``ProtocolError``) imports it; nothing here
+      imports back.
 """
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from .field_checks import MAX_LIST_ITEMS, FieldError
+from .sampling_rules import GREEDY, MAX_LOGPROBS, sampling_problem
 
+PROTOCOL_VERSION = 1
+SUPPORTED_VERSIONS = frozenset({PROTOCOL_VERSION})
+
+MAX_FRAME_BYTES = 64 * 1024 * 1024  # the daemon also sets ZMQ_MAXMSGSIZE to this
+MAX_ID_CHARS = 256
 MAX_STOP_STRINGS = 64
 MAX_STOP_CHARS = 1024
-MAX_LOGPROBS = 20
 MAX_DRAFT_LIMIT = 256
+
+# Error codes (Error.code), sent by the daemon. A daemon may add codes within a version; clients treat a
+# code they do not know like INTERNAL.
+BAD_FRAME = "bad_frame"  # not msgpack, not a map, more than one message part, or larger than MAX_FRAME_BYTES
+BAD_VERSION = "bad_version"  # "v" missing or not a supported version
+UNKNOWN_TYPE = "unknown_type"  # "type" missing, not a known message type, or not a request
+INVALID = "invalid_request"  # unknown or missing field, wrong type, value out of range
+NOT_FOUND = "not_found"  # names something the daemon lacks (a token id, a chat template)
+OVERLOADED = "overloaded"  # the queue is full, or the daemon is draining for shutdown; retry later
+CANCELLED = "cancelled"  # the daemon dropped the request itself (e.g. on Shutdown)
+INTERNAL = "internal"  # a daemon bug or a failure inside the model
+# A request from a connection that has not sent a Hello with the daemon's auth token (only when the
+# daemon was started with one).
+UNAUTHORIZED = "unauthorized"
+ERROR_CODES = frozenset(
+    {BAD_FRAME, BAD_VERSION, UNKNOWN_TYPE, INVALID, NOT_FOUND, OVERLOADED, CANCELLED, INTERNAL, UNAUTHORIZED})
+
+# Codes the Python clients raise in DaemonError themselves; never on the wire.
+CLIENT_CLOSED = "client_closed"  # the asyncio client was closed with the request still waiting
+DISCONNECTED = "disconnected"  # the connection to the daemon dropped with the request in flight
+CLIENT_CODES = frozenset({CLIENT_CLOSED, DISCONNECTED})
 
 FINISH_STOP = "stop"  # end-of-sequence token or a stop string
 FINISH_LENGTH = "length"  # max_tokens reached
@@ -31,11 +60,9 @@ FINISH_REASONS = frozenset({FINISH_STOP, FINISH_LENGTH, FINISH_CANCELLED})
 
 SPECULATIVE_KINDS = frozenset({"prompt-lookup", "none"})
 
-# Error code of a request from a connection that has not sent a Hello with the daemon's auth token
-# (only when the daemon was started with one). Clients treat it like any code they do not know.
-UNAUTHORIZED = "unauthorized"
-# Raised by the clients, never sent: the connection to the daemon dropped with the request in flight.
-DISCONNECTED = "disconnected"
+# What a row did in a tick (TickRow.action); see docs/protocol.md, "tick".
+TICK_ACTIONS = frozenset({"prefill", "first-token", "prime", "decode", "verify", "finished"})
+
 AUTH_TOKEN_ENV = "MLXD_AUTH_TOKEN"
 
 
@@ -79,34 +106,25 @@ class Message:
 
 @dataclass(slots=True)
 class Sampling(Message):
-    """Sampler settings; the defaults mean greedy decoding with every filter off."""
+    """Sampler settings; the defaults (``sampling_rules.GREEDY``) mean greedy decoding with every filter off.
 
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    repetition_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    Also the type of the daemon's own default settings (``mlxd --temp/--top-p/--top-k/--min-p``).
+    """
+
+    temperature: float = GREEDY["temperature"]
+    top_k: int = GREEDY["top_k"]
+    top_p: float = GREEDY["top_p"]
+    min_p: float = GREEDY["min_p"]
+    repetition_penalty: float = GREEDY["repetition_penalty"]
+    presence_penalty: float = GREEDY["presence_penalty"]
+    frequency_penalty: float = GREEDY["frequency_penalty"]
     logit_bias: dict[int, float] = field(default_factory=dict)
     seed: int | None = None
     logprobs: int | None = None
 
     def validate(self) -> None:
-        for name in ("temperature", "top_p", "min_p", "repetition_penalty",
-                     "presence_penalty", "frequency_penalty"):
-            _require(math.isfinite(getattr(self, name)), f"sampling.{name}: must be finite")
-        _require(self.temperature >= 0, "sampling.temperature: must be >= 0")
-        _require(self.top_k >= 0, "sampling.top_k: must be >= 0 (0 = off)")
-        _require(0 < self.top_p <= 1, "sampling.top_p: must be in (0, 1]")
-        _require(0 <= self.min_p <= 1, "sampling.min_p: must be in [0, 1]")
-        _require(self.repetition_penalty >= 0, "sampling.repetition_penalty: must be >= 0 (0 = off)")
-        _require(all(token >= 0 for token in self.logit_bias), "sampling.logit_bias: keys must be >= 0")
-        _require(not any(math.isnan(bias) for bias in self.logit_bias.values()),
-                 "sampling.logit_bias: values must not be NaN")
-        _require(self.seed is None or self.seed >= 0, "sampling.seed: must be >= 0")
-        _require(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
-                 f"sampling.logprobs: must be in [0, {MAX_LOGPROBS}]")
+        problem = sampling_problem(self)  # the vocabulary-bound rules are checked where the model is known
+        _require(problem is None, problem or "")
 
 
 @dataclass(slots=True)
@@ -308,15 +326,52 @@ class Ok(Message):
     id: str | None = None
 
 
+# ---- the tick trace (daemon -> subscribers of its trace socket) ------------------------------
+
+
+@dataclass(slots=True)
+class TickRow(Message):
+    """What one request did in a tick.
+
+    ``action``: "prefill" (a prompt chunk), "first-token" (prefill finished), "prime" (a lookahead step
+    was submitted, nothing read yet), "decode" (took the batched step; ``tokens`` counts them when the
+    tick gave the row more than one; ``detail`` names why a prompt-lookup row was held back, e.g.
+    "declined-gate"), "verify" (a verify round; ``drafted`` / ``accepted``), "finished" (the finish
+    reason in ``detail``).
+    """
+
+    request_id: str
+    action: str
+    drafted: int | None = None
+    accepted: int | None = None
+    detail: str | None = None
+    tokens: int | None = None
+
+    def validate(self) -> None:
+        _require(self.action in TICK_ACTIONS, f"action: must be one of {sorted(TICK_ACTIONS)}")
+
+
+@dataclass(slots=True)
+class Tick(Message):
+    """One scheduler tick that did work: published on the trace socket, topic ``TICK_TOPIC``."""
+
+    TYPE: ClassVar[str] = "tick"
+    tick: int  # the scheduler's tick counter
+    batch: int  # decoding rows as the tick started
+    pipelined: bool  # a lookahead step was in flight while this tick's step was read
+    rows: list[TickRow] = field(default_factory=list)
+    duration_ms: float = 0.0
+    prefill_tokens: int = 0  # prompt tokens forwarded this tick
+    steps: int = 1  # chained decode steps submitted (their tokens are read by the next tick)
+    id: str | None = None  # always nil: a tick answers no request
+
+
+TICK_TOPIC = b"tick"  # the ZeroMQ topic (first message part) of every Tick on the trace socket
+
 REQUEST_TYPES: tuple[type[Message], ...] = (
     Hello, StatusRequest, Generate, Cancel, Tokenize, Detokenize, Shutdown)
 REPLY_TYPES: tuple[type[Message], ...] = (
     Status, Chunk, Done, Error, TokenizeResult, DetokenizeResult, Ok)
+TRACE_TYPES: tuple[type[Message], ...] = (Tick,)
 # The registry decode dispatches on: wire "type" string -> message class.
-MESSAGE_TYPES: dict[str, type[Message]] = {cls.TYPE: cls for cls in REQUEST_TYPES + REPLY_TYPES}
-
-# Re-export the codec last: codec.py imports the classes above, so it can only load after them.
-from .codec import (  # noqa: E402, F401
-    BAD_FRAME, BAD_VERSION, CANCELLED, ERROR_CODES, INTERNAL, INVALID, MAX_FRAME_BYTES, NOT_FOUND,
-    OVERLOADED, PROTOCOL_VERSION, SUPPORTED_VERSIONS, UNKNOWN_TYPE, ProtocolError, decode, encode,
-    error_reply)
+MESSAGE_TYPES: dict[str, type[Message]] = {cls.TYPE: cls for cls in REQUEST_TYPES + REPLY_TYPES + TRACE_TYPES}

@@ -10,7 +10,7 @@ import pytest
 from mlxd_protocol import (
     BAD_FRAME, BAD_VERSION, INVALID, MAX_FRAME_BYTES, MESSAGE_TYPES, PROTOCOL_VERSION, UNKNOWN_TYPE, Cancel,
     Chunk, Detokenize, DetokenizeResult, Done, Error, Generate, Hello, Message, Ok, ProtocolError, Sampling,
-    Shutdown, Speculative, Status, StatusRequest, Tokenize, TokenizeResult, decode, encode, error_reply)
+    Shutdown, Speculative, Status, StatusRequest, Tick, TickRow, Tokenize, TokenizeResult, decode, encode, error_reply)
 from mlxd_protocol.field_checks import MAX_LIST_ITEMS
 
 FULL_GENERATE = Generate(
@@ -42,6 +42,9 @@ ONE_OF_EACH: list[Message] = [
     TokenizeResult(tokens=[1, 2], id="t"),
     DetokenizeResult(text="hi", id="d"),
     Ok(id="x"),
+    Tick(tick=7, batch=2, pipelined=True, duration_ms=1.25, prefill_tokens=0, steps=4,
+         rows=[TickRow(request_id="a:1", action="decode", tokens=4),
+               TickRow(request_id="a:2", action="verify", drafted=8, accepted=5)]),
 ]
 
 
@@ -59,6 +62,14 @@ def test_every_message_round_trips(message):
     decoded = decode(encode(message))
     assert type(decoded) is type(message)
     assert decoded == message
+
+
+def test_a_tick_row_with_an_unknown_action_is_refused():
+    with pytest.raises(ProtocolError, match="action: must be one of"):
+        encode(Tick(tick=1, batch=1, pipelined=False, rows=[TickRow(request_id="a", action="dance")]))
+    raw = frame(v=1, type="tick", tick=1, batch=1, pipelined=False, rows=[{"request_id": "a", "action": "decode", "x": 1}])
+    with pytest.raises(ProtocolError, match="unknown field rows\\[0\\].'x'"):
+        decode(raw)
 
 
 def test_the_round_trip_cases_cover_every_message_type():
@@ -191,10 +202,19 @@ def test_garbage_never_raises_anything_but_protocol_error():
             pass
 
 
-def test_messages_module_exposes_the_codec_and_the_package_never_imports_mlx():
-    from mlxd_protocol.messages import ProtocolError as Reexported, decode as reexported_decode
+def test_messages_is_plain_data_the_codec_imports_and_the_package_never_imports_mlx():
+    import ast
+    import inspect
 
-    assert Reexported is ProtocolError and reexported_decode is decode
+    from mlxd_protocol import codec, messages
+
+    tree = ast.parse(inspect.getsource(messages))
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    # plain data: the type rules and the sampler value rules, nothing of the codec or the clients
+    assert imported == {"dataclasses", "typing", "field_checks", "sampling_rules"}, imported
+    assert not hasattr(messages, "decode") and not hasattr(messages, "ProtocolError")
+    assert codec.PROTOCOL_VERSION is messages.PROTOCOL_VERSION and codec.MESSAGE_TYPES is messages.MESSAGE_TYPES
     code = "import sys, mlxd_protocol; print(sorted(m for m in sys.modules if m.split('.')[0] in ('mlx', 'mlx_lm')))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30,
                             env={"PYTHONPATH": ":".join(sys.path)})
