@@ -2,9 +2,8 @@
 
 Why: a decode step of a small model is hundreds of tiny ops. Built op by op, each step pays Python for
 every layer's graph and a dispatch per op; ``mx.compile`` traces the step once per shape and replays it,
-fusing elementwise chains on the way. Measured on the embedded model, B=1 greedy, one BLAS thread,
-interleaved rounds on a quiet host: a loop of the engine's compiled steps ran 2490-2700 tok/s against
-2090-2300 for a loop of the model's forwards (the CPU-fused norm and RoPE layers in both).
+fusing elementwise chains on the way. A loop of the embedded model's compiled steps outruns a loop of its
+forwards (measured: docs/benchmark_results/code_notes.md#compiled-forward).
 
 Contract:
 - ``CompiledDecode.forward(storage, states, inputs)`` runs ``inputs`` [B, T] (T at most
@@ -42,16 +41,12 @@ log = logging.getLogger("mlxd.engine")
 
 DISABLE_ENV = "MLXD_COMPILE_DECODE"
 MAX_COMPILED_TOKENS = 16  # longer inputs (prompt chunks) are matmul-bound and would each add a trace
-# Batches of more rows take the ordinary forward: measured through the scheduler (embedded model, 256
-# tokens per request, 1 BLAS thread), compiled steps gave 2190-2270 tok/s at 1 request against 1940-2070,
-# but 4080-4800 at 4 concurrent (ordinary 4520-5010) and 4810-5700 at 8 (ordinary 7320-7610): with more
-# rows, reading every slot's whole capacity and scattering rows at different positions cost more than
-# the graph building they save.
+# Batches of more rows take the ordinary forward: with more rows, reading every slot's whole capacity and
+# scattering rows at different positions cost more than the graph building saves (measured:
+# docs/benchmark_results/code_notes.md#compiled-forward).
 MAX_COMPILED_ROWS = 1
 # Past this capacity the ordinary forward (which reads only the written positions, without a mask for one
-# row) is as fast or faster: one row, 200 steps after a prompt of N tokens, us per step ordinary /
-# compiled: N=40 460-484 / 402-415, N=500 543-585 / 449-471, N=1000 578-604 / 563-598, N=2000 745-851 /
-# 766-823, N=4000 1169-1260 / 1255-1681.
+# row) is as fast or faster (measured: docs/benchmark_results/code_notes.md#compiled-forward).
 MAX_COMPILED_CAPACITY = 2048
 MAX_TRACES = 64  # compiled signatures kept (least recently used goes first); a new one traces in a few ms
 

@@ -25,9 +25,10 @@ import mlx.core as mx
 
 from .compiled_decode import CompiledDecode, compile_wanted
 from .cpu_fusion import fuse_cpu_layers as fuse_cpu_layers_of, fusion_wanted
-from .kv_storage import KVStorageFull, SlotKVStorage, SlotState
+from .kv_backend import make_kv_storage
+from .kv_storage import KVStorageFull, SlotState
 from .loading import LoadedModel
-from .paged_kv_storage import DEFAULT_BLOCK_SIZE, PagedKVStorage
+from .paged_kv_storage import DEFAULT_BLOCK_SIZE
 from .sampling import SamplerChain, SamplingParams, sample_rows, token_logprobs
 
 
@@ -105,16 +106,11 @@ class Engine:
         wanted = fusion_wanted() if fuse_cpu_layers is None else fuse_cpu_layers
         self.fused_layers = fuse_cpu_layers_of(self.model) if wanted else 0
         self.max_kv_size = min(max_kv_size or loaded.context_length, loaded.context_length)
-        if storage == "contiguous":
-            self.storage = SlotKVStorage(loaded.n_layers, max_sequences, self.max_kv_size)
-        elif storage == "paged":
-            pool = kv_pool_tokens or max_sequences * self.max_kv_size
-            self.storage = PagedKVStorage(loaded.n_layers, pool, self.max_kv_size, kv_block_size, max_sequences)
-        else:
-            raise ValueError(f"unknown KV storage backend {storage!r}; known: contiguous, paged")
+        self.storage = make_kv_storage(storage, loaded.n_layers, max_sequences, self.max_kv_size, kv_block_size,
+                                       kv_pool_tokens)
         self._ids = itertools.count()
         compiled = compile_wanted() if compile_decode is None else compile_decode
-        self.compiled_decode = CompiledDecode(self.model) if compiled and storage == "contiguous" else None
+        self.compiled_decode = CompiledDecode(self.model) if compiled and self.storage.compiles_forward else None
 
     def fits(self, prompt_tokens: int, max_new_tokens: int) -> bool:
         """Whether a request could ever run here (it may still have to wait for room)."""

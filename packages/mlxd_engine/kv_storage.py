@@ -86,12 +86,12 @@ class SlotKVStorage:
 
     kind = "contiguous"
     can_unwind = True
+    compiles_forward = True  # compiled_decode.py reads and writes these slot buffers directly
 
-    def __init__(self, n_layers: int, n_slots: int, max_capacity: int, dtype=mx.float32):
+    def __init__(self, n_layers: int, n_slots: int, max_capacity: int):
         self.n_layers = n_layers
         self.n_slots = n_slots
         self.max_capacity = max_capacity
-        self.dtype = dtype
         self.capacity = 0
         self.keys: list[mx.array | None] = [None] * n_layers
         self.values: list[mx.array | None] = [None] * n_layers

@@ -1,6 +1,6 @@
 """Paged KV storage: fixed-size blocks from one shared pool, a block table per sequence.
 
-Contract (the same interface as ``SlotKVStorage``, so the engine runs on either):
+Contract (the ``KVStorage`` protocol of ``kv_backend.py``, as ``SlotKVStorage``, so the engine runs on either):
 - Every layer owns key and value pools shaped ``[n_blocks, kv_heads, block_size, head_dim]``. A
   sequence owns a list of block ids (its block table); token position p lives in block
   ``table[p // block_size]`` at offset ``p % block_size``.
@@ -12,12 +12,9 @@ Contract (the same interface as ``SlotKVStorage``, so the engine runs on either)
   blocks back as one contiguous ``[B, kv_heads, L, head_dim]`` view with a gather. That gather is the
   cost paged storage adds to every forward, step and verify alike; docs/benchmark_results/paged_kv.md
   measures it.
-- No context limit applies to verify rounds on paged storage (``PAGED_VERIFY_MAX_CONTEXT`` beside the
-  verify gate stays None). Measured on the embedded model, 2-core CPU (fused CPU layers): an 8-draft
-  verify costs 1.25x, 1.21x, 1.20x, 1.25x its contiguous cost at 1K, 2K, 4K, 8K tokens of context, and
-  1.9-2.2 paged steps.
-  The gather grows the verify and the step alike, so a round that accepts more than about 2 drafts still
-  beats plain decode at 8K; the governor already stops rounds that accept less.
+- No context limit applies to verify rounds on paged storage: the gather grows a verify and a step alike,
+  so a round that accepts a couple of drafts still pays at 8K tokens (measured:
+  docs/benchmark_results/code_notes.md#paged-verify).
 """
 
 from __future__ import annotations
@@ -50,6 +47,7 @@ class PagedKVStorage:
 
     kind = "paged"
     can_unwind = True
+    compiles_forward = False  # a forward gathers each row's blocks; the compiled one reads slot buffers
 
     def __init__(self, n_layers: int, pool_tokens: int, max_capacity: int, block_size: int = DEFAULT_BLOCK_SIZE,
                  max_sequences: int = 256):

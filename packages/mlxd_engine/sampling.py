@@ -18,25 +18,27 @@ from typing import Callable
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors
 
+from mlxd_protocol.sampling_rules import GREEDY, sampling_problem
+
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """What one request asks of the sampler. Defaults are greedy decode.
+    """What one request asks of the sampler. Defaults are greedy decode (``sampling_rules.GREEDY``, as the wire's).
 
     ``temperature`` 0 means argmax; ``top_k`` 0, ``top_p`` 1 and ``min_p`` 0 are off; penalties of 0
     (repetition: 1 or 0) are off. ``logprobs`` is the number of alternatives to report per token
     (None: none). ``custom_processors`` are in-process callables (library use only).
     """
 
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    repetition_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    temperature: float = GREEDY["temperature"]
+    top_k: int = GREEDY["top_k"]
+    top_p: float = GREEDY["top_p"]
+    min_p: float = GREEDY["min_p"]
+    repetition_penalty: float = GREEDY["repetition_penalty"]
+    presence_penalty: float = GREEDY["presence_penalty"]
+    frequency_penalty: float = GREEDY["frequency_penalty"]
     penalty_context: int = 64
     logit_bias: tuple[tuple[int, float], ...] = ()
     seed: int | None = None
@@ -44,22 +46,10 @@ class SamplingParams:
     custom_processors: tuple[LogitsProcessor, ...] = field(default=(), compare=False)
 
     def validate(self, vocab_size: int) -> None:
-        """Raise ValueError with a user-facing message for out-of-range values."""
-        if self.temperature < 0:
-            raise ValueError("temperature must be >= 0")
-        if self.top_k < 0 or self.top_k >= vocab_size and self.top_k != 0:
-            raise ValueError(f"top_k must be in [0, {vocab_size})")
-        if not 0 < self.top_p <= 1:
-            raise ValueError("top_p must be in (0, 1]")
-        if not 0 <= self.min_p <= 1:
-            raise ValueError("min_p must be in [0, 1]")
-        if self.repetition_penalty < 0:
-            raise ValueError("repetition_penalty must be >= 0")
-        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
-            raise ValueError("logprobs must be in [0, 20]")
-        for token, _ in self.logit_bias:
-            if not 0 <= token < vocab_size:
-                raise ValueError(f"logit_bias token {token} is outside the vocabulary")
+        """Raise ValueError with a user-facing message naming the field (the rules: ``sampling_rules``)."""
+        problem = sampling_problem(self, vocab_size)
+        if problem is not None:
+            raise ValueError(problem)
 
     @property
     def is_greedy(self) -> bool:

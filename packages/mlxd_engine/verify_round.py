@@ -1,7 +1,7 @@
 """The shared verify round: check a proposal with one multi-token forward, keep what the target agrees with.
 
-Contract: every caller that speculates (mlx-generate, the scheduler) runs this one function; there is no
-second copy. Given a sequence whose current token (its last) is not yet in storage and a proposal of
+Contract: every caller that speculates (the scheduler's prompt-lookup arm, the single-sequence reference
+loop) runs this one function; there is no second copy. Given a sequence whose current token (its last) is not yet in storage and a proposal of
 draft tokens, the round
 
 1. truncates the proposal so the round cannot pass ``max_new_tokens`` or the KV bound,
@@ -29,6 +29,7 @@ from typing import Callable
 import mlx.core as mx
 
 from .engine import Engine, Sequence
+from .kv_bound import at_kv_bound, kv_room
 
 ACCEPTED, TARGET = "accepted", "target"
 
@@ -65,7 +66,7 @@ def verify_round(
     """
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be >= 1")
-    room = seq.max_kv - seq.kv.written  # positions left for [current] + drafts
+    room = kv_room(seq)  # positions left for [current] + drafts
     proposal = list(proposal[: max(0, min(max_new_tokens - 1, room - 1))])
     k = len(proposal)
     logits = engine.verify(seq, [seq.tokens[-1]] + proposal)  # [k+1, V]
@@ -89,7 +90,7 @@ def verify_round(
     engine.commit_appends(seq, keep)
     engine.unwind_appends(seq, k + 1 - keep)
     seq.tokens.extend(emitted)
-    if finish_reason is None and (len(emitted) >= max_new_tokens or seq.kv.written >= seq.max_kv):
+    if finish_reason is None and (len(emitted) >= max_new_tokens or at_kv_bound(seq)):
         finish_reason = "length"
     return RoundOutcome(emitted, outcomes, k, accepted, finish_reason)
 

@@ -34,9 +34,7 @@ from __future__ import annotations
 import logging
 import time
 
-import mlx.core as mx
-
-from mlxd_engine import Emitted, Engine, StepHandle
+from mlxd_engine import Emitted, Engine, StepHandle, release_cached_memory
 
 from .request import RequestState
 
@@ -137,7 +135,7 @@ class DecodeLoop:
         states = rows + [s for _, in_flight_states in self.in_flight for s in in_flight_states]
         self.in_flight = []
         self._unwind_all(states)
-        mx.clear_cache()
+        release_cached_memory()
         emitted, failed = [], []
         for state in rows:
             try:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 
-from mlxd_engine import Engine
+from mlxd_engine import Engine, at_kv_bound
 
 from .request import FinishEvent, RequestState, TokenEvent
 
@@ -56,7 +56,7 @@ class Finisher:
                 if stopped:
                     reason = "stop"
                     break
-            if state.emitted >= request.max_tokens or (seq is not None and seq.kv.committed + 1 > seq.max_kv):
+            if state.emitted >= request.max_tokens or (seq is not None and at_kv_bound(seq)):
                 reason = "length"
                 break
         if taken:

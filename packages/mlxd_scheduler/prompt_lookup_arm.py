@@ -9,8 +9,8 @@ The tick, in the order the rules are applied:
 1. Gate: when the active batch is above ``max_batch`` no row drafts this tick (no ``draft_block`` call,
    so no miss is recorded); its drafter keeps observing tokens and resumes when the batch shrinks.
    The active batch counts the decoding rows and the rows still in prefill, which join within a few
-   ticks: while a burst of requests is admitted, the first rows do not start verify rounds (measured on
-   stories260K, 8 requests of 200 tokens in-process: the flag cost 3.1% when only decoding rows counted).
+   ticks: while a burst of requests is admitted, the first rows do not start verify rounds (measured:
+   docs/benchmark_results/code_notes.md#gate-counts-prefill).
    A row whose governor grants no budget is "declined by governor".
 2. While step n is in flight, every gated-in drafter is asked for a proposal on its committed tokens.
 3. No proposal anywhere: step n+1 is primed and the tick pipelines exactly as plain decode does. A
@@ -19,7 +19,7 @@ The tick, in the order the rules are applied:
    off: a row that has gone q pipelined ticks without proposing allows 2**q steps (1, 2, 4, 8, ...), the
    tick takes the least any drafting row allows, and a proposal resets the row to one step. A row that
    copies keeps finding its matches at once; one that never matches soon decodes as fast as a plain row.
-   Ticks where the gate (or the paged-context limit) holds every drafter back chain ``steps`` at once.
+   Ticks where the gate holds every drafter back chain ``steps`` at once.
 4. Some row proposes: no prime is submitted; step n is read and committed (tokens to the finish step),
    the proposals made before it are retracted (they predate its token), and the tick goes on
    synchronously: rows that propose on their now-current tokens run one verify round each, every other
@@ -30,9 +30,7 @@ The tick, in the order the rules are applied:
 6. Short proposals beside other rows: with more than one decoding row, a proposal of fewer than
    ``MIN_DRAFT_BESIDE_OTHERS`` tokens is retracted (declined, not a miss) and the row takes the batched
    step. Each verify round is a forward of its own, so beside other rows it pays only when it checks a
-   long draft (measured on the embedded model, 2 rows whose plain prompts it echoes: proposals of about
-   one token, accepted, still made the pair 11% slower than flag off; copy rows, whose proposals run to
-   the 8-token cap, gained 1.8x).
+   long draft (measured: docs/benchmark_results/code_notes.md#short-proposals).
 A verify forward that fails fails only its row: the round's appends are unwound and the row finishes
 with an error; the other rows go on.
 """
@@ -49,12 +47,6 @@ from .request import RequestState
 from .trace import TickRecord
 
 log = logging.getLogger("mlxd.scheduler")
-
-# Verify rounds are skipped for a sequence on paged KV storage once its context passes this many tokens
-# (None: no limit). None, measured: at 8K tokens of context an 8-draft verify on paged storage costs 1.25x
-# the contiguous one and 2.1 paged steps, so a round still pays when it accepts 2+ drafts, and the governor
-# already stops rounds that accept less (docs/benchmark_results/paged_kv.md).
-PAGED_VERIFY_MAX_CONTEXT: int | None = None
 
 # Rule 6: the shortest proposal a row verifies while other rows decode beside it.
 MIN_DRAFT_BESIDE_OTHERS = 4
@@ -81,12 +73,6 @@ class PromptLookupArm:
         ``steps``: the most chained steps a plain tick may submit (rule 3)."""
         drafting = [s for s in rows if s.drafter is not None]
         batch = len(rows)  # decoding rows as the tick starts (rule 6)
-        held_back = self._past_paged_limit(drafting)
-        if held_back:
-            drafting = [s for s in drafting if s not in held_back]
-            if not drafting:
-                self._plain(rows, record, {id(s): "declined-paged-context" for s in held_back}, steps)
-                return
         if len(rows) + prefilling > self.max_batch:
             self.counters["declined_gate"] += len(drafting)
             self._plain(rows, record, {id(s): "declined-gate" for s in drafting}, steps)
@@ -110,14 +96,6 @@ class PromptLookupArm:
         self._synchronous(rows, drafting, record, batch)
 
     # -- pieces ---------------------------------------------------------------------------------
-    def _past_paged_limit(self, drafting: list[RequestState]) -> list[RequestState]:
-        limit = PAGED_VERIFY_MAX_CONTEXT
-        if limit is None or self.engine.storage.kind != "paged":
-            return []
-        past = [s for s in drafting if s.seq.kv.written > limit]
-        self.counters["declined_paged_context"] = self.counters.get("declined_paged_context", 0) + len(past)
-        return past
-
     def _propose(self, drafting: list[RequestState], record: TickRecord | None,
                  batch: int) -> tuple[dict[RequestState, list[int]], set[int]]:
         """Proposals to verify, and the ids of rows whose proposal rule 6 declined."""

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from mlxd_drafters import PromptLookupConfig, PromptLookupDrafter
-from mlxd_engine import Engine, KVStorageFull, prompt_lookup_eligibility
+from mlxd_engine import Engine, KVStorageFull, kv_room, prompt_lookup_eligibility
 
 from .decode import DecodeLoop, runs_by_row
 from .finishing import Finisher
@@ -41,15 +41,8 @@ from .trace import TickRecord
 log = logging.getLogger("mlxd.scheduler")
 
 
-# Verify gate default: the largest active batch at which measurement showed no aggregate loss. On the
-# embedded model (2-core CPU, docs/benchmark_results/prompt_lookup.md, 5 rounds, gate open vs flag off, with
-# several steps per tick and short proposals declined beside other rows; the model echoes much of a plain
-# prompt, so "plain" rows also accept drafts): batch 2: plain 1.05x, copy 1.65x; batch 4: plain 0.78x
-# (copy 1.36x); batch 8: plain 0.40x (copy 1.28x). Each proposing row verifies in a forward of its own, so
-# with many rows the verify forwards outweigh the batched steps they replace unless nearly every row
-# copies. Batch 3 was not measured. On stories260K, whose plain stories copy little, the flag with this
-# gate costs nothing measurable at 2, 4 and 8 rows (on/off 0.99-1.01) and about 6% at one row (0.934; the
-# verify rounds a fresh governor tries before it shuts drafting off; prompt_lookup_stories260k.md).
+# Verify gate default: the largest active batch at which prompt lookup showed no aggregate loss
+# (measured: docs/benchmark_results/code_notes.md#verify-gate).
 DEFAULT_PROMPT_LOOKUP_MAX_BATCH = 2
 
 
@@ -205,7 +198,7 @@ class BatchScheduler:
             if seq.chain.needs_history:
                 return 1
             left = state.request.max_tokens - state.emitted - unread  # tokens the row may still take
-            room = seq.max_kv - seq.kv.written  # appends the row may still make
+            room = kv_room(seq)  # appends the row may still make
             most = min(most, left, room)
         return max(1, most)
 

@@ -169,29 +169,6 @@ def test_ineligible_request_decodes_plainly():
     assert not any(x.action == "verify" for r in records for x in r.rows)
 
 
-def test_paged_context_limit_skips_verify_rounds_and_says_why(monkeypatch):
-    from mlxd_scheduler import prompt_lookup_arm
-
-    monkeypatch.setattr(prompt_lookup_arm, "PAGED_VERIFY_MAX_CONTEXT", 20)
-    loaded = stub_loaded(period=6)
-    records = []
-    engine = Engine(loaded, max_sequences=2, storage="paged", kv_block_size=4, kv_pool_tokens=256)
-    scheduler = BatchScheduler(engine, SchedulerOptions(prompt_lookup=PromptLookupConfig()), records.append)
-    out = Collector()
-    scheduler.submit(Request("p", REPEATING, max_tokens=40), out.sink("p"))
-    positions = []
-    while scheduler.has_work:
-        before = scheduler.by_id["p"].seq.kv.written if "p" in scheduler.by_id and scheduler.by_id["p"].seq else 0
-        record = scheduler.tick()
-        if record:
-            positions += [(before, x) for x in record.rows if x.request_id == "p"]
-    verified_at = [before for before, x in positions if x.action == "verify"]
-    assert verified_at and max(verified_at) <= 20
-    assert any(x.detail == "declined-paged-context" for before, x in positions if before > 20)
-    plain, _, _ = run_one(loaded, REPEATING, 40, enabled=False)
-    assert out.done("p").tokens == plain.tokens
-
-
 def test_rows_still_in_prefill_count_toward_the_gate():
     # a burst of admissions: the first row decodes while the second's long prompt is still prefilling
     loaded = stub_loaded(period=6)
