@@ -68,9 +68,9 @@ def main(prompt, model, endpoint, max_tokens, temp, top_p, seed, system, chat, s
     started = time.perf_counter()
     try:
         if local:
-            from .local import generate_local
+            from .local import open_local_client
 
-            replies = generate_local(model, request)
+            client = open_local_client(model)  # the same client interface, the daemon's core in this process
         else:
             endpoint = endpoint or default_endpoint()
             if autostart:
@@ -81,8 +81,9 @@ def main(prompt, model, endpoint, max_tokens, temp, top_p, seed, system, chat, s
                         click.echo(f"mlx-generate: no daemon answers at {endpoint} (start one with mlxd, "
                                    "or drop --no-autostart)", err=True)
                         sys.exit(1)
-            replies = _remote(endpoint, request)
-        done = _render(replies, as_json)
+            client = Client(endpoint, timeout_s=300.0)
+        with client:
+            done = _render(client.generate(request), as_json)
     except (AutostartError, DaemonError, DaemonTimeout, ProtocolError) as error:
         click.echo(f"mlx-generate: {error}", err=True)
         sys.exit(1)
@@ -91,11 +92,6 @@ def main(prompt, model, endpoint, max_tokens, temp, top_p, seed, system, chat, s
                                "usage": done.usage, "timings": done.timings}))
     else:
         _print_stats(done, time.perf_counter() - started)
-
-
-def _remote(endpoint: str, request: Generate):
-    with Client(endpoint, timeout_s=300.0) as client:
-        yield from client.generate(request)
 
 
 def _render(replies, as_json: bool) -> Done:

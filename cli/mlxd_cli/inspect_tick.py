@@ -5,21 +5,29 @@
 Shows a rich table of the latest ticks (tick number, batch size, pipelined or synchronous, what each
 row did, duration); ``--json`` prints one JSON object per tick instead; ``--count N`` exits after N
 ticks. Subscribing costs the daemon nothing while no one watches (it publishes only to subscribers).
+Ticks arrive as the protocol's typed ``Tick`` messages (``Client.subscribe_ticks``); ``--json`` prints
+each as a JSON object of its fields (a row's unset fields left out).
 """
 
 from __future__ import annotations
 
 import json
 import sys
-import time
 from collections import deque
+from dataclasses import asdict
 
 import click
-import msgpack
-import zmq
 
-from mlxd_protocol import Client
-from mlxd_protocol.endpoints import default_endpoint, trace_endpoint
+from mlxd_protocol import Client, DaemonError, DaemonTimeout, Tick
+from mlxd_protocol.endpoints import default_endpoint
+
+
+def tick_record(tick: Tick) -> dict:
+    """A Tick as a plain dict: its fields, each row without the fields it left unset (no ``id``)."""
+    record = {name: getattr(tick, name) for name in ("tick", "batch", "pipelined", "duration_ms", "prefill_tokens",
+                                                     "steps")}
+    record["rows"] = [{key: value for key, value in asdict(row).items() if value is not None} for row in tick.rows]
+    return record
 
 
 def describe_row(row: dict) -> str:
@@ -64,14 +72,11 @@ def render(ticks) -> "Table":
 def main(endpoint, as_json, count, rows, timeout):
     """Show mlxd's scheduler ticks as they happen."""
     endpoint = endpoint or default_endpoint()
-    with Client(endpoint, timeout_s=2.0) as client:
-        if not client.ping(2.0):
-            click.echo(f"mlx-inspect-tick: no daemon answers at {endpoint}", err=True)
-            sys.exit(1)
-    socket = zmq.Context.instance().socket(zmq.SUB)
-    socket.setsockopt(zmq.LINGER, 0)
-    socket.setsockopt(zmq.SUBSCRIBE, b"tick")
-    socket.connect(trace_endpoint(endpoint))
+    client = Client(endpoint, timeout_s=2.0)
+    if not client.ping(2.0):
+        client.close()
+        click.echo(f"mlx-inspect-tick: no daemon answers at {endpoint}", err=True)
+        sys.exit(1)
     seen = 0
     recent: deque = deque(maxlen=rows)
     live = None
@@ -80,32 +85,33 @@ def main(endpoint, as_json, count, rows, timeout):
 
         live = Live(render(recent), refresh_per_second=8)
         live.start()
+    subscription = client.subscribe_ticks(idle_timeout_s=timeout or None)
     try:
-        last = time.monotonic()
-        while count == 0 or seen < count:
-            if not socket.poll(200):
-                if timeout and time.monotonic() - last > timeout:
-                    break
-                continue
-            _, payload = socket.recv_multipart()
-            tick = msgpack.unpackb(payload, raw=False)
-            last = time.monotonic()
+        for tick in subscription:
+            record = tick_record(tick)
             seen += 1
             if as_json:
-                click.echo(json.dumps(tick))
+                click.echo(json.dumps(record))
             else:
-                recent.append(tick)
+                recent.append(record)
                 live.update(render(recent))
+            if count and seen >= count:
+                break
+    except DaemonTimeout:
+        pass  # --timeout: no tick for that long
+    except DaemonError as error:
+        click.echo(f"mlx-inspect-tick: {error}", err=True)
+        sys.exit(1)
     except KeyboardInterrupt:
         pass
     finally:
         if live is not None:
             live.stop()
-        socket.close()
+        subscription.close()
+        client.close()
     if count and seen < count:
         click.echo(f"mlx-inspect-tick: saw {seen} of {count} ticks before the timeout", err=True)
         sys.exit(1)
-
 
 if __name__ == "__main__":
     main()

@@ -1,24 +1,20 @@
-"""``mlx-generate --local``: the daemon's edge and scheduler in this process, no socket (imports mlx)."""
+"""``mlx-generate --local``: the daemon's core in this process, reached through the one seam ``mlxd_daemon.local``.
+
+The only module of the tools that imports the daemon, and only inside ``open_local_client`` (that import
+loads mlx), so importing any tool never loads it. tests/test_layers.py holds this rule.
+"""
 
 from __future__ import annotations
 
-from typing import Iterator
-
-from mlxd_protocol import DaemonError, Error, Generate
+from mlxd_protocol import LocalClient
 
 
-def generate_local(model: str | None, request: Generate) -> Iterator:
-    from mlxd_daemon.edge import to_reply, to_request
-    from mlxd_daemon.options import DaemonOptions, SamplingDefaults
-    from mlxd_engine import Engine, load
-    from mlxd_scheduler import BatchScheduler, InProcessClient, SchedulerOptions
+def open_local_client(model: str | None) -> LocalClient:
+    """The daemon's core on ``model`` (None: the daemon's default model), with the daemon's default options.
 
-    loaded = load(model)
-    options = SchedulerOptions(max_decode_steps=DaemonOptions().decode_steps)  # as the daemon runs it
-    client = InProcessClient(BatchScheduler(Engine(loaded, max_sequences=1), options))
-    for event in client.generate(to_request(loaded, request, request.id, SamplingDefaults())):
-        reply = to_reply(event, request.id, stream=True)
-        if isinstance(reply, Error):
-            raise DaemonError(reply.code, reply.message)
-        if reply is not None:
-            yield reply
+    One row of KV storage (``max_batch`` 1: one request at a time here); every other option is what a
+    bare ``mlxd`` runs with.
+    """
+    from mlxd_daemon.local import local_client  # the seam
+
+    return local_client(model=model, max_batch=1)

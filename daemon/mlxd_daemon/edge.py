@@ -2,17 +2,19 @@
 
 Contract: everything textual happens here, never in the scheduler or the engine: applying the chat
 template, encoding the prompt, building the request's TextStream (streaming detokenizer + stop
-strings). Replies: a TokenEvent becomes a Chunk for a streaming request (nothing for a non-streaming
-one); a FinishEvent becomes Done with the whole text and tokens, or Error when the request failed.
+strings). Sampler settings: a request's ``sampling``, or the daemon's defaults (both a wire ``Sampling``)
+become the engine's ``SamplingParams`` in one conversion; their value rules are checked once, by the
+scheduler's submit (``sampling_rules``, with the model's vocabulary). Replies: a TokenEvent becomes a
+Chunk for a streaming request (nothing for a non-streaming one); a FinishEvent becomes Done with the
+whole text and tokens, or Error when the request failed. A scheduler ``TickRecord`` becomes the wire's
+``Tick`` (``tick_message``).
 """
 
 from __future__ import annotations
 
 from mlxd_engine import LoadedModel, SamplingParams
-from mlxd_protocol import INTERNAL, INVALID, Chunk, Done, Error, Generate, ProtocolError
-from mlxd_scheduler import FinishEvent, Request, SpeculativeRequest, TextStream, TokenEvent
-
-from .options import SamplingDefaults
+from mlxd_protocol import INTERNAL, INVALID, Chunk, Done, Error, Generate, ProtocolError, Sampling, Tick, TickRow
+from mlxd_scheduler import FinishEvent, Request, SpeculativeRequest, TextStream, TickRecord, TokenEvent
 
 MAX_CHARS_PER_TOKEN = 32  # no tokenizer packs more characters than this into one token on real text
 
@@ -50,11 +52,9 @@ def prompt_tokens(loaded: LoadedModel, message: Generate) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=message.add_special_tokens))
 
 
-def sampling_params(message: Generate, defaults: SamplingDefaults) -> SamplingParams:
-    sampling = message.sampling
-    if sampling is None:
-        return SamplingParams(temperature=defaults.temperature, top_p=defaults.top_p, top_k=defaults.top_k,
-                              min_p=defaults.min_p, repetition_penalty=defaults.repetition_penalty)
+def sampling_params(message: Generate, defaults: Sampling) -> SamplingParams:
+    """The engine's sampler settings for a Generate: its own ``sampling``, else the daemon's defaults."""
+    sampling = message.sampling if message.sampling is not None else defaults
     return SamplingParams(
         temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, min_p=sampling.min_p,
         repetition_penalty=sampling.repetition_penalty, presence_penalty=sampling.presence_penalty,
@@ -63,16 +63,13 @@ def sampling_params(message: Generate, defaults: SamplingDefaults) -> SamplingPa
     )
 
 
-def to_request(loaded: LoadedModel, message: Generate, internal_id: str, defaults: SamplingDefaults) -> Request:
-    """Build the scheduler request for a Generate. Raises ProtocolError(INVALID) for bad input."""
+def to_request(loaded: LoadedModel, message: Generate, internal_id: str, defaults: Sampling) -> Request:
+    """Build the scheduler request for a Generate. Raises ProtocolError(INVALID) for bad input (the
+    sampler rules that need the vocabulary are checked when the scheduler takes the request)."""
     tokens = prompt_tokens(loaded, message)
     if not tokens:
         raise ProtocolError(INVALID, "the prompt is empty")
     params = sampling_params(message, defaults)
-    try:
-        params.validate(loaded.vocab_size)
-    except ValueError as error:
-        raise ProtocolError(INVALID, f"sampling: {error}") from error
     speculative = SpeculativeRequest()
     if message.speculative is not None:
         kind = message.speculative.kind
@@ -95,3 +92,11 @@ def to_reply(event, client_id: str, stream: bool):
         return Error(id=client_id, code=INTERNAL, message=event.error or "generation failed")
     return Done(id=client_id, finish_reason=event.finish_reason, text=event.text, tokens=list(event.tokens),
                 usage=event.usage, timings=event.timings)
+
+
+def tick_message(record: TickRecord) -> Tick:
+    """The trace message for a tick the scheduler recorded."""
+    return Tick(tick=record.tick, batch=record.batch, pipelined=record.pipelined,
+                rows=[TickRow(row.request_id, row.action, row.drafted, row.accepted, row.detail, row.tokens)
+                      for row in record.rows],
+                duration_ms=record.duration_ms, prefill_tokens=record.prefill_tokens, steps=record.steps)

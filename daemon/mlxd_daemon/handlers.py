@@ -1,103 +1,101 @@
 """Message handlers: one function per request type, looked up in a table (no if-chains).
 
-Contract: a handler gets the daemon context, the sender's identity and the decoded message, and returns
-the reply to send now (or None when replies come later, as for Generate, or never, as for Cancel). A
-handler raises ProtocolError for bad input; the server turns it into an Error reply.
+Contract: a handler gets a ``HandlerContext``, the sender's identity and the decoded message, and returns
+the reply to send now (or None when replies come later, as for Generate, or never, as for Cancel). The
+context is narrow on purpose: the loaded model (tokenizer, vocabulary), the scheduler to submit to and
+cancel on, the reply streams, the default sampler settings, and a few read-only views and callbacks; no
+sockets and nothing of the server's own state. A handler raises ProtocolError for bad input; the core
+turns it into an Error reply.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
-from typing import TYPE_CHECKING, Callable
+from dataclasses import dataclass
+from typing import Callable
 
 import psutil
 
+from mlxd_engine import LoadedModel, memory_usage
 from mlxd_protocol import (
     INVALID, OVERLOADED, PROTOCOL_VERSION, Cancel, Detokenize, DetokenizeResult, Generate, Hello, Message, Ok,
-    ProtocolError, Shutdown, Status, StatusRequest, Tokenize, TokenizeResult,
+    ProtocolError, Sampling, Shutdown, Status, StatusRequest, Tokenize, TokenizeResult,
 )
-from mlxd_scheduler import QueueFull, TokenEvent
+from mlxd_scheduler import BatchScheduler, QueueFull
 
 from . import __version__
-from .chunking import ChunkBuffer
-from .edge import to_reply, to_request
+from .edge import to_request
+from .streams import ReplyStreams
 
-if TYPE_CHECKING:
-    from .server import DaemonServer
+log = logging.getLogger("mlxd")
 
 
-def status(server: "DaemonServer", identity: bytes, message: Message) -> Status:
-    scheduler = server.scheduler
-    process = psutil.Process(os.getpid())
-    memory = {"rss_bytes": process.memory_info().rss}
-    try:
-        import mlx.core as mx
+@dataclass(frozen=True)
+class HandlerContext:
+    """What a handler may use (built by ``core.DaemonCore``)."""
 
-        memory["mlx_active_bytes"] = int(mx.get_active_memory())
-        memory["mlx_peak_bytes"] = int(mx.get_peak_memory())
-    except (AttributeError, RuntimeError):
-        pass
-    memory["kv"] = server.engine.storage.usage()
+    loaded: LoadedModel
+    scheduler: BatchScheduler
+    streams: ReplyStreams
+    sampling: Sampling  # the daemon's default sampler settings (a request without "sampling" gets them)
+    started: float  # time.monotonic() at start, for uptime
+    options_summary: Callable[[], dict]  # the effective options, for Status
+    kv_usage: Callable[[], dict]  # KV storage occupancy, for Status
+    request_stop: Callable[[str], None]
+    is_draining: Callable[[], bool]
+
+
+def internal_id(identity: bytes, request_id: str) -> str:
+    """The scheduler's id for a client's request: request ids are unique per connection only."""
+    return f"{identity.hex()}:{request_id}"
+
+
+def status(ctx: HandlerContext, identity: bytes, message: Message) -> Status:
+    scheduler = ctx.scheduler
+    memory = {"rss_bytes": psutil.Process(os.getpid()).memory_info().rss, **memory_usage(), "kv": ctx.kv_usage()}
     return Status(
-        model=server.loaded.path, protocol_version=PROTOCOL_VERSION, daemon_version=__version__,
-        uptime_s=round(time.monotonic() - server.started, 3), active=scheduler.active,
+        model=ctx.loaded.path, protocol_version=PROTOCOL_VERSION, daemon_version=__version__,
+        uptime_s=round(time.monotonic() - ctx.started, 3), active=scheduler.active,
         queued=len(scheduler.waiting), max_batch=scheduler.options.max_batch, memory=memory,
-        options=server.options_summary(), totals={**scheduler.totals, **scheduler.prompt_lookup.counters},
+        options=ctx.options_summary(), totals={**scheduler.totals, **scheduler.prompt_lookup.counters},
         pid=os.getpid(),
         id=getattr(message, "id", None),
     )
 
 
-def hello(server: "DaemonServer", identity: bytes, message: Hello) -> Status:
-    server.log.debug("hello from %r", message.client)
-    return status(server, identity, message)
+def hello(ctx: HandlerContext, identity: bytes, message: Hello) -> Status:
+    log.debug("hello from %r", message.client)
+    return status(ctx, identity, message)
 
 
-def generate(server: "DaemonServer", identity: bytes, message: Generate) -> None:
-    internal_id = f"{identity.hex()}:{message.id}"
-    if server.draining:
+def generate(ctx: HandlerContext, identity: bytes, message: Generate) -> None:
+    running_as = internal_id(identity, message.id)
+    if ctx.is_draining():
         raise ProtocolError(OVERLOADED, "the daemon is shutting down; retry on another daemon")
-    if internal_id in server.routes:
+    if running_as in ctx.streams:
         raise ProtocolError(INVALID, f"request id {message.id!r} is already running")
-    request = to_request(server.loaded, message, internal_id, server.options.sampling)
-    chunks = ChunkBuffer(message.id, server.options.stream_interval_s)
-
-    def sink(event) -> None:
-        if isinstance(event, TokenEvent):
-            if not message.stream:
-                return
-            ready = chunks.add(event.tokens, event.text, event.logprobs, time.monotonic())
-            if ready is None:
-                server.chunks_waiting[internal_id] = (identity, chunks)
-            else:  # ready holds whatever was kept: the buffer keeps nothing now
-                server.chunks_waiting.pop(internal_id, None)
-                server.send(identity, ready)
-            return
-        if internal_id in server.chunks_waiting:
-            server.send_kept_chunk(internal_id)  # the last tokens go before the Done (or Error)
-        server.send(identity, to_reply(event, message.id, message.stream))
-        server.routes.pop(internal_id, None)
-
-    server.routes[internal_id] = message.id
+    request = to_request(ctx.loaded, message, running_as, ctx.sampling)
+    sink = ctx.streams.open(identity, message, running_as)
     try:
-        server.scheduler.submit(request, sink)
+        ctx.scheduler.submit(request, sink)
     except QueueFull as error:
-        server.routes.pop(internal_id, None)
+        ctx.streams.discard(running_as)
         raise ProtocolError(OVERLOADED, str(error)) from error
     except ValueError as error:
-        server.routes.pop(internal_id, None)
+        ctx.streams.discard(running_as)
         raise ProtocolError(INVALID, str(error)) from error
     return None
 
 
-def cancel(server: "DaemonServer", identity: bytes, message: Cancel) -> None:
-    server.scheduler.cancel(f"{identity.hex()}:{message.id}")
+def cancel(ctx: HandlerContext, identity: bytes, message: Cancel) -> None:
+    ctx.scheduler.cancel(internal_id(identity, message.id))
     return None
 
 
-def tokenize(server: "DaemonServer", identity: bytes, message: Tokenize) -> TokenizeResult:
-    tokenizer = server.loaded.tokenizer
+def tokenize(ctx: HandlerContext, identity: bytes, message: Tokenize) -> TokenizeResult:
+    tokenizer = ctx.loaded.tokenizer
     if message.messages is not None:
         if not tokenizer.has_chat_template:
             raise ProtocolError(INVALID, "this model has no chat template")
@@ -107,16 +105,16 @@ def tokenize(server: "DaemonServer", identity: bytes, message: Tokenize) -> Toke
     return TokenizeResult(tokens=list(tokens), id=message.id)
 
 
-def detokenize(server: "DaemonServer", identity: bytes, message: Detokenize) -> DetokenizeResult:
-    vocab = server.loaded.vocab_size
+def detokenize(ctx: HandlerContext, identity: bytes, message: Detokenize) -> DetokenizeResult:
+    vocab = ctx.loaded.vocab_size
     bad = [t for t in message.tokens if not 0 <= t < vocab]
     if bad:
         raise ProtocolError(INVALID, f"tokens: {bad[0]} is outside the vocabulary of {vocab}")
-    return DetokenizeResult(text=server.loaded.tokenizer.decode(message.tokens), id=message.id)
+    return DetokenizeResult(text=ctx.loaded.tokenizer.decode(message.tokens), id=message.id)
 
 
-def shutdown(server: "DaemonServer", identity: bytes, message: Shutdown) -> Ok:
-    server.request_stop("shutdown message")
+def shutdown(ctx: HandlerContext, identity: bytes, message: Shutdown) -> Ok:
+    ctx.request_stop("shutdown message")
     return Ok(id=message.id)
 
 

@@ -4,16 +4,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from mlxd_protocol import Sampling
 
-@dataclass
-class SamplingDefaults:
-    """Used for a generate request that sends no sampling settings."""
 
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    repetition_penalty: float = 0.0
+# The daemon's default sampler settings (mlxd --temp/--top-p/--top-k/--min-p), used for a Generate that
+# sends no "sampling": a wire Sampling, so its fields, defaults and rules are the protocol's.
+SamplingDefaults = Sampling
 
 
 @dataclass
@@ -29,7 +25,7 @@ class DaemonOptions:
     allow_public: bool = False
     drain_timeout_s: float = 30.0  # SIGTERM: how long in-flight requests may run before they are cancelled
     log_level: str = "info"
-    sampling: SamplingDefaults = field(default_factory=SamplingDefaults)
+    sampling: Sampling = field(default_factory=Sampling)
     draft_kind: str | None = None
     draft_model: str | None = None
     draft_block_size: int | None = None

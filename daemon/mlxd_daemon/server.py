@@ -1,12 +1,15 @@
-"""The daemon's socket loop: ROUTER for requests, XPUB for the tick trace, the scheduler in between.
+"""The daemon's socket loop: ROUTER for requests, XPUB for the tick trace, the daemon's core in between.
 
 Contract: one thread does everything (sockets, scheduler, MLX), so nothing needs a lock. Each turn of
-the loop reads as four steps: receive (drain every waiting frame and run its handler), pick up trace
-subscriptions, run one scheduler tick when there is work, and publish the tick to subscribers. While the
-scheduler has work the loop never blocks on the sockets; idle, it waits up to 100 ms.
+the loop reads as four steps: receive (drain every waiting frame, decode it, check auth, hand it to the
+core), pick up trace subscriptions, let the core take its turn (one scheduler tick, due chunks), and
+publish the tick to subscribers as a typed ``Tick``. While the core has work the loop never blocks on the
+sockets; idle, it waits up to 100 ms.
 
-A malformed frame, an unknown type or a wrong version is answered with an Error; a handler that fails
-unexpectedly is answered with an internal Error. Nothing a client sends can stop the loop.
+What the requests do is the core's (``core.DaemonCore``: the handlers, the scheduler, the reply streams);
+this module adds only what needs a socket: framing, connection identities and their authentication,
+the trace publisher, the pid file and signals. A malformed frame, an unknown type or a wrong version is
+answered with an Error; nothing a client sends can stop the loop.
 """
 
 from __future__ import annotations
@@ -18,36 +21,20 @@ import signal
 import time
 from collections import OrderedDict
 
-import msgpack
 import zmq
 
-from mlxd_engine import Engine, LoadedModel
+from mlxd_engine import LoadedModel
 from mlxd_protocol import (
-    INTERNAL, MAX_FRAME_BYTES, Hello, Message, ProtocolError, decode, encode, error_reply)
-from mlxd_protocol.messages import UNAUTHORIZED
+    BAD_FRAME, MAX_FRAME_BYTES, TICK_TOPIC, UNAUTHORIZED, Hello, Message, ProtocolError, decode, encode, error_reply)
 from mlxd_protocol.endpoints import check_bind_address, ensure_private_dir, pid_file, socket_path, trace_endpoint
-from mlxd_scheduler import BatchScheduler, SchedulerOptions, TickRecord
+from mlxd_scheduler import TickRecord
 
-from .chunking import ChunkBuffer
-from .handlers import HANDLERS
+from .core import DaemonCore
+from .edge import tick_message
 from .options import DaemonOptions
-from .speculative import resolve_speculative
 
 MAX_FRAMES_PER_TURN = 256
 MAX_AUTHENTICATED = 10_000  # connections remembered as authenticated (least recently used dropped)
-
-
-def pool_tokens(loaded: LoadedModel, options: DaemonOptions) -> int | None:
-    """Paged pool size in tokens: --kv-pool-tokens, else --kv-memory-fraction of this machine's memory."""
-    if options.kv_pool_tokens:
-        return options.kv_pool_tokens
-    if options.kv_memory_fraction:
-        import psutil
-
-        from mlxd_engine.engine import kv_bytes_per_token
-
-        return int(psutil.virtual_memory().total * options.kv_memory_fraction) // kv_bytes_per_token(loaded)
-    return None
 
 
 class DaemonServer:
@@ -56,29 +43,27 @@ class DaemonServer:
         self.options = options
         self.endpoint = endpoint
         self.log = logging.getLogger("mlxd")
-        self.engine = Engine(loaded, max_sequences=options.max_batch, max_kv_size=options.max_kv_size,
-                             storage=options.storage_backend, kv_block_size=options.kv_block_size,
-                             kv_pool_tokens=pool_tokens(loaded, options))
-        self.speculative = resolve_speculative(options.draft_kind, options.draft_model, options.draft_block_size)
-        scheduler_options = SchedulerOptions(max_batch=options.max_batch, prefill_chunk=options.prefill_chunk,
-                                             lookahead=options.lookahead, max_decode_steps=options.decode_steps,
-                                             max_queue=options.max_queue,
-                                             prompt_lookup=self.speculative.config,
-                                             prompt_lookup_cap=self.speculative.cap)
-        if options.prompt_lookup_max_batch is not None:
-            scheduler_options.prompt_lookup_max_batch = options.prompt_lookup_max_batch
-        self.scheduler = BatchScheduler(self.engine, scheduler_options, trace_sink=self._publish_tick)
-        self.routes: dict[str, str] = {}  # internal request id -> client's id
-        # internal request id -> (identity, ChunkBuffer) for buffers keeping tokens (and only those)
-        self.chunks_waiting: dict[str, tuple[bytes, ChunkBuffer]] = {}
-        self.started = time.monotonic()
-        self._stop_reason: str | None = None
+        self.core = DaemonCore(loaded, options, self.send, trace_sink=self._publish_tick, endpoint=endpoint)
         self._drain_deadline: float | None = None  # set by SIGTERM: finish in-flight work until then
+        self._drain_reason = ""
         self._subscribers = 0
         self._authenticated: OrderedDict[bytes, None] = OrderedDict()  # identities that sent the token
         self.context = zmq.Context.instance()
         self.router = self.context.socket(zmq.ROUTER)
         self.trace = self.context.socket(zmq.XPUB)
+
+    # the core's parts, for start-up logging and status
+    @property
+    def engine(self):
+        return self.core.engine
+
+    @property
+    def scheduler(self):
+        return self.core.scheduler
+
+    @property
+    def speculative(self):
+        return self.core.speculative
 
     # -- lifecycle ----------------------------------------------------------------------------
     def bind(self) -> None:
@@ -103,7 +88,7 @@ class DaemonServer:
         self.pid_path.write_text(f"{os.getpid()}\n")
 
     def request_stop(self, reason: str) -> None:
-        self._stop_reason = reason
+        self.core.request_stop(reason)
 
     def request_drain(self, reason: str) -> None:
         """Stop taking new generations; stop once the running ones finish or the grace period ends.
@@ -115,6 +100,7 @@ class DaemonServer:
                       self.options.drain_timeout_s)
         self._drain_deadline = time.monotonic() + self.options.drain_timeout_s
         self._drain_reason = reason
+        self.core.draining = True
 
     @property
     def draining(self) -> bool:
@@ -125,10 +111,7 @@ class DaemonServer:
             signal.signal(signum, lambda number, frame: self.request_drain(signal.Signals(number).name))
 
     def close(self) -> None:
-        for internal_id in list(self.scheduler.by_id):
-            self.scheduler.cancel(internal_id)
-        if self.scheduler.by_id:
-            self.scheduler.tick()  # settles the cancellations: clients get their Done
+        self.core.close()  # clients get their Done
         self.router.close()
         self.trace.close()
         for path in (getattr(self, "pid_path", None), socket_path(self.endpoint), socket_path(trace_endpoint(self.endpoint))):
@@ -136,33 +119,24 @@ class DaemonServer:
                 path.unlink()
 
     def options_summary(self) -> dict:
-        summary = self.options.as_dict()
-        summary["endpoint"] = self.endpoint
-        summary["max_kv_size"] = self.engine.max_kv_size
-        summary["fused_cpu_layers"] = self.engine.fused_layers
-        summary["speculative"] = self.speculative.summary()
-        summary["prompt_lookup_max_batch"] = self.scheduler.options.prompt_lookup_max_batch
-        return summary
+        return self.core.options_summary()
 
     # -- the loop -----------------------------------------------------------------------------
     def serve_forever(self) -> str:
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
         poller.register(self.trace, zmq.POLLIN)
-        while self._stop_reason is None:
-            busy = self.scheduler.has_work
-            ready = dict(poller.poll(0 if busy else 100))
+        core = self.core
+        while core.stop_reason is None:
+            ready = dict(poller.poll(0 if core.has_work else 100))
             if self.router in ready:
                 self._receive()
             if self.trace in ready:
                 self._track_subscriptions()
-            if self.scheduler.has_work:
-                self.scheduler.tick()
-            if self.chunks_waiting:
-                self._send_due_chunks()
+            core.turn()
             if self._drain_deadline is not None and (not self.scheduler.by_id or time.monotonic() > self._drain_deadline):
-                self._stop_reason = self._drain_reason
-        return self._stop_reason
+                core.request_stop(self._drain_reason)
+        return core.stop_reason
 
     def _receive(self) -> None:
         for _ in range(MAX_FRAMES_PER_TURN):
@@ -173,7 +147,7 @@ class DaemonServer:
             if len(frames) != 2:
                 self.log.debug("dropping a message of %d frames", len(frames))
                 if frames:
-                    self.send(frames[0], error_reply("bad_frame", "send exactly one msgpack frame per message"))
+                    self.send(frames[0], error_reply(BAD_FRAME, "send exactly one msgpack frame per message"))
                 continue
             identity, frame = frames
             self._handle(identity, frame)
@@ -183,16 +157,11 @@ class DaemonServer:
         try:
             message = decode(frame)
             request_id = getattr(message, "id", None)
-            handler = HANDLERS.get(type(message))
-            if handler is None:
-                raise ProtocolError("unknown_type", f"{message.TYPE!r} is a reply, not a request")
             self._check_auth(identity, message)
-            reply = handler(self, identity, message)
         except ProtocolError as error:
-            reply = error.to_reply(request_id)
-        except Exception as error:  # noqa: BLE001 - no request may take the daemon down
-            self.log.exception("handler failed")
-            reply = error_reply(INTERNAL, f"{type(error).__name__}: {error}", request_id)
+            self.send(identity, error.to_reply(request_id))
+            return
+        reply = self.core.handle(identity, message)
         if reply is not None:
             self.send(identity, reply)
 
@@ -223,17 +192,6 @@ class DaemonServer:
         except zmq.ZMQError as error:  # the peer is gone or its queue is full: drop, never block
             self.log.debug("could not send %s: %s", message.TYPE, error)
 
-    def send_kept_chunk(self, internal_id: str) -> None:
-        """Send the tokens a request's ChunkBuffer is keeping (it leaves ``chunks_waiting``)."""
-        identity, chunks = self.chunks_waiting.pop(internal_id)
-        self.send(identity, chunks.take(time.monotonic()))
-
-    def _send_due_chunks(self) -> None:
-        now = time.monotonic()
-        for internal_id, (_, chunks) in list(self.chunks_waiting.items()):
-            if chunks.due(now):
-                self.send_kept_chunk(internal_id)
-
     # -- tick trace ----------------------------------------------------------------------------
     def _track_subscriptions(self) -> None:
         while True:
@@ -248,8 +206,10 @@ class DaemonServer:
 
     def _publish_tick(self, record: TickRecord) -> None:
         if self._subscribers == 0:
-            return
+            return  # nobody watches: not even the Tick is built
         try:
-            self.trace.send_multipart([b"tick", msgpack.packb(record.as_dict(), use_bin_type=True)], zmq.NOBLOCK)
+            self.trace.send_multipart([TICK_TOPIC, encode(tick_message(record))], zmq.NOBLOCK)
+        except ProtocolError as error:  # a trace the protocol cannot carry is a bug here, never a reason to stop
+            self.log.warning("tick %d not published: %s", record.tick, error)
         except zmq.ZMQError:
             pass

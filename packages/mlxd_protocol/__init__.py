@@ -19,8 +19,10 @@ from .codec import ProtocolError, decode, encode, error_reply
 from .endpoints import (
     check_bind_address, default_endpoint, ensure_private_dir, parse_endpoint, pid_file, socket_path,
     trace_endpoint)
-from .client import Client, DaemonError, DaemonTimeout, new_request_id
+from .client import Client, DaemonError, DaemonTimeout, TickSubscription, new_request_id
 from .async_client import AsyncClient
+from .interface import DaemonClient
+from .local_client import LocalClient
 
 __all__ = [
     "AUTH_TOKEN_ENV", "BAD_FRAME", "BAD_VERSION", "CANCELLED", "CLIENT_CLOSED", "CLIENT_CODES", "DISCONNECTED",
@@ -33,5 +35,6 @@ __all__ = [
     "Tokenize", "TokenizeResult", "decode", "encode", "error_reply",
     "check_bind_address", "default_endpoint", "ensure_private_dir", "parse_endpoint", "pid_file",
     "socket_path", "trace_endpoint",
-    "AsyncClient", "Client", "DaemonError", "DaemonTimeout", "new_request_id",
+    "AsyncClient", "Client", "DaemonClient", "DaemonError", "DaemonTimeout", "LocalClient", "TickSubscription",
+    "new_request_id",
 ]

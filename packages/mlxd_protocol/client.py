@@ -13,6 +13,8 @@ Contract:
     * The connection is watched with ZeroMQ's socket monitor: if it drops while a reply is awaited
       (the daemon exited or was killed), the replies that arrived before the drop are still read,
       then ``DaemonError("disconnected")`` is raised at once instead of waiting for ``timeout_s``.
+    * ``subscribe_ticks()`` subscribes to the daemon's tick trace (its trace endpoint, a SUB socket of
+      its own) and yields typed, versioned ``Tick`` messages, decoded like every other frame.
 """
 
 import os
@@ -24,10 +26,10 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from .codec import ProtocolError, decode, encode
-from .endpoints import default_endpoint, parse_endpoint
+from .endpoints import default_endpoint, parse_endpoint, trace_endpoint
 from .messages import (
-    AUTH_TOKEN_ENV, DISCONNECTED, INTERNAL, MAX_FRAME_BYTES, UNAUTHORIZED, Cancel, Chunk, Detokenize,
-    DetokenizeResult, Done, Error, Generate, Hello, Message, Ok, Shutdown, Status, StatusRequest, Tokenize,
+    AUTH_TOKEN_ENV, DISCONNECTED, INTERNAL, MAX_FRAME_BYTES, TICK_TOPIC, UNAUTHORIZED, Cancel, Chunk, Detokenize,
+    DetokenizeResult, Done, Error, Generate, Hello, Message, Ok, Shutdown, Status, StatusRequest, Tick, Tokenize,
     TokenizeResult)
 
 # Frames queued at close (typically a Cancel) get this long to leave; the socket itself never
@@ -315,6 +317,20 @@ class Client:
         except (zmq.ZMQError, DaemonTimeout):
             pass  # best effort: the daemon also gives up on a stream when max_tokens is reached
 
+    def subscribe_ticks(self, idle_timeout_s: float | None = None) -> "TickSubscription":
+        """Watch the daemon's scheduler ticks as they happen.
+
+        The subscription starts now (the daemon publishes only while someone subscribes, and a new
+        subscription takes a moment to reach it: ticks before that are not seen).
+
+        Args:
+            idle_timeout_s: Raise ``DaemonTimeout`` when no tick comes for this long (None: wait on).
+
+        Returns:
+            An iterator of ``Tick`` messages; close it (or use it in a ``with``) to unsubscribe.
+        """
+        return TickSubscription(self._context, trace_endpoint(self.endpoint), idle_timeout_s)
+
     def generate(self, request: Generate) -> Iterator[Chunk | Done]:
         """Send a Generate and iterate over its replies.
 
@@ -346,3 +362,65 @@ class Client:
         finally:
             if not finished:
                 self._cancel_quietly(request_id)
+
+
+class TickSubscription:
+    """The daemon's tick trace, as ``Tick`` messages (see ``Client.subscribe_ticks``).
+
+    Args:
+        context: The ZeroMQ context.
+        endpoint: The daemon's trace endpoint.
+        idle_timeout_s: Longest wait for one tick (None: no limit).
+    """
+
+    POLL_MS = 200  # waits are cut in slices, so ^C is seen promptly
+
+    def __init__(self, context: zmq.Context, endpoint: str, idle_timeout_s: float | None = None) -> None:
+        self.endpoint = endpoint
+        self.idle_timeout_s = idle_timeout_s
+        self._socket = context.socket(zmq.SUB)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.IPV6, 1)
+        self._socket.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+        self._socket.setsockopt(zmq.SUBSCRIBE, TICK_TOPIC)
+        self._socket.connect(endpoint)
+
+    def __iter__(self) -> "TickSubscription":
+        return self
+
+    def __next__(self) -> Tick:
+        """The next tick.
+
+        Raises:
+            DaemonTimeout: No tick within ``idle_timeout_s``.
+            DaemonError: A trace frame the protocol refuses (e.g. a daemon speaking another version).
+        """
+        deadline = None if self.idle_timeout_s is None else time.monotonic() + self.idle_timeout_s
+        while True:
+            wait_ms = self.POLL_MS
+            if deadline is not None:
+                wait_ms = min(wait_ms, int((deadline - time.monotonic()) * 1000))
+                if wait_ms <= 0:
+                    raise DaemonTimeout(f"no tick from {self.endpoint} within {self.idle_timeout_s:g} s")
+            if not self._socket.poll(max(1, wait_ms)):
+                continue
+            parts = self._socket.recv_multipart()
+            if len(parts) != 2 or parts[0] != TICK_TOPIC:
+                continue
+            try:
+                message = decode(parts[1])
+            except ProtocolError as error:
+                raise DaemonError(error.code, f"unreadable tick from the daemon: {error.message}") from None
+            if isinstance(message, Tick):
+                return message
+
+    def close(self) -> None:
+        """Unsubscribe; safe to call twice."""
+        if not self._socket.closed:
+            self._socket.close()
+
+    def __enter__(self) -> "TickSubscription":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -1,0 +1,134 @@
+"""The daemon without its sockets: the scheduler as mlxd builds it, the handler table and the reply streams.
+
+Contract: ``DaemonCore(loaded, options, send)`` builds the engine, the speculative dispatch and the
+scheduler from ``DaemonOptions`` exactly as ``mlxd`` serves them (``build_scheduler``), and answers decoded
+requests. ``handle(identity, message)`` returns the reply to send now, an Error for bad input or a failed
+handler, or None (replies come later through ``send``, as for Generate, or never, as for Cancel);
+``turn()`` runs one scheduler tick when there is work and sends the streamed chunks that are due;
+``has_work`` says whether a turn would do anything. One thread does everything, so nothing needs a lock.
+
+Two drivers, one core, so they cannot drift: the socket loop (``server.DaemonServer``: decoding, auth,
+ROUTER and trace sockets) and the in-process ``mlxd_protocol.LocalClient`` (``local.local_client``, behind
+``mlx-generate --local``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+from mlxd_engine import Engine, LoadedModel, kv_bytes_per_token
+from mlxd_protocol import INTERNAL, UNKNOWN_TYPE, Message, ProtocolError, error_reply
+from mlxd_scheduler import BatchScheduler, SchedulerOptions, TickRecord
+
+from .handlers import HANDLERS, HandlerContext
+from .options import DaemonOptions
+from .speculative import SpeculativeDispatch, resolve_speculative
+from .streams import ReplyStreams, Send
+
+log = logging.getLogger("mlxd")
+
+
+def pool_tokens(loaded: LoadedModel, options: DaemonOptions) -> int | None:
+    """Paged pool size in tokens: --kv-pool-tokens, else --kv-memory-fraction of this machine's memory."""
+    if options.kv_pool_tokens:
+        return options.kv_pool_tokens
+    if options.kv_memory_fraction:
+        import psutil
+
+        return int(psutil.virtual_memory().total * options.kv_memory_fraction) // kv_bytes_per_token(loaded)
+    return None
+
+
+def build_scheduler(loaded: LoadedModel, options: DaemonOptions,
+                    trace_sink: Callable[[TickRecord], None] | None = None,
+                    ) -> tuple[Engine, SpeculativeDispatch, BatchScheduler]:
+    """The engine, speculative dispatch and scheduler for ``options`` (the only place they are built).
+
+    Raises:
+        ValueError: the speculative options do not go together (see ``resolve_speculative``), or the
+            storage backend is unknown.
+    """
+    engine = Engine(loaded, max_sequences=options.max_batch, max_kv_size=options.max_kv_size,
+                    storage=options.storage_backend, kv_block_size=options.kv_block_size,
+                    kv_pool_tokens=pool_tokens(loaded, options))
+    speculative = resolve_speculative(options.draft_kind, options.draft_model, options.draft_block_size)
+    scheduler_options = SchedulerOptions(max_batch=options.max_batch, prefill_chunk=options.prefill_chunk,
+                                         lookahead=options.lookahead, max_decode_steps=options.decode_steps,
+                                         max_queue=options.max_queue, prompt_lookup=speculative.config,
+                                         prompt_lookup_cap=speculative.cap)
+    if options.prompt_lookup_max_batch is not None:
+        scheduler_options.prompt_lookup_max_batch = options.prompt_lookup_max_batch
+    return engine, speculative, BatchScheduler(engine, scheduler_options, trace_sink=trace_sink)
+
+
+class DaemonCore:
+    """See the module docstring.
+
+    Args:
+        loaded: The model, loaded by ``model_setup.load_for_serving``.
+        options: The daemon's options.
+        send: Where replies that come later go: ``send(identity, message)``.
+        trace_sink: Gets every tick's ``TickRecord`` (the socket loop publishes it).
+        endpoint: Reported in the options summary.
+    """
+
+    def __init__(self, loaded: LoadedModel, options: DaemonOptions, send: Send,
+                 trace_sink: Callable[[TickRecord], None] | None = None, endpoint: str | None = None):
+        self.loaded = loaded
+        self.options = options
+        self.endpoint = endpoint
+        self.engine, self.speculative, self.scheduler = build_scheduler(loaded, options, trace_sink)
+        self.streams = ReplyStreams(send, options.stream_interval_s)
+        self.started = time.monotonic()
+        self.stop_reason: str | None = None  # set by a Shutdown message (or the server)
+        self.draining = False  # no new generations (the server sets it on SIGTERM)
+        self.context = HandlerContext(
+            loaded=loaded, scheduler=self.scheduler, streams=self.streams, sampling=options.sampling,
+            started=self.started, options_summary=self.options_summary, kv_usage=self.engine.storage.usage,
+            request_stop=self.request_stop, is_draining=lambda: self.draining)
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work or self.streams.keeping
+
+    def request_stop(self, reason: str) -> None:
+        self.stop_reason = reason
+
+    def handle(self, identity: bytes, message: Message) -> Message | None:
+        """Run the handler for a decoded request; see the module docstring."""
+        request_id = getattr(message, "id", None)
+        handler = HANDLERS.get(type(message))
+        try:
+            if handler is None:
+                raise ProtocolError(UNKNOWN_TYPE, f"{message.TYPE!r} is not a request")
+            return handler(self.context, identity, message)
+        except ProtocolError as error:
+            return error.to_reply(request_id)
+        except Exception as error:  # noqa: BLE001 - no request may take the daemon down
+            log.exception("handler failed")
+            return error_reply(INTERNAL, f"{type(error).__name__}: {error}", request_id)
+
+    def turn(self) -> None:
+        """One scheduler tick (when there is work), then the streamed chunks that are due."""
+        if self.scheduler.has_work:
+            self.scheduler.tick()
+        if self.streams.keeping:
+            self.streams.send_due(time.monotonic())
+
+    def close(self) -> None:
+        """Cancel every request still running; their clients get a cancelled Done."""
+        for running in list(self.scheduler.by_id):
+            self.scheduler.cancel(running)
+        if self.scheduler.by_id:
+            self.scheduler.tick()  # settles the cancellations
+
+    def options_summary(self) -> dict:
+        summary = self.options.as_dict()
+        summary["endpoint"] = self.endpoint
+        summary["max_kv_size"] = self.engine.max_kv_size
+        summary["fused_cpu_layers"] = self.engine.fused_layers
+        summary["speculative"] = self.speculative.summary()
+        summary["prompt_lookup_max_batch"] = self.scheduler.options.prompt_lookup_max_batch
+        return summary

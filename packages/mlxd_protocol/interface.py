@@ -1,0 +1,51 @@
+"""The client interface: what every blocking mlxd client offers, whatever carries the messages.
+
+Two implementations (vLLM's in-process / multiprocess pair): ``Client`` sends the messages over a
+ZeroMQ socket to a daemon process; ``LocalClient`` hands them to the daemon's core running in this
+process. Both speak the same ``Generate`` / ``Chunk`` / ``Done`` (and ``Status``, ``Tokenize``, ...)
+messages with the same rules: ``generate`` yields Chunks then the Done, an Error reply raises
+``DaemonError``, leaving a stream early cancels the request. Code written against ``DaemonClient``
+runs on either (``mlx-generate`` does: ``--local`` picks the in-process one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol, runtime_checkable
+
+from .messages import Chunk, Done, Generate, Status
+
+
+@runtime_checkable
+class DaemonClient(Protocol):
+    def generate(self, request: Generate) -> Iterator[Chunk | Done]:
+        """Send a Generate; iterate over its Chunks, then its Done."""
+
+    def status(self) -> Status:
+        """The daemon's Status."""
+
+    def hello(self, client: str = ...) -> Status:
+        """Introduce this client; answered by the Status."""
+
+    def ping(self, timeout_s: float = ...) -> bool:
+        """True when the daemon answers; never raises."""
+
+    def tokenize(self, text: str | None = None, messages: list[dict] | None = None,
+                 add_special_tokens: bool = True) -> list[int]:
+        """Token ids of text, or of chat messages through the chat template."""
+
+    def detokenize(self, tokens: list[int]) -> str:
+        """The text of token ids."""
+
+    def cancel(self, request_id: str) -> None:
+        """Stop a generation (its stream ends with a cancelled Done)."""
+
+    def shutdown(self) -> None:
+        """Ask the daemon to stop."""
+
+    def close(self) -> None:
+        """Release the client; safe to call twice."""
+
+    def __enter__(self) -> "DaemonClient": ...
+
+    def __exit__(self, *exc_info: object) -> None: ...
