@@ -24,13 +24,14 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from mlxd_protocol import Done, Generate, new_request_id
 
-from .app import SSE_HEADERS, ClosingStreamingResponse, StreamedOutput, collect_generation, sse_body, sse_event
+from .context import gateway
 from .daemon_pool import DaemonHandle, DaemonPool, GenerationStream, call_daemon, open_generation
 from .errors import ERROR_RESPONSES, NoDaemonAvailable, from_daemon_failure
 from .metrics import CONTENT_TYPE
 from .schemas import (
     MAX_TOKENS_LIMIT, DetokenizeRequest, DetokenizeResponse, Health, LlamaCompletion, LlamaCompletionRequest,
     LlamaStreamChunk, TokenizeRequest, TokenizeResponse, build_sampling, normalize_stop)
+from .streaming import SSE_HEADERS, ClosingStreamingResponse, StreamedOutput, collect_generation, sse_body, sse_event
 
 router = APIRouter()
 FALLBACK_CONTEXT = 4096  # n_predict -1 on a daemon that has not reported its context bound
@@ -97,7 +98,7 @@ def _model(stream: GenerationStream) -> str:
              responses={200: {"content": {"text/event-stream": {}}}, **ERROR_RESPONSES})
 async def completion(body: LlamaCompletionRequest, request: Request):
     """Text completion, llama-server's native API (no chat template)."""
-    pool = request.app.state.pool
+    pool = gateway(request).pool
     stream = await open_generation(pool, completion_request_builder(body))
     if body.stream:
         return ClosingStreamingResponse(_completion_events(stream, request, normalize_stop(body.stop)),
@@ -105,7 +106,7 @@ async def completion(body: LlamaCompletionRequest, request: Request):
     result = await collect_generation(stream, request)
     if result is None:
         return Response(status_code=499)
-    request.app.state.metrics.count_generation(result.done.usage, result.done.timings)
+    gateway(request).count_generation(result.done)
     stop_type, word = await stop_reason(pool, result.done, result.tokens, normalize_stop(body.stop))
     return llama_answer(_model(stream), result.text, result.done, stop_type, word)
 
@@ -118,8 +119,8 @@ def _completion_events(stream: GenerationStream, request: Request, stop: list[st
         if text:
             yield sse_event(LlamaStreamChunk(content=text).model_dump_json())
         if isinstance(reply, Done):
-            request.app.state.metrics.count_generation(reply.usage, reply.timings)
-            stop_type, word = await stop_reason(request.app.state.pool, reply, output.tokens, stop)
+            gateway(request).count_generation(reply)
+            stop_type, word = await stop_reason(gateway(request).pool, reply, output.tokens, stop)
             yield sse_event(llama_answer(_model(stream), "", reply, stop_type, word).model_dump_json())
 
     return sse_body(stream, request, events_for)
@@ -128,7 +129,7 @@ def _completion_events(stream: GenerationStream, request: Request, stop: list[st
 @router.post("/tokenize", response_model=TokenizeResponse, responses=ERROR_RESPONSES)
 async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
     """Token ids of ``content`` (``add_special`` adds BOS and the like, default false)."""
-    tokens = await call_daemon(request.app.state.pool,
+    tokens = await call_daemon(gateway(request).pool,
                                lambda client: client.tokenize(text=body.content, add_special_tokens=body.add_special))
     return TokenizeResponse(tokens=tokens)
 
@@ -136,14 +137,14 @@ async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
 @router.post("/detokenize", response_model=DetokenizeResponse, responses=ERROR_RESPONSES)
 async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeResponse:
     """The text of token ids."""
-    text = await call_daemon(request.app.state.pool, lambda client: client.detokenize(body.tokens))
+    text = await call_daemon(gateway(request).pool, lambda client: client.detokenize(body.tokens))
     return DetokenizeResponse(content=text)
 
 
 @router.get("/health", response_model=Health, responses={503: ERROR_RESPONSES[503]})
 async def health(request: Request):
     """200 when at least one daemon answers; 503 while none does (starting, loading or down)."""
-    pool: DaemonPool = request.app.state.pool
+    pool: DaemonPool = gateway(request).pool
     if not pool.up_handles():
         await pool.probe_all()  # do not make a client wait for the next round of the health task
     if pool.up_handles():
@@ -156,6 +157,6 @@ async def health(request: Request):
 @router.get("/metrics", response_class=PlainTextResponse)
 async def metrics(request: Request) -> PlainTextResponse:
     """Prometheus text: gateway counters and each daemon's queue, batch and speculation totals."""
-    statuses = await request.app.state.pool.statuses()
-    page = request.app.state.metrics.render([(handle.endpoint, handle.up, status) for handle, status in statuses])
+    statuses = await gateway(request).pool.statuses()
+    page = gateway(request).metrics.render([(handle.endpoint, handle.up, status) for handle, status in statuses])
     return PlainTextResponse(page, media_type=CONTENT_TYPE)

@@ -16,7 +16,6 @@ Contract:
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -25,13 +24,14 @@ from fastapi import APIRouter, Request, Response
 
 from mlxd_protocol import Done, Generate, new_request_id
 
-from .app import SSE_HEADERS, ClosingStreamingResponse, StreamedOutput, collect_generation, sse_body, sse_event
-from .daemon_pool import DaemonHandle, GenerationStream, call_daemon, open_generation
+from .context import gateway
+from .daemon_pool import DaemonHandle, GenerationStream, open_generation
 from .errors import ERROR_RESPONSES, ApiError, NoDaemonAvailable, from_daemon_failure
 from .schemas import (
     MAX_TOKENS_LIMIT, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
     ChatDelta, ChatMessageOut, Completion, CompletionChoice, CompletionRequest, ModelCard, ModelList,
     OpenAIGenerationFields, Usage, build_sampling, normalize_stop)
+from .streaming import SSE_HEADERS, ClosingStreamingResponse, StreamedOutput, collect_generation, sse_body, sse_event
 
 router = APIRouter()
 FINISH_REASONS = {"stop": "stop", "length": "length", "cancelled": "stop"}
@@ -77,33 +77,6 @@ def model_name(stream: GenerationStream) -> str:
     return status.model if status is not None else "mlxd"
 
 
-async def token_texts(request: Request, entries: list[dict]) -> dict[int, str]:
-    """Text of every token (sampled and alternatives) in logprob entries, cached per gateway.
-
-    Args:
-        request: The HTTP request (for the pool and the cache).
-        entries: The daemon's logprob entries ``{"token", "logprob", "top": [[id, logprob], ...]}``.
-
-    Returns:
-        The cache: token id -> text.
-    """
-    cache: dict[int, str] = request.app.state.token_texts
-    wanted = {entry["token"] for entry in entries} | {pair[0] for entry in entries for pair in entry.get("top") or ()}
-    missing = sorted(token for token in wanted if token not in cache)
-    if missing:
-        pool = request.app.state.pool
-        # SentencePiece drops the leading space of the first token decoded: decode the token twice
-        # and keep what the second copy added, which is its text in the middle of a sequence.
-        alone, twice = await asyncio.gather(
-            asyncio.gather(*(call_daemon(pool, lambda client, token=token: client.detokenize([token]))
-                             for token in missing)),
-            asyncio.gather(*(call_daemon(pool, lambda client, token=token: client.detokenize([token, token]))
-                             for token in missing)))
-        cache.update((token, double[len(single):] if double.startswith(single) else single)
-                     for token, single, double in zip(missing, alone, twice))
-    return cache
-
-
 def chat_logprobs(entries: list[dict], texts: dict[int, str]) -> dict:
     """OpenAI chat ``logprobs`` ({"content": [...]}) from the daemon's entries."""
     def item(token: int, logprob: float) -> dict:
@@ -137,7 +110,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     make_request = request_builder(body, {"messages": [message.to_protocol() for message in body.messages]},
                                    body.max_completion_tokens or body.max_tokens, logprobs, chat=None)
     try:
-        stream = await open_generation(request.app.state.pool, make_request)
+        stream = await open_generation(gateway(request).pool, make_request)
     except ApiError as error:
         if error.status == 400 and "no chat template" in error.message:
             # The daemon's advice names protocol fields; say what to do over HTTP instead.
@@ -152,8 +125,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     result = await collect_generation(stream, request)
     if result is None:
         return Response(status_code=499)  # the client left; nobody reads this
-    request.app.state.metrics.count_generation(result.done.usage, result.done.timings)
-    choice_logprobs = chat_logprobs(result.logprobs, await token_texts(request, result.logprobs)) if logprobs is not None else None
+    gateway(request).count_generation(result.done)
+    choice_logprobs = chat_logprobs(result.logprobs, await gateway(request).token_texts(result.logprobs)) if logprobs is not None else None
     return ChatCompletion(
         id=reply_id, created=created, model=model_name(stream), usage=usage_of(result.done), timings=result.done.timings,
         choices=[ChatChoice(message=ChatMessageOut(content=result.text), logprobs=choice_logprobs,
@@ -173,10 +146,10 @@ def _chat_events(stream: GenerationStream, request: Request, reply_id: str, crea
         text, _ = output.add(reply)
         entries = getattr(reply, "logprobs", None) or []
         if text or entries:
-            logprobs = chat_logprobs(entries, await token_texts(request, entries)) if want_logprobs and entries else None
+            logprobs = chat_logprobs(entries, await gateway(request).token_texts(entries)) if want_logprobs and entries else None
             yield event([ChatChunkChoice(delta=ChatDelta(content=text), logprobs=logprobs)])
         if isinstance(reply, Done):
-            request.app.state.metrics.count_generation(reply.usage, reply.timings)
+            gateway(request).count_generation(reply)
             yield event([ChatChunkChoice(delta=ChatDelta(), finish_reason=FINISH_REASONS[reply.finish_reason])],
                         timings=reply.timings)
             if include_usage:
@@ -194,7 +167,7 @@ async def completions(body: CompletionRequest, request: Request):
     """Plain text completion, no chat template (OpenAI's legacy completions API)."""
     prompt_fields = {"prompt_tokens": body.prompt} if isinstance(body.prompt, list) else {"prompt": body.prompt}
     make_request = request_builder(body, prompt_fields, body.max_tokens, body.logprobs, chat=False)
-    stream = await open_generation(request.app.state.pool, make_request)
+    stream = await open_generation(gateway(request).pool, make_request)
     reply_id, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
     if body.stream:
         events = _completion_events(stream, request, reply_id, created, body.logprobs is not None,
@@ -203,8 +176,8 @@ async def completions(body: CompletionRequest, request: Request):
     result = await collect_generation(stream, request)
     if result is None:
         return Response(status_code=499)
-    request.app.state.metrics.count_generation(result.done.usage, result.done.timings)
-    choice_logprobs = (completion_logprobs(result.logprobs, await token_texts(request, result.logprobs), 0)
+    gateway(request).count_generation(result.done)
+    choice_logprobs = (completion_logprobs(result.logprobs, await gateway(request).token_texts(result.logprobs), 0)
                        if body.logprobs is not None else None)
     return Completion(
         id=reply_id, created=created, model=model_name(stream), usage=usage_of(result.done), timings=result.done.timings,
@@ -225,11 +198,11 @@ def _completion_events(stream: GenerationStream, request: Request, reply_id: str
         text, _ = output.add(reply)
         entries = getattr(reply, "logprobs", None) or []
         if text or entries:
-            logprobs = (completion_logprobs(entries, await token_texts(request, entries), offset)
+            logprobs = (completion_logprobs(entries, await gateway(request).token_texts(entries), offset)
                         if want_logprobs and entries else None)
             yield event([CompletionChoice(text=text, logprobs=logprobs)])
         if isinstance(reply, Done):
-            request.app.state.metrics.count_generation(reply.usage, reply.timings)
+            gateway(request).count_generation(reply)
             yield event([CompletionChoice(text="", finish_reason=FINISH_REASONS[reply.finish_reason])],
                         timings=reply.timings)
             if include_usage:
@@ -245,7 +218,7 @@ def _completion_events(stream: GenerationStream, request: Request, reply_id: str
 @router.get("/v1/models", response_model=ModelList, responses=ERROR_RESPONSES)
 async def list_models(request: Request) -> ModelList:
     """The model(s) the daemons serve."""
-    pool = request.app.state.pool
+    pool = gateway(request).pool
     models = [handle.status.model for handle in pool.up_handles() if handle.status is not None]
     if not models:
         raise from_daemon_failure(_no_daemon(pool))

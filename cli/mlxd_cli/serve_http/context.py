@@ -1,0 +1,69 @@
+"""What a route may use of the gateway: a narrow context object, not the app's internals.
+
+Contract: ``create_app`` stores one ``GatewayContext`` on the app (``install_context``); a route gets it
+with ``gateway(request)``. It holds the settings, the daemon pool (to open generations and make calls)
+and offers the two things routes used to do to the app's state by hand: ``count_generation(done)`` (the
+metrics of a finished generation) and ``token_texts(entries)`` (the text of logprob tokens, cached per
+gateway: the vocabulary is finite). Routes never read or write ``app.state`` themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from fastapi import FastAPI
+from starlette.requests import Request
+
+from mlxd_protocol import Done
+
+from .daemon_pool import DaemonPool, call_daemon
+from .metrics import GatewayMetrics
+from .settings import Settings
+
+
+@dataclass
+class GatewayContext:
+    settings: Settings
+    pool: DaemonPool
+    metrics: GatewayMetrics
+    _token_texts: dict[int, str] = field(default_factory=dict, repr=False)  # token id -> text
+
+    def count_generation(self, done: Done) -> None:
+        """Record a finished generation (tokens, speed) in the metrics."""
+        self.metrics.count_generation(done.usage, done.timings)
+
+    async def token_texts(self, entries: list[dict]) -> dict[int, str]:
+        """Text of every token (sampled and alternatives) in logprob entries.
+
+        Args:
+            entries: The daemon's logprob entries ``{"token", "logprob", "top": [[id, logprob], ...]}``.
+
+        Returns:
+            token id -> text, for every token the entries name (and those cached before).
+        """
+        cache = self._token_texts
+        wanted = {entry["token"] for entry in entries} | {pair[0] for entry in entries for pair in entry.get("top") or ()}
+        missing = sorted(token for token in wanted if token not in cache)
+        if missing:
+            pool = self.pool
+            # SentencePiece drops the leading space of the first token decoded: decode the token twice
+            # and keep what the second copy added, which is its text in the middle of a sequence.
+            alone, twice = await asyncio.gather(
+                asyncio.gather(*(call_daemon(pool, lambda client, token=token: client.detokenize([token]))
+                                 for token in missing)),
+                asyncio.gather(*(call_daemon(pool, lambda client, token=token: client.detokenize([token, token]))
+                                 for token in missing)))
+            cache.update((token, double[len(single):] if double.startswith(single) else single)
+                         for token, single, double in zip(missing, alone, twice))
+        return cache
+
+
+def install_context(app: FastAPI, context: GatewayContext) -> None:
+    """Attach the gateway's context to ``app`` (done once, by ``create_app``)."""
+    app.state.gateway = context
+
+
+def gateway(request: Request) -> GatewayContext:
+    """The context of the gateway serving ``request``."""
+    return request.app.state.gateway

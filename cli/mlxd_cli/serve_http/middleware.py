@@ -1,0 +1,177 @@
+"""The gateway middleware: metrics, auth, body-size and concurrency limits, before any route.
+
+Contract: ``GatewayMiddleware`` (pure ASGI, so streaming and disconnects pass through untouched) runs
+before any route, in this order: count the request in the metrics; demand ``Authorization: Bearer KEY``
+when an API key is set (every path but /health; compared in constant time); refuse bodies over
+``max_body_bytes`` with 413, by Content-Length and by counting the bytes that actually arrive; refuse
+with 429 + Retry-After, at once, a request beyond ``max_concurrency`` in flight (no queue: the daemons
+already queue) or beyond ``max_requests_per_client`` from one address.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+
+from .errors import ApiError
+from .metrics import GatewayMetrics
+from .settings import Settings
+
+# Paths that never take a concurrency slot: they must answer even when the gateway is saturated.
+UNLIMITED_PATHS = frozenset({"/health", "/metrics"})
+OPEN_PATHS = frozenset({"/health"})  # reachable without the API key (load balancers probe it)
+CLIENT_CLOSED_STATUS = 499  # recorded when the client left before any response started
+
+
+class GatewayMiddleware:
+    """Metrics, auth, body-size and concurrency limits; see the module docstring.
+
+    Args:
+        app: The wrapped ASGI app.
+        settings: The limits and the API key.
+        metrics: Where requests are counted.
+    """
+
+    def __init__(self, app, settings: Settings, metrics: GatewayMetrics) -> None:
+        self.app = app
+        self.settings = settings
+        self.metrics = metrics
+        self._expected_auth = f"Bearer {settings.api_key}".encode() if settings.api_key else None
+        self._per_client: dict[str, int] = {}
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        sent_status = CLIENT_CLOSED_STATUS
+
+        async def send_recording_status(message) -> None:
+            nonlocal sent_status
+            if message["type"] == "http.response.start":
+                sent_status = message["status"]
+            await send(message)
+
+        try:
+            await self._guarded(scope, receive, send_recording_status, path)
+        finally:
+            self.metrics.count_request(path, sent_status)
+
+    async def _guarded(self, scope, receive, send, path: str) -> None:
+        if self._expected_auth is not None and path not in OPEN_PATHS and not self._authorized(scope):
+            await _send_error(send, ApiError(401, "missing or wrong API key: send Authorization: Bearer <key>",
+                                             code="invalid_api_key"), {"WWW-Authenticate": "Bearer"})
+            return
+        body_receive = await self._read_body(scope, receive, send)
+        if body_receive is None:
+            return  # refused (413 / 400) or the client left while sending
+        limit = self.settings.max_concurrency
+        limited = path not in UNLIMITED_PATHS
+        if limited and limit is not None and self.metrics.in_flight >= limit:
+            await _send_error(send, ApiError(429, f"the server is at its limit of {limit} requests in flight; "
+                                                  "retry shortly", code="too_many_requests"))
+            return
+        client = (scope.get("client") or ("?", 0))[0]
+        per_client = self.settings.max_requests_per_client
+        if limited and per_client is not None and self._per_client.get(client, 0) >= per_client:
+            await _send_error(send, ApiError(429, f"this client already has {per_client} requests in flight; "
+                                                  "retry when one finishes", code="too_many_requests"))
+            return
+        if limited:
+            self.metrics.in_flight += 1
+            self._per_client[client] = self._per_client.get(client, 0) + 1
+        try:
+            await self.app(scope, body_receive, send)
+        finally:
+            if limited:
+                self.metrics.in_flight -= 1
+                self._per_client[client] -= 1
+                if not self._per_client[client]:
+                    del self._per_client[client]
+
+    def _authorized(self, scope) -> bool:
+        given = b""
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization":
+                given = value
+                break
+        return hmac.compare_digest(given, self._expected_auth)
+
+    async def _read_body(self, scope, receive, send):
+        """Read the whole body under the size limit; return a receive that replays it.
+
+        Returns None when the request was answered here (413, bad Content-Length) or the client
+        disconnected while sending. Later receive() calls reach the server's, so routes still see
+        the client's disconnect.
+        """
+        limit = self.settings.max_body_bytes
+        declared = _header(scope, b"content-length")
+        if declared is not None:
+            if not declared.isdigit():
+                await _send_error(send, ApiError(400, f"invalid Content-Length {declared!r}", code="invalid_header"))
+                return None
+            if int(declared) > limit:
+                await _send_error(send, _too_large(limit))
+                return None
+        if scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
+            return receive
+        _treat_body_as_json(scope)
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:  # a chunked upload (or a lying Content-Length): stop reading now
+                await _send_error(send, _too_large(limit))
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay_body():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        return replay_body
+
+
+def _treat_body_as_json(scope) -> None:
+    """Every POST body here is JSON; read it as such whatever Content-Type says.
+
+    ``curl -d`` sends ``application/x-www-form-urlencoded``, and llama-server and mlx_lm.server
+    parse the body as JSON regardless, so clients written for them must work here too.
+    """
+    content_type = _header(scope, b"content-type") or ""
+    if "json" not in content_type.lower():
+        headers = [(key, value) for key, value in scope.get("headers", ()) if key != b"content-type"]
+        scope["headers"] = [*headers, (b"content-type", b"application/json")]
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, f"the request body is larger than the limit of {limit} bytes (--max-body-bytes)",
+                    code="request_too_large")
+
+
+def _header(scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value.decode("latin-1").strip()
+    return None
+
+
+async def _send_error(send, error: ApiError, extra_headers: dict[str, str] | None = None) -> None:
+    """Answer an error straight from the middleware, in OpenAI's shape."""
+    body = json.dumps(error.body()).encode()
+    headers = {"content-type": "application/json", "content-length": str(len(body)), **error.headers(),
+               **(extra_headers or {})}
+    await send({"type": "http.response.start", "status": error.status,
+                "headers": [(key.lower().encode(), value.encode()) for key, value in headers.items()]})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
