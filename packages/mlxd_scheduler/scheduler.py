@@ -48,6 +48,8 @@ DEFAULT_PROMPT_LOOKUP_MAX_BATCH = 2
 
 @dataclass
 class SchedulerOptions:
+    """The defaults are mlxd's own (``DaemonOptions``; tests/daemon/test_option_defaults.py holds them equal)."""
+
     max_batch: int = 8
     prefill_chunk: int = 512
     lookahead: bool = True
@@ -55,7 +57,7 @@ class SchedulerOptions:
     prompt_lookup: PromptLookupConfig | None = None  # on by default for every eligible request when set
     prompt_lookup_cap: PromptLookupConfig = field(default_factory=PromptLookupConfig)  # for per-request opt-in
     prompt_lookup_max_batch: int = DEFAULT_PROMPT_LOOKUP_MAX_BATCH  # verify gate: largest active batch
-    max_decode_steps: int = 1  # most chained decode steps per tick in plain steady decode (see above)
+    max_decode_steps: int = 8  # most chained decode steps per tick in plain steady decode (see above)
     tick_budget_ms: float = 5.0  # ... and only as many as fit this long at the measured step time
 
 

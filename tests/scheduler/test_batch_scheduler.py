@@ -56,7 +56,7 @@ def test_concurrent_rows_equal_single_sequence_runs(lookahead):
 
 
 def test_admits_while_others_decode_and_every_row_steps_each_tick():
-    scheduler, records = make(prefill_chunk=4)
+    scheduler, records = make(prefill_chunk=4, max_decode_steps=1)  # one token per row and tick
     out = Collector()
     scheduler.submit(Request("a", PROMPTS[0], max_tokens=40), out.sink("a"))
     for _ in range(6):
@@ -79,7 +79,7 @@ def test_admits_while_others_decode_and_every_row_steps_each_tick():
 
 def test_steady_decode_is_pipelined_and_unpipelined_is_not():
     for lookahead in (True, False):
-        scheduler, records = make(lookahead=lookahead)
+        scheduler, records = make(lookahead=lookahead, max_decode_steps=1)
         scheduler.submit(Request("a", PROMPTS[0], max_tokens=20), Collector().sink("a"))
         scheduler.run_until_idle()
         decode_ticks = [r for r in records if any(x.action == "decode" for x in r.rows)]

@@ -104,7 +104,7 @@ def test_reprime_after_proposals_stop():
 
 def test_gate_declines_above_max_batch_without_misses():
     loaded = stub_loaded(period=6)
-    scheduler, records = make(loaded, prompt_lookup_max_batch=1)
+    scheduler, records = make(loaded, prompt_lookup_max_batch=1, max_decode_steps=1)  # many ticks to watch
     out = Collector()
     scheduler.submit(Request("a", REPEATING, max_tokens=30), out.sink("a"))
     scheduler.submit(Request("b", REPEATING, max_tokens=30), out.sink("b"))
