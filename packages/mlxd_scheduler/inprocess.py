@@ -4,8 +4,9 @@ Contract: ``InProcessClient(scheduler)`` ticks the scheduler itself whenever a c
 that has not arrived yet, so several ``generate`` iterators may be interleaved on one thread and their
 requests are batched together exactly as in the daemon. No thread is started: MLX work stays on the
 caller's thread (arrays made on a helper thread must not outlive it, which is easy to get wrong).
-Leaving a ``generate`` iteration early cancels its request. Used by tests, ``mlx-generate --local`` and
-library users.
+Leaving a ``generate`` iteration early cancels its request. Used by tests and library users that want
+scheduler events; ``mlx-generate --local`` uses ``mlxd_protocol.LocalClient`` (wire messages, the daemon's
+whole core) instead.
 """
 
 from __future__ import annotations
