@@ -2,7 +2,7 @@
 
 Contract: ``local_client(options=None, **overrides)`` loads the model with ``model_setup.load_for_serving``
 and wraps the daemon's core (``core.DaemonCore``: the same scheduler, speculative dispatch, handlers,
-edge and reply streams as ``mlxd``), built from the same ``DaemonOptions``, in a
+edge and reply streams as ``mlxd``), built from the same ``DaemonOptions`` and with the same measured BLAS thread count, in a
 ``mlxd_protocol.LocalClient``. ``mlx-generate --local`` and the daemon therefore run one code path from
 one set of options and cannot drift. Failures come back as the protocol's errors: a model the engine
 cannot serve is ``DaemonError("not_found")``, options that do not go together ``DaemonError("invalid_request")``.
@@ -18,6 +18,7 @@ import dataclasses
 from mlxd_engine import ModelLoadError
 from mlxd_protocol import INVALID, NOT_FOUND, DaemonError, LocalClient
 
+from .blas_tuning import choose_blas_threads
 from .core import DaemonCore
 from .model_setup import load_for_serving
 from .options import DaemonOptions
@@ -41,7 +42,12 @@ def local_client(options: DaemonOptions | None = None, **overrides) -> LocalClie
         loaded = load_for_serving(options)
     except ModelLoadError as error:
         raise DaemonError(NOT_FOUND, str(error)) from error
+    def build_core(deliver) -> DaemonCore:
+        core = DaemonCore(loaded, options, deliver, endpoint="local")
+        choose_blas_threads(core.engine)  # the same measured BLAS thread count as mlxd
+        return core
+
     try:
-        return LocalClient(lambda deliver: DaemonCore(loaded, options, deliver, endpoint="local"))
+        return LocalClient(build_core)
     except ValueError as error:
         raise DaemonError(INVALID, str(error)) from error
