@@ -183,7 +183,7 @@ def main() -> None:
         "daemon's default (ticks chain up to --decode-steps 8 steps in steady decode); \"1 step per tick\" is "
         "--decode-steps 1; \"unpipelined\" is --no-lookahead. Every model here is loaded with the CPU weight rule "
         f"({loaded.weights}). The loops in this process run the library's BLAS threads; each daemon chooses its own "
-        "count by timing decode steps at start-up (daemon/mlxd_daemon/blas_tuning.py). "
+        "count by timing decode steps at start-up and whether a lone row's step runs compiled (daemon/mlxd_daemon/step_tuning.py). "
         f"On the CPU the daemon's engine fuses the model's RMSNorm and RoPE layers ({fused_count} modules here; "
         "packages/mlxd_engine/cpu_fusion.py); the bare loop and mlx_lm.generate run the stock layers, and the "
         "\"fused layers\" bare loop runs the same fused layers as the daemon; \"fastest bare loop\" is the faster "

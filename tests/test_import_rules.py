@@ -25,9 +25,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 MLX = {"mlx", "mlx_lm"}
 NEEDS_MLX = MLX | {"mlxd_engine", "mlxd_scheduler"}
-# Engine modules the daemon's model loading imports directly (model_setup.py, convert_command.py): they are
-# the engine's loading API beside ``load``. Every other daemon import of the engine goes through the package.
-ENGINE_LOADING_MODULES = {"mlxd_engine.cpu_weights", "mlxd_engine.default_model", "mlxd_engine.gguf_import"}
 SEAM_MODULE, SEAM_TARGET = "cli/mlxd_cli/local.py", "mlxd_daemon.local"
 
 
@@ -91,7 +88,7 @@ def test_the_daemon_never_imports_the_tools_nor_library_internals():
             if top(imp.module) == "mlxd_cli":
                 wrong.append(f"{imp.path}: imports {imp.module}")
             library = top(imp.module) in {"mlxd_engine", "mlxd_scheduler", "mlxd_drafters"}
-            if library and imp.module != top(imp.module) and imp.module not in ENGINE_LOADING_MODULES:
+            if library and imp.module != top(imp.module):
                 wrong.append(f"{imp.path}: imports the module {imp.module} (use the package's public names)")
             if library and any(name.startswith("_") for name in imp.names):
                 wrong.append(f"{imp.path}: imports a private name from {imp.module}: {imp.names}")

@@ -20,7 +20,7 @@ import click
 @click.argument("out_dir", type=click.Path(file_okay=False))
 def convert_gguf_command(gguf_file: str, out_dir: str) -> None:
     """Convert GGUF_FILE (llama or qwen2) into the mlx-lm checkpoint directory OUT_DIR."""
-    from mlxd_engine.gguf_import import GGUFError, convert_gguf
+    from mlxd_engine import GGUFError, convert_gguf
 
     try:
         out = convert_gguf(gguf_file, out_dir)

@@ -2,7 +2,7 @@
 
 Contract: ``local_client(options=None, **overrides)`` loads the model with ``model_setup.load_for_serving``
 and wraps the daemon's core (``core.DaemonCore``: the same scheduler, speculative dispatch, handlers,
-edge and reply streams as ``mlxd``), built from the same ``DaemonOptions`` and with the same measured BLAS thread count, in a
+edge and reply streams as ``mlxd``), built from the same ``DaemonOptions`` and with the same measured step settings (``step_tuning``), in a
 ``mlxd_protocol.LocalClient``. ``mlx-generate --local`` and the daemon therefore run one code path from
 one set of options and cannot drift. Failures come back as the protocol's errors: a model the engine
 cannot serve is ``DaemonError("not_found")``, options that do not go together ``DaemonError("invalid_request")``.
@@ -18,7 +18,7 @@ import dataclasses
 from mlxd_engine import ModelLoadError
 from mlxd_protocol import INVALID, NOT_FOUND, DaemonError, LocalClient
 
-from .blas_tuning import choose_blas_threads
+from .step_tuning import tune_steps
 from .core import DaemonCore
 from .model_setup import load_for_serving
 from .options import DaemonOptions
@@ -44,7 +44,7 @@ def local_client(options: DaemonOptions | None = None, **overrides) -> LocalClie
         raise DaemonError(NOT_FOUND, str(error)) from error
     def build_core(deliver) -> DaemonCore:
         core = DaemonCore(loaded, options, deliver, endpoint="local")
-        choose_blas_threads(core.engine)  # the same measured BLAS thread count as mlxd
+        tune_steps(core.engine)  # the same measured step settings as mlxd
         return core
 
     try:

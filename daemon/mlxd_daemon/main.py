@@ -119,7 +119,7 @@ def serve(options: DaemonOptions) -> int:
             return 1
     from mlxd_engine import ModelLoadError
 
-    from .blas_tuning import choose_blas_threads
+    from .step_tuning import tune_steps
     from .model_setup import load_for_serving
     from .server import DaemonServer
 
@@ -135,12 +135,12 @@ def serve(options: DaemonOptions) -> int:
         click.echo(f"mlxd: cannot listen on {endpoint}: {error}", err=True)
         return 2
     server.install_signal_handlers()
-    blas_threads, blas_choice = choose_blas_threads(server.engine)
+    steps = tune_steps(server.engine)
     log.info("model=%s type=%s layers=%d max_batch=%d max_kv_size=%d lookahead=%s %s prompt_lookup_max_batch=%d "
-             "storage=%s blas=%s blas_threads=%s fused_cpu_layers=%d", loaded.path, loaded.model_type, loaded.n_layers, options.max_batch,
+             "storage=%s blas=%s blas_threads=%s compiled_steps=%s fused_cpu_layers=%d", loaded.path, loaded.model_type, loaded.n_layers, options.max_batch,
              server.engine.max_kv_size, options.lookahead, server.speculative.summary(),
              server.scheduler.options.prompt_lookup_max_batch, server.engine.storage.usage(), blas_in_use(),
-             blas_choice, server.engine.fused_layers)
+             steps.blas_detail, steps.compiled_detail, server.engine.fused_layers)
     click.echo(f"mlxd ready endpoint={endpoint} model={loaded.path} pid={__import__('os').getpid()}", nl=True)
     sys.stdout.flush()
     reason = "error"

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import logging
 
-from mlxd_engine import LoadedModel, embedded_model_path, load
-from mlxd_engine.cpu_weights import default_budget_bytes
-from mlxd_engine.default_model import EMBEDDED_ALIASES, resolve_default_model
+from mlxd_engine import (
+    EMBEDDED_ALIASES, LoadedModel, default_budget_bytes, embedded_model_path, load, resolve_default_model)
 
 from .options import DaemonOptions
 

@@ -4,8 +4,11 @@ The engine sees token ids only; tokenization happens at the edges (the tokenizer
 ``load`` is carried along for the callers that need it).
 """
 
+from .cpu_weights import WeightForm, apply_cpu_weight_rule, default_budget_bytes
+from .default_model import EMBEDDED_ALIASES, resolve_default_model
 from .eligibility import Eligibility, prompt_lookup_eligibility
 from .engine import Emitted, Engine, Sequence, StepHandle, kv_bytes_per_token
+from .gguf_import import GGUFError, cached_conversion, convert_gguf
 from .kv_backend import STORAGE_BACKENDS, KVStorage, make_kv_storage
 from .kv_bound import at_kv_bound, kv_room
 from .kv_storage import KVStorageFull, SlotKVStorage
@@ -15,6 +18,8 @@ from .sampling import SamplerChain, SamplingParams
 from .verify_round import RoundOutcome, verify_round
 
 __all__ = [
+    "EMBEDDED_ALIASES", "GGUFError", "WeightForm", "apply_cpu_weight_rule", "cached_conversion", "convert_gguf",
+    "default_budget_bytes", "resolve_default_model",
     "Eligibility", "Emitted", "Engine", "KVStorage", "KVStorageFull", "LoadedModel", "ModelLoadError",
     "RoundOutcome", "STORAGE_BACKENDS", "SamplerChain", "SamplingParams", "Sequence", "SlotKVStorage", "StepHandle",
     "at_kv_bound", "embedded_model_path", "kv_bytes_per_token", "kv_room", "load", "make_kv_storage",

@@ -9,7 +9,7 @@ unless ``MLXD_FAST_BLAS=0``, it looks for an OpenBLAS (``MLXD_OPENBLAS`` names o
 it is not already preloaded, re-executes the process with it in ``LD_PRELOAD``. It never imports mlx.
 ``blas_in_use()`` says what the running process has mapped, for the log line at start-up.
 
-A server chooses its OpenBLAS thread count by timing the loaded model (``mlxd_daemon.blas_tuning``);
+A server chooses its OpenBLAS thread count by timing the loaded model (``mlxd_daemon.step_tuning``);
 ``explicit_blas_threads()`` is the count the environment fixes instead (``MLXD_BLAS_THREADS``, else
 ``OPENBLAS_NUM_THREADS``), and ``set_blas_threads()`` sets it in the running process.
 This module is a leaf: standard library only.

@@ -18,7 +18,7 @@ def clean_env(monkeypatch):
 
 
 def test_no_thread_count_without_the_environment(clean_env):
-    assert fast_blas.explicit_blas_threads() is None  # the daemon measures instead (blas_tuning)
+    assert fast_blas.explicit_blas_threads() is None  # the daemon measures instead (step_tuning)
 
 
 def test_thread_count_follows_the_environment(clean_env):

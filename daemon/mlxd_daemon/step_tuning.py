@@ -1,0 +1,114 @@
+"""CPU step settings chosen by timing the loaded model's decode steps at start-up: BLAS threads, compiled steps.
+
+Why: rules tuned on the embedded tiny model do not carry to a real one. On 2 cores one OpenBLAS thread
+(one core left for the clients a server streams to) was fastest for the tiny model, whose steps are too
+small to split, but costs a 135M-parameter model about a quarter of its speed; running a lone row's step
+as one compiled graph (``compiled_decode.py``) makes the tiny model's steps faster (Python and dispatch
+set its speed) and a 135M model's a few percent slower. So both are measured, not assumed
+(docs/benchmark_results/blas_threads.md, decode_b1_smollm2.md).
+
+Contract: ``tune_steps(engine)`` returns a ``StepSettings`` and leaves the engine and OpenBLAS set to it.
+- BLAS threads: ``MLXD_BLAS_THREADS`` (or ``OPENBLAS_NUM_THREADS``) is taken as given; without OpenBLAS, or
+  off the CPU backend, nothing is set. Otherwise a lone row's decode steps are timed with one thread and
+  with every core, interleaved over a few rounds, and the fewest threads whose best step is within
+  ``MARGIN`` of the fastest are kept: a streaming client takes a core now and then, and a count that only
+  ties on an idle machine loses while it does.
+- Compiled steps (CPU only, when the engine has them): timed against op-by-op steps the same way, with the
+  chosen thread count; they are kept only when their best step is at least ``COMPILE_GAIN`` faster.
+Costs about 60 decode steps (about 4 s for a 135M model on 2 cores).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from mlxd_engine import Engine
+from mlxd_fast_blas import blas_in_use, explicit_blas_threads, set_blas_threads
+
+MARGIN = 0.10
+COMPILE_GAIN = 0.02
+ROUNDS = 3
+STEPS_PER_ROUND = 4
+PROMPT_TOKENS = 64
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    blas_threads: int | None  # None: left at the library's default
+    blas_detail: str  # for the log line
+    compiled_detail: str
+
+
+def candidate_counts() -> list[int]:
+    cores = os.cpu_count() or 1
+    return sorted({1, cores})
+
+
+def _best_step(engine: Engine, sequence, steps: int) -> float:
+    """Seconds of the fastest of ``steps`` decode steps of ``sequence``."""
+    best = float("inf")
+    for _ in range(steps):
+        started = time.perf_counter()
+        engine.step([sequence])
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def _time_variants(engine: Engine, sequence, variants: dict) -> dict:
+    """Best step per variant (name -> function that sets it), interleaved over ``ROUNDS``."""
+    best = {name: float("inf") for name in variants}
+    for _ in range(ROUNDS):
+        for name, apply in variants.items():
+            apply()
+            engine.step([sequence])  # the first step after a switch may compile or warm a cache
+            best[name] = min(best[name], _best_step(engine, sequence, STEPS_PER_ROUND))
+    return best
+
+
+def _milliseconds(best: dict) -> str:
+    return ", ".join(f"{name} {seconds * 1e3:.2f} ms" for name, seconds in best.items())
+
+
+def tune_steps(engine: Engine) -> StepSettings:
+    on_cpu = mx.default_device() == mx.cpu
+    explicit = explicit_blas_threads()
+    tune_blas = explicit is None and on_cpu and blas_in_use().startswith("openblas") and len(candidate_counts()) > 1
+    tune_compile = on_cpu and engine.compiled_decode is not None
+    blas_threads, blas_detail = None, "library default (no OpenBLAS on the CPU backend)"
+    if explicit is not None:
+        blas_threads = explicit if set_blas_threads(explicit) else None
+        blas_detail = f"{explicit} (set by the environment)"
+    compiled_detail = "on" if engine.compiled_decode is not None else "off"
+    if not (tune_blas or tune_compile):
+        return StepSettings(blas_threads, blas_detail, compiled_detail)
+    vocab = max(2, engine.loaded.vocab_size)
+    prompt = [(7 * i + 3) % vocab for i in range(PROMPT_TOKENS)]
+    steps = 2 * ROUNDS * (STEPS_PER_ROUND + 1) * 2 + 4
+    sequence = engine.add_sequence(prompt, max_new_tokens=steps)
+    compiled = engine.compiled_decode
+    try:
+        engine.prefill(sequence)
+        engine.step([sequence])  # warm-up: compiles the step
+        if tune_blas:
+            counts = candidate_counts()
+            best = _time_variants(engine, sequence, {f"{n} thread{'s' if n > 1 else ''}": (lambda n=n: set_blas_threads(n))
+                                                      for n in counts})
+            times = dict(zip(counts, best.values()))
+            blas_threads = min(n for n in counts if times[n] <= min(times.values()) * (1 + MARGIN))
+            set_blas_threads(blas_threads)
+            blas_detail = f"{blas_threads} (measured decode step: {_milliseconds(best)})"
+        if tune_compile:
+            def use(value):
+                return lambda: setattr(engine, "compiled_decode", value)
+
+            best = _time_variants(engine, sequence, {"compiled": use(compiled), "op by op": use(None)})
+            keep = best["compiled"] <= best["op by op"] * (1 - COMPILE_GAIN)
+            engine.compiled_decode = compiled if keep else None
+            compiled_detail = f"{'on' if keep else 'off'} (measured decode step: {_milliseconds(best)})"
+    finally:
+        engine.release(sequence)
+    return StepSettings(blas_threads, blas_detail, compiled_detail)
