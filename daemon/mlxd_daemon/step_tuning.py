@@ -8,13 +8,19 @@ set its speed) and a 135M model's a few percent slower. So both are measured, no
 (docs/benchmark_results/blas_threads.md, decode_b1_smollm2.md).
 
 Contract: ``tune_steps(engine)`` returns a ``StepSettings`` and leaves the engine and OpenBLAS set to it.
+A lone row's decode steps are timed, interleaved over a few rounds (best step of each). Timings taken
+while other processes load the machine (several daemons starting at once) favour fewer threads and
+mislead by a few percent either way, so the choice leans on the step's length, measured on both models:
+a step of ``LONG_STEP_MS`` or more is compute-bound (its matmuls split over cores; compiling it saves only
+Python time, a small share), a shorter one is set by Python and dispatch.
 - BLAS threads: ``MLXD_BLAS_THREADS`` (or ``OPENBLAS_NUM_THREADS``) is taken as given; without OpenBLAS, or
-  off the CPU backend, nothing is set. Otherwise a lone row's decode steps are timed with one thread and
-  with every core, interleaved over a few rounds, and the fewest threads whose best step is within
-  ``MARGIN`` of the fastest are kept: a streaming client takes a core now and then, and a count that only
-  ties on an idle machine loses while it does.
-- Compiled steps (CPU only, when the engine has them): timed against op-by-op steps the same way, with the
-  chosen thread count; they are kept only when their best step is at least ``COMPILE_GAIN`` faster.
+  off the CPU backend, nothing is set. Otherwise one thread and every core are timed. A long step keeps
+  every core unless one thread is ``MARGIN`` faster; a short one keeps the fewest threads within
+  ``MARGIN`` of the fastest (a streaming client takes a core now and then, and a count that only ties
+  on an idle machine loses while it does).
+- Compiled steps (CPU only, when the engine has them): a long step runs op by op; a short one is timed
+  against op by op with the chosen threads and keeps compiled steps only when they are ``COMPILE_GAIN``
+  faster.
 Costs about 60 decode steps (about 4 s for a 135M model on 2 cores).
 """
 
@@ -30,6 +36,7 @@ from mlxd_engine import Engine
 from mlxd_fast_blas import blas_in_use, explicit_blas_threads, set_blas_threads
 
 MARGIN = 0.10
+LONG_STEP_MS = 5.0  # embedded model: 0.7 ms a step; SmolLM2-135M: about 60 ms (2 cores)
 COMPILE_GAIN = 0.02
 ROUNDS = 3
 STEPS_PER_ROUND = 4
@@ -69,6 +76,10 @@ def _time_variants(engine: Engine, sequence, variants: dict) -> dict:
     return best
 
 
+def _is_long(seconds: float) -> bool:
+    return seconds * 1e3 >= LONG_STEP_MS
+
+
 def _milliseconds(best: dict) -> str:
     return ", ".join(f"{name} {seconds * 1e3:.2f} ms" for name, seconds in best.items())
 
@@ -98,10 +109,17 @@ def tune_steps(engine: Engine) -> StepSettings:
             best = _time_variants(engine, sequence, {f"{n} thread{'s' if n > 1 else ''}": (lambda n=n: set_blas_threads(n))
                                                       for n in counts})
             times = dict(zip(counts, best.values()))
-            blas_threads = min(n for n in counts if times[n] <= min(times.values()) * (1 + MARGIN))
+            if _is_long(min(times.values())):
+                blas_threads = max(n for n in counts if times[n] <= min(times.values()) * (1 + MARGIN))
+            else:
+                blas_threads = min(n for n in counts if times[n] <= min(times.values()) * (1 + MARGIN))
             set_blas_threads(blas_threads)
             blas_detail = f"{blas_threads} (measured decode step: {_milliseconds(best)})"
         if tune_compile:
+            engine.compiled_decode = None
+            op_by_op = _best_step(engine, sequence, STEPS_PER_ROUND)
+            compiled_detail = f"off (a long step: {op_by_op * 1e3:.1f} ms op by op)"
+        if tune_compile and not _is_long(op_by_op):
             def use(value):
                 return lambda: setattr(engine, "compiled_decode", value)
 
