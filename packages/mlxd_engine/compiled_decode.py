@@ -37,6 +37,8 @@ from typing import Callable
 
 import mlx.core as mx
 
+from .cache_layout import shape_mask
+
 log = logging.getLogger("mlxd.engine")
 
 DISABLE_ENV = "MLXD_COMPILE_DECODE"
@@ -58,8 +60,9 @@ def compile_wanted() -> bool:
 class _TracedView:
     """mlx-lm cache protocol inside the traced step: one layer's buffers, rows first..first+B-1."""
 
-    def __init__(self, keys: mx.array, values: mx.array, first: int, positions: mx.array):
+    def __init__(self, keys: mx.array, values: mx.array, first: int, positions: mx.array, mask_axes: int | None):
         self.keys, self.values = keys, values
+        self.mask_axes = mask_axes
         self.first, self.rows = first, positions.shape[0]
         self.offset = positions  # RoPE position of each row's new token
 
@@ -85,7 +88,7 @@ class _TracedView:
         mask = key_positions <= query_positions
         if window_size is not None:
             mask = mask & (key_positions > query_positions - window_size)
-        return mask[:, None, :, :]
+        return shape_mask(mask[:, None, :, :], self.mask_axes)
 
     @property
     def state(self):
@@ -97,8 +100,9 @@ class CompiledDecode:
     module docstring."""
 
     def __init__(self, model, max_traces: int = MAX_TRACES, max_rows: int = MAX_COMPILED_ROWS,
-                 max_capacity: int = MAX_COMPILED_CAPACITY):
+                 max_capacity: int = MAX_COMPILED_CAPACITY, mask_axes: int | None = 4):
         self.model = model
+        self.mask_axes = mask_axes  # the model's batched mask form (cache_layout.py)
         self.max_rows = max_rows
         self.max_capacity = max_capacity
         self.enabled = True
@@ -115,10 +119,10 @@ class CompiledDecode:
         if traced is not None:
             self._traces.move_to_end(key)
             return traced
-        model = self.model
+        model, mask_axes = self.model, self.mask_axes
 
         def step(inputs: mx.array, positions: mx.array, *buffers: mx.array):
-            views = [_TracedView(buffers[2 * i], buffers[2 * i + 1], first, positions)
+            views = [_TracedView(buffers[2 * i], buffers[2 * i + 1], first, positions, mask_axes)
                      for i in range(len(buffers) // 2)]
             logits = model(inputs, cache=views)
             return (logits, *[array for view in views for array in (view.keys, view.values)])

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from .cache_layout import check_servable
 from .compiled_decode import CompiledDecode, compile_wanted
 from .cpu_fusion import fuse_cpu_layers as fuse_cpu_layers_of, fusion_wanted
 from .kv_backend import make_kv_storage
@@ -80,13 +81,22 @@ class StepHandle:
     read: bool = False
 
 
-def kv_bytes_per_token(loaded: LoadedModel, bytes_per_value: int = 4) -> int:
-    """K and V bytes one token occupies across all layers (from the model's config)."""
+def kv_bytes_per_token(loaded: LoadedModel, bytes_per_value: int | None = None) -> int:
+    """K and V bytes one token occupies across all cache entries.
+
+    Measured by the cache-layout probe (every entry's own head count and size, in the dtype the loaded
+    weights produce); ``bytes_per_value``, or a model the probe did not run on (stubs, refused layouts),
+    takes the config's heads and head size instead (4 bytes a value unless given)."""
+    layout = loaded.layout()
+    if bytes_per_value is None and layout.kv_bytes_per_token is not None:
+        return layout.kv_bytes_per_token
     args = getattr(loaded.model, "args", None)
+    text = getattr(args, "text_config", None)
+    args = type("Args", (), text) if isinstance(text, dict) else (text or args)
     heads = getattr(args, "num_attention_heads", 1)
     kv_heads = getattr(args, "num_key_value_heads", None) or heads
     head_dim = getattr(args, "head_dim", None) or getattr(args, "hidden_size", heads) // heads
-    return loaded.n_layers * 2 * kv_heads * head_dim * bytes_per_value
+    return layout.n_caches * 2 * kv_heads * head_dim * (bytes_per_value or 4)
 
 
 class Engine:
@@ -95,7 +105,11 @@ class Engine:
     On the CPU the model's RMSNorm and RoPE layers are fused first (``cpu_fusion``; bit-identical
     results); ``fuse_cpu_layers=False`` or ``MLXD_FUSE_CPU_LAYERS=0`` keeps them stock. A lone row's decode
     steps and verify forwards over contiguous storage (up to a capacity of 2048) run as one compiled
-    graph (``compiled_decode``); ``compile_decode=False`` or ``MLXD_COMPILE_DECODE=0`` builds them op by op."""
+    graph (``compiled_decode``); ``compile_decode=False`` or ``MLXD_COMPILE_DECODE=0`` builds them op by op.
+
+    The model's cache layout (``cache_layout.py``) sizes the storage (one view per cache entry) and shapes
+    the batched masks; a layout the engine does not serve raises ``ModelLoadError`` here too, for a
+    ``LoadedModel`` that did not come from ``load``."""
 
     def __init__(self, loaded: LoadedModel, max_sequences: int = 8, max_kv_size: int | None = None,
                  storage: str = "contiguous", kv_block_size: int = DEFAULT_BLOCK_SIZE,
@@ -103,14 +117,26 @@ class Engine:
                  compile_decode: bool | None = None):
         self.loaded = loaded
         self.model = loaded.model
+        self.layout = loaded.layout()
+        check_servable(self.layout)
         wanted = fusion_wanted() if fuse_cpu_layers is None else fuse_cpu_layers
         self.fused_layers = fuse_cpu_layers_of(self.model) if wanted else 0
-        self.max_kv_size = min(max_kv_size or loaded.context_length, loaded.context_length)
-        self.storage = make_kv_storage(storage, loaded.n_layers, max_sequences, self.max_kv_size, kv_block_size,
-                                       kv_pool_tokens)
+        if max_kv_size and loaded.context_source == "fallback":
+            self.max_kv_size = max_kv_size  # the context length was a guess: the caller's figure stands
+        else:
+            self.max_kv_size = min(max_kv_size or loaded.context_length, loaded.context_length)
+        self.storage = make_kv_storage(storage, self.layout.n_caches, max_sequences, self.max_kv_size,
+                                       kv_block_size, kv_pool_tokens, mask_axes=self.layout.mask_axes)
         self._ids = itertools.count()
         compiled = compile_wanted() if compile_decode is None else compile_decode
-        self.compiled_decode = CompiledDecode(self.model) if compiled and self.storage.compiles_forward else None
+        self.compiled_decode = (CompiledDecode(self.model, mask_axes=self.layout.mask_axes)
+                                if compiled and self.storage.compiles_forward else None)
+
+    @property
+    def can_unwind(self) -> bool:
+        """Whether speculative appends can be dropped again: the storage and every cache kind it serves
+        (``storage_can_unwind`` of the eligibility predicate)."""
+        return self.storage.can_unwind and self.layout.can_unwind
 
     def fits(self, prompt_tokens: int, max_new_tokens: int) -> bool:
         """Whether a request could ever run here (it may still have to wait for room)."""
@@ -159,6 +185,10 @@ class Engine:
         return self._forward_in_order(states, inputs, compiled)
 
     def _forward_in_order(self, states: list[SlotState], inputs: mx.array, compiled: bool) -> mx.array:
+        if len(states) > 1 and self.layout.mask_axes is None:
+            # no batched mask keeps this model's rows apart (cache_layout.py): one forward per row
+            return mx.concatenate([self._forward_in_order([state], inputs[i : i + 1], compiled)
+                                   for i, state in enumerate(states)])
         if compiled and self.compiled_decode is not None:
             logits = self.compiled_decode.forward(self.storage, states, inputs)
             if logits is not None:

@@ -25,6 +25,8 @@ class KVStorage(Protocol):
     # The compiled one-row forward (compiled_decode.py) reads this storage's slot buffers directly.
     compiles_forward: bool
     max_capacity: int  # most tokens one sequence may hold
+    # the form of batched mask arrays the model's attention broadcasts (cache_layout.shape_mask)
+    mask_axes: int | None
 
     def fits(self, tokens: int) -> bool:
         """Whether a sequence that may grow to ``tokens`` could ever be held."""
@@ -79,16 +81,17 @@ STORAGE_BACKENDS: dict[str, Callable[..., KVStorage]] = {"contiguous": _contiguo
 
 
 def make_kv_storage(backend: str, n_layers: int, max_sequences: int, max_kv_size: int, block_size: int,
-                    pool_tokens: int | None = None) -> KVStorage:
+                    pool_tokens: int | None = None, mask_axes: int | None = 4) -> KVStorage:
     """Build the storage backend named ``backend``.
 
     Args:
         backend: A key of ``STORAGE_BACKENDS``.
-        n_layers: The model's layers.
+        n_layers: The model's cache entries (its layers, fewer under KV sharing: cache_layout.py).
         max_sequences: Sequences held at once.
         max_kv_size: Most tokens one sequence may hold.
         block_size: Tokens per block (paged only).
         pool_tokens: Pool size in tokens (paged only; None: ``max_sequences`` x ``max_kv_size``).
+        mask_axes: The batched mask form the model takes (``CacheLayout.mask_axes``).
     Returns:
         The storage.
     Raises:
@@ -97,4 +100,6 @@ def make_kv_storage(backend: str, n_layers: int, max_sequences: int, max_kv_size
     build = STORAGE_BACKENDS.get(backend)
     if build is None:
         raise ValueError(f"unknown KV storage backend {backend!r}; known: {', '.join(STORAGE_BACKENDS)}")
-    return build(n_layers, max_sequences, max_kv_size, block_size, pool_tokens)
+    storage = build(n_layers, max_sequences, max_kv_size, block_size, pool_tokens)
+    storage.mask_axes = mask_axes
+    return storage

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
+from .cache_layout import shape_mask
+
 GROW_CHUNK = 256
 
 
@@ -63,11 +65,12 @@ def drop_pending(state, n: int) -> None:
 
 
 def row_mask(starts: list[int], read_length: int, n: int, return_array: bool, window_size: int | None,
-             uniform: bool, starts_array: Callable[[], mx.array] | None = None):
+             uniform: bool, starts_array: Callable[[], mx.array] | None = None, mask_axes: int | None = 4):
     """mlx-lm attention mask for rows whose ``n`` new tokens start at ``starts`` (both storage kinds).
 
     ``uniform``: every row starts at the same position. ``starts_array`` returns ``starts`` as an array
-    when the caller already holds one (it is only asked for when a mask array is built)."""
+    when the caller already holds one (it is only asked for when a mask array is built). ``mask_axes``:
+    the form the model's attention broadcasts (``cache_layout.shape_mask``)."""
     if uniform and window_size is None and not return_array:
         # every row ends at read_length: the plain causal (or no) mask is exact
         return None if n == 1 else "causal"
@@ -78,7 +81,7 @@ def row_mask(starts: list[int], read_length: int, n: int, return_array: bool, wi
     mask = key_positions <= query_positions
     if window_size is not None:
         mask = mask & (key_positions > query_positions - window_size)
-    return mask
+    return shape_mask(mask, mask_axes)
 
 
 class SlotKVStorage:
@@ -87,6 +90,7 @@ class SlotKVStorage:
     kind = "contiguous"
     can_unwind = True
     compiles_forward = True  # compiled_decode.py reads and writes these slot buffers directly
+    mask_axes: int | None = 4  # set by make_kv_storage from the model's cache layout
 
     def __init__(self, n_layers: int, n_slots: int, max_capacity: int):
         self.n_layers = n_layers
@@ -250,7 +254,7 @@ class LayerView:
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
         plan = self.plan
         return row_mask(plan.starts, plan.read_length, n, return_array, window_size, plan.uniform,
-                        lambda: plan.array("starts"))  # the array the RoPE offsets use
+                        lambda: plan.array("starts"), self.storage.mask_axes)  # the array the RoPE offsets use
 
     @property
     def state(self):  # mlx-lm reads this only to evaluate caches; the storage owns the arrays

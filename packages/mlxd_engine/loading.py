@@ -2,21 +2,34 @@
 
 Contract: ``load`` returns a ``LoadedModel`` (the mlx-lm model module, its tokenizer wrapper with the
 chat template and streaming detokenizer, and facts the engine needs: layer count, vocabulary size, EOS
-ids, context length). Errors a user can cause (missing path, unsupported architecture, unreadable
-config) raise ``ModelLoadError`` with a message that says what to do. Hub access is the caller's
-business: a name that is not a local directory is handed to mlx-lm, which may download it.
+ids, context length, the cache layout). Errors a user can cause (missing path, unsupported architecture,
+unreadable config, a cache layout the engine does not serve: ``cache_layout.py``) raise
+``ModelLoadError`` with a message that says what to do. Hub access is the caller's business: a name that
+is not a local directory is handed to mlx-lm, which may download it.
+
+Facts are read wherever the model keeps them: the model's args, a wrapped ``text_config`` (mistral3,
+qwen3_5 and other multimodal wrappers), then config.json itself; layers wherever the module holds them;
+the vocabulary and the KV bytes per token from the cache-layout probe (the logits' width, the K/V
+shapes and dtype the loaded weights produce). A config without ``max_position_embeddings`` gets the
+tokenizer's ``model_max_length`` when that is a real length, else ``FALLBACK_CONTEXT`` tokens; either
+choice is logged, and ``--max-kv-size`` may go past a fallback.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .cache_layout import CacheLayout, check_servable, model_layers, read_cache_layout
 from .cpu_weights import apply_cpu_weight_rule
 
+log = logging.getLogger("mlxd.engine")
+
 EMBEDDED_MODEL_NAME = "mlxd-qwen3-tiny"
+FALLBACK_CONTEXT = 8192  # tokens per sequence when neither the config nor the tokenizer gives a length
 
 
 class ModelLoadError(RuntimeError):
@@ -39,6 +52,15 @@ class LoadedModel:
     eos_token_ids: frozenset[int]
     context_length: int
     weights: str = "as stored"  # what the CPU weight rule did (cpu_weights.py), for the log and status
+    # where context_length came from: "config", "tokenizer" or "fallback" (a guess --max-kv-size may pass)
+    context_source: str = "config"
+    cache_layout: CacheLayout | None = None  # read by load, or on first use for a LoadedModel built directly
+
+    def layout(self) -> CacheLayout:
+        """The model's cache layout (``cache_layout.py``), read once."""
+        if self.cache_layout is None:
+            self.cache_layout = read_cache_layout(self.model, self.model_type, self.n_layers)
+        return self.cache_layout
 
     def new_detokenizer(self):
         """A fresh streaming detokenizer (one per sequence): mlx-lm hands out a reset copy per call."""
@@ -83,30 +105,83 @@ def load(model: str | Path | None = None, cpu_weight_budget: int | None = None) 
         _check_architecture(config)
         name = str(path)
     try:
-        module, tokenizer = mlx_lm_load(name)
+        module, tokenizer, config = mlx_lm_load(name, return_config=True)
     except ValueError as error:
         if "not supported" in str(error):
             raise ModelLoadError(str(error)) from error
         raise
     weights = apply_cpu_weight_rule(module, cpu_weight_budget)
     args = getattr(module, "args", None)
-    model_type = getattr(args, "model_type", None) or getattr(module, "model_type", "unknown")
-    layers = module.layers if hasattr(module, "layers") else module.model.layers
+    model_type = str(config_value(config, args, "model_type") or getattr(module, "model_type", "unknown"))
+    try:
+        n_layers = len(model_layers(module))
+    except AttributeError as error:
+        raise ModelLoadError(f"model type {model_type!r}: {error}") from error
     eos = set(tokenizer.eos_token_ids) if getattr(tokenizer, "eos_token_ids", None) else set()
     if tokenizer.eos_token_id is not None:
         eos.add(tokenizer.eos_token_id)
-    context = getattr(args, "max_position_embeddings", None) or 8192
+    context, source = context_length_of(config, args, tokenizer)
+    layout = read_cache_layout(module, model_type)
+    check_servable(layout)  # before anything reports ready: a layout the engine cannot serve is refused here
+    vocab = layout.vocab_size or config_value(config, args, "vocab_size") or _embedding_rows(module)
+    if not vocab:
+        raise ModelLoadError(f"model type {model_type!r}: cannot tell its vocabulary size")
+    log.info("model type %s: %d layers, caches: %s, %s KV bytes per token, context %d (%s)%s", model_type,
+             n_layers, layout.describe(), layout.kv_bytes_per_token, context, source,
+             "".join(f"; {note}" for note in layout.notes))
     return LoadedModel(
         model=module,
         tokenizer=tokenizer,
         path=name,
         model_type=model_type,
-        n_layers=len(layers),
-        vocab_size=int(getattr(args, "vocab_size", 0) or module.model.embed_tokens.weight.shape[0]),
+        n_layers=n_layers,
+        vocab_size=int(vocab),
         eos_token_ids=frozenset(eos),
         context_length=int(context),
         weights=weights.detail,
+        context_source=source,
+        cache_layout=layout,
     )
+
+
+def config_value(config: dict | None, args: Any, name: str):
+    """``name`` from the model's args, their wrapped ``text_config``, config.json, or its ``text_config``."""
+    text_args = getattr(args, "text_config", None)
+    sources = [args, text_args, config or {}, (config or {}).get("text_config")]
+    for source in sources:
+        if source is None:
+            continue
+        value = source.get(name) if isinstance(source, dict) else getattr(source, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+def context_length_of(config: dict | None, args: Any, tokenizer: Any) -> tuple[int, str]:
+    """The longest context the model takes, and where that figure came from (logged when guessed)."""
+    value = config_value(config, args, "max_position_embeddings")
+    if value:
+        return int(value), "config"
+    model_max = getattr(tokenizer, "model_max_length", None)
+    if isinstance(model_max, int) and 0 < model_max < 10_000_000:  # transformers' "unset" is ~1e30
+        log.warning("config.json gives no max_position_embeddings; the context length is the tokenizer's "
+                    "model_max_length, %d tokens", model_max)
+        return model_max, "tokenizer"
+    log.warning("config.json gives no max_position_embeddings and the tokenizer no model_max_length; serving "
+                "at most %d tokens per sequence (--max-kv-size may set more)", FALLBACK_CONTEXT)
+    return FALLBACK_CONTEXT, "fallback"
+
+
+def _embedding_rows(module) -> int | None:
+    for path in ("model.embed_tokens", "language_model.model.embed_tokens", "embed_tokens"):
+        obj = module
+        try:
+            for part in path.split("."):
+                obj = getattr(obj, part)
+            return int(obj.weight.shape[0])
+        except AttributeError:
+            continue
+    return None
 
 
 def _check_architecture(config: dict) -> None:

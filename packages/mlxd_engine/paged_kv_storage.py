@@ -48,6 +48,7 @@ class PagedKVStorage:
     kind = "paged"
     can_unwind = True
     compiles_forward = False  # a forward gathers each row's blocks; the compiled one reads slot buffers
+    mask_axes: int | None = 4  # set by make_kv_storage from the model's cache layout
 
     def __init__(self, n_layers: int, pool_tokens: int, max_capacity: int, block_size: int = DEFAULT_BLOCK_SIZE,
                  max_sequences: int = 256):
@@ -213,7 +214,8 @@ class PagedLayerView:
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
         plan = self.plan
-        return row_mask(plan.starts, plan.read_length, n, return_array, window_size, plan.uniform)
+        return row_mask(plan.starts, plan.read_length, n, return_array, window_size, plan.uniform,
+                        mask_axes=self.storage.mask_axes)
 
     @property
     def state(self):

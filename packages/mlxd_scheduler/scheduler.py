@@ -234,7 +234,8 @@ class BatchScheduler:
         default = self.options.prompt_lookup
         if wanted.enabled is False or (wanted.enabled is None and default is None):
             return
-        verdict = prompt_lookup_eligibility(state.request.params, structured_output=state.request.structured_output)
+        verdict = prompt_lookup_eligibility(state.request.params, structured_output=state.request.structured_output,
+                                            storage_can_unwind=self.engine.can_unwind)
         if not verdict:
             log.debug("request %s decodes plainly: %s", state.request_id, verdict.reason)
             return
