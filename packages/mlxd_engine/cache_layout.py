@@ -5,11 +5,14 @@ Contract:
   when it has one, else mlx-lm's ``make_prompt_cache``: a ``KVCache`` per layer) and maps every entry to
   a storage kind. Served now: ``attention`` (``KVCache``: the slot and paged views) and
   ``sliding_window`` (``RotatingKVCache``: served by the same views, which keep the whole history and
-  mask each query to its window, so tokens equal mlx-lm's but memory is not bounded by the window yet).
-  A model that makes fewer cache entries than it has layers (gemma4's KV sharing) gets one view per
-  entry, as mlx-lm's own loop does; the remaining layers own no cache and reuse an earlier layer's K/V.
-  Anything else (``ArraysCache``: recurrent state of Mamba, gated-delta and short-conv layers;
-  ``CacheList``: composites; chunked or quantized KV; a class mlxd does not know) is refused:
+  mask each query to its window, so tokens equal mlx-lm's but memory is not bounded by the window yet)
+  and ``recurrent`` (``ArraysCache``: the state of Mamba, gated-delta and short-conv layers, one row per
+  sequence in ``recurrent_state.py``; it cannot unwind, so prompt lookup stays off for such models).
+  A model that makes fewer cache entries than it has layers gets one view per entry, as mlx-lm's own
+  loop does: the remaining layers own no cache (gemma4's KV-shared layers reuse an earlier layer's K/V,
+  nemotron_h's MLP layers hold nothing) and the model maps the entries to its layers.
+  Anything else (``CacheList``: composites, as falcon_h1's; chunked or quantized KV; a class mlxd does
+  not know) is refused:
   ``CacheLayout.refusal`` says which entry, which class, the model type and why, and
   ``check_servable`` raises ``ModelLoadError`` with it.
 - For a served ``nn.Module`` model a probe forward (two rows, one token each, one earlier position of
@@ -39,11 +42,12 @@ log = logging.getLogger("mlxd.engine")
 
 ATTENTION = "attention"
 SLIDING_WINDOW = "sliding_window"
-SERVED_KINDS = (ATTENTION, SLIDING_WINDOW)
+RECURRENT = "recurrent"  # ArraysCache: state rows of recurrent_state.py
+SERVED_KINDS = (ATTENTION, SLIDING_WINDOW, RECURRENT)
+UNWINDABLE_KINDS = (ATTENTION, SLIDING_WINDOW)  # a counter move drops their speculative appends
 
 # cache class name -> what it holds (why mlxd's KV storage cannot serve it yet)
 _REFUSED_CLASSES = {
-    "ArraysCache": "recurrent state",
     "MambaCache": "recurrent state",
     "CacheList": "a composite of caches",
     "ChunkedKVCache": "chunked attention",
@@ -59,6 +63,7 @@ class CacheEntry:
     kind: str | None  # a served storage kind, or None
     why: str = ""  # what the class holds, for a refused entry
     window: int | None = None  # a sliding window's size
+    size: int = 0  # a recurrent entry's number of state arrays
 
 
 @dataclass
@@ -87,8 +92,12 @@ class CacheLayout:
 
     @property
     def can_unwind(self) -> bool:
-        """Whether speculative appends can be dropped again (every served kind's can)."""
-        return all(entry.kind in SERVED_KINDS for entry in self.entries)
+        """Whether speculative appends can be dropped again (recurrent state cannot)."""
+        return all(entry.kind in UNWINDABLE_KINDS for entry in self.entries)
+
+    @property
+    def has_recurrent(self) -> bool:
+        return any(entry.kind == RECURRENT for entry in self.entries)
 
     def describe(self) -> str:
         kinds: dict[str, int] = {}
@@ -96,7 +105,7 @@ class CacheLayout:
             kinds[entry.kind or entry.cls] = kinds.get(entry.kind or entry.cls, 0) + 1
         text = ", ".join(f"{n} {kind}" for kind, n in kinds.items())
         if self.n_caches < self.n_layers:
-            text += f", {self.n_layers - self.n_caches} sharing an earlier layer's KV"
+            text += f", {self.n_layers - self.n_caches} layers owning no cache"
         return text
 
 
@@ -105,6 +114,8 @@ def _describe_entry(cache) -> CacheEntry:
     if name in _SERVED_CLASSES:
         window = getattr(cache, "max_size", None) if name == "RotatingKVCache" else None
         return CacheEntry(name, _SERVED_CLASSES[name], window=window)
+    if name == "ArraysCache":
+        return CacheEntry(name, RECURRENT, size=len(cache.cache))
     if name == "CacheList":
         inner = ", ".join(type(c).__name__ for c in getattr(cache, "caches", ()))
         return CacheEntry(f"CacheList({inner})", None, _REFUSED_CLASSES[name])
@@ -190,6 +201,14 @@ def shape_mask(mask, mask_axes: int | None):
     return mask
 
 
+def _probe_cache(entry: CacheEntry, seed: int, axes: int, record: list):
+    if entry.kind == RECURRENT:
+        from mlx_lm.models.cache import ArraysCache
+
+        return ArraysCache(entry.size)  # both rows start from a zero state
+    return _ProbeView(seed, axes, record)
+
+
 def _probe(model, layout: CacheLayout) -> None:
     inputs = mx.array([[1], [2]], dtype=mx.int32)
     failures = []
@@ -198,13 +217,16 @@ def _probe(model, layout: CacheLayout) -> None:
         try:
             for seed in (1, 2):
                 record: list = []
-                logits = model(inputs, cache=[_ProbeView(seed, axes, record) for _ in layout.entries])
+                logits = model(inputs, cache=[_probe_cache(entry, seed, axes, record) for entry in layout.entries])
                 mx.eval(logits)
                 runs.append((logits, record))
         except Exception as error:  # noqa: BLE001 - a form the attention cannot broadcast
             failures.append(f"{axes}-D mask: {type(error).__name__}: {error}")
             continue
         (first, record), (second, _) = runs
+        if not record:  # no attention entry (mamba2): no mask to shape, no KV to hold
+            layout.vocab_size, layout.kv_bytes_per_token = int(first.shape[-1]), 0
+            return
         row0_still = bool(mx.allclose(first[0], second[0], rtol=1e-4, atol=1e-4))
         row1_moved = not bool(mx.allclose(first[1], second[1], rtol=1e-4, atol=1e-4))
         layout.vocab_size = int(first.shape[-1])

@@ -19,18 +19,22 @@ Operations:
 from __future__ import annotations
 
 import itertools
+import logging
 from dataclasses import dataclass
 
 import mlx.core as mx
 
-from .cache_layout import check_servable
+from .cache_layout import RECURRENT, check_servable
 from .compiled_decode import CompiledDecode, compile_wanted
 from .cpu_fusion import fuse_cpu_layers as fuse_cpu_layers_of, fusion_wanted
 from .kv_backend import make_kv_storage
 from .kv_storage import KVStorageFull, SlotState
 from .loading import LoadedModel
 from .paged_kv_storage import DEFAULT_BLOCK_SIZE
+from .recurrent_state import RecurrentStateStorage
 from .sampling import SamplerChain, SamplingParams, sample_rows, token_logprobs
+
+log = logging.getLogger("mlxd.engine")
 
 
 @dataclass
@@ -125,8 +129,14 @@ class Engine:
             self.max_kv_size = max_kv_size  # the context length was a guess: the caller's figure stands
         else:
             self.max_kv_size = min(max_kv_size or loaded.context_length, loaded.context_length)
-        self.storage = make_kv_storage(storage, self.layout.n_caches, max_sequences, self.max_kv_size,
+        kv_entries = [e for e in self.layout.entries if e.kind != RECURRENT]
+        self.storage = make_kv_storage(storage, len(kv_entries), max_sequences, self.max_kv_size,
                                        kv_block_size, kv_pool_tokens, mask_axes=self.layout.mask_axes)
+        if self.layout.has_recurrent:
+            self.storage = RecurrentStateStorage(self.storage, [(e.kind, e.size) for e in self.layout.entries],
+                                                 max_sequences)
+            log.info("model type %s: recurrent state cannot unwind speculative appends, so prompt lookup is "
+                     "off for it", loaded.model_type)
         self._ids = itertools.count()
         compiled = compile_wanted() if compile_decode is None else compile_decode
         self.compiled_decode = (CompiledDecode(self.model, mask_axes=self.layout.mask_axes)

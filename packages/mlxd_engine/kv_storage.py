@@ -129,7 +129,7 @@ class SlotKVStorage:
     def usage(self) -> dict:
         """Occupancy for status and metrics."""
         per_token = 0
-        if self.keys[0] is not None:
+        if self.keys and self.keys[0] is not None:
             per_token = sum(k.nbytes + v.nbytes for k, v in zip(self.keys, self.values)) // max(self.capacity * self.n_slots, 1)
         return {"backend": self.kind, "slots": self.n_slots, "slots_free": len(self._free), "capacity_tokens": self.capacity,
                 "allocated_bytes": per_token * self.capacity * self.n_slots}

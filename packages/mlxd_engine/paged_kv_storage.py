@@ -106,7 +106,7 @@ class PagedKVStorage:
 
     def usage(self) -> dict:
         per_block = 0
-        if self.keys[0] is not None:
+        if self.keys and self.keys[0] is not None:
             per_block = sum(k.nbytes + v.nbytes for k, v in zip(self.keys, self.values)) // self.n_blocks
         used = self.n_blocks - len(self._free)
         return {"backend": self.kind, "block_size": self.block_size, "blocks": self.n_blocks, "blocks_used": used,

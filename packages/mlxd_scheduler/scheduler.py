@@ -228,23 +228,25 @@ class BatchScheduler:
     def _fail(self, state: RequestState, error: str, record: TickRecord) -> None:
         self._finish(state, "error", record, error)
 
-    def _start_drafter(self, state: RequestState) -> None:
-        """At prefill completion: give an eligible prompt-lookup request its drafter."""
+    def _start_drafter(self, state: RequestState) -> str | None:
+        """At prefill completion: give an eligible prompt-lookup request its drafter. Returns why a request
+        that asked for prompt lookup may not have it (None otherwise)."""
         wanted = state.request.speculative
         default = self.options.prompt_lookup
         if wanted.enabled is False or (wanted.enabled is None and default is None):
-            return
+            return None
         verdict = prompt_lookup_eligibility(state.request.params, structured_output=state.request.structured_output,
                                             storage_can_unwind=self.engine.can_unwind)
         if not verdict:
             log.debug("request %s decodes plainly: %s", state.request_id, verdict.reason)
-            return
+            return verdict.reason
         config = default or self.options.prompt_lookup_cap
         if wanted.max_draft:
             config = config.with_max_draft(wanted.max_draft)
         state.drafter = PromptLookupDrafter(config)
         state.drafter.observe(state.seq.tokens)
         state.timings.speculated = True
+        return None
 
     def _prefill(self, record: TickRecord) -> None:
         if not self.prefilling:
@@ -263,6 +265,7 @@ class BatchScheduler:
             return
         self.prefilling.pop(0)
         record.add(state.request_id, "first-token")
+        first_token_action = record.rows[-1]
         state.phase = "decode"
         self.decoding.append(state)
         logprobs = {"token": first.token, "logprob": first.logprob, "top": first.top_logprobs} if first.logprob is not None else None
@@ -270,7 +273,9 @@ class BatchScheduler:
         if reason is not None:
             self._finish(state, reason, record)
         else:
-            self._start_drafter(state)
+            declined = self._start_drafter(state)
+            if declined is not None:
+                first_token_action.detail = f"prompt lookup off: {declined}"
 
     def _finish(self, state: RequestState, reason: str, record: TickRecord | None, error: str | None = None) -> None:
         for group in (self.prefilling, self.decoding):

@@ -1,10 +1,11 @@
 """The tick trace: what the scheduler did in each tick, for mlx-inspect-tick and for tests.
 
 Contract: one ``TickRecord`` per tick that did any work; plain data (JSON- and msgpack-friendly via
-``as_dict``). Row actions: "prefill" (a prompt chunk), "first-token" (prefill finished), "prime" (a lookahead step was
-submitted, nothing read yet), "decode" (took the batched step; ``tokens`` counts them when a tick of
-several steps gave the row more than one; ``detail`` says "declined-gate" or "declined-governor" when a
-prompt-lookup row was held back), "verify" (ran a verify round; with
+``as_dict``). Row actions: "prefill" (a prompt chunk), "first-token" (prefill finished; a request that
+asked for prompt lookup and may not have it says why in ``detail``: "prompt lookup off: <reason>"),
+"prime" (a lookahead step was submitted, nothing read yet), "decode" (took the batched step; ``tokens``
+counts them when a tick of several steps gave the row more than one; ``detail`` says "declined-gate" or
+"declined-governor" when a prompt-lookup row was held back), "verify" (ran a verify round; with
 drafted/accepted), and "finished" (with the reason in ``detail``).
 """
 

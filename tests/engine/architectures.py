@@ -84,6 +84,11 @@ ARCHITECTURES: dict[str, tuple[str, dict]] = {
         attention_multiplier=0.25, logits_scaling=1.0, residual_multiplier=1.0, layer_types=["mamba", "attention"],
         mamba_n_heads=4, mamba_d_head=16, mamba_proj_bias=False, mamba_d_state=16, mamba_d_conv=4, mamba_n_groups=1,
         mamba_conv_bias=True, shared_intermediate_size=128)),
+    # "M" mamba, "*" attention, "-" MLP (no cache: three layers, two cache entries)
+    "nemotron_h": ("nemotron_h", _with(model_type="nemotron_h", num_hidden_layers=3, attention_bias=False,
+                                       mamba_num_heads=8, mamba_head_dim=16, mamba_proj_bias=False, ssm_state_size=16,
+                                       conv_kernel=4, n_groups=1, mlp_bias=False, layer_norm_epsilon=1e-5,
+                                       use_bias=False, use_conv_bias=True, hybrid_override_pattern="M*-")),
     "falcon_h1": ("falcon_h1", _with(model_type="falcon_h1", num_hidden_layers=2, mamba_d_conv=4, mamba_d_head=16,
                                      mamba_d_ssm=64, mamba_d_state=16, mamba_n_heads=4, mamba_n_groups=1,
                                      mamba_chunk_size=16)),

@@ -9,11 +9,15 @@ For each served case (tiny random weights, tests/engine/architectures.py), greed
 - prompt lookup: the single-sequence prompt-lookup loop equals plain decode, with drafts accepted (the
   random models repeat themselves).
 The engine runs as it serves (CPU fusion on, which is bit-identical; a lone row's steps compiled, which
-is within float tolerance): the comparison is token for token, and the seeds give margins far from a tie.
+is within float tolerance): the comparison is token for token, so a near tie between two logits would show
+here as a failure rather than be hidden (none does with these seeds).
 mlx-lm's loop runs first, on the model before the engine fuses its layers.
 
-Each refused case (recurrent state, composites) raises ``ModelLoadError`` naming the cache class and the
-model type when an engine is built for it, and never reaches a forward.
+Recurrent cases (ArraysCache: qwen3_5, qwen3_next, lfm2, granitemoehybrid, nemotron_h, mamba2) are served
+the same way on both storage backends, alone (contiguous) against mlx-lm and batched against alone; prompt
+lookup is off for them (their state cannot unwind). Each refused case (composites: falcon_h1's CacheList)
+raises ``ModelLoadError`` naming the cache class and the model type when an engine is built for it, and
+never reaches a forward.
 """
 
 from __future__ import annotations
@@ -24,14 +28,11 @@ from .architectures import ARCHITECTURES, alone, available, batched, build, load
 
 SERVED = ["llama", "qwen3", "qwen3_moe", "gemma2", "gemma3_text", "gemma4_text", "gemma4_text_kv_shared", "gpt_oss",
           "deepseek_v3", "mistral3", "ministral3", "phi3", "olmo3", "smollm3", "llama4_text"]
+# recurrent state (ArraysCache) beside attention, or alone (mamba2): served, prompt lookup off
+RECURRENT = ["qwen3_5", "qwen3_next", "lfm2", "granitemoehybrid", "nemotron_h", "mamba2"]
 # case -> (the first refused layer, the class it names)
 REFUSED = {
-    "qwen3_5": (0, "ArraysCache"),
-    "qwen3_next": (0, "ArraysCache"),
-    "lfm2": (0, "ArraysCache"),
-    "granitemoehybrid": (0, "ArraysCache"),
     "falcon_h1": (0, "CacheList(ArraysCache, KVCache)"),
-    "mamba2": (0, "ArraysCache"),
 }
 NEW_TOKENS = 40
 PROMPT_LENGTHS = (230, 150, 90)
@@ -64,6 +65,37 @@ def test_served_architecture(name):
     assert looked_up.accepted > 0, (looked_up.verify_rounds, looked_up.drafted)
 
 
+@pytest.mark.parametrize("name", RECURRENT)
+@pytest.mark.parametrize("storage", ["contiguous", "paged"])
+def test_recurrent_architecture(name, storage):
+    """Alone equals mlx-lm, rows batched at different positions equal each alone; prompt lookup is off
+    (the state cannot unwind) with the predicate's reason, and an unwind is refused, not done wrong."""
+    if not available(name):
+        pytest.skip(f"the installed mlx-lm has no {ARCHITECTURES[name][0]}")
+    from mlxd_engine import Engine, SamplingParams, prompt_lookup_eligibility
+
+    model = build(name, seed=3)
+    prompts = [prompt(length, seed) for seed, length in enumerate(PROMPT_LENGTHS)]
+    reference = mlx_lm_greedy(model, prompts[0], NEW_TOKENS) if storage == "contiguous" else None
+    engine = Engine(loaded(name, model=model), max_sequences=4, storage=storage)
+    singles = [alone(engine, p, NEW_TOKENS) for p in prompts]
+    if reference is not None:
+        assert singles[0] == reference, f"{name}: engine alone differs from mlx-lm's loop"
+    rows = batched(engine, prompts, NEW_TOKENS)
+    for i, (row, single) in enumerate(zip(rows, singles)):
+        assert row == single, f"{name}: batched row {i} (prompt of {PROMPT_LENGTHS[i]}) differs from it alone"
+
+    assert not engine.can_unwind
+    verdict = prompt_lookup_eligibility(SamplingParams(), storage_can_unwind=engine.can_unwind)
+    assert not verdict and "unwind" in verdict.reason
+    seq = engine.add_sequence(prompts[2])
+    engine.prefill(seq)
+    engine.verify(seq, [seq.tokens[-1], 5, 6])
+    with pytest.raises(ValueError, match="recurrent state cannot unwind"):
+        engine.unwind_appends(seq, 2)
+    engine.release(seq)
+
+
 @pytest.mark.parametrize("name", sorted(REFUSED))
 def test_refused_architecture(name):
     if not available(name):
@@ -84,3 +116,27 @@ def test_refused_architecture(name):
     assert str(refused.value).startswith(f"model type {model_type!r}: layer {layer} uses {cls} (")
     assert "which mlxd's KV storage does not serve yet" in str(refused.value)
     assert not calls  # refused from the cache layout alone: no forward ran
+
+
+def test_scheduler_serves_a_recurrent_model_plainly_when_prompt_lookup_is_asked():
+    """Through the batch scheduler: prompt lookup asked, the reason it is off reaches the tick trace, the
+    tokens equal plain decode, and no verify round runs."""
+    from mlxd_drafters import PromptLookupConfig
+    from mlxd_engine import Engine
+    from mlxd_scheduler import BatchScheduler, Request, SchedulerOptions, SpeculativeRequest
+
+    from ..scheduler.test_batch_scheduler import Collector
+
+    model = loaded("qwen3_5", model=build("qwen3_5", seed=3))
+    records = []
+    engine = Engine(model, max_sequences=2)
+    scheduler = BatchScheduler(engine, SchedulerOptions(prompt_lookup=PromptLookupConfig()), records.append)
+    out = Collector()
+    tokens = prompt(PROMPT_LENGTHS[2], 2)
+    scheduler.submit(Request("r", tokens, max_tokens=NEW_TOKENS, speculative=SpeculativeRequest(True)), out.sink("r"))
+    scheduler.run_until_idle()
+    assert out.done("r").tokens == alone(engine, tokens, NEW_TOKENS)
+    actions = [row for record in records for row in record.rows]
+    first = [row for row in actions if row.action == "first-token"]
+    assert first[0].detail == "prompt lookup off: KV storage cannot unwind speculative appends"
+    assert not any(row.action == "verify" for row in actions)

@@ -67,22 +67,22 @@ def _checkpoint(tmp_path, name: str, tokenizer_edit=None):
     return directory
 
 
-def test_load_refuses_a_recurrent_model(tmp_path):
+def test_load_refuses_a_composite_cache(tmp_path):
     from mlxd_engine import ModelLoadError, load
 
-    with pytest.raises(ModelLoadError, match=r"^model type 'mamba2': layer 0 uses ArraysCache \(recurrent state\), "
-                                             r"which mlxd's KV storage does not serve yet$"):
-        load(_checkpoint(tmp_path, "mamba2"))
+    with pytest.raises(ModelLoadError, match=r"^model type 'falcon_h1': layer 0 uses CacheList\(ArraysCache, KVCache\) "
+                                             r"\(a composite of caches\), which mlxd's KV storage does not serve yet$"):
+        load(_checkpoint(tmp_path, "falcon_h1"))
 
 
 def test_daemon_exits_before_ready_on_a_refused_model(tmp_path):
-    directory = _checkpoint(tmp_path, "mamba2")
+    directory = _checkpoint(tmp_path, "falcon_h1")
     endpoint = f"ipc://{tempfile.mkdtemp(prefix='mlxd-t-', dir='/tmp')}/d.sock"
     result = subprocess.run([sys.executable, "-m", "mlxd_daemon", "--endpoint", endpoint,
                              "-m", str(directory)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert "mlxd ready" not in result.stdout
-    assert "model type 'mamba2': layer 0 uses ArraysCache (recurrent state)" in result.stderr
+    assert "model type 'falcon_h1': layer 0 uses CacheList(ArraysCache, KVCache)" in result.stderr
 
 
 def test_wrapped_config_loads_with_its_facts(tmp_path):
