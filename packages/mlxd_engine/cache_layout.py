@@ -11,8 +11,9 @@ Contract:
   A model that makes fewer cache entries than it has layers gets one view per entry, as mlx-lm's own
   loop does: the remaining layers own no cache (gemma4's KV-shared layers reuse an earlier layer's K/V,
   nemotron_h's MLP layers hold nothing) and the model maps the entries to its layers.
-  Anything else (``CacheList``: composites, as falcon_h1's; chunked or quantized KV; a class mlxd does
-  not know) is refused:
+  A ``CacheList`` of served kinds (falcon_h1: recurrent state and attention in every layer) is a
+  ``composite``, served part by part. Anything else (a composite with an unserved part; chunked or
+  quantized KV; a class mlxd does not know) is refused:
   ``CacheLayout.refusal`` says which entry, which class, the model type and why, and
   ``check_servable`` raises ``ModelLoadError`` with it.
 - For a served ``nn.Module`` model a probe forward (two rows, one token each, one earlier position of
@@ -43,13 +44,14 @@ log = logging.getLogger("mlxd.engine")
 ATTENTION = "attention"
 SLIDING_WINDOW = "sliding_window"
 RECURRENT = "recurrent"  # ArraysCache: state rows of recurrent_state.py
-SERVED_KINDS = (ATTENTION, SLIDING_WINDOW, RECURRENT)
+COMPOSITE = "composite"  # CacheList of served kinds (falcon_h1: recurrent state and attention per layer)
+SERVED_KINDS = (ATTENTION, SLIDING_WINDOW, RECURRENT, COMPOSITE)
 UNWINDABLE_KINDS = (ATTENTION, SLIDING_WINDOW)  # a counter move drops their speculative appends
 
 # cache class name -> what it holds (why mlxd's KV storage cannot serve it yet)
 _REFUSED_CLASSES = {
     "MambaCache": "recurrent state",
-    "CacheList": "a composite of caches",
+    "CacheList": "a composite of caches one of which is not served",
     "ChunkedKVCache": "chunked attention",
     "QuantizedKVCache": "quantized keys and values",
     "ConcatenateKVCache": "a concatenating KV cache",
@@ -64,6 +66,10 @@ class CacheEntry:
     why: str = ""  # what the class holds, for a refused entry
     window: int | None = None  # a sliding window's size
     size: int = 0  # a recurrent entry's number of state arrays
+    parts: list["CacheEntry"] = field(default_factory=list)  # a composite's entries, in its order
+
+    def leaves(self) -> list["CacheEntry"]:
+        return [leaf for part in self.parts for leaf in part.leaves()] if self.kind == COMPOSITE else [self]
 
 
 @dataclass
@@ -90,14 +96,19 @@ class CacheLayout:
                         f"which mlxd's KV storage does not serve yet")
         return None
 
+    def leaves(self) -> list[CacheEntry]:
+        """Every entry with composites opened up, in order."""
+        return [leaf for entry in self.entries for leaf in entry.leaves()]
+
     @property
     def can_unwind(self) -> bool:
         """Whether speculative appends can be dropped again (recurrent state cannot)."""
-        return all(entry.kind in UNWINDABLE_KINDS for entry in self.entries)
+        return all(leaf.kind in UNWINDABLE_KINDS for leaf in self.leaves())
 
     @property
     def has_recurrent(self) -> bool:
-        return any(entry.kind == RECURRENT for entry in self.entries)
+        """Whether the storage needs recurrent_state.py (recurrent entries, or composites of any kind)."""
+        return any(entry.kind in (RECURRENT, COMPOSITE) for entry in self.entries)
 
     def describe(self) -> str:
         kinds: dict[str, int] = {}
@@ -117,8 +128,11 @@ def _describe_entry(cache) -> CacheEntry:
     if name == "ArraysCache":
         return CacheEntry(name, RECURRENT, size=len(cache.cache))
     if name == "CacheList":
-        inner = ", ".join(type(c).__name__ for c in getattr(cache, "caches", ()))
-        return CacheEntry(f"CacheList({inner})", None, _REFUSED_CLASSES[name])
+        parts = [_describe_entry(c) for c in getattr(cache, "caches", ())]
+        label = f"CacheList({', '.join(part.cls for part in parts)})"
+        if parts and all(part.kind in (ATTENTION, SLIDING_WINDOW, RECURRENT) for part in parts):
+            return CacheEntry(label, COMPOSITE, parts=parts)
+        return CacheEntry(label, None, _REFUSED_CLASSES[name])
     return CacheEntry(name, None, _REFUSED_CLASSES.get(name, "a cache class mlxd does not know"))
 
 
@@ -201,7 +215,19 @@ def shape_mask(mask, mask_axes: int | None):
     return mask
 
 
+class _ProbeList:
+    """CacheList protocol for the probe: ``cache[i]`` is part i's probe cache."""
+
+    def __init__(self, parts: list):
+        self.parts = parts
+
+    def __getitem__(self, i: int):
+        return self.parts[i]
+
+
 def _probe_cache(entry: CacheEntry, seed: int, axes: int, record: list):
+    if entry.kind == COMPOSITE:
+        return _ProbeList([_probe_cache(part, seed, axes, record) for part in entry.parts])
     if entry.kind == RECURRENT:
         from mlx_lm.models.cache import ArraysCache
 

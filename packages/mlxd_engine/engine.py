@@ -129,12 +129,11 @@ class Engine:
             self.max_kv_size = max_kv_size  # the context length was a guess: the caller's figure stands
         else:
             self.max_kv_size = min(max_kv_size or loaded.context_length, loaded.context_length)
-        kv_entries = [e for e in self.layout.entries if e.kind != RECURRENT]
+        kv_entries = [leaf for leaf in self.layout.leaves() if leaf.kind != RECURRENT]
         self.storage = make_kv_storage(storage, len(kv_entries), max_sequences, self.max_kv_size,
                                        kv_block_size, kv_pool_tokens, mask_axes=self.layout.mask_axes)
         if self.layout.has_recurrent:
-            self.storage = RecurrentStateStorage(self.storage, [(e.kind, e.size) for e in self.layout.entries],
-                                                 max_sequences)
+            self.storage = RecurrentStateStorage(self.storage, self.layout.entries, max_sequences)
             log.info("model type %s: recurrent state cannot unwind speculative appends, so prompt lookup is "
                      "off for it", loaded.model_type)
         self._ids = itertools.count()

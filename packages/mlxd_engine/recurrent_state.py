@@ -5,6 +5,8 @@ Contract (the ``KVStorage`` protocol of ``kv_backend.py``, so the engine runs on
   entries; every recurrent entry owns its state arrays shaped ``[slots, ...]`` (the shapes the layer
   writes on its first forward), one row per sequence, zeroed when a sequence takes the row (a zero state
   is what mlx-lm's layers start from, and what its own batch merge fills in).
+- A ``CacheList`` entry (``composite``: falcon_h1's recurrent state and attention per layer) gets a
+  ``CompositeView`` whose parts are the views of its leaves, so each part is stored by its own kind.
 - A forward's view of a recurrent entry reads its rows' states with a gather and writes the new states
   back with a scatter (``RecurrentView``: ``view[i]``, ``view[i] = state``), so rows at different
   positions batch without a mask; attention entries get the inner backend's views.
@@ -17,8 +19,11 @@ Contract (the ``KVStorage`` protocol of ``kv_backend.py``, so the engine runs on
 from __future__ import annotations
 
 import heapq
+import itertools
 
 import mlx.core as mx
+
+from .cache_layout import COMPOSITE, RECURRENT
 
 
 class RecurrentStateStorage:
@@ -27,15 +32,16 @@ class RecurrentStateStorage:
     can_unwind = False
     compiles_forward = False
 
-    def __init__(self, inner, entries: list[tuple[str, int]], n_slots: int):
-        # entries: per cache entry, ("attention", 0) or ("recurrent", number of state arrays)
+    def __init__(self, inner, entries: list, n_slots: int):
+        # entries: the layout's CacheEntry list; the inner backend holds one layer per KV leaf, in order
         self.inner = inner
         self.kind = inner.kind
         self.max_capacity = inner.max_capacity
         self.entries = entries
         self.n_slots = n_slots
+        leaves = [leaf for entry in entries for leaf in entry.leaves()]
         self.states: dict[int, list[mx.array | None]] = {
-            i: [None] * size for i, (kind, size) in enumerate(entries) if kind == "recurrent"}
+            i: [None] * leaf.size for i, leaf in enumerate(leaves) if leaf.kind == RECURRENT}
         self._free = list(range(n_slots))
         self._row_of: dict = {}  # sequence record (by identity) -> its state row
 
@@ -105,8 +111,25 @@ class RecurrentStateStorage:
     def views(self, states: list, n_tokens: int) -> list:
         kv_views = iter(self.inner.views(states, n_tokens))  # the inner backend counts the appends
         rows = mx.array([self._row_of[s] for s in states])
-        return [RecurrentView(self.states[i], rows, self.n_slots) if kind == "recurrent" else next(kv_views)
-                for i, (kind, _) in enumerate(self.entries)]
+        leaf_index = itertools.count()  # leaves in layout order, as self.states numbers them
+
+        def view(entry):
+            if entry.kind == COMPOSITE:
+                return CompositeView([view(part) for part in entry.parts])
+            i = next(leaf_index)
+            return RecurrentView(self.states[i], rows, self.n_slots) if entry.kind == RECURRENT else next(kv_views)
+
+        return [view(entry) for entry in self.entries]
+
+
+class CompositeView:
+    """mlx-lm's CacheList protocol: ``view[i]`` is part i's view (a recurrent or a KV view)."""
+
+    def __init__(self, parts: list):
+        self.parts = parts
+
+    def __getitem__(self, i: int):
+        return self.parts[i]
 
 
 class RecurrentView:

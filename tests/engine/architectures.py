@@ -92,6 +92,11 @@ ARCHITECTURES: dict[str, tuple[str, dict]] = {
     "falcon_h1": ("falcon_h1", _with(model_type="falcon_h1", num_hidden_layers=2, mamba_d_conv=4, mamba_d_head=16,
                                      mamba_d_ssm=64, mamba_d_state=16, mamba_n_heads=4, mamba_n_groups=1,
                                      mamba_chunk_size=16)),
+    # llama4 (the multimodal wrapper): chunked attention in three of every four layers
+    "llama4": ("llama4", dict(model_type="llama4", text_config=_with(
+        model_type="llama4_text", num_hidden_layers=4, attention_bias=False, attention_chunk_size=32,
+        interleave_moe_layer_step=2, intermediate_size_mlp=128, num_experts_per_tok=1, num_local_experts=2,
+        rope_scaling=None, use_qk_norm=True))),
     "mamba2": ("mamba2", dict(model_type="mamba2", num_heads=8, head_dim=16, expand=2, vocab_size=VOCAB, hidden_size=64,
                               intermediate_size=128, state_size=16, num_hidden_layers=2, layer_norm_epsilon=1e-5,
                               conv_kernel=4, n_groups=1, use_bias=False, use_conv_bias=True,

@@ -13,11 +13,11 @@ is within float tolerance): the comparison is token for token, so a near tie bet
 here as a failure rather than be hidden (none does with these seeds).
 mlx-lm's loop runs first, on the model before the engine fuses its layers.
 
-Recurrent cases (ArraysCache: qwen3_5, qwen3_next, lfm2, granitemoehybrid, nemotron_h, mamba2) are served
-the same way on both storage backends, alone (contiguous) against mlx-lm and batched against alone; prompt
-lookup is off for them (their state cannot unwind). Each refused case (composites: falcon_h1's CacheList)
-raises ``ModelLoadError`` naming the cache class and the model type when an engine is built for it, and
-never reaches a forward.
+Recurrent cases (ArraysCache: qwen3_5, qwen3_next, lfm2, granitemoehybrid, nemotron_h, mamba2; falcon_h1's
+CacheList of state and attention) are served the same way on both storage backends, alone (contiguous)
+against mlx-lm and batched against alone; prompt lookup is off for them (their state cannot unwind). The
+refused case (llama4's chunked attention) raises ``ModelLoadError`` naming the cache class and the model
+type when an engine is built for it, and never reaches a forward.
 """
 
 from __future__ import annotations
@@ -29,10 +29,11 @@ from .architectures import ARCHITECTURES, alone, available, batched, build, load
 SERVED = ["llama", "qwen3", "qwen3_moe", "gemma2", "gemma3_text", "gemma4_text", "gemma4_text_kv_shared", "gpt_oss",
           "deepseek_v3", "mistral3", "ministral3", "phi3", "olmo3", "smollm3", "llama4_text"]
 # recurrent state (ArraysCache) beside attention, or alone (mamba2): served, prompt lookup off
-RECURRENT = ["qwen3_5", "qwen3_next", "lfm2", "granitemoehybrid", "nemotron_h", "mamba2"]
+# falcon_h1: a CacheList of recurrent state and attention in every layer, served part by part
+RECURRENT = ["qwen3_5", "qwen3_next", "lfm2", "granitemoehybrid", "nemotron_h", "mamba2", "falcon_h1"]
 # case -> (the first refused layer, the class it names)
 REFUSED = {
-    "falcon_h1": (0, "CacheList(ArraysCache, KVCache)"),
+    "llama4": (0, "ChunkedKVCache"),
 }
 NEW_TOKENS = 40
 PROMPT_LENGTHS = (230, 150, 90)

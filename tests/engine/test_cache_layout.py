@@ -37,6 +37,18 @@ def _made_up_cache_model():
     return model
 
 
+def test_a_composite_with_an_unserved_part_is_refused():
+    from mlx_lm.models.cache import CacheList, KVCache
+
+    from mlxd_engine import Engine, ModelLoadError
+
+    model = _made_up_cache_model()
+    type(model).make_cache = lambda self: [CacheList(KVCache(), MadeUpCache()) for _ in self.layers]
+    with pytest.raises(ModelLoadError, match=r"^model type 'llama': layer 0 uses CacheList\(KVCache, MadeUpCache\) "
+                                             r"\(a composite of caches one of which is not served\)"):
+        Engine(loaded("llama", model=model))
+
+
 def test_a_made_up_cache_class_is_refused_by_name():
     from mlxd_engine import Engine, ModelLoadError
 
@@ -67,22 +79,22 @@ def _checkpoint(tmp_path, name: str, tokenizer_edit=None):
     return directory
 
 
-def test_load_refuses_a_composite_cache(tmp_path):
+def test_load_refuses_chunked_attention(tmp_path):
     from mlxd_engine import ModelLoadError, load
 
-    with pytest.raises(ModelLoadError, match=r"^model type 'falcon_h1': layer 0 uses CacheList\(ArraysCache, KVCache\) "
-                                             r"\(a composite of caches\), which mlxd's KV storage does not serve yet$"):
-        load(_checkpoint(tmp_path, "falcon_h1"))
+    with pytest.raises(ModelLoadError, match=r"^model type 'llama4': layer 0 uses ChunkedKVCache \(chunked attention\), "
+                                             r"which mlxd's KV storage does not serve yet$"):
+        load(_checkpoint(tmp_path, "llama4"))
 
 
 def test_daemon_exits_before_ready_on_a_refused_model(tmp_path):
-    directory = _checkpoint(tmp_path, "falcon_h1")
+    directory = _checkpoint(tmp_path, "llama4")
     endpoint = f"ipc://{tempfile.mkdtemp(prefix='mlxd-t-', dir='/tmp')}/d.sock"
     result = subprocess.run([sys.executable, "-m", "mlxd_daemon", "--endpoint", endpoint,
                              "-m", str(directory)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert "mlxd ready" not in result.stdout
-    assert "model type 'falcon_h1': layer 0 uses CacheList(ArraysCache, KVCache)" in result.stderr
+    assert "model type 'llama4': layer 0 uses ChunkedKVCache (chunked attention)" in result.stderr
 
 
 def test_wrapped_config_loads_with_its_facts(tmp_path):
