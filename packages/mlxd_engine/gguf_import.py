@@ -322,8 +322,11 @@ def file_sha256(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def cached_conversion(gguf_path: str | Path) -> Path:
+def cached_conversion(gguf_path: str | Path, sha256: str | None = None) -> Path:
     """The converted checkpoint directory of a GGUF file, ``<cache>/gguf/<sha256>/``, converting it first when absent.
+
+    ``sha256``: the file's digest when the caller has just checked it (the default model's download), so
+    the file is not read again; None: computed here.
 
     Raises:
         GGUFError: the file cannot be read or converted (see ``convert_gguf``).
@@ -332,7 +335,7 @@ def cached_conversion(gguf_path: str | Path) -> Path:
     if not source.is_file():
         raise GGUFError(f"GGUF file {str(gguf_path)!r} does not exist")
     try:
-        target = mlxd_cache_dir() / "gguf" / file_sha256(source)
+        target = mlxd_cache_dir() / "gguf" / (sha256 or file_sha256(source))
     except OSError as error:
         raise GGUFError(f"cannot read {source}: {error}") from error
     if (target / "config.json").is_file():
