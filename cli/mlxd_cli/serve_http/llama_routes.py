@@ -31,6 +31,7 @@ from .metrics import CONTENT_TYPE
 from .schemas import (
     MAX_TOKENS_LIMIT, DetokenizeRequest, DetokenizeResponse, Health, LlamaCompletion, LlamaCompletionRequest,
     LlamaStreamChunk, TokenizeRequest, TokenizeResponse, build_sampling, normalize_stop)
+from .request_fields import LLAMA_NO_EFFECT, LLAMA_UNIMPLEMENTED, check_extra_fields, ignored_fields_header
 from .streaming import SSE_HEADERS, ClosingStreamingResponse, StreamedOutput, collect_generation, sse_body, sse_event
 
 router = APIRouter()
@@ -96,16 +97,18 @@ def _model(stream: GenerationStream) -> str:
 
 @router.post("/completion", response_model=LlamaCompletion,
              responses={200: {"content": {"text/event-stream": {}}}, **ERROR_RESPONSES})
-async def completion(body: LlamaCompletionRequest, request: Request):
+async def completion(body: LlamaCompletionRequest, request: Request, response: Response):
     """Text completion, llama-server's native API (no chat template)."""
+    headers = ignored_fields_header(check_extra_fields(body, LLAMA_UNIMPLEMENTED, LLAMA_NO_EFFECT))
     pool = gateway(request).pool
     stream = await open_generation(pool, completion_request_builder(body))
     if body.stream:
         return ClosingStreamingResponse(_completion_events(stream, request, normalize_stop(body.stop)),
-                                        media_type="text/event-stream", headers=SSE_HEADERS)
+                                        media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
     result = await collect_generation(stream, request)
     if result is None:
         return Response(status_code=499)
+    response.headers.update(headers)
     gateway(request).count_generation(result.done)
     stop_type, word = await stop_reason(pool, result.done, result.tokens, normalize_stop(body.stop))
     return llama_answer(_model(stream), result.text, result.done, stop_type, word)

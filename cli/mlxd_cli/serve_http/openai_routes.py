@@ -31,6 +31,7 @@ from .schemas import (
     MAX_TOKENS_LIMIT, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
     ChatDelta, ChatMessageOut, Completion, CompletionChoice, CompletionRequest, ModelCard, ModelList,
     OpenAIGenerationFields, Usage, build_sampling, normalize_stop)
+from .request_fields import OPENAI_NO_EFFECT, OPENAI_UNIMPLEMENTED, check_extra_fields, ignored_fields_header
 from .streaming import SSE_HEADERS, ClosingStreamingResponse, StreamedOutput, collect_generation, sse_body, sse_event
 
 router = APIRouter()
@@ -104,8 +105,9 @@ def completion_logprobs(entries: list[dict], texts: dict[int, str], offset: int)
 
 
 @router.post("/v1/chat/completions", response_model=ChatCompletion, responses={**STREAM_RESPONSES, **ERROR_RESPONSES})
-async def chat_completions(body: ChatCompletionRequest, request: Request):
+async def chat_completions(body: ChatCompletionRequest, request: Request, response: Response):
     """Chat completion through the model's chat template (OpenAI's API)."""
+    headers = ignored_fields_header(check_extra_fields(body, OPENAI_UNIMPLEMENTED, OPENAI_NO_EFFECT))
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     make_request = request_builder(body, {"messages": [message.to_protocol() for message in body.messages]},
                                    body.max_completion_tokens or body.max_tokens, logprobs, chat=None)
@@ -121,10 +123,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     if body.stream:
         events = _chat_events(stream, request, reply_id, created, logprobs is not None,
                               body.stream_options is not None and body.stream_options.include_usage)
-        return ClosingStreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+        return ClosingStreamingResponse(events, media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
     result = await collect_generation(stream, request)
     if result is None:
         return Response(status_code=499)  # the client left; nobody reads this
+    response.headers.update(headers)
     gateway(request).count_generation(result.done)
     choice_logprobs = chat_logprobs(result.logprobs, await gateway(request).token_texts(result.logprobs)) if logprobs is not None else None
     return ChatCompletion(
@@ -163,8 +166,9 @@ def _chat_events(stream: GenerationStream, request: Request, reply_id: str, crea
 
 
 @router.post("/v1/completions", response_model=Completion, responses={**STREAM_RESPONSES, **ERROR_RESPONSES})
-async def completions(body: CompletionRequest, request: Request):
+async def completions(body: CompletionRequest, request: Request, response: Response):
     """Plain text completion, no chat template (OpenAI's legacy completions API)."""
+    headers = ignored_fields_header(check_extra_fields(body, OPENAI_UNIMPLEMENTED, OPENAI_NO_EFFECT))
     prompt_fields = {"prompt_tokens": body.prompt} if isinstance(body.prompt, list) else {"prompt": body.prompt}
     make_request = request_builder(body, prompt_fields, body.max_tokens, body.logprobs, chat=False)
     stream = await open_generation(gateway(request).pool, make_request)
@@ -172,10 +176,11 @@ async def completions(body: CompletionRequest, request: Request):
     if body.stream:
         events = _completion_events(stream, request, reply_id, created, body.logprobs is not None,
                                     body.stream_options is not None and body.stream_options.include_usage)
-        return ClosingStreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+        return ClosingStreamingResponse(events, media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
     result = await collect_generation(stream, request)
     if result is None:
         return Response(status_code=499)
+    response.headers.update(headers)
     gateway(request).count_generation(result.done)
     choice_logprobs = (completion_logprobs(result.logprobs, await gateway(request).token_texts(result.logprobs), 0)
                        if body.logprobs is not None else None)

@@ -3,8 +3,9 @@
 Contract:
     * Request models are strict (``"5"`` is not an int, ``1`` is not a bool) and bound every value to
       what the daemon accepts, so a bad request is answered 400 here and never reaches a daemon.
-      Unknown fields are ignored, as OpenAI-compatible servers commonly do, so clients that send
-      options we do not implement (``response_format``, ``mirostat``, ...) still work.
+      Fields without a model field are kept (``extra="allow"``) for ``request_fields``: one that
+      OpenAI or llama-server define and mlxd does not implement is refused (400 naming it) unless sent
+      at its neutral value; a vendor extension nobody defines is ignored, logged and named in a header.
     * Sampling fields left out take the serving daemon's defaults (its ``--temp`` etc.), not OpenAI's:
       ``sampling_overrides()`` returns only what the client set, ``build_sampling`` fills the rest.
     * Response models mirror OpenAI's (``chat.completion``, ``chat.completion.chunk``,
@@ -28,9 +29,15 @@ _SAMPLING_FIELDS = frozenset(Sampling.__dataclass_fields__)
 
 
 class StrictModel(BaseModel):
-    """Base of request bodies: strict types, unknown fields ignored."""
+    """Base of nested request parts: strict types, unknown fields ignored."""
 
     model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class RequestBody(StrictModel):
+    """Base of request bodies: strict types; fields without a model field are kept for ``request_fields``."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
 
 
 def _exclude_none(value: Any) -> bool:
@@ -109,7 +116,7 @@ def build_sampling(overrides: dict, daemon_defaults: dict | None) -> Sampling | 
     return Sampling(**merged)
 
 
-class OpenAIGenerationFields(StrictModel):
+class OpenAIGenerationFields(RequestBody):
     """Fields /v1/chat/completions and /v1/completions share (OpenAI's plus our extensions)."""
 
     model: str | None = None
@@ -227,7 +234,7 @@ class CompletionRequest(OpenAIGenerationFields):
 # ---- /completion (llama-server) --------------------------------------------------------------
 
 
-class LlamaCompletionRequest(StrictModel):
+class LlamaCompletionRequest(RequestBody):
     prompt: str | list[int]
     n_predict: int = Field(-1, ge=-1, le=MAX_TOKENS_LIMIT)
     temperature: FiniteFloat | None = Field(None, ge=0)

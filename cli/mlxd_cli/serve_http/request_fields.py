@@ -1,0 +1,137 @@
+"""What the gateway does with request fields it has no model field for: refuse, accept, or ignore and say so.
+
+Contract:
+    * A field that OpenAI or llama-server define and mlxd does not implement (``audio``, ``modalities``
+      with audio, ``prediction``, llama-server's ``mirostat`` > 0, ``n_probs`` > 0, ...) is refused with a
+      400 naming the field, unless the client sent it at its neutral value (the one that changes nothing:
+      ``"mirostat": 0``, ``"typical_p": 1.0``); many llama-server clients send every sampler field at
+      its default, and those must keep working.
+    * A field defined there that cannot change the output (``service_tier``, ``metadata``,
+      ``mirostat_tau`` beside ``mirostat`` 0, ...) is accepted silently.
+    * Any other field (a vendor extension nobody defines) is ignored, as llama-server and vLLM do, but
+      logged once per name and listed in the ``X-Mlxd-Ignored-Fields`` response header.
+
+The request models keep the extra fields (``extra="allow"``) so ``check_extra_fields`` sees them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel
+
+from .errors import ApiError
+
+log = logging.getLogger("mlxd.gateway")
+
+IGNORED_FIELDS_HEADER = "X-Mlxd-Ignored-Fields"
+Neutral = Callable[[Any], bool]
+
+
+def _is_none(value: Any) -> bool:
+    return value is None
+
+
+def _equals(*neutral: Any) -> Neutral:
+    return lambda value: value is None or value in neutral
+
+
+def _empty(value: Any) -> bool:
+    return value is None or value == [] or value == {} or value == ""
+
+
+def _text_only(value: Any) -> bool:
+    return value is None or value == ["text"]
+
+
+# field -> (its neutral value test, what the client is told). OpenAI's chat and legacy completions.
+OPENAI_UNIMPLEMENTED: dict[str, tuple[Neutral, str]] = {
+    "audio": (_is_none, "audio output is not supported"),
+    "modalities": (_text_only, 'only ["text"] output is supported'),
+    "prediction": (_is_none, "predicted outputs are not supported (prompt lookup speculation is: see 'speculative')"),
+    "web_search_options": (_is_none, "web search is not supported"),
+    "reasoning_effort": (_is_none, "reasoning effort is not supported"),
+    "verbosity": (_is_none, "verbosity is not supported"),
+    "store": (_equals(False), "stored completions are not supported"),
+    "functions": (_empty, "the deprecated 'functions' are not supported: use 'tools'"),
+    "function_call": (_equals("none"), "the deprecated 'function_call' is not supported: use 'tool_choice'"),
+    "response_format": (lambda value: value is None or value == {"type": "text"}, "structured output is not supported yet"),
+    "tools": (_empty, "tool calls are not supported by this server yet"),
+    "tool_choice": (_equals("none", "auto"), "tool calls are not supported by this server yet"),
+    "parallel_tool_calls": (_equals(True, False), "tool calls are not supported by this server yet"),
+}
+OPENAI_NO_EFFECT = frozenset({"service_tier", "metadata", "safety_identifier", "prompt_cache_key", "user"})
+
+# llama-server's /completion fields mlxd does not implement, with the value llama-server treats as "off".
+LLAMA_UNIMPLEMENTED: dict[str, tuple[Neutral, str]] = {
+    "json_schema": (_empty, "structured output is not supported yet"),
+    "grammar": (_empty, "grammars are not supported yet"),
+    "n_probs": (_equals(0), "token probabilities (n_probs) are not supported on /completion: use /v1/completions with logprobs"),
+    "mirostat": (_equals(0), "mirostat sampling is not supported"),
+    "typical_p": (_equals(1, 1.0), "typical sampling is not supported"),
+    "tfs_z": (_equals(1, 1.0), "tail-free sampling is not supported"),
+    "dynatemp_range": (_equals(0, 0.0), "dynamic temperature is not supported"),
+    "dry_multiplier": (_equals(0, 0.0), "DRY sampling is not supported"),
+    "xtc_probability": (_equals(0, 0.0), "XTC sampling is not supported"),
+    "top_n_sigma": (_equals(-1, -1.0), "top-n-sigma sampling is not supported"),
+    "repeat_last_n": (_equals(64), "only repeat_last_n 64 is supported"),
+    "penalize_nl": (_equals(False), "penalize_nl is not supported"),
+    "logit_bias": (_empty, "logit_bias is not supported on /completion: use /v1/completions"),
+    "image_data": (_empty, "images are not supported"),
+    "multimodal_data": (_empty, "multimodal input is not supported"),
+    "lora": (_empty, "LoRA adapters are not supported"),
+    "samplers": (_is_none, "a custom sampler order is not supported"),
+    "n_cmpl": (_equals(1), "only one completion per request is supported"),
+    "n": (_equals(1), "only one completion per request is supported"),
+    "post_sampling_probs": (_equals(False), "post_sampling_probs is not supported"),
+    "return_tokens": (_equals(False), "return_tokens is not supported"),
+    "response_fields": (_empty, "response_fields is not supported"),
+    "input_prefix": (_empty, "infill is not supported"),
+    "input_suffix": (_empty, "infill is not supported"),
+    "t_max_predict_ms": (_equals(0), "t_max_predict_ms is not supported"),
+    "n_indent": (_equals(0), "n_indent is not supported"),
+}
+LLAMA_NO_EFFECT = frozenset({
+    "mirostat_tau", "mirostat_eta", "dynatemp_exponent", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
+    "dry_sequence_breakers", "xtc_threshold", "n_keep", "id_slot", "min_keep", "timings_per_token",
+    "return_progress", "t_max_prompt_ms", "n_discard", "cache_prompt",
+})
+
+_logged: set[str] = set()
+
+
+def check_extra_fields(body: BaseModel, unimplemented: dict[str, tuple[Neutral, str]],
+                       no_effect: frozenset[str]) -> list[str]:
+    """Refuse an unimplemented field; return the vendor extensions that will be ignored.
+
+    Args:
+        body: A validated request whose model keeps extra fields (``model_extra``).
+        unimplemented: The endpoint's table of known fields mlxd does not implement.
+        no_effect: Known fields that cannot change the output (accepted silently).
+
+    Returns:
+        The names of the fields nobody defines, sorted (each logged the first time it is seen).
+
+    Raises:
+        ApiError: 400 naming the first unimplemented field sent at a value that is not its neutral one.
+    """
+    extra = body.model_extra or {}
+    for name, value in extra.items():
+        if name in unimplemented:
+            neutral, why = unimplemented[name]
+            if not neutral(value):
+                raise ApiError(400, f"{name}: {why}", param=name, code="unsupported_field")
+    ignored = sorted(name for name in extra if name not in unimplemented and name not in no_effect)
+    for name in ignored:
+        if name not in _logged:
+            _logged.add(name)
+            log.warning("request field %r is not defined by OpenAI or llama-server and is ignored "
+                        "(named in the %s response header)", name, IGNORED_FIELDS_HEADER)
+    return ignored
+
+
+def ignored_fields_header(ignored: list[str]) -> dict[str, str]:
+    """The response header naming the ignored fields (empty when none were)."""
+    return {IGNORED_FIELDS_HEADER: ", ".join(ignored)} if ignored else {}

@@ -1,0 +1,73 @@
+"""No silent ignoring: a field OpenAI or llama-server define and mlxd does not implement is a 400 naming
+it (unless sent at its neutral value); a vendor extension is ignored but named in a response header."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlxd_cli.serve_http.request_fields import IGNORED_FIELDS_HEADER
+
+from .conftest import sse_events
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+COMPLETION = {"prompt": "Once upon a time", "max_tokens": 3}
+LLAMA = {"prompt": "Once upon a time", "n_predict": 3}
+
+REFUSED = [
+    ("/v1/chat/completions", CHAT, "audio", {"voice": "alloy", "format": "wav"}),
+    ("/v1/chat/completions", CHAT, "modalities", ["text", "audio"]),
+    ("/v1/chat/completions", CHAT, "prediction", {"type": "content", "content": "x"}),
+    ("/v1/chat/completions", CHAT, "store", True),
+    ("/v1/completions", COMPLETION, "web_search_options", {}),
+    ("/completion", LLAMA, "mirostat", 2),
+    ("/completion", LLAMA, "n_probs", 5),
+    ("/completion", LLAMA, "typical_p", 0.5),
+    ("/completion", LLAMA, "image_data", [{"data": "xx", "id": 1}]),
+    ("/completion", LLAMA, "logit_bias", [[15, -1.0]]),
+]
+
+NEUTRAL = [
+    ("/v1/completions", COMPLETION, {"modalities": ["text"], "store": False, "service_tier": "auto",
+                                    "metadata": {"a": "b"}, "response_format": {"type": "text"}}),
+    ("/completion", LLAMA, {"mirostat": 0, "mirostat_tau": 5.0, "typical_p": 1.0, "tfs_z": 1.0, "n_probs": 0,
+                            "dry_multiplier": 0.0, "xtc_probability": 0.0, "repeat_last_n": 64, "n_keep": 0,
+                            "samplers": None, "id_slot": -1}),
+]
+
+
+@pytest.mark.parametrize("path, base, field, value", REFUSED, ids=[f"{case[0]} {case[2]}" for case in REFUSED])
+def test_unimplemented_field_is_refused_by_name(stories_gateway, path, base, field, value):
+    response = stories_gateway.client.post(path, json={**base, field: value})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == field
+    assert error["message"].startswith(f"{field}: ")
+    assert error["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("path, base, fields", NEUTRAL, ids=[case[0] for case in NEUTRAL])
+def test_neutral_values_are_accepted_without_a_header(stories_gateway, path, base, fields):
+    response = stories_gateway.client.post(path, json={**base, **fields})
+    assert response.status_code == 200, response.text
+    assert IGNORED_FIELDS_HEADER not in response.headers
+
+
+@pytest.mark.parametrize("path, base", [("/v1/completions", COMPLETION), ("/completion", LLAMA)])
+def test_vendor_extension_is_ignored_and_named(stories_gateway, path, base):
+    plain = stories_gateway.client.post(path, json={**base, "temperature": 0})
+    extended = stories_gateway.client.post(path, json={**base, "temperature": 0, "zz_vendor_knob": 3, "aa_other": "x"})
+    assert extended.status_code == 200, extended.text
+    assert extended.headers[IGNORED_FIELDS_HEADER] == "aa_other, zz_vendor_knob"
+    def text(body: dict) -> str:
+        return body["content"] if path == "/completion" else body["choices"][0]["text"]
+
+    assert text(extended.json()) == text(plain.json())  # the extension changed nothing
+
+
+def test_streamed_answer_names_ignored_fields_too(stories_gateway):
+    with stories_gateway.client.stream("POST", "/v1/completions",
+                                       json={**COMPLETION, "stream": True, "my_extension": 1}) as response:
+        assert response.status_code == 200
+        assert response.headers[IGNORED_FIELDS_HEADER] == "my_extension"
+        events = sse_events(response.iter_lines())
+    assert events[-1] == "[DONE]"
