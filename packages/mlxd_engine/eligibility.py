@@ -1,9 +1,9 @@
 """Whether a request may use prompt-lookup speculation, and if not, why.
 
 Contract: one predicate for every caller. Prompt lookup needs (1) text-only input, so the drafter's
-n-gram index sees every token the model saw; (2) no structured output, whose grammar state would have to
-be stepped through each draft; (3) no logprobs, which the verify round does not report per position;
-(4) a sampler chain whose per-position state the round can replay (mlx-lm's penalties, biases and
+n-gram index sees every token the model saw; (2) structured output is no obstacle: the verify round cuts a
+draft at the first token the grammar forbids and masks every position (``grammar.py``); (3) no logprobs,
+which the verify round does not report per position; (4) a sampler chain whose per-position state the round can replay (mlx-lm's penalties, biases and
 filters can: position i sees history + proposal[:i]; opaque in-process processors cannot be known to);
 (5) KV storage that can unwind speculative appends.
 """
@@ -28,7 +28,6 @@ def prompt_lookup_eligibility(
     params: SamplingParams,
     *,
     has_images: bool = False,
-    structured_output: bool = False,
     storage_can_unwind: bool = True,
 ) -> Eligibility:
     """Decide whether prompt lookup may run for a request.
@@ -36,15 +35,12 @@ def prompt_lookup_eligibility(
     Args:
         params: the request's sampling parameters.
         has_images: the request carries non-text input.
-        structured_output: the request asks for a JSON schema or grammar.
         storage_can_unwind: the KV storage of its sequence supports unwinding appends.
     Returns:
         Eligibility(True) or Eligibility(False, reason).
     """
     if has_images:
         return Eligibility(False, "non-text input: the drafter only sees text tokens")
-    if structured_output:
-        return Eligibility(False, "structured output: grammar state cannot be replayed per draft")
     if params.logprobs is not None:
         return Eligibility(False, "logprobs requested: the verify round does not report them")
     if params.custom_processors:

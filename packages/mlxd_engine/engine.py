@@ -170,7 +170,9 @@ class Engine:
             raise KVStorageFull(f"prompt of {len(prompt)} tokens does not fit the KV bound of {self.max_kv_size}")
         params.validate(self.loaded.vocab_size)
         kv = self.storage.allocate(self._reservation(len(prompt), max_new_tokens or self.max_kv_size))
-        return Sequence(next(self._ids), kv, list(prompt), len(prompt), SamplerChain(params), self.max_kv_size)
+        seq = Sequence(next(self._ids), kv, list(prompt), len(prompt), SamplerChain(params), self.max_kv_size)
+        seq.chain.follow(seq.tokens, seq.prompt_length)  # a grammar stage reads the row's output (grammar.py)
+        return seq
 
     def release(self, seq: Sequence) -> None:
         """Give the slot back. Safe while a step for it is in flight: MLX orders that step's writes

@@ -1,10 +1,16 @@
-"""Per-row sampler chains: logits processors, then filters, then a draw (or argmax).
+"""Per-row sampler chains: logits processors, then the grammar mask, then filters, then a draw (or argmax).
 
 Contract: a ``SamplerChain`` turns one row's logits into a token, given that row's token history. The
 chain is the same for plain steps and for every position of a verify round, which is what makes the
 verify round's output equal to plain decode: position i of a round sees history + proposal[:i], exactly
 the history plain decode would have had. A seeded chain owns a PRNG key and splits it once per emitted
 token, so seeded sampling is reproducible whether a token came from a step or from a verify round.
+
+A row with a grammar (``grammar.py``: a JSON schema, GBNF, ...) runs one more stage after the processors:
+tokens the grammar forbids are masked out. The stage reads the row's own token list (``follow``, bound by
+``Engine.add_sequence``) and, at a verify position, the proposal prefix (``pending``); rows with and
+without grammars share a batch. In a batched step the forward is started before the grammar rows'
+masks are computed, so the masks are built while the model runs.
 
 Greedy rows with no processors are the common case; ``sample_rows`` argmaxes all of them in one call
 and batches rows that share the same filters and no seed into one draw.
@@ -13,12 +19,15 @@ and batches rows that share the same filters and no seed into one draw.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors
 
 from mlxd_protocol.sampling_rules import GREEDY, sampling_problem
+
+if TYPE_CHECKING:
+    from .grammar import Grammar
 
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 
@@ -29,7 +38,8 @@ class SamplingParams:
 
     ``temperature`` 0 means argmax; ``top_k`` 0, ``top_p`` 1 and ``min_p`` 0 are off; penalties of 0
     (repetition: 1 or 0) are off. ``logprobs`` is the number of alternatives to report per token
-    (None: none). ``custom_processors`` are in-process callables (library use only).
+    (None: none). ``custom_processors`` are in-process callables (library use only). ``grammar``: a
+    compiled schema or grammar (``grammar.compile_grammar``) the output must follow.
     """
 
     temperature: float = GREEDY["temperature"]
@@ -44,6 +54,7 @@ class SamplingParams:
     seed: int | None = None
     logprobs: int | None = None
     custom_processors: tuple[LogitsProcessor, ...] = field(default=(), compare=False)
+    grammar: Grammar | None = field(default=None, compare=False)
 
     def validate(self, vocab_size: int) -> None:
         """Raise ValueError with a user-facing message naming the field (the rules: ``sampling_rules``)."""
@@ -61,7 +72,7 @@ class SamplingParams:
 
 
 class SamplerChain:
-    """One row's chain: processors → temperature → top-k → top-p → min-p → draw."""
+    """One row's chain: processors → grammar mask → temperature → top-k → top-p → min-p → draw."""
 
     def __init__(self, params: SamplingParams):
         self.params = params
@@ -75,20 +86,30 @@ class SamplerChain:
             frequency_penalty=params.frequency_penalty or None,
             frequency_context_size=params.penalty_context,
         ) + list(params.custom_processors)
+        self.grammar = params.grammar.start() if params.grammar is not None else None
+        if self.grammar is not None:
+            self.processors.append(self.grammar)  # last: penalties first, then forbid what the grammar does
         self.key = mx.random.key(params.seed) if params.seed is not None else None
         # a processor reads the row's past tokens (penalties, caller-given processors); a logit bias does not
+        # (a grammar reads the row's whole output: its steps must not run ahead of the tokens read)
         self.needs_history = bool(repetition or params.presence_penalty or params.frequency_penalty
-                                  or params.custom_processors)
+                                  or params.custom_processors or self.grammar is not None)
+
+    def follow(self, tokens: list[int], prompt_length: int) -> None:
+        """Bind the chain to its sequence's token list (a grammar stage reads the output from it)."""
+        if self.grammar is not None:
+            self.grammar.follow(tokens, prompt_length)
 
     @property
     def has_row_state(self) -> bool:
         """True when the chain needs the row's history or its own key (cannot join a batched draw)."""
         return bool(self.processors) or self.key is not None
 
-    def process(self, logits: mx.array, history: mx.array) -> mx.array:
-        # logits: [1, V]; history: [T] token ids seen so far (prompt + output)
+    def process(self, logits: mx.array, history: mx.array, pending: list[int] = ()) -> mx.array:
+        # logits: [1, V]; history: [T] token ids seen so far (prompt + output, windowed);
+        # pending: tokens after the row's recorded output that this position sees (a verify round's drafts)
         for processor in self.processors:
-            logits = processor(history, logits)
+            logits = self.grammar.apply(logits, pending) if processor is self.grammar else processor(history, logits)
         return logits
 
     def filtered_logprobs(self, logits: mx.array) -> mx.array:
@@ -157,6 +178,8 @@ def sample_rows(chains: list[SamplerChain], logits: mx.array,
             groups.setdefault(chain.params.filter_key(), []).append(row)
     if len(groups) == 1 and not solo:
         return chains[0].draw(logits).astype(mx.int32)
+    if any(chains[row].grammar is not None for row in solo):
+        mx.async_eval(logits)  # start the forward: the grammar rows' masks are computed while it runs
     parts: list[tuple[list[int], mx.array]] = []
     for rows in groups.values():
         index = mx.array(rows)

@@ -8,7 +8,8 @@ draft tokens, the round
 2. runs ``engine.verify`` on [current] + proposal: k+1 positions in one forward,
 3. samples every position through the row's own chain, in order, position i seeing history +
    proposal[:i] (greedy rows: one argmax over all positions), and accepts drafts while the sampled
-   token equals the draft,
+   token equals the draft; a row with a grammar has its proposal cut first at the first token the
+   grammar forbids, and its mask applied at every position,
 4. emits the accepted drafts plus the target's own token at the first disagreement (or after the last
    draft), cut short at the first EOS or at a token the caller's ``should_stop`` flags,
 5. commits the appends the emitted tokens need and unwinds the rest.
@@ -68,6 +69,8 @@ def verify_round(
         raise ValueError("max_new_tokens must be >= 1")
     room = kv_room(seq)  # positions left for [current] + drafts
     proposal = list(proposal[: max(0, min(max_new_tokens - 1, room - 1))])
+    if seq.chain.grammar is not None:  # cut at the first draft token the grammar forbids (grammar.py)
+        proposal = seq.chain.grammar.allowed_prefix(proposal)
     k = len(proposal)
     logits = engine.verify(seq, [seq.tokens[-1]] + proposal)  # [k+1, V]
     sampled = _sample_positions(seq, logits, proposal)
@@ -106,7 +109,7 @@ def _sample_positions(seq: Sequence, logits: mx.array, proposal: list[int]) -> l
         row = logits[i : i + 1]
         if chain.processors:
             history = mx.array((seq.tokens + proposal[:i])[-window:])
-            row = chain.process(row, history)
+            row = chain.process(row, history, proposal[:i])  # a grammar masks at every position
         token = int(chain.draw(row).item())
         sampled.append(token)
         if i < len(proposal) and token != proposal[i]:

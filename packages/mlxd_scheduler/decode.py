@@ -25,6 +25,9 @@ that keep the in-flight steps right when the batch changes:
 6. Rows whose sampler reads their history (penalties) see it through the newest in-flight step only,
    so a tick with such a row submits one step (the scheduler sees to it). A logit bias or a per-request
    seed needs no history: each chained step draws in order, as single steps would.
+7. Rows with a grammar (structured output) need the token of step n to compute the mask of step n+1,
+   so a tick with such a row steps synchronously (the scheduler tears the in-flight steps down first);
+   the engine still starts each step's forward before building the grammar rows' masks.
 
 With ``lookahead=False`` every tick submits and reads its own single step (the unpipelined baseline).
 """
@@ -73,7 +76,8 @@ class DecodeLoop:
             return self.teardown(), []
         emitted = []  # tokens of steps read (and committed) before any failure are still reported
         try:
-            if not self.lookahead:
+            if not self.lookahead or any(s.seq.chain.grammar is not None for s in rows):
+                assert not self.in_flight, "tear down the in-flight steps before a synchronous step (rule 7)"
                 return self._pairs(rows, self.engine.step([s.seq for s in rows])), []
             started = time.perf_counter()
             states = list(rows)  # the chained steps share it: their rows are the same

@@ -31,6 +31,9 @@ The tick, in the order the rules are applied:
    ``MIN_DRAFT_BESIDE_OTHERS`` tokens is retracted (declined, not a miss) and the row takes the batched
    step. Each verify round is a forward of its own, so beside other rows it pays only when it checks a
    long draft (measured: docs/benchmark_results/code_notes.md#short-proposals).
+7. Structured output: a row with a grammar never pipelines (its mask needs its last token read), and
+   its proposal is cut at the first token the grammar forbids (the verify round cuts it, and masks
+   every position); a proposal whose first token is forbidden is retracted (no round, no miss).
 A verify forward that fails fails only its row: the round's appends are unwound and the row finishes
 with an error; the other rows go on.
 """
@@ -107,6 +110,10 @@ class PromptLookupArm:
                     self.counters["declined_governor"] += 1
                 continue
             proposal = state.drafter.draft_block()
+            grammar = state.seq.chain.grammar
+            if proposal and grammar is not None and not grammar.allowed_prefix(proposal):
+                state.drafter.retract_draft()  # rule 7: the grammar forbids even the first draft token
+                continue
             if proposal and state.request.max_tokens - state.emitted <= 1:
                 # one token left: the round would check no draft; a plain step gives that token
                 state.drafter.retract_draft()

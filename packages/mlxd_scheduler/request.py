@@ -34,7 +34,6 @@ class Request:
     max_tokens: int = 256
     text: TextStream | None = None  # None: no text (token ids only), no stop strings
     speculative: SpeculativeRequest = field(default_factory=SpeculativeRequest)
-    structured_output: bool = False
     ignore_eos: bool = False
 
 

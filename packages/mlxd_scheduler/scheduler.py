@@ -169,6 +169,11 @@ class BatchScheduler:
         rows = [s for s in self.decoding if s.phase == "decode"]
         if not rows and not self.decode_loop.pipelined:
             return
+        if self.decode_loop.pipelined and any(s.seq.chain.grammar is not None for s in rows):
+            # a grammar row's mask needs its last token read: settle the steps in flight first; while such
+            # a row decodes, the decode loop steps synchronously (decode.py, rule 7)
+            self._emit_decoded(self.decode_loop.teardown(), record)
+            rows = [s for s in rows if s.phase == "decode"]
         was_pipelined = self.decode_loop.pipelined
         record.pipelined = self.decode_loop.lookahead and was_pipelined and bool(rows)
         if any(s.drafter is not None for s in rows):
@@ -235,8 +240,7 @@ class BatchScheduler:
         default = self.options.prompt_lookup
         if wanted.enabled is False or (wanted.enabled is None and default is None):
             return None
-        verdict = prompt_lookup_eligibility(state.request.params, structured_output=state.request.structured_output,
-                                            storage_can_unwind=self.engine.can_unwind)
+        verdict = prompt_lookup_eligibility(state.request.params, storage_can_unwind=self.engine.can_unwind)
         if not verdict:
             log.debug("request %s decodes plainly: %s", state.request_id, verdict.reason)
             return verdict.reason

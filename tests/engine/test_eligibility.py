@@ -16,7 +16,6 @@ def test_plain_greedy_and_sampled_requests_are_eligible():
     "params, kwargs, words",
     [
         (SamplingParams(), {"has_images": True}, "non-text"),
-        (SamplingParams(), {"structured_output": True}, "structured output"),
         (SamplingParams(logprobs=2), {}, "logprobs"),
         (SamplingParams(custom_processors=(lambda tokens, logits: logits,)), {}, "custom logits processors"),
         (SamplingParams(), {"storage_can_unwind": False}, "unwind"),
