@@ -14,14 +14,15 @@ import time
 
 import click
 
-from mlxd_protocol import Client, DaemonError, DaemonTimeout, Done, Generate, ProtocolError, Sampling, Speculative, new_request_id
+from mlxd_protocol import (
+    Client, Constraint, DaemonError, DaemonTimeout, Done, Generate, ProtocolError, Sampling, Speculative, new_request_id)
 from mlxd_protocol.autostart import AutostartError, ensure_daemon
 from mlxd_protocol.endpoints import default_endpoint
 
 
 def build_request(prompt: str, max_tokens: int, temp, top_p, seed, system, chat, stop,
                   prompt_lookup: bool | None = None, draft_block_size: int | None = None,
-                  stream: bool = True, ignore_eos: bool = False) -> Generate:
+                  stream: bool = True, ignore_eos: bool = False, constraint: Constraint | None = None) -> Generate:
     sampling = None
     if temp is not None or top_p is not None or seed is not None:
         sampling = Sampling(temperature=temp or 0.0, top_p=top_p if top_p is not None else 1.0, seed=seed)
@@ -30,7 +31,24 @@ def build_request(prompt: str, max_tokens: int, temp, top_p, seed, system, chat,
         kind = None if prompt_lookup is None else ("prompt-lookup" if prompt_lookup else "none")
         speculative = Speculative(kind=kind, max_draft=draft_block_size)
     return Generate(id=new_request_id(), prompt=prompt, chat=chat, system=system, max_tokens=max_tokens,
-                    stop=list(stop), stream=stream, sampling=sampling, speculative=speculative, ignore_eos=ignore_eos)
+                    stop=list(stop), stream=stream, sampling=sampling, speculative=speculative, ignore_eos=ignore_eos,
+                    constraint=constraint)
+
+
+def read_constraint(json_schema_file, grammar_file) -> Constraint | None:
+    """The Constraint of --json-schema FILE (a JSON schema) or --grammar FILE (GBNF), or None."""
+    if json_schema_file and grammar_file:
+        raise click.UsageError("give --json-schema or --grammar, not both")
+    if json_schema_file:
+        text = json_schema_file.read()
+        try:
+            json.loads(text)
+        except json.JSONDecodeError as error:
+            raise click.BadParameter(f"not valid JSON: {error}", param_hint="--json-schema") from error
+        return Constraint(kind="json_schema", text=text)
+    if grammar_file:
+        return Constraint(kind="gbnf", text=grammar_file.read())
+    return None
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -48,11 +66,15 @@ def build_request(prompt: str, max_tokens: int, temp, top_p, seed, system, chat,
               help="ask for prompt-lookup speculative decoding, or refuse it (default: the daemon's)")
 @click.option("--draft-block-size", default=None, type=click.IntRange(1), help="lower the most draft tokens per round")
 @click.option("--ignore-eos", is_flag=True, help="generate until --max-tokens or a stop string, past end-of-sequence")
+@click.option("--json-schema", "json_schema_file", type=click.File("r"), default=None,
+              help="structured output: the reply follows the JSON schema in this file")
+@click.option("--grammar", "grammar_file", type=click.File("r"), default=None,
+              help="structured output: the reply follows the GBNF grammar in this file (llama.cpp's format)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of streaming text")
 @click.option("--autostart/--no-autostart", default=True, show_default=True, help="start mlxd if none answers")
 @click.option("--local", is_flag=True, help="run the scheduler in this process instead of talking to mlxd")
 def main(prompt, model, endpoint, max_tokens, temp, top_p, seed, system, chat, stop, prompt_lookup, draft_block_size,
-         ignore_eos, as_json, autostart, local):
+         ignore_eos, json_schema_file, grammar_file, as_json, autostart, local):
     """Generate a reply to PROMPT."""
     if local:
         from mlxd_fast_blas import ensure_fast_blas
@@ -64,7 +86,8 @@ def main(prompt, model, endpoint, max_tokens, temp, top_p, seed, system, chat, s
         raise click.UsageError("the prompt is empty")
     # --json prints one object at the end: no chunks are asked for (the daemon then sends one reply)
     request = build_request(prompt, max_tokens, temp, top_p, seed, system, chat, stop, prompt_lookup, draft_block_size,
-                            stream=not as_json, ignore_eos=ignore_eos)
+                            stream=not as_json, ignore_eos=ignore_eos,
+                            constraint=read_constraint(json_schema_file, grammar_file))
     started = time.perf_counter()
     try:
         if local:

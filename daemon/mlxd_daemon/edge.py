@@ -2,7 +2,8 @@
 
 Contract: everything textual happens here, never in the scheduler or the engine: applying the chat
 template, encoding the prompt, building the request's TextStream (streaming detokenizer + stop
-strings). Sampler settings: a request's ``sampling``, or the daemon's defaults (both a wire ``Sampling``)
+strings) and compiling a request's constraint (a JSON schema or grammar; one the library rejects is an
+invalid_request Error with its message). Sampler settings: a request's ``sampling``, or the daemon's defaults (both a wire ``Sampling``)
 become the engine's ``SamplingParams`` in one conversion; their value rules are checked once, by the
 scheduler's submit (``sampling_rules``, with the model's vocabulary). Replies: a TokenEvent becomes a
 Chunk for a streaming request (nothing for a non-streaming one); a FinishEvent becomes Done with the
@@ -12,7 +13,9 @@ whole text and tokens, or Error when the request failed. A scheduler ``TickRecor
 
 from __future__ import annotations
 
-from mlxd_engine import LoadedModel, SamplingParams
+from dataclasses import replace
+
+from mlxd_engine import GrammarError, LoadedModel, SamplingParams, compile_grammar
 from mlxd_protocol import INTERNAL, INVALID, Chunk, Done, Error, Generate, ProtocolError, Sampling, Tick, TickRow
 from mlxd_scheduler import FinishEvent, Request, SpeculativeRequest, TextStream, TickRecord, TokenEvent
 
@@ -70,6 +73,12 @@ def to_request(loaded: LoadedModel, message: Generate, internal_id: str, default
     if not tokens:
         raise ProtocolError(INVALID, "the prompt is empty")
     params = sampling_params(message, defaults)
+    if message.constraint is not None:
+        try:
+            grammar = compile_grammar(loaded, message.constraint.kind, message.constraint.text)
+        except GrammarError as error:
+            raise ProtocolError(INVALID, f"constraint: {error}") from error
+        params = replace(params, grammar=grammar)
     speculative = SpeculativeRequest()
     if message.speculative is not None:
         kind = message.speculative.kind

@@ -9,12 +9,12 @@ process) speak the same messages.
 """
 
 from .messages import (
-    AUTH_TOKEN_ENV, BAD_FRAME, BAD_VERSION, CANCELLED, CLIENT_CLOSED, CLIENT_CODES, DISCONNECTED, ERROR_CODES,
+    AUTH_TOKEN_ENV, BAD_FRAME, BAD_VERSION, CANCELLED, CLIENT_CLOSED, CLIENT_CODES, CONSTRAINT_KINDS, DISCONNECTED, ERROR_CODES,
     FINISH_CANCELLED, FINISH_LENGTH, FINISH_REASONS, FINISH_STOP, INTERNAL, INVALID, MAX_FRAME_BYTES, MESSAGE_TYPES,
     NOT_FOUND, OVERLOADED, PROTOCOL_VERSION, REPLY_TYPES, REQUEST_TYPES, SPECULATIVE_KINDS, SUPPORTED_VERSIONS,
     TICK_TOPIC, TRACE_TYPES, UNAUTHORIZED, UNKNOWN_TYPE,
-    Cancel, Chunk, Detokenize, DetokenizeResult, Done, Error, Generate, Hello, Message, Ok, Sampling, Shutdown,
-    Speculative, Status, StatusRequest, Tick, TickRow, Tokenize, TokenizeResult)
+    Cancel, Chunk, Constraint, Detokenize, DetokenizeResult, Done, Error, Generate, Hello, Message, Ok, Sampling,
+    Shutdown, Speculative, Status, StatusRequest, Tick, TickRow, Tokenize, TokenizeResult)
 from .codec import ProtocolError, decode, encode, error_reply
 from .endpoints import (
     check_bind_address, default_endpoint, ensure_private_dir, parse_endpoint, pid_file, socket_path,
@@ -25,12 +25,13 @@ from .interface import DaemonClient
 from .local_client import LocalClient
 
 __all__ = [
-    "AUTH_TOKEN_ENV", "BAD_FRAME", "BAD_VERSION", "CANCELLED", "CLIENT_CLOSED", "CLIENT_CODES", "DISCONNECTED",
+    "AUTH_TOKEN_ENV", "BAD_FRAME", "BAD_VERSION", "CANCELLED", "CLIENT_CLOSED", "CLIENT_CODES", "CONSTRAINT_KINDS",
+    "DISCONNECTED",
     "ERROR_CODES", "FINISH_CANCELLED", "FINISH_LENGTH", "FINISH_REASONS", "FINISH_STOP", "INTERNAL", "INVALID",
     "MAX_FRAME_BYTES", "MESSAGE_TYPES", "NOT_FOUND", "OVERLOADED", "PROTOCOL_VERSION", "REPLY_TYPES",
     "REQUEST_TYPES", "SPECULATIVE_KINDS", "SUPPORTED_VERSIONS", "TICK_TOPIC", "TRACE_TYPES", "UNAUTHORIZED",
     "UNKNOWN_TYPE",
-    "Cancel", "Chunk", "Detokenize", "DetokenizeResult", "Done", "Error", "Generate", "Hello", "Message",
+    "Cancel", "Chunk", "Constraint", "Detokenize", "DetokenizeResult", "Done", "Error", "Generate", "Hello", "Message",
     "Ok", "ProtocolError", "Sampling", "Shutdown", "Speculative", "Status", "StatusRequest", "Tick", "TickRow",
     "Tokenize", "TokenizeResult", "decode", "encode", "error_reply",
     "check_bind_address", "default_endpoint", "ensure_private_dir", "parse_endpoint", "pid_file",

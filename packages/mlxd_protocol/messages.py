@@ -59,6 +59,8 @@ FINISH_CANCELLED = "cancelled"  # a Cancel for this id arrived
 FINISH_REASONS = frozenset({FINISH_STOP, FINISH_LENGTH, FINISH_CANCELLED})
 
 SPECULATIVE_KINDS = frozenset({"prompt-lookup", "none"})
+# Constraint.kind: what the output must follow (structured output).
+CONSTRAINT_KINDS = frozenset({"json_object", "json_schema", "gbnf", "lark", "regex"})
 
 # What a row did in a tick (TickRow.action); see docs/protocol.md, "tick".
 TICK_ACTIONS = frozenset({"prefill", "first-token", "prime", "decode", "verify", "finished"})
@@ -141,6 +143,23 @@ class Speculative(Message):
                  f"speculative.max_draft: must be in [0, {MAX_DRAFT_LIMIT}]")
 
 
+@dataclass(slots=True)
+class Constraint(Message):
+    """Structured output: the output must follow a JSON schema or a grammar (the daemon masks every other token).
+
+    ``kind``: "json_object" (any JSON object; ``text`` nil), "json_schema" (``text`` is the schema as JSON
+    text), "gbnf" (llama.cpp's GBNF), "lark" (llguidance's Lark dialect), "regex". A schema or grammar the
+    daemon's grammar library rejects is answered with an invalid_request Error carrying its message.
+    """
+
+    kind: str
+    text: str | None = None
+
+    def validate(self) -> None:
+        _require(self.kind in CONSTRAINT_KINDS, f"constraint.kind: must be one of {sorted(CONSTRAINT_KINDS)}")
+        _require(self.kind == "json_object" or bool(self.text), f"constraint.text: required for kind {self.kind!r}")
+
+
 # ---- requests (client -> daemon) -----------------------------------------------------------
 
 
@@ -180,9 +199,12 @@ class Generate(Message):
     speculative: Speculative | None = None
     add_special_tokens: bool = True
     ignore_eos: bool = False  # keep generating past end-of-sequence tokens (benchmarks)
+    constraint: Constraint | None = None  # structured output: a JSON schema or grammar the output follows
 
     def validate(self) -> None:
         _exactly_one(self, ("prompt", "prompt_tokens", "messages"))
+        _require(not (self.ignore_eos and self.constraint is not None),
+                 "ignore_eos: cannot be combined with a constraint (a finished grammar allows only end-of-sequence)")
         _require(self.prompt_tokens is None or len(self.prompt_tokens) > 0,
                  "prompt_tokens: must hold at least one token")
         _check_tokens(self.prompt_tokens, "prompt_tokens")

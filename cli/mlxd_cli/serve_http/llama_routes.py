@@ -26,12 +26,13 @@ from mlxd_protocol import Done, Generate, new_request_id
 
 from .context import gateway
 from .daemon_pool import DaemonHandle, DaemonPool, GenerationStream, call_daemon, open_generation
-from .errors import ERROR_RESPONSES, NoDaemonAvailable, from_daemon_failure
+from .errors import ERROR_RESPONSES, ApiError, NoDaemonAvailable, from_daemon_failure
 from .metrics import CONTENT_TYPE
 from .schemas import (
     MAX_TOKENS_LIMIT, DetokenizeRequest, DetokenizeResponse, Health, LlamaCompletion, LlamaCompletionRequest,
     LlamaStreamChunk, TokenizeRequest, TokenizeResponse, build_sampling, normalize_stop)
-from .request_fields import LLAMA_NO_EFFECT, LLAMA_UNIMPLEMENTED, check_extra_fields, ignored_fields_header
+from .request_fields import (
+    LLAMA_NO_EFFECT, LLAMA_UNIMPLEMENTED, check_extra_fields, ignored_fields_header, name_constraint_field)
 from .streaming import SSE_HEADERS, ClosingStreamingResponse, StreamedOutput, collect_generation, sse_body, sse_event
 
 router = APIRouter()
@@ -44,13 +45,14 @@ def completion_request_builder(body: LlamaCompletionRequest):
     overrides = body.sampling_overrides()
     speculative = body.speculative.to_protocol() if body.speculative else None
     prompt_fields = {"prompt_tokens": body.prompt} if isinstance(body.prompt, list) else {"prompt": body.prompt}
+    constraint = body.constraint()
 
     def make_request(handle: DaemonHandle) -> Generate:
         context = min(handle.context_bound or FALLBACK_CONTEXT, MAX_TOKENS_LIMIT)
         max_tokens = context if body.n_predict == -1 else min(body.n_predict, context)
         return Generate(id=new_request_id(), **prompt_fields, chat=False, max_tokens=max_tokens, stop=stop,
                         stream=True, sampling=build_sampling(overrides, handle.sampling_defaults),
-                        speculative=speculative, ignore_eos=body.ignore_eos)
+                        speculative=speculative, ignore_eos=body.ignore_eos, constraint=constraint)
 
     return make_request
 
@@ -101,7 +103,10 @@ async def completion(body: LlamaCompletionRequest, request: Request, response: R
     """Text completion, llama-server's native API (no chat template)."""
     headers = ignored_fields_header(check_extra_fields(body, LLAMA_UNIMPLEMENTED, LLAMA_NO_EFFECT))
     pool = gateway(request).pool
-    stream = await open_generation(pool, completion_request_builder(body))
+    try:
+        stream = await open_generation(pool, completion_request_builder(body))
+    except ApiError as error:
+        raise name_constraint_field(error, "grammar" if body.grammar else "json_schema") from error
     if body.stream:
         return ClosingStreamingResponse(_completion_events(stream, request, normalize_stop(body.stop)),
                                         media_type="text/event-stream", headers={**SSE_HEADERS, **headers})

@@ -31,7 +31,8 @@ from .schemas import (
     MAX_TOKENS_LIMIT, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
     ChatDelta, ChatMessageOut, Completion, CompletionChoice, CompletionRequest, ModelCard, ModelList,
     OpenAIGenerationFields, Usage, build_sampling, normalize_stop)
-from .request_fields import OPENAI_NO_EFFECT, OPENAI_UNIMPLEMENTED, check_extra_fields, ignored_fields_header
+from .request_fields import (
+    OPENAI_NO_EFFECT, OPENAI_UNIMPLEMENTED, check_extra_fields, ignored_fields_header, name_constraint_field)
 from .streaming import SSE_HEADERS, ClosingStreamingResponse, StreamedOutput, collect_generation, sse_body, sse_event
 
 router = APIRouter()
@@ -64,11 +65,13 @@ def request_builder(body: OpenAIGenerationFields, prompt_fields: dict, max_token
     stop = normalize_stop(body.stop)
     overrides = body.sampling_overrides(logprobs)
     speculative = body.speculative.to_protocol() if body.speculative else None
+    constraint = body.constraint()
 
     def make_request(handle: DaemonHandle) -> Generate:
         limit = max_tokens or min(handle.context_bound or FALLBACK_MAX_TOKENS, MAX_TOKENS_LIMIT)
         return Generate(id=new_request_id(), **prompt_fields, chat=chat, max_tokens=limit, stop=stop, stream=True,
-                        sampling=build_sampling(overrides, handle.sampling_defaults), speculative=speculative)
+                        sampling=build_sampling(overrides, handle.sampling_defaults), speculative=speculative,
+                        constraint=constraint)
 
     return make_request
 
@@ -118,7 +121,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, respon
             # The daemon's advice names protocol fields; say what to do over HTTP instead.
             raise ApiError(400, "this model has no chat template: send a plain prompt to /v1/completions or "
                                 "/completion instead", param="messages", code=error.code) from error
-        raise
+        raise name_constraint_field(error, "response_format") from error
     reply_id, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
     if body.stream:
         events = _chat_events(stream, request, reply_id, created, logprobs is not None,
@@ -171,7 +174,10 @@ async def completions(body: CompletionRequest, request: Request, response: Respo
     headers = ignored_fields_header(check_extra_fields(body, OPENAI_UNIMPLEMENTED, OPENAI_NO_EFFECT))
     prompt_fields = {"prompt_tokens": body.prompt} if isinstance(body.prompt, list) else {"prompt": body.prompt}
     make_request = request_builder(body, prompt_fields, body.max_tokens, body.logprobs, chat=False)
-    stream = await open_generation(gateway(request).pool, make_request)
+    try:
+        stream = await open_generation(gateway(request).pool, make_request)
+    except ApiError as error:
+        raise name_constraint_field(error, "response_format") from error
     reply_id, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
     if body.stream:
         events = _completion_events(stream, request, reply_id, created, body.logprobs is not None,

@@ -57,7 +57,6 @@ OPENAI_UNIMPLEMENTED: dict[str, tuple[Neutral, str]] = {
     "store": (_equals(False), "stored completions are not supported"),
     "functions": (_empty, "the deprecated 'functions' are not supported: use 'tools'"),
     "function_call": (_equals("none"), "the deprecated 'function_call' is not supported: use 'tool_choice'"),
-    "response_format": (lambda value: value is None or value == {"type": "text"}, "structured output is not supported yet"),
     "tools": (_empty, "tool calls are not supported by this server yet"),
     "tool_choice": (_equals("none", "auto"), "tool calls are not supported by this server yet"),
     "parallel_tool_calls": (_equals(True, False), "tool calls are not supported by this server yet"),
@@ -66,8 +65,6 @@ OPENAI_NO_EFFECT = frozenset({"service_tier", "metadata", "safety_identifier", "
 
 # llama-server's /completion fields mlxd does not implement, with the value llama-server treats as "off".
 LLAMA_UNIMPLEMENTED: dict[str, tuple[Neutral, str]] = {
-    "json_schema": (_empty, "structured output is not supported yet"),
-    "grammar": (_empty, "grammars are not supported yet"),
     "n_probs": (_equals(0), "token probabilities (n_probs) are not supported on /completion: use /v1/completions with logprobs"),
     "mirostat": (_equals(0), "mirostat sampling is not supported"),
     "typical_p": (_equals(1, 1.0), "typical sampling is not supported"),
@@ -135,3 +132,11 @@ def check_extra_fields(body: BaseModel, unimplemented: dict[str, tuple[Neutral, 
 def ignored_fields_header(ignored: list[str]) -> dict[str, str]:
     """The response header naming the ignored fields (empty when none were)."""
     return {IGNORED_FIELDS_HEADER: ", ".join(ignored)} if ignored else {}
+
+
+def name_constraint_field(error: ApiError, field: str) -> ApiError:
+    """The daemon refuses a schema or grammar its library rejects as "constraint: <the library's message>";
+    over HTTP the message and ``param`` name the request's field instead."""
+    if error.status == 400 and error.message.startswith("constraint: "):
+        return ApiError(400, f"{field}: {error.message.removeprefix('constraint: ')}", param=field, code=error.code)
+    return error

@@ -18,7 +18,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from mlxd_protocol import Sampling, Speculative
+import json
+
+from mlxd_protocol import Constraint, Sampling, Speculative
 from mlxd_protocol.field_checks import MAX_LIST_ITEMS
 from mlxd_protocol.messages import MAX_DRAFT_LIMIT, MAX_LOGPROBS, MAX_STOP_CHARS, MAX_STOP_STRINGS
 
@@ -56,6 +58,32 @@ class SpeculativeOptions(StrictModel):
     def to_protocol(self) -> Speculative:
         """The protocol's Speculative value."""
         return Speculative(kind=self.kind, max_draft=self.max_draft)
+
+
+class JsonSchemaFormat(StrictModel):
+    """OpenAI's ``response_format.json_schema``: the schema the reply must follow."""
+
+    name: str | None = None
+    description: str | None = None
+    schema_: dict | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(StrictModel):
+    """OpenAI's ``response_format``: "text" (no constraint), "json_object" or "json_schema"."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    def to_protocol(self) -> Constraint | None:
+        """The protocol's Constraint (None for "text"); a json_schema without its schema is refused."""
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return Constraint(kind="json_object")
+        if self.json_schema is None or self.json_schema.schema_ is None:
+            raise ValueError('type "json_schema" needs json_schema.schema')
+        return Constraint(kind="json_schema", text=json.dumps(self.json_schema.schema_))
 
 
 class StreamOptions(StrictModel):
@@ -137,6 +165,18 @@ class OpenAIGenerationFields(RequestBody):
     min_p: FiniteFloat | None = Field(None, ge=0, le=1)
     repetition_penalty: FiniteFloat | None = Field(None, ge=0)
     speculative: SpeculativeOptions | None = None
+    response_format: ResponseFormat | None = None
+
+    @field_validator("response_format")
+    @classmethod
+    def _usable_format(cls, value: ResponseFormat | None) -> ResponseFormat | None:
+        if value is not None:
+            value.to_protocol()  # raises for a json_schema without a schema
+        return value
+
+    def constraint(self) -> Constraint | None:
+        """The protocol Constraint this request asks for (``response_format``), or None."""
+        return self.response_format.to_protocol() if self.response_format is not None else None
 
     @field_validator("n")
     @classmethod
@@ -250,11 +290,28 @@ class LlamaCompletionRequest(RequestBody):
     cache_prompt: bool = True  # accepted and ignored: the daemon decides what to keep
     ignore_eos: bool = False
     speculative: SpeculativeOptions | None = None
+    json_schema: dict | None = None  # llama-server: the output follows this JSON schema ({} : any JSON)
+    grammar: str | None = None  # llama-server: a GBNF grammar the output follows
 
     @field_validator("prompt")
     @classmethod
     def _non_empty_prompt(cls, prompt):
         return check_prompt(prompt)
+
+    @field_validator("grammar")
+    @classmethod
+    def _one_constraint(cls, grammar: str | None, info: ValidationInfo):
+        if grammar and info.data.get("json_schema") is not None:
+            raise ValueError("give json_schema or grammar, not both")
+        return grammar
+
+    def constraint(self) -> Constraint | None:
+        """The protocol Constraint this request asks for (``json_schema`` or ``grammar``), or None."""
+        if self.json_schema is not None:
+            return Constraint(kind="json_schema", text=json.dumps(self.json_schema))
+        if self.grammar:
+            return Constraint(kind="gbnf", text=self.grammar)
+        return None
 
     @field_validator("n_predict")
     @classmethod
