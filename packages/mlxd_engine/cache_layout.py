@@ -3,11 +3,10 @@
 Contract:
 - ``read_cache_layout(model, model_type)`` asks the model for its own cache list (``model.make_cache()``
   when it has one, else mlx-lm's ``make_prompt_cache``: a ``KVCache`` per layer) and maps every entry to
-  a storage kind. Served now: ``attention`` (``KVCache``: the slot and paged views) and
-  ``sliding_window`` (``RotatingKVCache``: served by the same views, which keep the whole history and
-  mask each query to its window, so tokens equal mlx-lm's but memory is not bounded by the window yet)
+  a storage kind. Served: ``attention`` (``KVCache``: the slot and paged views),
+  ``sliding_window`` (``RotatingKVCache``: a ring per sequence bounded by the window, ``sliding_window.py``)
   and ``recurrent`` (``ArraysCache``: the state of Mamba, gated-delta and short-conv layers, one row per
-  sequence in ``recurrent_state.py``; it cannot unwind, so prompt lookup stays off for such models).
+  sequence, ``recurrent_state.py``); ``row_storage.py`` holds the last two beside the KV backend.
   A model that makes fewer cache entries than it has layers gets one view per entry, as mlx-lm's own
   loop does: the remaining layers own no cache (gemma4's KV-shared layers reuse an earlier layer's K/V,
   nemotron_h's MLP layers hold nothing) and the model maps the entries to its layers.
@@ -46,7 +45,6 @@ SLIDING_WINDOW = "sliding_window"
 RECURRENT = "recurrent"  # ArraysCache: state rows of recurrent_state.py
 COMPOSITE = "composite"  # CacheList of served kinds (falcon_h1: recurrent state and attention per layer)
 SERVED_KINDS = (ATTENTION, SLIDING_WINDOW, RECURRENT, COMPOSITE)
-UNWINDABLE_KINDS = (ATTENTION, SLIDING_WINDOW)  # a counter move drops their speculative appends
 
 # cache class name -> what it holds (why mlxd's KV storage cannot serve it yet)
 _REFUSED_CLASSES = {
@@ -101,14 +99,10 @@ class CacheLayout:
         return [leaf for entry in self.entries for leaf in entry.leaves()]
 
     @property
-    def can_unwind(self) -> bool:
-        """Whether speculative appends can be dropped again (recurrent state cannot)."""
-        return all(leaf.kind in UNWINDABLE_KINDS for leaf in self.leaves())
-
-    @property
-    def has_recurrent(self) -> bool:
-        """Whether the storage needs recurrent_state.py (recurrent entries, or composites of any kind)."""
-        return any(entry.kind in (RECURRENT, COMPOSITE) for entry in self.entries)
+    def unwinds_by_replay(self) -> bool:
+        """Whether dropping speculative appends means restoring recurrent state and replaying kept tokens
+        (``row_storage.py``) instead of a counter move."""
+        return any(leaf.kind == RECURRENT for leaf in self.leaves())
 
     def describe(self) -> str:
         kinds: dict[str, int] = {}

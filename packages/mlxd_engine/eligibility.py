@@ -5,7 +5,8 @@ n-gram index sees every token the model saw; (2) structured output is no obstacl
 draft at the first token the grammar forbids and masks every position (``grammar.py``); (3) no logprobs,
 which the verify round does not report per position; (4) a sampler chain whose per-position state the round can replay (mlx-lm's penalties, biases and
 filters can: position i sees history + proposal[:i]; opaque in-process processors cannot be known to);
-(5) KV storage that can unwind speculative appends.
+(5) storage that can unwind speculative appends (by a counter move, or for recurrent state by a restore
+and replay: ``row_storage.py``).
 """
 
 from __future__ import annotations
@@ -28,14 +29,15 @@ def prompt_lookup_eligibility(
     params: SamplingParams,
     *,
     has_images: bool = False,
-    storage_can_unwind: bool = True,
+    storage_can_unwind: bool,
 ) -> Eligibility:
     """Decide whether prompt lookup may run for a request.
 
     Args:
         params: the request's sampling parameters.
         has_images: the request carries non-text input.
-        storage_can_unwind: the KV storage of its sequence supports unwinding appends.
+        storage_can_unwind: the KV storage of its sequence can unwind appends (``Engine.can_unwind``;
+            required: no caller may assume it).
     Returns:
         Eligibility(True) or Eligibility(False, reason).
     """

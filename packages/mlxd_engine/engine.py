@@ -24,14 +24,14 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from .cache_layout import RECURRENT, check_servable
+from .cache_layout import ATTENTION, check_servable
 from .compiled_decode import CompiledDecode, compile_wanted
 from .cpu_fusion import fuse_cpu_layers as fuse_cpu_layers_of, fusion_wanted
 from .kv_backend import make_kv_storage
 from .kv_storage import KVStorageFull, SlotState
 from .loading import LoadedModel
 from .paged_kv_storage import DEFAULT_BLOCK_SIZE
-from .recurrent_state import RecurrentStateStorage
+from .row_storage import RowStorage
 from .sampling import SamplerChain, SamplingParams, sample_rows, token_logprobs
 
 log = logging.getLogger("mlxd.engine")
@@ -129,13 +129,16 @@ class Engine:
             self.max_kv_size = max_kv_size  # the context length was a guess: the caller's figure stands
         else:
             self.max_kv_size = min(max_kv_size or loaded.context_length, loaded.context_length)
-        kv_entries = [leaf for leaf in self.layout.leaves() if leaf.kind != RECURRENT]
+        leaves = self.layout.leaves()
+        kv_entries = [leaf for leaf in leaves if leaf.kind == ATTENTION]
         self.storage = make_kv_storage(storage, len(kv_entries), max_sequences, self.max_kv_size,
                                        kv_block_size, kv_pool_tokens, mask_axes=self.layout.mask_axes)
-        if self.layout.has_recurrent:
-            self.storage = RecurrentStateStorage(self.storage, self.layout.entries, max_sequences)
-            log.info("model type %s: recurrent state cannot unwind speculative appends, so prompt lookup is "
-                     "off for it", loaded.model_type)
+        if len(kv_entries) < len(leaves):  # sliding windows or recurrent state: rows beside the KV backend
+            self.storage = RowStorage(self.storage, self.layout.entries, max_sequences)
+            limit = self.storage.max_forward_tokens
+            log.info("model type %s: %s%s%s", loaded.model_type, self.layout.describe(),
+                     f"; sliding windows in rings, one forward appends at most {limit} tokens per row" if limit else "",
+                     "; recurrent state unwinds by restore and replay" if self.layout.unwinds_by_replay else "")
         self._ids = itertools.count()
         compiled = compile_wanted() if compile_decode is None else compile_decode
         self.compiled_decode = (CompiledDecode(self.model, mask_axes=self.layout.mask_axes)
@@ -143,9 +146,14 @@ class Engine:
 
     @property
     def can_unwind(self) -> bool:
-        """Whether speculative appends can be dropped again: the storage and every cache kind it serves
-        (``storage_can_unwind`` of the eligibility predicate)."""
-        return self.storage.can_unwind and self.layout.can_unwind
+        """Whether speculative appends can be dropped again (``storage_can_unwind`` of the eligibility
+        predicate): by a counter move, or for recurrent state by a restore and replay (``row_storage.py``)."""
+        return self.storage.can_unwind
+
+    @property
+    def max_forward_tokens(self) -> int | None:
+        """Most tokens one forward may append to a row (sliding-window rings), or None for no limit."""
+        return self.storage.max_forward_tokens
 
     def fits(self, prompt_tokens: int, max_new_tokens: int) -> bool:
         """Whether a request could ever run here (it may still have to wait for room)."""
@@ -213,8 +221,12 @@ class Engine:
         if remaining <= 0:
             raise ValueError("sequence is already prefilled")
         n = remaining if max_tokens is None else min(max_tokens, remaining)
-        logits = self._forward([seq], mx.array([seq.tokens[start : start + n]]), compiled=False)
-        self.commit_appends(seq, n)
+        piece = self.storage.max_forward_tokens or n
+        for offset in range(0, n, piece):  # a ring bounds one forward's appends: the chunk goes in pieces
+            size = min(piece, n - offset)
+            logits = self._forward([seq], mx.array([seq.tokens[start + offset : start + offset + size]]),
+                                   compiled=False)
+            self.commit_appends(seq, size)
         if n < remaining:
             mx.eval(self.storage.arrays())
             return None
@@ -307,7 +319,13 @@ class Engine:
         self.storage.commit(seq.kv, n)
 
     def unwind_appends(self, seq: Sequence, n: int) -> None:
-        self.storage.unwind(seq.kv, n)
+        """Drop the newest ``n`` appends. Recurrent state is put back where it last settled and the kept
+        tokens after that point (already in ``seq.tokens``) are forwarded again (``row_storage.py``)."""
+        replay = self.storage.unwind(seq.kv, n)
+        if replay:
+            start = seq.kv.written
+            self._forward([seq], mx.array([seq.tokens[start : start + replay]]), compiled=False)
+            self.commit_appends(seq, replay)
 
     # -- log-probabilities -------------------------------------------------------------------
     def _emitted(self, seq: Sequence, logits: mx.array, token: mx.array, row: int) -> Emitted:

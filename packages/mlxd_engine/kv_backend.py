@@ -21,7 +21,8 @@ class KVStorage(Protocol):
     """Per-layer K/V storage shared by every sequence of one engine (see ``kv_storage.py`` for the model)."""
 
     kind: str  # the backend's name, for status and metrics only
-    can_unwind: bool
+    can_unwind: bool  # whether ``unwind`` can drop speculative appends (by a counter move or a replay)
+    max_forward_tokens: int | None  # most appends one forward may make per row (None: no limit)
     # The compiled one-row forward (compiled_decode.py) reads this storage's slot buffers directly.
     compiles_forward: bool
     max_capacity: int  # most tokens one sequence may hold
@@ -59,8 +60,9 @@ class KVStorage(Protocol):
     def commit(self, state, n: int) -> None:
         """Turn the oldest ``n`` pending appends into committed ones."""
 
-    def unwind(self, state, n: int) -> None:
-        """Drop the newest ``n`` pending appends."""
+    def unwind(self, state, n: int) -> int:
+        """Drop the newest ``n`` pending appends; returns how many kept tokens the caller must forward
+        again (0 for a counter move; recurrent state: ``row_storage.py``)."""
 
     def views(self, states: list, n_tokens: int) -> list:
         """mlx-lm cache objects, one per layer, for one forward of ``n_tokens`` per row."""

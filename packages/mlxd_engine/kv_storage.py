@@ -89,6 +89,7 @@ class SlotKVStorage:
 
     kind = "contiguous"
     can_unwind = True
+    max_forward_tokens = None  # any number of appends per forward
     compiles_forward = True  # compiled_decode.py reads and writes these slot buffers directly
     mask_axes: int | None = 4  # set by make_kv_storage from the model's cache layout
 
@@ -157,8 +158,9 @@ class SlotKVStorage:
     def commit(self, state: SlotState, n: int) -> None:
         commit_pending(state, n)
 
-    def unwind(self, state: SlotState, n: int) -> None:
+    def unwind(self, state: SlotState, n: int) -> int:
         drop_pending(state, n)
+        return 0  # a counter move: nothing to forward again
 
     def _grow(self, needed: int) -> None:
         # Buffers are (re)made lazily by ensure_layer, which is the first place that knows head shapes.

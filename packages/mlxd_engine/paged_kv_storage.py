@@ -47,6 +47,7 @@ class PagedKVStorage:
 
     kind = "paged"
     can_unwind = True
+    max_forward_tokens = None  # any number of appends per forward
     compiles_forward = False  # a forward gathers each row's blocks; the compiled one reads slot buffers
     mask_axes: int | None = 4  # set by make_kv_storage from the model's cache layout
 
@@ -137,13 +138,14 @@ class PagedKVStorage:
     def commit(self, state: PagedState, n: int) -> None:
         commit_pending(state, n)
 
-    def unwind(self, state: PagedState, n: int) -> None:
+    def unwind(self, state: PagedState, n: int) -> int:
         drop_pending(state, n)
         keep = self.blocks_for(state.written)
         while len(state.blocks) > keep:
             self._free.append(state.blocks.pop())
             if len(state.blocks) < state.reserved_blocks:
                 self._reserved += 1  # the promise stands: the block may be needed again
+        return 0  # a counter move: nothing to forward again
 
     def ensure_layer(self, layer: int, kv_heads: int, k_dim: int, v_dim: int, dtype) -> None:
         if self.keys[layer] is None:

@@ -1,125 +1,95 @@
-"""Recurrent state (mlx-lm's ``ArraysCache``: Mamba, gated-delta and short-conv layers) beside a KV backend.
+"""Recurrent state (mlx-lm's ``ArraysCache``: Mamba, gated-delta and short-conv layers), one row per sequence.
 
-Contract (the ``KVStorage`` protocol of ``kv_backend.py``, so the engine runs on it unchanged):
-- ``RecurrentStateStorage(inner, entries, n_slots)`` wraps a KV backend that holds the model's attention
-  entries; every recurrent entry owns its state arrays shaped ``[slots, ...]`` (the shapes the layer
-  writes on its first forward), one row per sequence, zeroed when a sequence takes the row (a zero state
-  is what mlx-lm's layers start from, and what its own batch merge fills in).
-- A ``CacheList`` entry (``composite``: falcon_h1's recurrent state and attention per layer) gets a
-  ``CompositeView`` whose parts are the views of its leaves, so each part is stored by its own kind.
-- A forward's view of a recurrent entry reads its rows' states with a gather and writes the new states
-  back with a scatter (``RecurrentView``: ``view[i]``, ``view[i] = state``), so rows at different
-  positions batch without a mask; attention entries get the inner backend's views.
-- The state moves with every forward and cannot be moved back: ``can_unwind`` is False, ``unwind`` of
-  any append raises, and the eligibility predicate keeps prompt lookup off for such models
-  (``Engine.can_unwind``). Commit is the inner backend's counter move.
-- No compiled forward (``compiles_forward`` False): the compiled graph reads slot KV buffers only.
+Contract:
+- ``RecurrentState(size, n_slots)`` holds one entry's state arrays shaped ``[n_slots, ...]`` (the shapes
+  the layer writes on its first forward); ``None`` until then. A row is zeroed when a sequence takes it
+  (a zero state is what mlx-lm's layers start from, and what its own batch merge fills in).
+- ``RecurrentView`` is the ArraysCache protocol for one forward over fixed rows: ``view[i]`` gathers the
+  rows' state i, ``view[i] = new`` scatters it back, so rows at different positions batch without a mask.
+  It keeps what each state was before the forward (``before``: the first read, or a gather taken just
+  before the first write): the very arrays the layer reads anyway, so keeping them costs no compute.
+- ``CompositeView`` is the CacheList protocol (falcon_h1): ``view[i]`` is part i's view.
+Unwinding is the row storage's (``row_storage.py``): it restores ``before`` and replays the kept tokens.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
-
 import mlx.core as mx
 
-from .cache_layout import COMPOSITE, RECURRENT
 
+class RecurrentState:
+    """One recurrent entry's state arrays for every row."""
 
-class RecurrentStateStorage:
-    """A KV backend for the attention entries plus one state row per sequence for the recurrent ones."""
-
-    can_unwind = False
-    compiles_forward = False
-
-    def __init__(self, inner, entries: list, n_slots: int):
-        # entries: the layout's CacheEntry list; the inner backend holds one layer per KV leaf, in order
-        self.inner = inner
-        self.kind = inner.kind
-        self.max_capacity = inner.max_capacity
-        self.entries = entries
+    def __init__(self, size: int, n_slots: int):
+        self.arrays: list[mx.array | None] = [None] * size
         self.n_slots = n_slots
-        leaves = [leaf for entry in entries for leaf in entry.leaves()]
-        self.states: dict[int, list[mx.array | None]] = {
-            i: [None] * leaf.size for i, leaf in enumerate(leaves) if leaf.kind == RECURRENT}
-        self._free = list(range(n_slots))
-        self._row_of: dict = {}  # sequence record (by identity) -> its state row
 
     @property
-    def mask_axes(self):
-        return self.inner.mask_axes
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays if a is not None)
 
-    @mask_axes.setter
-    def mask_axes(self, value):
-        self.inner.mask_axes = value
+    def zero_row(self, row: int) -> None:
+        for i, array in enumerate(self.arrays):
+            if array is not None:
+                array[row] = mx.zeros(array.shape[1:], array.dtype)
+                self.arrays[i] = array
 
-    # -- lifetime --------------------------------------------------------------------------------
-    def fits(self, tokens: int) -> bool:
-        return self.inner.fits(tokens)
+    def restore_row(self, row: int, before: list[mx.array | None]) -> None:
+        """Put one row's states back to ``before`` (per state: its row as it was; None: zero)."""
+        for i, array in enumerate(self.arrays):
+            if array is not None:
+                array[row] = mx.zeros(array.shape[1:], array.dtype) if before[i] is None else before[i]
+                self.arrays[i] = array
 
-    def can_admit(self, tokens: int) -> bool:
-        return bool(self._free) and self.inner.can_admit(tokens)
 
-    def allocate(self, reserve_tokens: int = 0):
-        from .kv_storage import KVStorageFull
+class RecurrentView:
+    """mlx-lm's ArraysCache protocol for one entry and one forward over a fixed set of rows."""
 
-        if not self._free:
-            raise KVStorageFull(f"all {self.n_slots} recurrent state rows are in use")
-        state = self.inner.allocate(reserve_tokens)
-        row = heapq.heappop(self._free)
-        self._row_of[state] = row
-        for arrays in self.states.values():
-            for i, array in enumerate(arrays):
-                if array is not None:
-                    array[row] = mx.zeros(array.shape[1:], array.dtype)
-                    arrays[i] = array
-        return state
+    lengths = None  # no padding: every row's tokens are real
+    left_padding = None
 
-    def release(self, state) -> None:
-        self.inner.release(state)
-        row = self._row_of.pop(state, None)
-        if row is not None:
-            heapq.heappush(self._free, row)
+    def __init__(self, state: RecurrentState, rows: list[int]):
+        self.state_rows, self.rows = state, mx.array(rows)
+        self.before: list[mx.array | None] = [None] * len(state.arrays)  # [B, ...] per state, pre-forward
+        self._seen = [False] * len(state.arrays)
+
+    def __getitem__(self, i: int):
+        array = self.state_rows.arrays[i]
+        value = None if array is None else array[self.rows]  # [B, ...]; None: every row starts from zero
+        if not self._seen[i]:
+            self.before[i], self._seen[i] = value, True
+        return value
+
+    def __setitem__(self, i: int, value: mx.array) -> None:
+        arrays = self.state_rows.arrays
+        if not self._seen[i]:
+            self[i]  # noqa: B018 - keeps the pre-forward state before it is overwritten
+        array = arrays[i]
+        if array is None:
+            array = mx.zeros((self.state_rows.n_slots, *value.shape[1:]), value.dtype)
+        array[self.rows] = value
+        arrays[i] = array
+
+    def row_before(self, b: int) -> list[mx.array | None]:
+        """Row b's states as they were before this forward."""
+        return [None if value is None else value[b] for value in self.before]
+
+    def make_mask(self, n: int, **_):
+        return None
+
+    def advance(self, n: int) -> None:
+        pass
+
+    def empty(self) -> bool:
+        return self.state_rows.arrays[0] is None
 
     @property
-    def free_slots(self) -> int:
-        return min(self.inner.free_slots, len(self._free))
+    def cache(self):
+        return [self[i] for i in range(len(self.state_rows.arrays))]
 
-    def usage(self) -> dict:
-        usage = dict(self.inner.usage())
-        usage["recurrent_state_bytes"] = sum(a.nbytes for arrays in self.states.values() for a in arrays if a is not None)
-        return usage
-
-    def arrays(self) -> list:
-        return self.inner.arrays() + [a for arrays in self.states.values() for a in arrays if a is not None]
-
-    def read_order(self, states: list) -> list[int] | None:
-        return self.inner.read_order(states)
-
-    # -- appends ---------------------------------------------------------------------------------
-    def reserve(self, states: list, n_tokens: int) -> None:
-        self.inner.reserve(states, n_tokens)
-
-    def commit(self, state, n: int) -> None:
-        self.inner.commit(state, n)
-
-    def unwind(self, state, n: int) -> None:
-        if n:
-            raise ValueError("recurrent state cannot unwind appends: its layers have already consumed them")
-        self.inner.unwind(state, 0)
-
-    def views(self, states: list, n_tokens: int) -> list:
-        kv_views = iter(self.inner.views(states, n_tokens))  # the inner backend counts the appends
-        rows = mx.array([self._row_of[s] for s in states])
-        leaf_index = itertools.count()  # leaves in layout order, as self.states numbers them
-
-        def view(entry):
-            if entry.kind == COMPOSITE:
-                return CompositeView([view(part) for part in entry.parts])
-            i = next(leaf_index)
-            return RecurrentView(self.states[i], rows, self.n_slots) if entry.kind == RECURRENT else next(kv_views)
-
-        return [view(entry) for entry in self.entries]
+    @property
+    def state(self):
+        return [a for a in self.state_rows.arrays if a is not None]
 
 
 class CompositeView:
@@ -130,41 +100,3 @@ class CompositeView:
 
     def __getitem__(self, i: int):
         return self.parts[i]
-
-
-class RecurrentView:
-    """mlx-lm's ArraysCache protocol for one entry and one forward over a fixed set of rows."""
-
-    lengths = None  # no padding: every row's tokens are real
-    left_padding = None
-
-    def __init__(self, arrays: list, rows: mx.array, n_slots: int):
-        self.arrays, self.rows, self.n_slots = arrays, rows, n_slots
-
-    def __getitem__(self, i: int):
-        array = self.arrays[i]
-        return None if array is None else array[self.rows]  # [B, ...]; None: every row starts from zero
-
-    def __setitem__(self, i: int, value: mx.array) -> None:
-        array = self.arrays[i]
-        if array is None:
-            array = mx.zeros((self.n_slots, *value.shape[1:]), value.dtype)
-        array[self.rows] = value
-        self.arrays[i] = array
-
-    def make_mask(self, n: int, **_):
-        return None
-
-    def advance(self, n: int) -> None:
-        pass
-
-    def empty(self) -> bool:
-        return self.arrays[0] is None
-
-    @property
-    def cache(self):
-        return [self[i] for i in range(len(self.arrays))]
-
-    @property
-    def state(self):
-        return [a for a in self.arrays if a is not None]

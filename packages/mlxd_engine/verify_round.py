@@ -4,7 +4,8 @@ Contract: every caller that speculates (the scheduler's prompt-lookup arm, the s
 loop) runs this one function; there is no second copy. Given a sequence whose current token (its last) is not yet in storage and a proposal of
 draft tokens, the round
 
-1. truncates the proposal so the round cannot pass ``max_new_tokens`` or the KV bound,
+1. truncates the proposal so the round cannot pass ``max_new_tokens``, the KV bound or the most tokens
+   one forward may append (``Engine.max_forward_tokens``: sliding-window rings),
 2. runs ``engine.verify`` on [current] + proposal: k+1 positions in one forward,
 3. samples every position through the row's own chain, in order, position i seeing history +
    proposal[:i] (greedy rows: one argmax over all positions), and accepts drafts while the sampled
@@ -12,7 +13,8 @@ draft tokens, the round
    grammar forbids, and its mask applied at every position,
 4. emits the accepted drafts plus the target's own token at the first disagreement (or after the last
    draft), cut short at the first EOS or at a token the caller's ``should_stop`` flags,
-5. commits the appends the emitted tokens need and unwinds the rest.
+5. commits the appends the emitted tokens need and unwinds the rest (recurrent state: the engine puts
+   the state back and forwards the kept tokens again, see ``row_storage.py``).
 
 Because acceptance is "the row's sampler picked exactly this token", the emitted tokens are the ones
 plain decode would produce: greedy output is identical, and a seeded chain splits its key once per
@@ -68,6 +70,8 @@ def verify_round(
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be >= 1")
     room = kv_room(seq)  # positions left for [current] + drafts
+    if engine.max_forward_tokens is not None:  # a sliding-window ring bounds one forward's appends
+        room = min(room, engine.max_forward_tokens)
     proposal = list(proposal[: max(0, min(max_new_tokens - 1, room - 1))])
     if seq.chain.grammar is not None:  # cut at the first draft token the grammar forbids (grammar.py)
         proposal = seq.chain.grammar.allowed_prefix(proposal)
@@ -90,9 +94,9 @@ def verify_round(
     accepted = sum(o == ACCEPTED for o in outcomes)
     # storage needs [current] + every emitted token but the last (which is the next current token)
     keep = len(emitted)
+    seq.tokens.extend(emitted)  # first: an unwind of recurrent state forwards the kept tokens again
     engine.commit_appends(seq, keep)
     engine.unwind_appends(seq, k + 1 - keep)
-    seq.tokens.extend(emitted)
     if finish_reason is None and (len(emitted) >= max_new_tokens or at_kv_bound(seq)):
         finish_reason = "length"
     return RoundOutcome(emitted, outcomes, k, accepted, finish_reason)

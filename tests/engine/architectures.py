@@ -34,6 +34,11 @@ ARCHITECTURES: dict[str, tuple[str, dict]] = {
     "qwen3_5": ("qwen3_5", dict(model_type="qwen3_5", text_config=_with(
         model_type="qwen3_5_text", num_hidden_layers=4, linear_num_value_heads=2, linear_num_key_heads=2,
         linear_key_head_dim=16, linear_value_head_dim=16, full_attention_interval=4))),
+    "qwen3_5_moe": ("qwen3_5_moe", dict(model_type="qwen3_5_moe", text_config=_with(
+        model_type="qwen3_5_moe_text", num_hidden_layers=4, linear_num_value_heads=2, linear_num_key_heads=2,
+        linear_key_head_dim=16, linear_value_head_dim=16, full_attention_interval=4, num_experts=4,
+        num_experts_per_tok=2, decoder_sparse_step=1, shared_expert_intermediate_size=32,
+        moe_intermediate_size=32))),
     "qwen3_next": ("qwen3_next", _with(model_type="qwen3_next", num_hidden_layers=4, linear_num_value_heads=2,
                                        linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
                                        linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2,
@@ -140,6 +145,25 @@ def prompt(length: int, seed: int) -> list[int]:
     """Random token ids (no EOS: the cases have none)."""
     rng = random.Random(seed)
     return [rng.randrange(1, VOCAB) for _ in range(length)]
+
+
+def repeating_prompt(length: int, period: int, seed: int) -> list[int]:
+    """A random pattern of ``period`` ids repeated to ``length`` (random models copy more after it)."""
+    return (prompt(period, seed) * (length // period + 1))[:length]
+
+
+# recurrent case -> (model seed, prompt) where the random model repeats itself, so prompt lookup accepts
+# drafts (found by trying seeds; the exactness checks do not depend on it)
+LOOKUP_CASES = {
+    "qwen3_5": (0, lambda: prompt(230, 2)),
+    "qwen3_5_moe": (1, lambda: repeating_prompt(230, 2, 2)),
+    "qwen3_next": (4, lambda: repeating_prompt(230, 12, 0)),
+    "lfm2": (0, lambda: prompt(230, 0)),
+    "granitemoehybrid": (0, lambda: repeating_prompt(230, 12, 2)),
+    "nemotron_h": (1, lambda: repeating_prompt(230, 12, 2)),
+    "mamba2": (0, lambda: repeating_prompt(230, 12, 0)),
+    "falcon_h1": (0, lambda: repeating_prompt(230, 12, 1)),
+}
 
 
 def mlx_lm_greedy(model, tokens: list[int], n: int) -> list[int]:

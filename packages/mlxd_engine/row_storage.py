@@ -1,0 +1,173 @@
+"""Storage for models whose cache list is not all full attention: per-row state beside a KV backend.
+
+Contract (the ``KVStorage`` protocol of ``kv_backend.py``, so the engine runs on it unchanged):
+- ``RowStorage(inner, entries, n_slots, slack)`` wraps a KV backend (contiguous or paged) that holds the
+  model's full-attention entries. Every sequence also takes a row (lowest free first) in
+  - a ``WindowRing`` per sliding-window entry (``sliding_window.py``: bounded by window + ``slack``), and
+  - a ``RecurrentState`` per recurrent entry (``recurrent_state.py``: zeroed when the row is taken).
+  A ``CacheList`` entry (``composite``: falcon_h1) gets a ``CompositeView`` of its leaves' views.
+- ``max_forward_tokens`` (= ``slack``, only with sliding entries) is the most tokens one forward may write
+  for a row; ``reserve`` refuses more (the engine splits prompt chunks and caps drafts to it).
+- Commit is the inner backend's counter move (rings move with it).
+- Unwind: the KV parts and rings drop the newest appends by a counter move. Recurrent state has moved
+  through every appended token and cannot move back; so the first forward after a row's last settled
+  point keeps the state that forward read (``RecurrentView.before``), and ``unwind`` puts it back, moves the
+  counts back to that point and returns how many kept tokens the caller must forward again to reach
+  the new end (``Engine.unwind_appends`` does). An unwind must drop every pending append then (the verify
+  round commits what it keeps first). A full accept, or a commit of everything pending, costs nothing.
+- No compiled forward (``compiles_forward`` False): the compiled graph reads slot KV buffers only.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+
+from .cache_layout import COMPOSITE, RECURRENT, SLIDING_WINDOW
+from .recurrent_state import CompositeView, RecurrentState, RecurrentView
+from .sliding_window import RingView, WindowRing
+
+DEFAULT_SLACK = 64  # cells past the window: the longest forward a row may write (prompt pieces, verify)
+
+
+class _Settled:
+    """Where a row's recurrent state was last settled: the committed count and that forward's views."""
+
+    def __init__(self, committed: int, views: list[RecurrentView], batch_index: int):
+        self.committed, self.views, self.batch_index = committed, views, batch_index
+
+
+class RowStorage:
+    """A KV backend for full-attention entries plus rows for sliding-window and recurrent entries."""
+
+    can_unwind = True  # counter moves, and for recurrent state a restore and replay
+    compiles_forward = False
+
+    def __init__(self, inner, entries: list, n_slots: int, slack: int = DEFAULT_SLACK):
+        # entries: the layout's CacheEntry list; the inner backend holds one layer per attention leaf, in order
+        self.inner = inner
+        self.kind = inner.kind
+        self.max_capacity = inner.max_capacity
+        self.entries = entries
+        self.n_slots = n_slots
+        leaves = [leaf for entry in entries for leaf in entry.leaves()]
+        self.rings = {i: WindowRing(leaf.window, slack, n_slots) for i, leaf in enumerate(leaves)
+                      if leaf.kind == SLIDING_WINDOW}
+        self.recurrent = {i: RecurrentState(leaf.size, n_slots) for i, leaf in enumerate(leaves)
+                          if leaf.kind == RECURRENT}
+        self.max_forward_tokens = slack if self.rings else None
+        self._free = list(range(n_slots))
+        self._row_of: dict = {}  # sequence record (by identity) -> its row
+        self._settled: dict = {}  # sequence record -> _Settled, while it has pending appends
+
+    @property
+    def mask_axes(self):
+        return self.inner.mask_axes
+
+    @mask_axes.setter
+    def mask_axes(self, value):
+        self.inner.mask_axes = value
+
+    # -- lifetime --------------------------------------------------------------------------------
+    def fits(self, tokens: int) -> bool:
+        return self.inner.fits(tokens)
+
+    def can_admit(self, tokens: int) -> bool:
+        return bool(self._free) and self.inner.can_admit(tokens)
+
+    def allocate(self, reserve_tokens: int = 0):
+        from .kv_storage import KVStorageFull
+
+        if not self._free:
+            raise KVStorageFull(f"all {self.n_slots} state rows are in use")
+        state = self.inner.allocate(reserve_tokens)
+        row = heapq.heappop(self._free)
+        self._row_of[state] = row
+        for recurrent in self.recurrent.values():
+            recurrent.zero_row(row)
+        return state
+
+    def release(self, state) -> None:
+        self.inner.release(state)
+        self._settled.pop(state, None)
+        row = self._row_of.pop(state, None)
+        if row is not None:
+            heapq.heappush(self._free, row)
+
+    @property
+    def free_slots(self) -> int:
+        return min(self.inner.free_slots, len(self._free))
+
+    def usage(self) -> dict:
+        usage = dict(self.inner.usage())
+        window_bytes = sum(ring.nbytes for ring in self.rings.values())
+        usage["allocated_bytes"] = usage.get("allocated_bytes", 0) + window_bytes
+        usage["sliding_window_bytes"] = window_bytes
+        usage["recurrent_state_bytes"] = sum(r.nbytes for r in self.recurrent.values())
+        return usage
+
+    def arrays(self) -> list:
+        held = [a for ring in self.rings.values() for a in (ring.keys, ring.values) if a is not None]
+        held += [a for r in self.recurrent.values() for a in r.arrays if a is not None]
+        return self.inner.arrays() + held
+
+    def read_order(self, states: list) -> list[int] | None:
+        return self.inner.read_order(states)
+
+    # -- appends ---------------------------------------------------------------------------------
+    def reserve(self, states: list, n_tokens: int) -> None:
+        if self.max_forward_tokens is not None and n_tokens + max(s.pending for s in states) > self.max_forward_tokens:
+            raise ValueError(f"a forward may append at most {self.max_forward_tokens} tokens per row here "
+                             f"(sliding-window ring slack); asked for {n_tokens} after "
+                             f"{max(s.pending for s in states)} pending")
+        self.inner.reserve(states, n_tokens)
+
+    def commit(self, state, n: int) -> None:
+        self.inner.commit(state, n)
+        if state.pending == 0:
+            self._settled.pop(state, None)
+
+    def unwind(self, state, n: int) -> int:
+        """Drop the newest ``n`` appends; returns how many kept tokens must be forwarded again."""
+        if n == 0:
+            return 0
+        settled = self._settled.pop(state, None)
+        if not self.recurrent or settled is None:
+            self.inner.unwind(state, n)
+            return 0
+        if n != state.pending:
+            raise ValueError(f"recurrent state unwinds every pending append at once ({state.pending} pending, "
+                             f"asked to drop {n}); commit what is kept first")
+        row = self._row_of[state]
+        for view in settled.views:
+            view.state_rows.restore_row(row, view.row_before(settled.batch_index))
+        self.inner.unwind(state, n)
+        replay = state.committed - settled.committed
+        state.committed = settled.committed  # the kept tokens are forwarded again from here
+        return replay
+
+    def views(self, states: list, n_tokens: int) -> list:
+        starts = [s.written for s in states]
+        newly_settled = [s for s in states if s.pending == 0]
+        kv_views = iter(self.inner.views(states, n_tokens))  # the inner backend counts the appends
+        rows = [self._row_of[s] for s in states]
+        leaf_index = itertools.count()  # leaves in layout order, as rings and recurrent number them
+        recurrent_views: list[RecurrentView] = []
+
+        def view(entry):
+            if entry.kind == COMPOSITE:
+                return CompositeView([view(part) for part in entry.parts])
+            i = next(leaf_index)
+            if entry.kind == RECURRENT:
+                recurrent_views.append(RecurrentView(self.recurrent[i], rows))
+                return recurrent_views[-1]
+            if entry.kind == SLIDING_WINDOW:
+                return RingView(self.rings[i], rows, starts, n_tokens, self.mask_axes)
+            return next(kv_views)
+
+        views = [view(entry) for entry in self.entries]
+        if recurrent_views:
+            for b, state in enumerate(states):
+                if state in newly_settled:
+                    self._settled[state] = _Settled(state.committed, recurrent_views, b)
+        return views
