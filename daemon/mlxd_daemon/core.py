@@ -41,6 +41,15 @@ def pool_tokens(loaded: LoadedModel, options: DaemonOptions) -> int | None:
     return None
 
 
+def build_engine(loaded: LoadedModel, options: DaemonOptions) -> Engine:
+    """The engine for ``options``; every rank of a distributed group builds the same one (no compiled
+    steps there: each rank must run the very same forwards, and tuning them by timing could differ)."""
+    return Engine(loaded, max_sequences=options.max_batch, max_kv_size=options.max_kv_size,
+                  storage=options.storage_backend, kv_block_size=options.kv_block_size,
+                  kv_pool_tokens=pool_tokens(loaded, options),
+                  compile_decode=False if loaded.group is not None else None)
+
+
 def build_scheduler(loaded: LoadedModel, options: DaemonOptions,
                     trace_sink: Callable[[TickRecord], None] | None = None,
                     ) -> tuple[Engine, SpeculativeDispatch, BatchScheduler]:
@@ -50,9 +59,13 @@ def build_scheduler(loaded: LoadedModel, options: DaemonOptions,
         ValueError: the speculative options do not go together (see ``resolve_speculative``), or the
             storage backend is unknown.
     """
-    engine = Engine(loaded, max_sequences=options.max_batch, max_kv_size=options.max_kv_size,
-                    storage=options.storage_backend, kv_block_size=options.kv_block_size,
-                    kv_pool_tokens=pool_tokens(loaded, options))
+    engine = build_engine(loaded, options)
+    if loaded.group is not None:  # rank 0 of a group: every operation is mirrored to the other ranks
+        from .distributed import GroupInfo, Leader
+
+        group = loaded.group
+        engine = Leader(engine, group, GroupInfo(options.distributed, options.distributed_backend,
+                                                 group.size(), group.rank()))
     speculative = resolve_speculative(options.draft_kind, options.draft_model, options.draft_block_size)
     scheduler_options = SchedulerOptions(max_batch=options.max_batch, prefill_chunk=options.prefill_chunk,
                                          lookahead=options.lookahead, max_decode_steps=options.decode_steps,
@@ -84,6 +97,7 @@ class DaemonCore:
         self.started = time.monotonic()
         self.stop_reason: str | None = None  # set by a Shutdown message (or the server)
         self.draining = False  # no new generations (the server sets it on SIGTERM)
+        self.idle_hook: Callable[[], None] | None = getattr(self.engine, "heartbeat", None)
         self.context = HandlerContext(
             loaded=loaded, scheduler=self.scheduler, streams=self.streams, sampling=options.sampling,
             started=self.started, options_summary=self.options_summary, kv_usage=self.engine.storage.usage,
@@ -114,6 +128,8 @@ class DaemonCore:
         """One scheduler tick (when there is work), then the streamed chunks that are due."""
         if self.scheduler.has_work:
             self.scheduler.tick()
+        elif self.idle_hook is not None:
+            self.idle_hook()  # a distributed rank 0 checks its group while idle
         if self.streams.keeping:
             self.streams.send_due(time.monotonic())
 
@@ -131,4 +147,6 @@ class DaemonCore:
         summary["fused_cpu_layers"] = self.engine.fused_layers
         summary["speculative"] = self.speculative.summary()
         summary["prompt_lookup_max_batch"] = self.scheduler.options.prompt_lookup_max_batch
+        if self.loaded.group is not None:
+            summary["group"] = self.engine.group_summary()
         return summary

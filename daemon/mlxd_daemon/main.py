@@ -65,12 +65,17 @@ def _endpoint_option(function):
               help="file holding the token clients must send in a hello first (else $MLXD_AUTH_TOKEN)")
 @click.option("--stream-interval-ms", default=5.0, show_default=True, type=click.FloatRange(0),
               help="streamed tokens are sent at most this often per request (0: every token at once)")
+@click.option("--distributed", default=None, type=click.Choice(["tensor", "pipeline"]),
+              help="one rank of a model split over an mx.distributed group (start every rank with mlx.launch): "
+                   "tensor parallel (model.shard) or pipeline parallel (model.model.pipeline); rank 0 serves")
+@click.option("--distributed-backend", default="any", show_default=True,
+              type=click.Choice(["any", "ring", "jaccl", "mpi", "nccl"]), help="mx.distributed backend of the group")
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
 @click.pass_context
 def cli(ctx, model, endpoint, max_batch, max_kv_size, prefill_chunk, max_queue, lookahead, decode_steps, temp, top_p, top_k,
         min_p, draft_kind, draft_model, draft_block_size, prompt_lookup_max_batch, storage_backend, kv_block_size,
         kv_pool_tokens, kv_memory_fraction, cpu_weight_budget, drain_timeout, allow_public, auth_token_file, stream_interval_ms,
-        log_level):
+        distributed, distributed_backend, log_level):
     """mlxd: serve an mlx-lm model to many clients over ZeroMQ."""
     if ctx.invoked_subcommand is not None:
         return
@@ -82,6 +87,7 @@ def cli(ctx, model, endpoint, max_batch, max_kv_size, prefill_chunk, max_queue, 
         prompt_lookup_max_batch=prompt_lookup_max_batch, storage_backend=storage_backend,
         kv_block_size=kv_block_size, kv_pool_tokens=kv_pool_tokens, kv_memory_fraction=kv_memory_fraction,
         cpu_weight_budget=cpu_weight_budget, drain_timeout_s=drain_timeout, stream_interval_s=stream_interval_ms / 1000.0, auth_token=_read_auth_token(auth_token_file),
+        distributed=distributed, distributed_backend=distributed_backend,
     )
     if allow_public and not options.auth_token:
         click.echo("mlxd: --allow-public needs an auth token: pass --auth-token-file PATH or set MLXD_AUTH_TOKEN",
@@ -113,10 +119,26 @@ def serve(options: DaemonOptions) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     log = logging.getLogger("mlxd")
     endpoint = options.endpoint or default_endpoint()
-    with Client(endpoint, timeout_s=1.0, auth_token=options.auth_token or "") as probe:
-        if probe.ping(0.5):
-            click.echo(f"mlxd: a daemon already answers at {endpoint}", err=True)
-            return 1
+    group = None
+    if options.distributed:
+        from .distributed import join_group
+
+        try:
+            group, info = join_group(options.distributed, options.distributed_backend)
+        except ValueError as error:
+            click.echo(f"mlxd: {error}", err=True)
+            return 2
+        from .group_watch import GroupWatch
+
+        watch = GroupWatch()  # now, while the group's connections are the only ones
+        watch.start()  # a rank lost while loading ends this one
+        log.info("rank %d of %d (%s parallel, %s backend), watching %s", info.rank, info.size, info.mode,
+                 info.backend, watch.describe())
+    if group is None or group.rank() == 0:
+        with Client(endpoint, timeout_s=1.0, auth_token=options.auth_token or "") as probe:
+            if probe.ping(0.5):
+                click.echo(f"mlxd: a daemon already answers at {endpoint}", err=True)
+                return 1
     from mlxd_engine import ModelLoadError
 
     from .step_tuning import tune_steps
@@ -124,10 +146,14 @@ def serve(options: DaemonOptions) -> int:
     from .server import DaemonServer
 
     try:
-        loaded = _load_with_progress(load_for_serving, options)
+        loaded = _load_with_progress(lambda o: load_for_serving(o, group), options)
     except ModelLoadError as error:
         click.echo(f"mlxd: {error}", err=True)
         return 2
+    if group is not None and group.rank() != 0:
+        from .distributed import serve_follower
+
+        return serve_follower(loaded, options, watch)
     server = DaemonServer(loaded, options, endpoint)
     try:
         server.bind()
@@ -135,7 +161,14 @@ def serve(options: DaemonOptions) -> int:
         click.echo(f"mlxd: cannot listen on {endpoint}: {error}", err=True)
         return 2
     server.install_signal_handlers()
-    steps = tune_steps(server.engine)
+    if group is not None:
+        from .distributed import abort_serving, fixed_step_settings
+
+        steps = fixed_step_settings()
+        server.engine.on_lost = lambda reason: server.request_stop("distributed group lost")
+        server.engine.watch_group(watch, lambda reason: abort_serving(server, reason))
+    else:
+        steps = tune_steps(server.engine)
     log.info("model=%s type=%s layers=%d max_batch=%d max_kv_size=%d lookahead=%s %s prompt_lookup_max_batch=%d "
              "storage=%s blas=%s blas_threads=%s compiled_steps=%s fused_cpu_layers=%d", loaded.path, loaded.model_type, loaded.n_layers, options.max_batch,
              server.engine.max_kv_size, options.lookahead, server.speculative.summary(),
@@ -144,11 +177,23 @@ def serve(options: DaemonOptions) -> int:
     click.echo(f"mlxd ready endpoint={endpoint} model={loaded.path} pid={__import__('os').getpid()}", nl=True)
     sys.stdout.flush()
     reason = "error"
+    lost = None
     try:
         reason = server.serve_forever()
     finally:
-        server.close()
+        if group is None:
+            server.close()
+        elif server.engine.abort_lock.acquire(blocking=False):  # else the watch thread is answering them
+            lost = server.engine.lost
+            if lost is not None:
+                server.scheduler.fail_all(lost)  # every waiting client gets the error now
+            server.close()
+            server.engine.close()  # the other ranks exit too
+            server.engine.settled.set()
         log.info("stopped (%s)", reason)
+    if lost is not None:
+        click.echo(f"mlxd: {lost}", err=True)
+        return 1
     return 0
 
 

@@ -32,7 +32,10 @@ def resolve_model_name(model: str | None) -> str:
     return model
 
 
-def load_for_serving(options: DaemonOptions) -> LoadedModel:
-    loaded = load(resolve_model_name(options.model), cpu_weight_budget=default_budget_bytes(options.cpu_weight_budget))
+def load_for_serving(options: DaemonOptions, group=None) -> LoadedModel:
+    """Load the model; with ``group`` (``--distributed``) only this rank's part of it."""
+    distributed = (options.distributed, group) if group is not None else None
+    loaded = load(resolve_model_name(options.model), cpu_weight_budget=default_budget_bytes(options.cpu_weight_budget),
+                  distributed=distributed)
     log.info("%s", loaded.weights)
     return loaded

@@ -36,6 +36,8 @@ class DaemonOptions:
     kv_memory_fraction: float | None = None  # paged pool as a fraction of the machine's memory
     cpu_weight_budget: float = 0.4  # CPU: share of the machine's memory float32 weights may take (cpu_weights.py)
     stream_interval_s: float = 0.005  # a streaming request gets at most one chunk per interval (0: per token)
+    distributed: str | None = None  # "tensor" or "pipeline": this process is one rank of an mx.distributed group
+    distributed_backend: str = "any"  # mx.distributed backend (mlx.launch sets it up): any, ring, jaccl, mpi, nccl
     auth_token: str | None = field(default=None, repr=False)  # clients must send it in a Hello first
 
     def as_dict(self) -> dict:

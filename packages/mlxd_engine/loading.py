@@ -55,6 +55,7 @@ class LoadedModel:
     # where context_length came from: "config", "tokenizer" or "fallback" (a guess --max-kv-size may pass)
     context_source: str = "config"
     cache_layout: CacheLayout | None = None  # read by load, or on first use for a LoadedModel built directly
+    group: Any = None  # the mx.distributed group this rank holds a part of the model for (None: all of it)
 
     def layout(self) -> CacheLayout:
         """The model's cache layout (``cache_layout.py``), read once."""
@@ -71,13 +72,15 @@ def _looks_like_local_path(name: str) -> bool:
     return name.startswith((".", "/", "~")) or Path(name).exists() or name.count("/") != 1
 
 
-def load(model: str | Path | None = None, cpu_weight_budget: int | None = None) -> LoadedModel:
+def load(model: str | Path | None = None, cpu_weight_budget: int | None = None,
+         distributed: tuple[str, Any] | None = None) -> LoadedModel:
     """Load an mlx-lm checkpoint and apply the CPU weight rule (``cpu_weights.py``) to it.
 
     Args:
         model: a local directory or a hub id ("org/name"); None means the embedded model.
         cpu_weight_budget: bytes the float32 weights may take on the CPU before quantized layers stay
             quantized (None: a share of the machine's memory).
+        distributed: (mode, group): load lazily and keep only this rank's part (``sharding.py``).
     Returns:
         The loaded model with its tokenizer.
     Raises:
@@ -105,14 +108,22 @@ def load(model: str | Path | None = None, cpu_weight_budget: int | None = None) 
         _check_architecture(config)
         name = str(path)
     try:
-        module, tokenizer, config = mlx_lm_load(name, return_config=True)
+        module, tokenizer, config = mlx_lm_load(name, return_config=True, lazy=distributed is not None)
     except ValueError as error:
         if "not supported" in str(error):
             raise ModelLoadError(str(error)) from error
         raise
-    weights = apply_cpu_weight_rule(module, cpu_weight_budget)
     args = getattr(module, "args", None)
     model_type = str(config_value(config, args, "model_type") or getattr(module, "model_type", "unknown"))
+    weights = apply_cpu_weight_rule(module, cpu_weight_budget)  # before sharding: it knows mlx's own layers
+    if distributed is not None:
+        import mlx.core as mx
+
+        from .sharding import shard_model
+
+        mode, group = distributed
+        shard_model(module, mode, group, model_type, config)
+        mx.eval(module.parameters())
     try:
         n_layers = len(model_layers(module))
     except AttributeError as error:
@@ -141,6 +152,7 @@ def load(model: str | Path | None = None, cpu_weight_budget: int | None = None) 
         weights=weights.detail,
         context_source=source,
         cache_layout=layout,
+        group=distributed[1] if distributed is not None else None,
     )
 
 

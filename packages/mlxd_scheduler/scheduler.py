@@ -112,6 +112,15 @@ class BatchScheduler:
         state.cancel_requested = True
         return True
 
+    def fail_all(self, error: str) -> None:
+        """End every request, waiting or running, with ``error`` (the engine can compute no more: a
+        distributed rank was lost). Nothing is forwarded; in-flight steps are dropped unread."""
+        self.decode_loop.in_flight = []
+        for state in list(self.by_id.values()):
+            if state in self.waiting:
+                self.waiting.remove(state)
+            self._finish(state, "error", None, error)
+
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.prefilling or self.decoding or self.decode_loop.pipelined)

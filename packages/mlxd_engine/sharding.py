@@ -1,0 +1,69 @@
+"""Splitting a loaded model over an ``mx.distributed`` group with mlx-lm's own sharding.
+
+Contract: ``shard_model(module, mode, group)`` changes the mlx-lm model in place so that this rank holds
+its part, or raises ``ModelLoadError`` saying which mode the model lacks and what to do:
+- ``tensor``: ``model.shard(group)`` (mlx-lm: llama, qwen2/3, deepseek_v2/v3, gpt_oss, glm4_moe, ...).
+  Every rank keeps the embeddings and the head and a 1/N share of every layer's attention heads and MLP;
+  the layers' ``sharded-to-all`` projections sum over the group, so every rank ends with the same logits.
+  The attention and KV head counts must divide by the group size (SmolLM2-135M: 9 and 3 heads, so 3
+  ranks, not 2).
+- ``pipeline``: ``model.model.pipeline(group)`` (mlx-lm: deepseek_v2/v3, glm4_moe, qwen3_5, ministral3,
+  ...). Rank r runs a contiguous run of layers (rank 0 the last ones); hidden states go rank to rank and
+  the last hidden state is gathered on every rank, so every rank again ends with the same logits.
+Nothing here is hand-written model code: where mlx-lm has no ``shard``/``pipeline`` for an architecture,
+the model cannot be split.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .loading import ModelLoadError, config_value
+
+MODES = ("tensor", "pipeline")
+
+
+def supported_modes(module: Any) -> list[str]:
+    """The distributed modes the installed mlx-lm offers for this model."""
+    modes = []
+    if callable(getattr(module, "shard", None)):
+        modes.append("tensor")
+    if callable(getattr(getattr(module, "model", None), "pipeline", None)):
+        modes.append("pipeline")
+    return modes
+
+
+def shard_model(module: Any, mode: str, group: Any, model_type: str, config: dict | None = None) -> None:
+    """Give this rank its part of ``module`` (see the module docstring).
+
+    Args:
+        module: the mlx-lm model, best still lazy (only this rank's part is then ever read).
+        mode: ``tensor`` or ``pipeline``.
+        group: the ``mx.distributed`` group to split over.
+        model_type: for the messages.
+        config: the checkpoint's config.json, for the head counts.
+    Raises:
+        ModelLoadError: the model has no such mode, or its shapes do not split over this many ranks.
+    """
+    if mode not in MODES:
+        raise ModelLoadError(f"unknown distributed mode {mode!r} (expected {' or '.join(MODES)})")
+    size = group.size()
+    modes = supported_modes(module)
+    if mode not in modes:
+        method = "model.shard(group)" if mode == "tensor" else "model.model.pipeline(group)"
+        other = f"; it has {modes[0]} parallel: use --distributed {modes[0]}" if modes else ""
+        raise ModelLoadError(f"model type {model_type!r} has no {mode} parallel in the installed mlx-lm "
+                             f"(no {method}){other}")
+    args = getattr(module, "args", None)
+    if mode == "tensor":
+        for field in ("num_attention_heads", "num_key_value_heads"):
+            count = config_value(config, args, field)
+            if isinstance(count, int) and count % size:
+                raise ModelLoadError(f"model type {model_type!r}: {field}={count} does not split over {size} ranks "
+                                     f"for tensor parallel (use a rank count that divides it)")
+        module.shard(group)
+    else:
+        layers = len(module.model.layers)
+        if layers < size:
+            raise ModelLoadError(f"model type {model_type!r}: {layers} layers cannot be split over {size} ranks")
+        module.model.pipeline(group)
