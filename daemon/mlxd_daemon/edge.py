@@ -3,7 +3,8 @@
 Contract: everything textual happens here, never in the scheduler or the engine: applying the chat
 template, encoding the prompt, building the request's TextStream (streaming detokenizer + stop
 strings) and compiling a request's constraint (a JSON schema or grammar; one the library rejects is an
-invalid_request Error with its message). Sampler settings: a request's ``sampling``, or the daemon's defaults (both a wire ``Sampling``)
+invalid_request Error with its message), and a request's tools (through the chat template; "required" or
+a named function as a grammar; the calls split out of the text by ``tool_calls.py``). Sampler settings: a request's ``sampling``, or the daemon's defaults (both a wire ``Sampling``)
 become the engine's ``SamplingParams`` in one conversion; their value rules are checked once, by the
 scheduler's submit (``sampling_rules``, with the model's vocabulary). Replies: a TokenEvent becomes a
 Chunk for a streaming request (nothing for a non-streaming one); a FinishEvent becomes Done with the
@@ -16,8 +17,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from mlxd_engine import GrammarError, LoadedModel, SamplingParams, compile_grammar
-from mlxd_protocol import INTERNAL, INVALID, Chunk, Done, Error, Generate, ProtocolError, Sampling, Tick, TickRow
+from mlxd_protocol import (
+    INTERNAL, INVALID, Chunk, Constraint, Done, Error, Generate, ProtocolError, Sampling, Tick, TickRow)
 from mlxd_scheduler import FinishEvent, Request, SpeculativeRequest, TextStream, TickRecord, TokenEvent
+
+from .tool_calls import ToolCallSplitter, required_call_grammar, tool_support_problem
 
 MAX_CHARS_PER_TOKEN = 32  # no tokenizer packs more characters than this into one token on real text
 
@@ -48,11 +52,39 @@ def prompt_tokens(loaded: LoadedModel, message: Generate) -> list[int]:
             raise ProtocolError(INVALID, "this model has no chat template: send a plain prompt with chat=false")
         if message.system:
             messages = [{"role": "system", "content": message.system}, *messages]
+        tools = offered_tools(message)
+        if tools is not None:
+            return list(tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True))
         return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
     if messages is not None:
         raise ProtocolError(INVALID, "chat=false cannot be combined with messages")
     text = (message.system + "\n\n" + message.prompt) if message.system else message.prompt
     return list(tokenizer.encode(text, add_special_tokens=message.add_special_tokens))
+
+
+def offered_tools(message: Generate) -> list[dict] | None:
+    """The tools the chat template gets (None: no tools, or tool_choice "none")."""
+    return message.tools if message.tools and message.tool_choice != "none" else None
+
+
+def tool_constraint(loaded: LoadedModel, message: Generate) -> Constraint | None:
+    """Check that the model can take the request's tools; the grammar that enforces "required" or a
+    named function (None otherwise). Raises ProtocolError(INVALID)."""
+    if not message.tools:
+        return None
+    problem = tool_support_problem(loaded.tokenizer)
+    if problem is not None:
+        raise ProtocolError(INVALID, f"tools: {problem}")
+    if message.chat is False or (message.prompt_tokens is not None):
+        raise ProtocolError(INVALID, "tools: need a chat request (messages, or a prompt through the chat template)")
+    if message.tool_choice != "required" and message.tool_name is None:
+        return None
+    if message.constraint is not None:
+        raise ProtocolError(INVALID, "constraint: cannot be combined with a required tool call")
+    try:
+        return Constraint(kind="lark", text=required_call_grammar(loaded.tokenizer, message.tools, message.tool_name))
+    except ValueError as error:
+        raise ProtocolError(INVALID, f"tool_choice: {error}") from error
 
 
 def sampling_params(message: Generate, defaults: Sampling) -> SamplingParams:
@@ -69,13 +101,15 @@ def sampling_params(message: Generate, defaults: Sampling) -> SamplingParams:
 def to_request(loaded: LoadedModel, message: Generate, internal_id: str, defaults: Sampling) -> Request:
     """Build the scheduler request for a Generate. Raises ProtocolError(INVALID) for bad input (the
     sampler rules that need the vocabulary are checked when the scheduler takes the request)."""
+    tools_grammar = tool_constraint(loaded, message)  # first: a model that cannot take tools says so
     tokens = prompt_tokens(loaded, message)
     if not tokens:
         raise ProtocolError(INVALID, "the prompt is empty")
     params = sampling_params(message, defaults)
-    if message.constraint is not None:
+    constraint = tools_grammar or message.constraint
+    if constraint is not None:
         try:
-            grammar = compile_grammar(loaded, message.constraint.kind, message.constraint.text)
+            grammar = compile_grammar(loaded, constraint.kind, constraint.text)
         except GrammarError as error:
             raise ProtocolError(INVALID, f"constraint: {error}") from error
         params = replace(params, grammar=grammar)
@@ -90,17 +124,29 @@ def to_request(loaded: LoadedModel, message: Generate, internal_id: str, default
     return Request(internal_id, tokens, params, message.max_tokens, text, speculative, ignore_eos=message.ignore_eos)
 
 
-def to_reply(event, client_id: str, stream: bool):
-    """The wire message for a scheduler event (None when nothing is sent)."""
+def tool_call_splitter(loaded: LoadedModel, message: Generate) -> ToolCallSplitter | None:
+    """The splitter that takes tool calls out of a request's text (None when it offers no tools)."""
+    tools = offered_tools(message)
+    return ToolCallSplitter(loaded.tokenizer, tools) if tools is not None else None
+
+
+def to_reply(event, client_id: str, stream: bool, splitter: ToolCallSplitter | None = None):
+    """The wire message for a scheduler event (None when nothing is sent). With a ``splitter`` (a request
+    with tools) text inside tool calls is held back from the chunks and the Done carries the parsed calls."""
     if isinstance(event, TokenEvent):
+        text = splitter.push(event.text) if splitter is not None else event.text
         if not stream:
             return None
-        return Chunk(id=client_id, tokens=list(event.tokens), text=event.text, logprobs=event.logprobs)
+        return Chunk(id=client_id, tokens=list(event.tokens), text=text, logprobs=event.logprobs)
     assert isinstance(event, FinishEvent)
     if event.finish_reason == "error":
         return Error(id=client_id, code=INTERNAL, message=event.error or "generation failed")
-    return Done(id=client_id, finish_reason=event.finish_reason, text=event.text, tokens=list(event.tokens),
-                usage=event.usage, timings=event.timings)
+    text, tool_calls = event.text, None
+    if splitter is not None:
+        splitter.finish()
+        text, tool_calls = splitter.content, splitter.calls
+    return Done(id=client_id, finish_reason=event.finish_reason, text=text, tokens=list(event.tokens),
+                usage=event.usage, timings=event.timings, tool_calls=tool_calls)
 
 
 def tick_message(record: TickRecord) -> Tick:

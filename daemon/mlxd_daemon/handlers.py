@@ -26,7 +26,7 @@ from mlxd_protocol import (
 from mlxd_scheduler import BatchScheduler, QueueFull
 
 from . import __version__
-from .edge import to_request
+from .edge import to_request, tool_call_splitter
 from .streams import ReplyStreams
 
 log = logging.getLogger("mlxd")
@@ -77,7 +77,7 @@ def generate(ctx: HandlerContext, identity: bytes, message: Generate) -> None:
     if running_as in ctx.streams:
         raise ProtocolError(INVALID, f"request id {message.id!r} is already running")
     request = to_request(ctx.loaded, message, running_as, ctx.sampling)
-    sink = ctx.streams.open(identity, message, running_as)
+    sink = ctx.streams.open(identity, message, running_as, tool_call_splitter(ctx.loaded, message))
     try:
         ctx.scheduler.submit(request, sink)
     except QueueFull as error:

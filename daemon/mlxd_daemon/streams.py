@@ -19,6 +19,7 @@ from mlxd_scheduler import Event, TokenEvent
 
 from .chunking import ChunkBuffer
 from .edge import to_reply
+from .tool_calls import ToolCallSplitter
 
 Send = Callable[[bytes, Message], None]
 
@@ -42,15 +43,18 @@ class ReplyStreams:
         """Some buffer keeps tokens that are not sent yet."""
         return bool(self._keeping)
 
-    def open(self, identity: bytes, message: Generate, internal_id: str) -> Callable[[Event], None]:
-        """Register ``message`` (running as ``internal_id``); returns the sink for its scheduler events."""
+    def open(self, identity: bytes, message: Generate, internal_id: str,
+             splitter: ToolCallSplitter | None = None) -> Callable[[Event], None]:
+        """Register ``message`` (running as ``internal_id``); returns the sink for its scheduler events.
+        ``splitter``: takes tool calls out of the text of a request with tools (``tool_calls.py``)."""
         chunks = ChunkBuffer(message.id, self.interval_s)
 
         def sink(event: Event) -> None:
             if isinstance(event, TokenEvent):
-                if not message.stream:
+                chunk = to_reply(event, message.id, message.stream, splitter)
+                if chunk is None:
                     return
-                ready = chunks.add(event.tokens, event.text, event.logprobs, time.monotonic())
+                ready = chunks.add(chunk.tokens, chunk.text, chunk.logprobs, time.monotonic())
                 if ready is None:
                     self._keeping[internal_id] = (identity, chunks)
                 else:  # ready holds whatever was kept: the buffer keeps nothing now
@@ -59,7 +63,7 @@ class ReplyStreams:
                 return
             if internal_id in self._keeping:
                 self._send_kept(internal_id)  # the last tokens go before the Done (or Error)
-            self._send(identity, to_reply(event, message.id, message.stream))
+            self._send(identity, to_reply(event, message.id, message.stream, splitter))
             self._routes.pop(internal_id, None)
 
         self._routes[internal_id] = message.id

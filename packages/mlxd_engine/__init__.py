@@ -9,7 +9,7 @@ from .default_model import EMBEDDED_ALIASES, resolve_default_model
 from .eligibility import Eligibility, prompt_lookup_eligibility
 from .engine import Emitted, Engine, Sequence, StepHandle, kv_bytes_per_token
 from .gguf_import import GGUFError, cached_conversion, convert_gguf
-from .grammar import GRAMMAR_KINDS, Grammar, GrammarError, compile_grammar
+from .grammar import GRAMMAR_KINDS, JSON_LAYOUT, Grammar, GrammarError, compile_grammar
 from .kv_backend import STORAGE_BACKENDS, KVStorage, make_kv_storage
 from .kv_bound import at_kv_bound, kv_room
 from .kv_storage import KVStorageFull, SlotKVStorage
@@ -20,7 +20,7 @@ from .verify_round import RoundOutcome, verify_round
 
 __all__ = [
     "EMBEDDED_ALIASES", "GGUFError", "WeightForm", "apply_cpu_weight_rule", "cached_conversion", "convert_gguf",
-    "GRAMMAR_KINDS", "Grammar", "GrammarError", "compile_grammar",
+    "GRAMMAR_KINDS", "JSON_LAYOUT", "Grammar", "GrammarError", "compile_grammar",
     "default_budget_bytes", "resolve_default_model",
     "Eligibility", "Emitted", "Engine", "KVStorage", "KVStorageFull", "LoadedModel", "ModelLoadError",
     "RoundOutcome", "STORAGE_BACKENDS", "SamplerChain", "SamplingParams", "Sequence", "SlotKVStorage", "StepHandle",

@@ -59,6 +59,7 @@ FINISH_CANCELLED = "cancelled"  # a Cancel for this id arrived
 FINISH_REASONS = frozenset({FINISH_STOP, FINISH_LENGTH, FINISH_CANCELLED})
 
 SPECULATIVE_KINDS = frozenset({"prompt-lookup", "none"})
+TOOL_CHOICES = frozenset({"auto", "none", "required"})  # Generate.tool_choice
 # Constraint.kind: what the output must follow (structured output).
 CONSTRAINT_KINDS = frozenset({"json_object", "json_schema", "gbnf", "lark", "regex"})
 
@@ -85,6 +86,13 @@ def _check_chat_messages(messages: list[dict] | None, where: str) -> None:
     for index, message in enumerate(messages):
         for key in ("role", "content"):
             _require(type(message.get(key)) is str, f"{where}[{index}].{key}: expected str")
+
+
+def _tool_name(tool: Any) -> str | None:
+    """The function name of an OpenAI-style tool definition, None when it has none."""
+    function = tool.get("function") if isinstance(tool, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    return name if isinstance(name, str) and name else None
 
 
 def _exactly_one(message: Any, names: tuple[str, ...]) -> None:
@@ -200,9 +208,23 @@ class Generate(Message):
     add_special_tokens: bool = True
     ignore_eos: bool = False  # keep generating past end-of-sequence tokens (benchmarks)
     constraint: Constraint | None = None  # structured output: a JSON schema or grammar the output follows
+    # Tool calls (chat only): OpenAI-style tool definitions for the chat template; "auto" (the default with
+    # tools), "none" (tools are not offered), "required" (exactly one call, enforced by a grammar);
+    # tool_name: that function must be called (implies "required"). Calls come back in Done.tool_calls.
+    tools: list[dict] | None = None
+    tool_choice: str | None = None
+    tool_name: str | None = None
 
     def validate(self) -> None:
         _exactly_one(self, ("prompt", "prompt_tokens", "messages"))
+        _require(self.tool_choice is None or self.tool_choice in TOOL_CHOICES,
+                 f"tool_choice: must be one of {sorted(TOOL_CHOICES)} or nil")
+        _require(self.tools is None or (0 < len(self.tools) <= 128 and all(_tool_name(tool) for tool in self.tools)),
+                 "tools: 1 to 128 maps, each {\"type\": \"function\", \"function\": {\"name\": str, ...}}")
+        _require(self.tools is not None or (self.tool_choice is None and self.tool_name is None),
+                 "tool_choice / tool_name: need tools")
+        _require(self.tool_name is None or self.tool_name in {_tool_name(tool) for tool in self.tools or ()},
+                 "tool_name: must name one of the tools")
         _require(not (self.ignore_eos and self.constraint is not None),
                  "ignore_eos: cannot be combined with a constraint (a finished grammar allows only end-of-sequence)")
         _require(self.prompt_tokens is None or len(self.prompt_tokens) > 0,
@@ -303,6 +325,9 @@ class Done(Message):
     tokens: list[int] = field(default_factory=list)
     usage: dict = field(default_factory=dict)
     timings: dict = field(default_factory=dict)
+    # the tool calls the model made (a Generate with tools), each {"name": str, "arguments": JSON text};
+    # then ``text`` is the content without them
+    tool_calls: list[dict] | None = None
 
     def validate(self) -> None:
         _require(self.finish_reason in FINISH_REASONS,

@@ -32,7 +32,7 @@ from .schemas import (
     MAX_TOKENS_LIMIT, DetokenizeRequest, DetokenizeResponse, Health, LlamaCompletion, LlamaCompletionRequest,
     LlamaStreamChunk, TokenizeRequest, TokenizeResponse, build_sampling, normalize_stop)
 from .request_fields import (
-    LLAMA_NO_EFFECT, LLAMA_UNIMPLEMENTED, check_extra_fields, ignored_fields_header, name_constraint_field)
+    LLAMA_NO_EFFECT, LLAMA_UNIMPLEMENTED, check_extra_fields, ignored_fields_header, name_daemon_field)
 from .streaming import SSE_HEADERS, ClosingStreamingResponse, StreamedOutput, collect_generation, sse_body, sse_event
 
 router = APIRouter()
@@ -106,7 +106,7 @@ async def completion(body: LlamaCompletionRequest, request: Request, response: R
     try:
         stream = await open_generation(pool, completion_request_builder(body))
     except ApiError as error:
-        raise name_constraint_field(error, "grammar" if body.grammar else "json_schema") from error
+        raise name_daemon_field(error, {"constraint": "grammar" if body.grammar else "json_schema"}) from error
     if body.stream:
         return ClosingStreamingResponse(_completion_events(stream, request, normalize_stop(body.stop)),
                                         media_type="text/event-stream", headers={**SSE_HEADERS, **headers})

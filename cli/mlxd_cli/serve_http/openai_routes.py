@@ -11,7 +11,12 @@ Contract:
       extension), then a usage chunk when ``stream_options.include_usage``, then ``data: [DONE]``.
       A daemon failure after the stream started is sent as one ``data: {"error": ...}`` event.
     * finish_reason: the daemon's "stop" and "length" as they are; "cancelled" (only seen when the
-      client already left, or the daemon was shut down) is reported as "stop".
+      client already left, or the daemon was shut down) is reported as "stop"; "tool_calls" when the
+      model ended its turn with tool calls.
+    * Tools: ``tools`` / ``tool_choice`` go to the daemon (the model's chat template; "required" or a named
+      function enforced by a grammar); the daemon parses the calls with mlx-lm's parser for the model,
+      they come back as ``message.tool_calls`` (content null when there is none), streamed as one
+      ``delta.tool_calls`` chunk before the finish chunk. A model without tool calling gets a 400.
 """
 
 from __future__ import annotations
@@ -30,13 +35,14 @@ from .errors import ERROR_RESPONSES, ApiError, NoDaemonAvailable, from_daemon_fa
 from .schemas import (
     MAX_TOKENS_LIMIT, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
     ChatDelta, ChatMessageOut, Completion, CompletionChoice, CompletionRequest, ModelCard, ModelList,
-    OpenAIGenerationFields, Usage, build_sampling, normalize_stop)
+    OpenAIGenerationFields, ToolCallOut, Usage, build_sampling, normalize_stop)
 from .request_fields import (
-    OPENAI_NO_EFFECT, OPENAI_UNIMPLEMENTED, check_extra_fields, ignored_fields_header, name_constraint_field)
+    OPENAI_NO_EFFECT, OPENAI_UNIMPLEMENTED, check_extra_fields, ignored_fields_header, name_daemon_field)
 from .streaming import SSE_HEADERS, ClosingStreamingResponse, StreamedOutput, collect_generation, sse_body, sse_event
 
 router = APIRouter()
 FINISH_REASONS = {"stop": "stop", "length": "length", "cancelled": "stop"}
+CHAT_FIELDS = {"constraint": "response_format", "tools": "tools", "tool_choice": "tool_choice"}  # daemon -> HTTP
 FALLBACK_MAX_TOKENS = 256  # when the daemon has not reported its context bound
 STREAM_RESPONSES = {200: {"content": {"text/event-stream": {}}, "description": "the answer, or SSE when stream=true"}}
 
@@ -49,7 +55,8 @@ def usage_of(done: Done) -> Usage:
 
 
 def request_builder(body: OpenAIGenerationFields, prompt_fields: dict, max_tokens: int | None,
-                    logprobs: int | None, chat: bool | None) -> Callable[[DaemonHandle], Generate]:
+                    logprobs: int | None, chat: bool | None, tool_fields: dict | None = None,
+                    ) -> Callable[[DaemonHandle], Generate]:
     """A function building the Generate for the daemon the pool picks.
 
     Args:
@@ -58,6 +65,7 @@ def request_builder(body: OpenAIGenerationFields, prompt_fields: dict, max_token
         max_tokens: The client's limit, None for "until end of sequence".
         logprobs: Alternatives to report per token, None for no logprobs.
         chat: The protocol's ``chat`` flag.
+        tool_fields: The protocol's tools / tool_choice / tool_name (chat only).
 
     Returns:
         ``make_request(handle) -> Generate``, filling defaults from that daemon's status.
@@ -71,7 +79,7 @@ def request_builder(body: OpenAIGenerationFields, prompt_fields: dict, max_token
         limit = max_tokens or min(handle.context_bound or FALLBACK_MAX_TOKENS, MAX_TOKENS_LIMIT)
         return Generate(id=new_request_id(), **prompt_fields, chat=chat, max_tokens=limit, stop=stop, stream=True,
                         sampling=build_sampling(overrides, handle.sampling_defaults), speculative=speculative,
-                        constraint=constraint)
+                        constraint=constraint, **(tool_fields or {}))
 
     return make_request
 
@@ -113,7 +121,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, respon
     headers = ignored_fields_header(check_extra_fields(body, OPENAI_UNIMPLEMENTED, OPENAI_NO_EFFECT))
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     make_request = request_builder(body, {"messages": [message.to_protocol() for message in body.messages]},
-                                   body.max_completion_tokens or body.max_tokens, logprobs, chat=None)
+                                   body.max_completion_tokens or body.max_tokens, logprobs, chat=None,
+                                   tool_fields=body.tool_fields())
     try:
         stream = await open_generation(gateway(request).pool, make_request)
     except ApiError as error:
@@ -121,7 +130,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, respon
             # The daemon's advice names protocol fields; say what to do over HTTP instead.
             raise ApiError(400, "this model has no chat template: send a plain prompt to /v1/completions or "
                                 "/completion instead", param="messages", code=error.code) from error
-        raise name_constraint_field(error, "response_format") from error
+        raise name_daemon_field(error, CHAT_FIELDS) from error
     reply_id, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
     if body.stream:
         events = _chat_events(stream, request, reply_id, created, logprobs is not None,
@@ -133,10 +142,26 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, respon
     response.headers.update(headers)
     gateway(request).count_generation(result.done)
     choice_logprobs = chat_logprobs(result.logprobs, await gateway(request).token_texts(result.logprobs)) if logprobs is not None else None
+    calls = tool_calls_of(result.done)
+    message = ChatMessageOut(content=result.text or None, tool_calls=calls) if calls else ChatMessageOut(content=result.text)
     return ChatCompletion(
         id=reply_id, created=created, model=model_name(stream), usage=usage_of(result.done), timings=result.done.timings,
-        choices=[ChatChoice(message=ChatMessageOut(content=result.text), logprobs=choice_logprobs,
-                            finish_reason=FINISH_REASONS[result.done.finish_reason])])
+        choices=[ChatChoice(message=message, logprobs=choice_logprobs, finish_reason=chat_finish_reason(result.done))])
+
+
+def tool_calls_of(done: Done) -> list[ToolCallOut] | None:
+    """OpenAI's tool_calls from the daemon's parsed calls (None when the model called no tool)."""
+    if not done.tool_calls:
+        return None
+    return [ToolCallOut(id=f"call_{uuid.uuid4().hex[:24]}", function={"name": call["name"], "arguments": call["arguments"]})
+            for call in done.tool_calls]
+
+
+def chat_finish_reason(done: Done) -> str:
+    """"tool_calls" when the model ended its turn with tool calls, else the daemon's reason."""
+    if done.tool_calls and done.finish_reason == "stop":
+        return "tool_calls"
+    return FINISH_REASONS[done.finish_reason]
 
 
 def _chat_events(stream: GenerationStream, request: Request, reply_id: str, created: int,
@@ -156,7 +181,11 @@ def _chat_events(stream: GenerationStream, request: Request, reply_id: str, crea
             yield event([ChatChunkChoice(delta=ChatDelta(content=text), logprobs=logprobs)])
         if isinstance(reply, Done):
             gateway(request).count_generation(reply)
-            yield event([ChatChunkChoice(delta=ChatDelta(), finish_reason=FINISH_REASONS[reply.finish_reason])],
+            calls = tool_calls_of(reply)
+            if calls:
+                deltas = [{"index": index, **call.model_dump()} for index, call in enumerate(calls)]
+                yield event([ChatChunkChoice(delta=ChatDelta(tool_calls=deltas))])
+            yield event([ChatChunkChoice(delta=ChatDelta(), finish_reason=chat_finish_reason(reply))],
                         timings=reply.timings)
             if include_usage:
                 yield event([], usage=usage_of(reply))
@@ -177,7 +206,7 @@ async def completions(body: CompletionRequest, request: Request, response: Respo
     try:
         stream = await open_generation(gateway(request).pool, make_request)
     except ApiError as error:
-        raise name_constraint_field(error, "response_format") from error
+        raise name_daemon_field(error, {"constraint": "response_format"}) from error
     reply_id, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
     if body.stream:
         events = _completion_events(stream, request, reply_id, created, body.logprobs is not None,

@@ -57,9 +57,6 @@ OPENAI_UNIMPLEMENTED: dict[str, tuple[Neutral, str]] = {
     "store": (_equals(False), "stored completions are not supported"),
     "functions": (_empty, "the deprecated 'functions' are not supported: use 'tools'"),
     "function_call": (_equals("none"), "the deprecated 'function_call' is not supported: use 'tool_choice'"),
-    "tools": (_empty, "tool calls are not supported by this server yet"),
-    "tool_choice": (_equals("none", "auto"), "tool calls are not supported by this server yet"),
-    "parallel_tool_calls": (_equals(True, False), "tool calls are not supported by this server yet"),
 }
 OPENAI_NO_EFFECT = frozenset({"service_tier", "metadata", "safety_identifier", "prompt_cache_key", "user"})
 
@@ -134,9 +131,17 @@ def ignored_fields_header(ignored: list[str]) -> dict[str, str]:
     return {IGNORED_FIELDS_HEADER: ", ".join(ignored)} if ignored else {}
 
 
-def name_constraint_field(error: ApiError, field: str) -> ApiError:
-    """The daemon refuses a schema or grammar its library rejects as "constraint: <the library's message>";
-    over HTTP the message and ``param`` name the request's field instead."""
-    if error.status == 400 and error.message.startswith("constraint: "):
-        return ApiError(400, f"{field}: {error.message.removeprefix('constraint: ')}", param=field, code=error.code)
+def name_daemon_field(error: ApiError, fields: dict[str, str]) -> ApiError:
+    """A daemon refusal names the protocol field it is about ("constraint: <the library's message>",
+    "tools: ..."); over HTTP the message and ``param`` name the request's field instead.
+
+    Args:
+        error: The ApiError from the daemon's answer.
+        fields: Protocol field -> the HTTP request's field (``{"constraint": "response_format"}``).
+    """
+    for protocol_field, http_field in fields.items():
+        prefix = f"{protocol_field}: "
+        if error.status == 400 and error.message.startswith(prefix):
+            return ApiError(400, f"{http_field}: {error.message.removeprefix(prefix)}", param=http_field,
+                            code=error.code)
     return error

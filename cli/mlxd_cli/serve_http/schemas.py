@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 import json
 
@@ -221,16 +221,79 @@ class TextContentPart(StrictModel):
     text: str
 
 
+class ToolCallFunction(StrictModel):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCallIn(StrictModel):
+    """A tool call in an earlier assistant message (multi-turn tool use)."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(StrictModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextContentPart]
+    content: str | list[TextContentPart] | None = None  # null only for an assistant message with tool_calls
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _content_given(self):
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is required (null only for an assistant message with tool_calls)")
+        return self
 
     def to_protocol(self) -> dict:
-        """``{"role", "content"}`` for the daemon's chat template (text parts joined)."""
-        content = self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+        """``{"role", "content"}`` for the daemon's chat template (text parts joined), plus earlier tool
+        calls (arguments as objects, as chat templates expect) and a tool reply's ``tool_call_id``."""
+        content = self.content if isinstance(self.content, str) else "".join(part.text for part in self.content or ())
         # Chat templates know "system"; "developer" is OpenAI's newer name for it.
-        return {"role": "system" if self.role == "developer" else self.role, "content": content}
+        message: dict = {"role": "system" if self.role == "developer" else self.role, "content": content}
+        if self.tool_calls:
+            message["tool_calls"] = [{"id": call.id, "type": "function", "function": {
+                "name": call.function.name, "arguments": _arguments_object(call.function.arguments)}}
+                for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
+
+
+def _arguments_object(arguments: str):
+    try:
+        return json.loads(arguments)
+    except json.JSONDecodeError:
+        return arguments
+
+
+class ToolFunction(StrictModel):
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
+class Tool(StrictModel):
+    type: Literal["function"]
+    function: ToolFunction
+
+    def to_protocol(self) -> dict:
+        function = {"name": self.function.name, "parameters": self.function.parameters or {"type": "object"}}
+        if self.function.description is not None:
+            function["description"] = self.function.description
+        return {"type": "function", "function": function}
+
+
+class NamedFunction(StrictModel):
+    name: str
+
+
+class NamedToolChoice(StrictModel):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatCompletionRequest(OpenAIGenerationFields):
@@ -238,6 +301,28 @@ class ChatCompletionRequest(OpenAIGenerationFields):
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    tools: list[Tool] | None = Field(None, max_length=128)
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None  # accepted: "required" asks for exactly one call, "auto" allows several
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tools_given(cls, choice, info: ValidationInfo):
+        tools = info.data.get("tools")
+        if choice not in (None, "none", "auto") and not tools:
+            raise ValueError("needs tools")
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in {t.function.name for t in tools}:
+            raise ValueError(f"names {choice.function.name!r}, which is not among the tools")
+        return choice
+
+    def tool_fields(self) -> dict:
+        """The protocol's tools / tool_choice / tool_name for this request (empty without tools)."""
+        if not self.tools:
+            return {}
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return {"tools": [tool.to_protocol() for tool in self.tools], "tool_choice": "required",
+                    "tool_name": self.tool_choice.function.name}
+        return {"tools": [tool.to_protocol() for tool in self.tools], "tool_choice": self.tool_choice}
 
 
 # ---- /v1/completions -------------------------------------------------------------------------
@@ -348,9 +433,16 @@ class Usage(BaseModel):
     total_tokens: int
 
 
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: dict  # {"name": str, "arguments": JSON text}
+
+
 class ChatMessageOut(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCallOut] | None = Field(None, exclude_if=_exclude_none)
 
 
 class ChatChoice(BaseModel):
@@ -373,6 +465,7 @@ class ChatCompletion(BaseModel):
 class ChatDelta(BaseModel):
     role: str | None = Field(None, exclude_if=_exclude_none)
     content: str | None = Field(None, exclude_if=_exclude_none)
+    tool_calls: list[dict] | None = Field(None, exclude_if=_exclude_none)  # each with its "index"
 
 
 class ChatChunkChoice(BaseModel):
