@@ -4,6 +4,9 @@ The stub is an OpenAI-compatible server on the standard library's ThreadingHTTPS
 streaming /v1/chat/completions + /v1/completions; the first content chunk comes TTFT after the request,
 then one token per ITL, max_tokens tokens, then a usage chunk (and a ``timings`` object when asked).
 A prompt containing FAIL_MARKER is answered HTTP 500, one containing SLOW_MARKER waits 2 s first.
+With ``prefill_s_per_word`` the first chunk waits that long for every prompt word it has not cached; with
+``prefix_cache`` a chat request has every message but the last "cached" (unless ``cache_prompt`` is false),
+reported as ``usage.prompt_tokens_details.cached_tokens``, and ``prompt_tokens`` counts the words.
 Run as a script (``python test_against_stub_server.py --port N``) it serves until killed (--serve test).
 A fake mlxd (a ZeroMQ ROUTER speaking the real codec) covers daemon targets.
 """
@@ -28,9 +31,11 @@ class StubServer:
     """A stub OpenAI-compatible server in a thread; ``log`` collects (name, path, body) per POST."""
 
     def __init__(self, name: str, log: list, ttft_s: float = 0.05, itl_s: float = 0.01,
-                 timings: dict | None = None, send_usage: bool = True, port: int = 0) -> None:
+                 timings: dict | None = None, send_usage: bool = True, port: int = 0,
+                 prefill_s_per_word: float = 0.0, prefix_cache: bool = False) -> None:
         self.name, self.log, self.ttft_s, self.itl_s = name, log, ttft_s, itl_s
         self.timings, self.send_usage = timings, send_usage
+        self.prefill_s_per_word, self.prefix_cache = prefill_s_per_word, prefix_cache
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", port), _make_handler(self))
         self.server.handle_error = lambda request, address: None  # clients closing keep-alive sockets
@@ -87,16 +92,19 @@ def _make_handler(stub: StubServer):
                 self._json(500, {"error": {"message": "stub failure"}})
                 return
             delay = 2.0 if SLOW_MARKER in prompt else 0.0
+            words = [len(message["content"].split()) for message in body["messages"]] if chat else [len(prompt.split())]
+            cached = sum(words[:-1]) if stub.prefix_cache and body.get("cache_prompt", True) else 0
+            delay += stub.prefill_s_per_word * (sum(words) - cached)
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             try:
-                self._stream(received + delay, chat, body)
+                self._stream(received + delay, chat, body, sum(words), cached)
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client gave up (timeout test)
 
-        def _stream(self, start: float, chat: bool, body: dict) -> None:
+        def _stream(self, start: float, chat: bool, body: dict, prompt_words: int, cached: int) -> None:
             base = {"id": "cmpl-stub", "created": 0, "model": body["model"],
                     "object": "chat.completion.chunk" if chat else "text_completion"}
             if chat:
@@ -112,6 +120,9 @@ def _make_handler(stub: StubServer):
             final = {**base, "choices": []}
             if stub.send_usage:
                 final["usage"] = {"prompt_tokens": 7, "completion_tokens": tokens, "total_tokens": 7 + tokens}
+                if stub.prefix_cache:
+                    final["usage"].update(prompt_tokens=prompt_words, total_tokens=prompt_words + tokens,
+                                          prompt_tokens_details={"cached_tokens": cached})
             if stub.timings is not None:
                 final["timings"] = stub.timings
             self._event(final)
@@ -246,7 +257,7 @@ def test_completions_endpoint_without_usage_counts_content_chunks():
     assert sample.finish_reason == "length" and sample.timings is None
 
 
-def _fake_mlxd(endpoint_holder: list, stop: threading.Event) -> None:
+def _fake_mlxd(endpoint_holder: list, stop: threading.Event, received: list | None = None) -> None:
     context = zmq.Context()
     router = context.socket(zmq.ROUTER)
     port = router.bind_to_random_port("tcp://127.0.0.1")
@@ -262,13 +273,15 @@ def _fake_mlxd(endpoint_holder: list, stop: threading.Event) -> None:
                                queued=0, max_batch=8, memory={}, options={}, totals={}, pid=1, id=message.id)
                 router.send_multipart([identity, encode(reply)])
             elif isinstance(message, Generate):
-                assert message.messages[0]["role"] == "user" and message.sampling.temperature == 0.0
+                if received is not None:
+                    received.append(message)
                 started = time.perf_counter()
                 for k in range(0, message.max_tokens, 2):  # two tokens per chunk, as verify rounds send
                     time.sleep(max(0.0, started + 0.03 + k * 0.01 - time.perf_counter()))
                     router.send_multipart([identity, encode(Chunk(id=message.id, tokens=[k, k + 1], text="ab"))])
                 done = Done(id=message.id, finish_reason="length",
-                            usage={"prompt_tokens": 9, "completion_tokens": message.max_tokens},
+                            usage={"prompt_tokens": 9, "completion_tokens": message.max_tokens,
+                                   "cached_tokens": 2 * (len(message.messages or ()) - 1)},
                             timings={"draft_n": 5, "draft_n_accepted": 3})
                 router.send_multipart([identity, encode(done)])
     finally:
@@ -278,8 +291,9 @@ def _fake_mlxd(endpoint_holder: list, stop: threading.Event) -> None:
 
 def test_daemon_target_reads_chunks_done_usage_and_timings():
     endpoint: list = []
+    received: list = []
     stop = threading.Event()
-    thread = threading.Thread(target=_fake_mlxd, args=(endpoint, stop), daemon=True)
+    thread = threading.Thread(target=_fake_mlxd, args=(endpoint, stop, received), daemon=True)
     thread.start()
     while not endpoint:
         time.sleep(0.01)
@@ -291,6 +305,9 @@ def test_daemon_target_reads_chunks_done_usage_and_timings():
         stop.set()
         thread.join(5)
     assert run.targets[0]["model"] == "fake-model" and run.targets[0]["kind"] == "daemon"
+    assert [m.messages[0]["role"] for m in received] == ["user", "user"] and received[0].chat is True
+    assert received[0].sampling.temperature == 0.0
+    assert run.batches[0].samples[0].text == "ab" * 4  # the chunks' text
     summary = run.batches[0].summary
     assert summary["errors"] == 0 and summary["completion_tokens"] == 16
     assert summary["drafted"] == 10 and summary["accepted"] == 6

@@ -2,9 +2,9 @@
 
     mlx-bench --target NAME=http://HOST:PORT | --target NAME=daemon:ENDPOINT | --serve NAME='CMD {port}' ...
               [--baseline NAME] [--concurrency 1,4,8] [--requests N | --duration S] [--rounds R]
-              [--prompt-style plain,copy] [--prompt-tokens N] [--max-tokens N] [--warmup N] [--seed S]
-              [--temperature T] [--chat/--no-chat] [--ignore-eos] [--api-key KEY] [--model NAME]
-              [--target-model NAME=MODEL]
+              [--prompt-style plain,copy,chat] [--turns N] [--prompt-tokens N] [--max-tokens N] [--warmup N]
+              [--seed S] [--temperature T] [--chat/--no-chat] [--ignore-eos] [--api-key KEY] [--model NAME]
+              [--target-model NAME=MODEL] [--no-cache-prompt] [--target-no-cache-prompt NAME]
               [--serve-timeout S] [--request-timeout S] [--out DIR]
 
 Targets run in this order: every ``--target`` as given, then every ``--serve`` as given; ratios are
@@ -12,6 +12,15 @@ against ``--baseline`` (default: the first). Each round runs, for each concurren
 style, one batch on each target in turn. Progress goes to stderr, the table to stdout; ``--out DIR``
 writes results.json (with every request sample), results.md and PNG plots. Exit status: 0 after a run
 (failed requests are counted, not fatal), 1 when a target cannot be reached or started, 130 on Ctrl-C.
+
+``--prompt-style chat`` runs multi-turn sessions (``--turns``, default 4): each "request" of a batch is a
+session whose turns resend the whole history (system message, the notes, every reply and question so far);
+a second table shows TTFT per turn, prompt and cached tokens. Turn 1 is about ``--prompt-tokens`` tokens
+and each later turn adds up to ``--max-tokens`` + ~20; ``--prompt-tokens 1000 --max-tokens 150
+--ignore-eos`` gives about 1.5K tokens of history at turn 4. ``--no-cache-prompt`` sends
+``cache_prompt: false`` (llama-server's and mlxd's switch for their prompt cache) with every request;
+``--target-no-cache-prompt NAME`` with that target's only, so one server can be measured with and without
+its cache in one run (two ``--target`` names on the same URL).
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from .prompts import PROMPT_STYLES, PromptBook
-from .report import build_results, command_line, machine_facts, rich_table, write_outputs
+from .report import build_results, command_line, machine_facts, rich_table, turn_table, write_outputs
 from .runner import BatchRecord, BenchConfig, ProgressHooks, run_benchmark
 from .targets import ServedTarget, TargetUnavailable, parse_target
 
@@ -61,7 +70,8 @@ def _split_named(spec: str, option: str) -> tuple[str, str]:
     return name.strip(), value.strip()
 
 
-def build_targets(target_specs, serve_specs, api_key, model, target_model_specs=()) -> list:
+def build_targets(target_specs, serve_specs, api_key, model, target_model_specs=(), no_cache_prompt=False,
+                  no_cache_prompt_names=()) -> list:
     """Targets from the command line: ``--target`` ones in order, then ``--serve`` ones.
 
     Args:
@@ -70,6 +80,8 @@ def build_targets(target_specs, serve_specs, api_key, model, target_model_specs=
         api_key: For HTTP targets.
         model: The ``model`` field for HTTP targets.
         target_model_specs: ``NAME=MODEL`` strings: the ``model`` field for one target, overriding ``model``.
+        no_cache_prompt: Send ``cache_prompt: false`` with every target's requests.
+        no_cache_prompt_names: Targets that send ``cache_prompt: false`` (the others send nothing).
 
     Returns:
         Target objects (served ones not started yet).
@@ -94,6 +106,12 @@ def build_targets(target_specs, serve_specs, api_key, model, target_model_specs=
     unknown = sorted(set(models) - set(names))
     if unknown:
         raise click.UsageError(f"--target-model names no target: {', '.join(unknown)}")
+    unknown = sorted(set(no_cache_prompt_names) - set(names))
+    if unknown:
+        raise click.UsageError(f"--target-no-cache-prompt names no target: {', '.join(unknown)}")
+    for target in targets:
+        if no_cache_prompt or target.name in no_cache_prompt_names:
+            target.cache_prompt = False
     if not targets:
         raise click.UsageError("give at least one --target or --serve")
     duplicates = sorted({name for name in names if names.count(name) > 1})
@@ -147,7 +165,9 @@ class RichProgress(ProgressHooks):
 @click.option("--prompt-tokens", default=200, show_default=True, type=click.IntRange(1),
               help="approximate length of the synthetic paragraph, in tokens")
 @click.option("--prompt-style", "styles", multiple=True, callback=_parse_styles,
-              help="plain or copy; repeatable or a comma list [default: plain]")
+              help="plain, copy or chat (multi-turn sessions); repeatable or a comma list [default: plain]")
+@click.option("--turns", default=4, show_default=True, type=click.IntRange(1),
+              help="chat style: turns per session (each resends the history plus the last reply)")
 @click.option("--rounds", default=3, show_default=True, type=click.IntRange(1))
 @click.option("--warmup", default=1, show_default=True, type=click.IntRange(0), help="unmeasured requests per target")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0), help="prompts and sampling seed")
@@ -160,6 +180,10 @@ class RichProgress(ProgressHooks):
 @click.option("--target-model", "target_model_specs", multiple=True, metavar="NAME=MODEL",
               help="the model field for one target (repeatable); e.g. mlx_lm.server lists its HF cache "
                    "before its --model, so give it NAME=default_model")
+@click.option("--no-cache-prompt", is_flag=True,
+              help="send cache_prompt: false (skip the server's prompt cache: llama-server, mlxd) with every request")
+@click.option("--target-no-cache-prompt", "no_cache_prompt_names", multiple=True, metavar="NAME",
+              help="send cache_prompt: false with this target's requests only (repeatable)")
 @click.option("--serve-timeout", default=300.0, show_default=True, type=click.FloatRange(0, min_open=True),
               help="seconds to wait for a --serve server to answer /v1/models")
 @click.option("--request-timeout", default=600.0, show_default=True, type=click.FloatRange(0, min_open=True),
@@ -167,12 +191,15 @@ class RichProgress(ProgressHooks):
 @click.option("--out", default=None, type=click.Path(file_okay=False, path_type=Path),
               help="write results.json, results.md and PNG plots here")
 def main(target_specs, serve_specs, baseline, concurrencies, requests, duration, max_tokens, prompt_tokens, styles,
-         rounds, warmup, seed, temperature, chat, ignore_eos, api_key, model, target_model_specs, serve_timeout,
-         request_timeout, out):
+         turns, rounds, warmup, seed, temperature, chat, ignore_eos, api_key, model, target_model_specs,
+         no_cache_prompt, no_cache_prompt_names, serve_timeout, request_timeout, out):
     """Benchmark serving targets side by side, interleaved over rounds."""
     if requests is not None and duration is not None:
         raise click.UsageError("give --requests or --duration, not both")
-    targets = build_targets(target_specs, serve_specs, api_key, model, target_model_specs)
+    if "chat" in styles and not chat:
+        raise click.UsageError("--prompt-style chat sends messages: it needs the chat endpoint, not --no-chat")
+    targets = build_targets(target_specs, serve_specs, api_key, model, target_model_specs, no_cache_prompt,
+                            no_cache_prompt_names)
     names = [target.name for target in targets]
     baseline = baseline or names[0]
     if baseline not in names:
@@ -180,7 +207,7 @@ def main(target_specs, serve_specs, baseline, concurrencies, requests, duration,
     config = BenchConfig(concurrencies=concurrencies, styles=styles, rounds=rounds, requests=requests,
                          duration_s=duration, max_tokens=max_tokens, prompt_tokens=prompt_tokens, warmup=warmup,
                          seed=seed, temperature=temperature, chat=chat, ignore_eos=ignore_eos,
-                         request_timeout_s=request_timeout)
+                         request_timeout_s=request_timeout, turns=turns)
     command = command_line()
     err = Console(stderr=True)
     served = [target for target in targets if isinstance(target, ServedTarget)]
@@ -211,6 +238,9 @@ def main(target_specs, serve_specs, baseline, concurrencies, requests, duration,
     if not console.is_terminal:
         console.width = max(console.width, 200)  # piped into a file: the whole table, unwrapped
     console.print(rich_table(results))
+    per_turn = turn_table(results)
+    if per_turn is not None:
+        console.print(per_turn)
     if out is not None:
         for path in write_outputs(results, out):
             err.print(f"wrote {path}", highlight=False)

@@ -18,6 +18,16 @@ Contract:
         - ``plain``: ``"Write about the following topic: " + the paragraph's first sentence``. Only one
           short sentence is given, so the reply is mostly new text with little to copy (plain decode).
           The plain prompt is therefore short (one sentence), whatever ``--prompt-tokens`` says.
+        - ``chat``: a multi-turn session (the runner's chat mode). Turn 1 is ``[system, user]``: the fixed
+          ``CHAT_SYSTEM`` message, then ``CHAT_WRAPPER + paragraph + " " + question 1``, sized so that turn 1
+          is about ``prompt_tokens`` tokens; the paragraph is keyed ``chat/r../c../i..`` so it never shares a
+          prefix with a plain or copy prompt of the same run. Each later turn appends the previous reply
+          (the text the target returned) as an ``assistant`` message and a short follow-up ``user``
+          question, deterministic per ``(seed, round, concurrency, index, turn)``
+          (``PromptBook.follow_up``). The history at turn N is therefore about ``prompt_tokens + (N - 1) x
+          (max_tokens + FOLLOW_UP_TOKENS + 2 x MESSAGE_OVERHEAD_TOKENS)`` tokens when every reply runs to
+          ``max_tokens`` (``chat_history_tokens``); e.g. ``--prompt-tokens 1000 --max-tokens 150 --turns 4
+          --ignore-eos`` reaches about 1.5K tokens at turn 4.
 """
 
 from __future__ import annotations
@@ -27,7 +37,11 @@ import random
 TOKENS_PER_WORD = 1.3
 COPY_WRAPPER = "Repeat the following paragraph exactly: "
 PLAIN_WRAPPER = "Write about the following topic: "
-PROMPT_STYLES = ("plain", "copy")
+PROMPT_STYLES = ("plain", "copy", "chat")
+CHAT_SYSTEM = "You are a helpful assistant. Answer questions about the user's notes in plain English."
+CHAT_WRAPPER = "Here are my notes. "
+FOLLOW_UP_TOKENS = 10  # a follow-up question's length, estimated (the templates below are 6 to 10 words)
+MESSAGE_OVERHEAD_TOKENS = 5  # chat-template tokens around one message (ChatML: <|im_start|>role ... <|im_end|>)
 
 _ADJECTIVES = """
 quiet old young bright dark small large narrow wide careful patient busy tired cheerful silent
@@ -68,6 +82,17 @@ _TEMPLATES = (
     "The {noun} and the {noun2} {past} the {adj} {thing} together {reason}.",
     "Later the {noun} said that the {thing} {prep} the {thing2} was {adj}.",
     "{A} {adj} {thing} stood {prep} the {thing2}, and the {noun} {past} it {time}.",
+)
+
+_FOLLOW_UPS = (
+    "Why did the {noun} go to the {thing}?",
+    "What happened to the {thing} after that?",
+    "Tell me more about the {adj} {noun}.",
+    "Describe the {thing} in one sentence.",
+    "Who else was near the {thing}, and why?",
+    "Summarize your last answer in two sentences.",
+    "What would the {noun} do next with the {thing}?",
+    "Was the {thing} really {adj}? Explain briefly.",
 )
 
 
@@ -154,7 +179,52 @@ def style_prompt(style: str, paragraph: str) -> str:
         return COPY_WRAPPER + paragraph
     if style == "plain":
         return PLAIN_WRAPPER + first_sentence(paragraph)
+    if style == "chat":
+        raise ValueError("the chat style is a session of messages: use PromptBook.chat_opening / follow_up")
     raise ValueError(f"unknown prompt style {style!r}; expected one of {', '.join(PROMPT_STYLES)}")
+
+
+def follow_up_question(seed: int, key: str) -> str:
+    """A short deterministic question about the notes (one of ``_FOLLOW_UPS``, words filled in).
+
+    Args:
+        seed: The run's ``--seed``.
+        key: Session and turn, e.g. ``"chat/r0/c4/i2/t3"``.
+
+    Returns:
+        The question.
+    """
+    rng = random.Random(f"mlx-bench:{seed}:{key}")
+    template = rng.choice(_FOLLOW_UPS)
+    return template.format(noun=rng.choice(_NOUNS), thing=rng.choice(_THINGS), adj=rng.choice(_ADJECTIVES))
+
+
+def continue_chat(history: list[dict], reply: str, question: str) -> list[dict]:
+    """The next turn's messages: the history, the assistant's reply, then the new question.
+
+    Args:
+        history: The messages the previous turn sent.
+        reply: What the target answered to them.
+        question: The new user message.
+
+    Returns:
+        A new list (``history`` is not changed).
+    """
+    return [*history, {"role": "assistant", "content": reply}, {"role": "user", "content": question}]
+
+
+def chat_history_tokens(prompt_tokens: int, max_tokens: int, turn: int) -> int:
+    """Estimated prompt length of a chat session's turn ``turn`` when every reply is ``max_tokens`` long.
+
+    Args:
+        prompt_tokens: ``--prompt-tokens`` (turn 1's size).
+        max_tokens: ``--max-tokens``.
+        turn: 1-based turn number.
+
+    Returns:
+        ``prompt_tokens + (turn - 1) x (max_tokens + FOLLOW_UP_TOKENS + 2 x MESSAGE_OVERHEAD_TOKENS)``.
+    """
+    return prompt_tokens + (turn - 1) * (max_tokens + FOLLOW_UP_TOKENS + 2 * MESSAGE_OVERHEAD_TOKENS)
 
 
 class PromptBook:
@@ -196,3 +266,38 @@ class PromptBook:
             The prompt text; the same for every target.
         """
         return style_prompt(style, self.paragraph(round_key, concurrency, index))
+
+    def _chat_key(self, round_key: str, concurrency: int, index: int) -> str:
+        return f"chat/r{round_key}/c{concurrency}/i{index}"
+
+    def follow_up(self, round_key: str, concurrency: int, index: int, turn: int) -> str:
+        """The user question of one turn of one chat session (turn 1's closes the opening message).
+
+        Args:
+            round_key: The round (``"warmup"`` for warm-up sessions).
+            concurrency: The batch's concurrency level.
+            index: The session's position in the batch.
+            turn: 1-based turn number.
+
+        Returns:
+            The question; the same for every target.
+        """
+        return follow_up_question(self.seed, f"{self._chat_key(round_key, concurrency, index)}/t{turn}")
+
+    def chat_opening(self, round_key: str, concurrency: int, index: int) -> list[dict]:
+        """Turn 1 of a chat session: the system message and the notes with the first question.
+
+        Args:
+            round_key: The round (``"warmup"`` for warm-up sessions).
+            concurrency: The batch's concurrency level.
+            index: The session's position in the batch.
+
+        Returns:
+            ``[{"role": "system", ...}, {"role": "user", ...}]``, about ``prompt_tokens`` tokens in all.
+        """
+        question = self.follow_up(round_key, concurrency, index, 1)
+        overhead = sum(estimate_tokens(text) for text in (CHAT_SYSTEM, CHAT_WRAPPER, question))
+        paragraph = make_paragraph(self.seed, self._chat_key(round_key, concurrency, index),
+                                   max(1, self.prompt_tokens - overhead - 2 * MESSAGE_OVERHEAD_TOKENS))
+        return [{"role": "system", "content": CHAT_SYSTEM},
+                {"role": "user", "content": f"{CHAT_WRAPPER}{paragraph} {question}"}]

@@ -12,7 +12,12 @@ Contract:
     * ``write_outputs(results, out_dir)`` writes results.json, results.md and, with matplotlib (imported
       here only, with the Agg backend), throughput.png (aggregate tok/s vs concurrency per target, one
       panel per prompt style, min-max error bars) and speedup.png (each target vs the baseline; only
-      with two targets or more).
+      with two targets or more); with chat sessions also ttft_per_turn.png (TTFT p50 per turn, one panel
+      per concurrency level, min-max error bars).
+    * Chat sessions: ``turn_rows`` / ``turn_table`` and a results.md section give, per concurrency x
+      target x turn, TTFT p50 (median [min-max] over rounds) and p95, the TTFT speedup vs the baseline
+      per round (baseline TTFT / target TTFT; above 1: faster than the baseline), the median prompt tokens
+      and the median cached tokens the server reported (blank: not reported).
     * Blank cells mean "not reported" (e.g. no draft counts from a server without the timings extension).
 """
 
@@ -32,6 +37,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
+from .prompts import chat_history_tokens
 from .stats import ratio_rows, summarize_cells
 
 
@@ -193,6 +199,66 @@ SUMMARY_HEADERS = ["style", "c", "target", "aggregate tok/s", "vs baseline", "de
                    "TTFT p50/p95 ms", "ITL p50/p95 ms", "latency p50/p95 s", "errors", "accepted/drafted"]
 
 
+TURN_HEADERS = ["style", "c", "target", "turn", "TTFT p50 ms", "TTFT p95 ms", "TTFT speedup vs baseline",
+                "prompt tokens", "cached tokens", "errors"]
+
+
+def _whole(spread: dict | None) -> str:
+    return "" if not spread else f"{spread['median']:.0f}"
+
+
+def turn_rows(results: dict) -> list[list[str]]:
+    """The per-turn table's rows (chat sessions only), matching ``TURN_HEADERS``.
+
+    Args:
+        results: ``build_results`` output.
+
+    Returns:
+        One list of cells per style x concurrency x target x turn; empty without chat sessions.
+    """
+    speedups = {key: {entry["turn"]: entry for entry in row.get("turns", [])}
+                for key, row in _ratio_lookup(results).items()}
+    rows = []
+    for cell in results["summary"]:
+        key = (cell["style"], cell["concurrency"], cell["target"])
+        for entry in cell.get("turns") or []:
+            speedup = speedups.get(key, {}).get(entry["turn"])
+            versus = "1 (baseline)" if cell["target"] == results["baseline"] else ""
+            rows.append([
+                cell["style"], str(cell["concurrency"]), cell["target"], str(entry["turn"]),
+                format_spread(entry["ttft_p50_s"], digits=0, scale=1000.0), _median(entry["ttft_p95_s"], 1000.0, 0),
+                format_spread(speedup["ratio"], digits=2) if speedup and speedup["ratio"] else versus,
+                _whole(entry["prompt_tokens_p50"]), _whole(entry["cached_tokens_p50"]),
+                f"{entry['errors']}/{entry['requests']}",
+            ])
+    return rows
+
+
+def turn_table(results: dict) -> Table | None:
+    """TTFT per turn of the chat sessions, or None when the run had none.
+
+    Args:
+        results: ``build_results`` output.
+
+    Returns:
+        A ``rich.table.Table`` or None.
+    """
+    rows = turn_rows(results)
+    if not rows:
+        return None
+    table = Table(title=Text(f"chat sessions, per turn: median [min-max] over {results['config']['rounds']} "
+                             f"rounds; speedup = {results['baseline']} TTFT / target TTFT"))
+    for header in TURN_HEADERS:
+        table.add_column(header, justify="left" if header in ("style", "target") else "right")
+    previous = None
+    for row in rows:
+        if previous is not None and row[:3] != previous:
+            table.add_section()
+        previous = row[:3]
+        table.add_row(*(Text(cell) for cell in row))
+    return table
+
+
 def rich_table(results: dict) -> Table:
     """The end-of-run table.
 
@@ -246,6 +312,7 @@ def markdown(results: dict, plots: list[str] | tuple[str, ...] = ()) -> str:
         f"prompt ~{config['prompt_tokens']} tokens, temperature {config['temperature']:g}, seed {config['seed']}, "
         f"{'chat' if config['chat'] else 'completions'} endpoint, ignore_eos {config['ignore_eos']}. "
         f"Created {results['created']}.", "",
+        *_chat_settings(config),
         "Targets:", "",
     ]
     for target in results["targets"]:
@@ -267,9 +334,30 @@ def markdown(results: dict, plots: list[str] | tuple[str, ...] = ()) -> str:
                  ", ".join("" if value is None else f"{value:.3f}" for value in row["per_round"])]
                 for row in results["ratios"]]
         lines += _markdown_table(["style", "c", "target", f"/ {results['baseline']}", "per round"], rows)
+    rows = turn_rows(results)
+    if rows:
+        lines += ["", "## Chat sessions: TTFT per turn", "",
+                  "Each session is one worker's turns, one after the other; turn t resends the whole history. "
+                  "TTFT p50 of each batch's turn t, median [min-max] over rounds (p95: median); speedup = "
+                  f"{results['baseline']}'s TTFT p50 / the target's, per round, median [min-max]; prompt and "
+                  "cached tokens: medians as the server reported them (cached: "
+                  "usage.prompt_tokens_details.cached_tokens, usage.cached_tokens or timings.cache_n; blank "
+                  "when not reported). Aggregate tok/s of the chat rows above is the whole batch of sessions.",
+                  ""]
+        lines += _markdown_table(TURN_HEADERS, rows)
     if plots:
         lines += [""] + [f"![{Path(name).stem}]({name})" for name in plots]
     return "\n".join(lines) + "\n"
+
+
+def _chat_settings(config: dict) -> list[str]:
+    if "chat" not in config["styles"]:
+        return []
+    turns = config.get("turns", 4)
+    estimate = chat_history_tokens(config["prompt_tokens"], config["max_tokens"], turns)
+    return [f"Chat sessions: {turns} turns each; {config['requests'] or '2 x concurrency'} sessions per batch "
+            f"unless timed; history at turn {turns} about {estimate} tokens when every reply is "
+            f"{config['max_tokens']} tokens long (prompt tokens per turn below are what servers reported).", ""]
 
 
 def write_plots(results: dict, out_dir: Path) -> list[Path]:
@@ -340,6 +428,32 @@ def write_plots(results: dict, out_dir: Path) -> list[Path]:
         axis.legend()
         figure.tight_layout()
         path = out_dir / "speedup.png"
+        figure.savefig(path, dpi=110)
+        plt.close(figure)
+        written.append(path)
+
+    chat_cells = [cell for cell in results["summary"] if cell.get("turns")]
+    if chat_cells:
+        levels = list(dict.fromkeys(cell["concurrency"] for cell in chat_cells))
+        figure, axes = plt.subplots(1, len(levels), figsize=(5.5 * len(levels), 4), squeeze=False)
+        for axis, level in zip(axes[0], levels):
+            for cell in (cell for cell in chat_cells if cell["concurrency"] == level):
+                entries = [entry for entry in cell["turns"] if entry["ttft_p50_s"]]
+                y = [entry["ttft_p50_s"]["median"] * 1000 for entry in entries]
+                errors = [[m - entry["ttft_p50_s"]["min"] * 1000 for m, entry in zip(y, entries)],
+                          [entry["ttft_p50_s"]["max"] * 1000 - m for m, entry in zip(y, entries)]]
+                axis.errorbar([entry["turn"] for entry in entries], y, yerr=errors, marker="o", capsize=3,
+                              label=cell["target"])
+            axis.set_title(f"chat sessions, c={level}")
+            axis.set_xlabel("turn")
+            axis.set_ylabel("TTFT p50 (ms)")
+            axis.set_xticks(sorted({entry["turn"] for cell in chat_cells for entry in cell["turns"]}))
+            axis.set_ylim(bottom=0)
+            axis.grid(alpha=0.3)
+            axis.legend()
+        figure.suptitle("Time to first token per turn: median, min-max over rounds")
+        figure.tight_layout()
+        path = out_dir / "ttft_per_turn.png"
         figure.savefig(path, dpi=110)
         plt.close(figure)
         written.append(path)

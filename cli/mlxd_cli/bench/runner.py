@@ -12,6 +12,13 @@ Contract:
       passed (requests in flight then finish). Request ``i`` of a batch gets ``prompts.prompt(style,
       round, concurrency, i)``: every target sees the same prompts. The batch's wall time runs from the
       first request sent to the last one finished.
+    * Chat style (``--prompt-style chat``): a batch's unit of work is a *session* of ``config.turns``
+      turns that one worker runs one after the other; ``requests`` / ``duration_s`` count sessions (a
+      session that has started runs to its end). Turn 1 sends ``prompts.chat_opening(round, concurrency,
+      i)``; turn t > 1 sends the previous turn's messages, the previous reply (``RequestSample.text``, what
+      this target streamed) and ``prompts.follow_up(round, concurrency, i, t)`` (``continue_chat``). Each
+      turn is one ``RequestSample`` with its ``turn``; a failed turn ends its session (the later turns are
+      not sent). Warm-up in the chat style runs whole sessions.
     * Failed requests are samples with ``ok=False`` (targets never raise from ``run_request``), so
       errors are counted and the run goes on.
     * ``BenchRequest`` is what every target receives, ``RequestSample`` what one request measured (the
@@ -29,7 +36,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .stats import summarize_batch
+from .prompts import continue_chat
+from .stats import cached_prompt_tokens, summarize_batch
 
 
 @dataclass
@@ -44,6 +52,8 @@ class BenchRequest:
     chat: bool = True
     ignore_eos: bool = False
     timeout_s: float = 600.0
+    messages: list[dict] | None = None  # chat style: the whole history; None: one user message, ``prompt``
+    turn: int | None = None  # chat style: 1-based turn of the session ``index``
 
 
 @dataclass
@@ -64,6 +74,9 @@ class RequestSample:
     finish_reason: str | None = None
     usage: dict | None = None
     timings: dict | None = None
+    turn: int | None = None  # chat style: 1-based turn of session ``index``
+    text: str = ""  # the reply's content as streamed (the next chat turn sends it back)
+    cached_tokens: int | None = None  # prompt tokens the server took from its prompt cache, when it says
 
     def content_arrived(self, elapsed_s: float) -> None:
         """Record a chunk carrying content ``elapsed_s`` after sending (the first one gives the TTFT)."""
@@ -79,6 +92,7 @@ class RequestSample:
             self.prompt_tokens = usage.get("prompt_tokens")
         else:
             self.completion_tokens = counted
+        self.cached_tokens = cached_prompt_tokens(self.usage, self.timings)
 
 
 @dataclass
@@ -98,6 +112,7 @@ class BenchConfig:
     chat: bool = True
     ignore_eos: bool = False
     request_timeout_s: float = 600.0
+    turns: int = 4  # chat style: turns per session
 
     def requests_for(self, concurrency: int) -> int | None:
         """Requests per batch at this concurrency.
@@ -112,19 +127,33 @@ class BenchConfig:
             return None
         return self.requests if self.requests is not None else 2 * concurrency
 
-    def make_request(self, index: int, prompt: str) -> BenchRequest:
+    def make_request(self, index: int, prompt: str, messages: list[dict] | None = None,
+                     turn: int | None = None) -> BenchRequest:
         """A request with this configuration's settings.
 
         Args:
-            index: The request's position in its batch.
-            prompt: Its prompt.
+            index: The request's (or chat session's) position in its batch.
+            prompt: Its prompt (chat style: the last user message).
+            messages: Chat style: the whole history to send.
+            turn: Chat style: the turn number.
 
         Returns:
             The ``BenchRequest``.
         """
         return BenchRequest(index=index, prompt=prompt, max_tokens=self.max_tokens, temperature=self.temperature,
                             seed=self.seed, chat=self.chat, ignore_eos=self.ignore_eos,
-                            timeout_s=self.request_timeout_s)
+                            timeout_s=self.request_timeout_s, messages=messages, turn=turn)
+
+    def turns_for(self, style: str) -> int:
+        """Requests per unit of work: ``turns`` for the chat style (a session), else 1.
+
+        Args:
+            style: Prompt style.
+
+        Returns:
+            The count.
+        """
+        return self.turns if style == "chat" else 1
 
 
 @dataclass
@@ -207,6 +236,10 @@ async def run_batch(target: Any, config: BenchConfig, prompts: Any, round_key: s
 
     async def worker() -> None:
         while (index := next_index()) is not None:
+            if style == "chat":
+                samples.extend(await run_session(target, config, prompts, round_key, concurrency, index,
+                                                 started, hooks))
+                continue
             request = config.make_request(index, prompts.prompt(style, round_key, concurrency, index))
             sent_at = time.perf_counter() - started
             sample = await target.run_request(request)
@@ -216,8 +249,44 @@ async def run_batch(target: Any, config: BenchConfig, prompts: Any, round_key: s
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     wall_s = time.perf_counter() - started
-    samples.sort(key=lambda sample: sample.index)
+    samples.sort(key=lambda sample: (sample.index, sample.turn or 0))
     return samples, wall_s
+
+
+async def run_session(target: Any, config: BenchConfig, prompts: Any, round_key: str, concurrency: int, index: int,
+                      started: float | None = None, hooks: ProgressHooks | None = None) -> list[RequestSample]:
+    """Run one chat session: ``config.turns`` turns one after the other, each resending the history.
+
+    Args:
+        target: An opened target.
+        config: The run's configuration (``turns``).
+        prompts: A ``PromptBook`` (``chat_opening`` and ``follow_up``).
+        round_key: The round's key for prompts.
+        concurrency: The batch's concurrency level (part of the prompts' key).
+        index: The session's position in the batch.
+        started: ``time.perf_counter()`` at the batch start (for ``sent_at_s``); None: the session start.
+        hooks: Progress hooks (one ``request_finished`` per turn).
+
+    Returns:
+        One sample per turn sent, in turn order; it stops after the first failed turn.
+    """
+    hooks = hooks or ProgressHooks()
+    started = time.perf_counter() if started is None else started
+    messages = prompts.chat_opening(round_key, concurrency, index)
+    samples: list[RequestSample] = []
+    for turn in range(1, config.turns + 1):
+        if samples:
+            question = prompts.follow_up(round_key, concurrency, index, turn)
+            messages = continue_chat(messages, samples[-1].text, question)
+        request = config.make_request(index, messages[-1]["content"], messages=messages, turn=turn)
+        sent_at = time.perf_counter() - started
+        sample = await target.run_request(request)
+        sample.sent_at_s = sent_at
+        samples.append(sample)
+        hooks.request_finished(sample)
+        if not sample.ok:
+            break
+    return samples
 
 
 async def run_benchmark(targets: Sequence[Any], config: BenchConfig, prompts: Any,
@@ -252,7 +321,8 @@ async def run_benchmark(targets: Sequence[Any], config: BenchConfig, prompts: An
                     for target in targets:
                         label = (f"round {round_index + 1}/{config.rounds} c={concurrency} {style}: "
                                  f"{target.name}")
-                        hooks.batch_started(label, config.requests_for(concurrency))
+                        limit = config.requests_for(concurrency)
+                        hooks.batch_started(label, None if limit is None else limit * config.turns_for(style))
                         record.order.append((round_index, concurrency, style, target.name))
                         batch_started = time.perf_counter() - run_started
                         samples, wall_s = await run_batch(target, config, prompts, str(round_index), concurrency,
@@ -271,9 +341,13 @@ async def run_benchmark(targets: Sequence[Any], config: BenchConfig, prompts: An
 async def _warm_up(target: Any, config: BenchConfig, prompts: Any, hooks: ProgressHooks, record: RunRecord) -> None:
     if config.warmup <= 0:
         return
-    hooks.batch_started(f"warm-up: {target.name}", config.warmup)
+    style = config.styles[0]
+    hooks.batch_started(f"warm-up: {target.name}", config.warmup * config.turns_for(style))
     for index in range(config.warmup):
-        prompt = prompts.prompt(config.styles[0], "warmup", 1, index)
+        if style == "chat":
+            record.warmup_samples.extend(await run_session(target, config, prompts, "warmup", 1, index, hooks=hooks))
+            continue
+        prompt = prompts.prompt(style, "warmup", 1, index)
         sample = await target.run_request(config.make_request(index, prompt))
         record.warmup_samples.append(sample)
         hooks.request_finished(sample)

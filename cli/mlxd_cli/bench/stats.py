@@ -17,6 +17,13 @@ Contract:
       server reports one).
     * ``spread`` is median / min / max over rounds; ``ratios_per_round`` divides one target's per-round
       figure by the baseline's from the same round.
+    * Chat sessions (samples with a ``turn``): ``summarize_batch`` adds ``turns``, one entry per turn
+      number (TTFT p50 / p95 over the batch's sessions, median prompt and cached tokens);
+      ``summarize_rounds`` combines them over rounds, and ``ratio_rows`` adds each turn's TTFT speedup
+      per round: the baseline's TTFT p50 / the target's (above 1: the target answers sooner). Cached
+      tokens come from ``usage.prompt_tokens_details.cached_tokens`` (OpenAI, mlx_lm.server), mlxd's
+      ``usage.cached_tokens`` or ``timings.cache_n`` (llama-server), in that order
+      (``cached_prompt_tokens``); None when the server reports none of them.
 """
 
 from __future__ import annotations
@@ -152,6 +159,54 @@ def _sum_or_none(values: Iterable[int | None]) -> int | None:
     return sum(present) if present else None
 
 
+def _count(value: Any) -> int | None:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def cached_prompt_tokens(usage: dict | None, timings: dict | None) -> int | None:
+    """Prompt tokens a server says it took from its prompt cache for one request.
+
+    Args:
+        usage: The ``usage`` object (OpenAI ``prompt_tokens_details.cached_tokens``, mlxd ``cached_tokens``).
+        timings: The ``timings`` object (llama-server and mlxd ``cache_n``).
+
+    Returns:
+        The count, or None when none of those fields is present.
+    """
+    usage = usage if isinstance(usage, dict) else {}
+    details = usage.get("prompt_tokens_details")
+    for value in ((details or {}).get("cached_tokens") if isinstance(details, dict) else None,
+                  usage.get("cached_tokens"), (timings or {}).get("cache_n") if isinstance(timings, dict) else None):
+        if (count := _count(value)) is not None:
+            return count
+    return None
+
+
+def summarize_turns(samples: Sequence[Any]) -> list[dict[str, Any]]:
+    """Per-turn figures of a batch of chat sessions.
+
+    Args:
+        samples: The batch's samples; those without a ``turn`` are ignored.
+
+    Returns:
+        One dict per turn number, in order: ``turn``, ``requests``, ``errors``, ``ttft_p50_s``,
+        ``ttft_p95_s``, ``prompt_tokens_p50`` and ``cached_tokens_p50`` (None when not reported).
+        Empty when no sample has a turn.
+    """
+    turns = sorted({sample.turn for sample in samples if getattr(sample, "turn", None) is not None})
+    rows = []
+    for turn in turns:
+        mine = [sample for sample in samples if sample.turn == turn]
+        good = [sample for sample in mine if sample.ok]
+        ttfts = [sample.ttft_s for sample in good if sample.ttft_s is not None]
+        prompt_tokens = [sample.prompt_tokens for sample in good if sample.prompt_tokens is not None]
+        cached = [sample.cached_tokens for sample in good if sample.cached_tokens is not None]
+        rows.append({"turn": turn, "requests": len(mine), "errors": len(mine) - len(good),
+                     "ttft_p50_s": percentile(ttfts, 50), "ttft_p95_s": percentile(ttfts, 95),
+                     "prompt_tokens_p50": median(prompt_tokens), "cached_tokens_p50": median(cached)})
+    return rows
+
+
 def summarize_batch(samples: Sequence[Any], wall_s: float) -> dict[str, Any]:
     """The figures of one batch (one target, one concurrency level, one style, one round).
 
@@ -162,7 +217,7 @@ def summarize_batch(samples: Sequence[Any], wall_s: float) -> dict[str, Any]:
     Returns:
         A JSON-ready dict: requests, errors, completion_tokens, wall_s, aggregate_tok_s, decode_tok_s,
         ttft_p50_s, ttft_p95_s, itl_p50_s, itl_p95_s, latency_p50_s, latency_p95_s, drafted, accepted,
-        verify_rounds, accepted_per_verify.
+        verify_rounds, accepted_per_verify; for chat sessions also ``turns`` (``summarize_turns``).
     """
     good = [sample for sample in samples if sample.ok]
     tokens = sum(sample.completion_tokens for sample in good)
@@ -175,7 +230,7 @@ def summarize_batch(samples: Sequence[Any], wall_s: float) -> dict[str, Any]:
     drafted = _sum_or_none(count[0] for count in counts)
     accepted = _sum_or_none(count[1] for count in counts)
     verify_rounds = _sum_or_none(count[2] for count in counts)
-    return {
+    summary = {
         "requests": len(samples),
         "errors": len(samples) - len(good),
         "completion_tokens": tokens,
@@ -188,6 +243,10 @@ def summarize_batch(samples: Sequence[Any], wall_s: float) -> dict[str, Any]:
         "drafted": drafted, "accepted": accepted, "verify_rounds": verify_rounds,
         "accepted_per_verify": accepted / verify_rounds if accepted is not None and verify_rounds else None,
     }
+    turns = summarize_turns(samples)
+    if turns:  # chat sessions only
+        summary["turns"] = turns
+    return summary
 
 
 SPREAD_METRICS = ("aggregate_tok_s", "decode_tok_s", "ttft_p50_s", "ttft_p95_s", "itl_p50_s", "itl_p95_s",
@@ -212,6 +271,35 @@ def summarize_rounds(per_round: Sequence[dict[str, Any]]) -> dict[str, Any]:
         combined[metric] = _sum_or_none(batch.get(metric) for batch in per_round)
     drafted, accepted = combined["drafted"], combined["accepted"]
     combined["accepted_per_drafted"] = accepted / drafted if drafted and accepted is not None else None
+    if any(batch.get("turns") for batch in per_round):
+        combined["turns"] = combine_turns([batch.get("turns") or [] for batch in per_round])
+    return combined
+
+
+TURN_SPREAD_METRICS = ("ttft_p50_s", "ttft_p95_s", "prompt_tokens_p50", "cached_tokens_p50")
+
+
+def combine_turns(per_round: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Combine one cell's per-turn figures (``summarize_turns``, one list per round) over rounds.
+
+    Args:
+        per_round: Per round, that batch's ``turns`` list.
+
+    Returns:
+        One dict per turn: ``turn``, ``requests`` and ``errors`` summed, ``spread`` of each of
+        ``TURN_SPREAD_METRICS``, and ``ttft_p50_s_per_round`` (None where a round had no such turn).
+    """
+    numbers = sorted({row["turn"] for rows in per_round for row in rows})
+    combined = []
+    for turn in numbers:
+        rows = [next((row for row in rounds if row["turn"] == turn), None) for rounds in per_round]
+        present = [row for row in rows if row is not None]
+        entry: dict[str, Any] = {"turn": turn, "requests": sum(row["requests"] for row in present),
+                                 "errors": sum(row["errors"] for row in present)}
+        for metric in TURN_SPREAD_METRICS:
+            entry[metric] = spread(row[metric] for row in present)
+        entry["ttft_p50_s_per_round"] = [row["ttft_p50_s"] if row is not None else None for row in rows]
+        combined.append(entry)
     return combined
 
 
@@ -264,6 +352,31 @@ def ratio_rows(cells: Sequence[dict[str, Any]], baseline: str) -> list[dict[str,
         if base is None:
             continue
         per_round = ratios_per_round(cell["aggregate_tok_s_per_round"], base["aggregate_tok_s_per_round"])
-        rows.append({"style": cell["style"], "concurrency": cell["concurrency"], "target": cell["target"],
-                     "baseline": baseline, "per_round": per_round, "ratio": spread(per_round)})
+        row = {"style": cell["style"], "concurrency": cell["concurrency"], "target": cell["target"],
+               "baseline": baseline, "per_round": per_round, "ratio": spread(per_round)}
+        if cell.get("turns") and base.get("turns"):
+            row["turns"] = ttft_speedups(cell["turns"], base["turns"])
+        rows.append(row)
     return rows
+
+
+def ttft_speedups(turns: Sequence[dict[str, Any]], baseline_turns: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per turn, the baseline's TTFT p50 / the target's, round by round (above 1: the target is faster).
+
+    Args:
+        turns: The target cell's ``combine_turns`` output.
+        baseline_turns: The baseline cell's.
+
+    Returns:
+        One dict per turn both have: ``turn``, ``per_round`` (None where undefined), ``ratio`` (``spread``).
+    """
+    base_by_turn = {entry["turn"]: entry for entry in baseline_turns}
+    speedups = []
+    for entry in turns:
+        base = base_by_turn.get(entry["turn"])
+        if base is None:
+            continue
+        # ratios_per_round divides its first argument by the second: baseline TTFT / target TTFT.
+        per_round = ratios_per_round(base["ttft_p50_s_per_round"], entry["ttft_p50_s_per_round"])
+        speedups.append({"turn": entry["turn"], "per_round": per_round, "ratio": spread(per_round)})
+    return speedups

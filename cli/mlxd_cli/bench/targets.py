@@ -14,7 +14,14 @@ Contract:
       tokens); TTFT is the first. HTTP streams with ``stream_options.include_usage``; completion tokens
       come from ``usage`` when sent, else they are the content chunks (``tokens_from`` says which).
       ``timings``: the extension object of the last chunk that had one (mlx-serve-http, llama-server) or
-      mlxd's ``Done.timings``; None when absent.
+      mlxd's ``Done.timings``; None when absent. ``text``: the reply's content as streamed (HTTP:
+      ``delta.content`` / ``text``, not reasoning; daemon: the Chunks' text), which a chat session sends
+      back in its next turn.
+    * Chat: ``request.messages`` (a chat session's history) is sent as it is, else one user message with
+      ``request.prompt``. ``cache_prompt`` (a target's attribute, set by ``--no-cache-prompt``): None sends
+      nothing; a bool goes in every request as ``cache_prompt`` (llama-server's and mlxd's field; HTTP
+      body, or ``Generate.cache_prompt`` for a daemon, whose ``open()`` refuses ``cache_prompt=False``
+      when the installed ``mlxd_protocol`` has no such field).
     * Served: ``{port}`` becomes a free loopback port; the command runs through the shell in its own
       process group, output to a log file; ready when ``GET {url}/v1/models`` answers 200 (polled up to
       the serve timeout); ``stop()``: SIGTERM to the group, SIGKILL after ``STOP_GRACE_S``.
@@ -61,6 +68,7 @@ class _Target:
     kind = "target"
     name: str
     model: str | None
+    cache_prompt: bool | None = None  # sent with every request when not None (``--no-cache-prompt``)
     _client: Any = None
 
     async def aclose(self) -> None:
@@ -78,7 +86,7 @@ class _Target:
         Returns:
             The sample (``ok=False`` with ``error`` set when it failed or timed out).
         """
-        sample = RequestSample(target=self.name, index=request.index)
+        sample = RequestSample(target=self.name, index=request.index, turn=request.turn)
         started = time.perf_counter()
         try:
             if self._client is None:
@@ -116,7 +124,8 @@ class HttpTarget(_Target):
 
     def describe(self) -> dict[str, Any]:
         """Returns: what reports say about this target."""
-        return {"name": self.name, "kind": self.kind, "url": self.url, "model": self.model}
+        return {"name": self.name, "kind": self.kind, "url": self.url, "model": self.model,
+                "cache_prompt": self.cache_prompt}
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -157,8 +166,10 @@ class HttpTarget(_Target):
             body["seed"] = request.seed
         if request.ignore_eos:
             body["ignore_eos"] = True
-        if request.chat:
-            body["messages"] = [{"role": "user", "content": request.prompt}]
+        if self.cache_prompt is not None:
+            body["cache_prompt"] = self.cache_prompt
+        if request.chat or request.messages is not None:
+            body["messages"] = request.messages or [{"role": "user", "content": request.prompt}]
             return "/v1/chat/completions", body
         body["prompt"] = request.prompt
         return "/v1/completions", body
@@ -189,6 +200,9 @@ class HttpTarget(_Target):
                        or choice.get("text"))
             if content:
                 sample.content_arrived(elapsed_s)
+            text = delta.get("content") or choice.get("text")
+            if text:
+                sample.text += text
             if choice.get("finish_reason"):
                 sample.finish_reason = choice["finish_reason"]
         if isinstance(event.get("usage"), dict):
@@ -214,7 +228,8 @@ class DaemonTarget(_Target):
 
     def describe(self) -> dict[str, Any]:
         """Returns: what reports say about this target."""
-        return {"name": self.name, "kind": self.kind, "endpoint": self.endpoint, "model": self.model}
+        return {"name": self.name, "kind": self.kind, "endpoint": self.endpoint, "model": self.model,
+                "cache_prompt": self.cache_prompt}
 
     async def open(self) -> None:
         """Connect and read the daemon's model.
@@ -224,6 +239,9 @@ class DaemonTarget(_Target):
         """
         from mlxd_protocol import AsyncClient
 
+        if self.cache_prompt is not None and not _generate_has_cache_prompt():
+            raise TargetUnavailable(f"{self.name}: this mlxd_protocol's Generate has no cache_prompt field, "
+                                    "so --no-cache-prompt works only for HTTP targets")
         self._client = AsyncClient(self.endpoint, timeout_s=600.0)
         self.endpoint = self._client.endpoint
         try:
@@ -237,11 +255,13 @@ class DaemonTarget(_Target):
     async def _stream(self, request: BenchRequest, sample: RequestSample, started: float) -> None:
         from mlxd_protocol import Chunk, Generate, Sampling, new_request_id
 
+        chat = request.chat or request.messages is not None
+        extra = {} if self.cache_prompt is None else {"cache_prompt": self.cache_prompt}
         generate = Generate(
             id=new_request_id(), max_tokens=request.max_tokens, stream=True, ignore_eos=request.ignore_eos,
-            messages=[{"role": "user", "content": request.prompt}] if request.chat else None,
-            prompt=None if request.chat else request.prompt, chat=None if request.chat else False,
-            sampling=Sampling(temperature=request.temperature, seed=request.seed))
+            messages=(request.messages or [{"role": "user", "content": request.prompt}]) if chat else None,
+            prompt=None if chat else request.prompt, chat=chat,
+            sampling=Sampling(temperature=request.temperature, seed=request.seed), **extra)
         counted = 0
         # aclosing: on a timeout the client's generator ends at once, so it sends Cancel to the daemon now.
         async with contextlib.aclosing(self._client.generate(generate)) as replies:
@@ -249,10 +269,20 @@ class DaemonTarget(_Target):
                 if reply.tokens:
                     sample.content_arrived(time.perf_counter() - started)
                     counted += len(reply.tokens)
+                if isinstance(reply, Chunk):
+                    sample.text += reply.text
                 if not isinstance(reply, Chunk):
                     sample.finish_reason, sample.usage = reply.finish_reason, dict(reply.usage)
                     sample.timings = dict(reply.timings) or None
         sample.count_tokens(counted)
+
+
+def _generate_has_cache_prompt() -> bool:
+    import dataclasses
+
+    from mlxd_protocol import Generate
+
+    return any(field.name == "cache_prompt" for field in dataclasses.fields(Generate))
 
 
 def free_loopback_port() -> int:
