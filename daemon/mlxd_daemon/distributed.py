@@ -132,7 +132,7 @@ class Leader:
         self._rows: dict[int, Any] = {}  # seq_id -> Sequence, live rows
         self._told: dict[int, int] = {}  # seq_id -> how many of its tokens the followers have been told
         self._handle_ids = itertools.count()
-        self._replays_forward = bool(getattr(engine.layout, "has_recurrent", False))
+        self._replays_forward = bool(getattr(engine.storage, "recurrent", None))  # row_storage.py
         self._last_sent = time.monotonic()
         self._busy_since: float | None = None  # inside a collective since (for a watch by progress)
         self._watch = None
@@ -222,18 +222,19 @@ class Leader:
                 pass
 
     # -- operations that wait for the next plan ---------------------------------------------------
-    def add_sequence(self, prompt, params=None, max_new_tokens=None):
-        seq = self.engine.add_sequence(prompt, params, max_new_tokens)
-        self._queued.append(["add", seq.seq_id, list(prompt), max_new_tokens])
+    def add_sequence(self, prompt, params=None, max_new_tokens=None, **options):
+        # options (cache_prompt, ...) are plain values the followers' engines take as they are
+        seq = self.engine.add_sequence(prompt, params, max_new_tokens, **options)
+        self._queued.append(["add", seq.seq_id, list(prompt), max_new_tokens, options])
         self._rows[seq.seq_id] = seq
         self._told[seq.seq_id] = len(prompt)
         return seq
 
-    def release(self, seq) -> None:
-        self.engine.release(seq)
+    def release(self, seq, **options) -> None:
+        self.engine.release(seq, **options)
         if self._rows.pop(seq.seq_id, None) is not None:
             self._told.pop(seq.seq_id, None)
-            self._queued.append(["release", seq.seq_id])
+            self._queued.append(["release", seq.seq_id, options])
 
     def commit_appends(self, seq, n: int) -> None:
         self.engine.commit_appends(seq, n)
@@ -326,11 +327,11 @@ class Follower:
                               type(error).__name__, error)
                     return 1
 
-    def _add(self, seq_id, prompt, max_new_tokens):
-        self.rows[seq_id] = self.engine.add_sequence(prompt, self.greedy(), max_new_tokens)
+    def _add(self, seq_id, prompt, max_new_tokens, options):
+        self.rows[seq_id] = self.engine.add_sequence(prompt, self.greedy(), max_new_tokens, **options)
 
-    def _release(self, seq_id):
-        self.engine.release(self.rows.pop(seq_id))
+    def _release(self, seq_id, options):
+        self.engine.release(self.rows.pop(seq_id), **options)
 
     def _commit(self, seq_id, n):
         self.engine.commit_appends(self.rows[seq_id], n)

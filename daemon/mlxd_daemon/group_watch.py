@@ -37,6 +37,9 @@ def _established() -> set[tuple]:
             if c.status == psutil.CONN_ESTABLISHED and c.raddr}
 
 
+LOAD_GRACE_S = 1.0  # a rank refusing the model exits at once; the others get this long to say why too
+
+
 def _exit_now(reason: str) -> None:
     log.error("distributed group lost: %s; exiting", reason)
     logging.shutdown()
@@ -85,5 +88,8 @@ class GroupWatch:
                 log.debug("group watch: %s", error)
                 continue
             if reason is not None and not self._stopped.is_set():
-                self.handler(reason)
+                handler = self.handler
+                if handler is _exit_now and self._stopped.wait(LOAD_GRACE_S):
+                    return  # this rank stopped on its own meanwhile (it refused the model too)
+                handler(reason)
                 return

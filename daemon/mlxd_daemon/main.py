@@ -55,6 +55,9 @@ def _endpoint_option(function):
 @click.option("--kv-pool-tokens", default=None, type=click.IntRange(1), help="paged: pool size in tokens")
 @click.option("--kv-memory-fraction", default=None, type=click.FloatRange(0, 1, min_open=True),
               help="paged: pool size as a fraction of this machine's memory")
+@click.option("--prefix-cache-bytes", default=None, type=click.IntRange(0),
+              help="bytes the prefix cache may keep of finished requests (prompt + output state) for later prompts "
+                   "that start the same way; 0: off [default: a quarter of the KV bound, at most a tenth of RAM]")
 @click.option("--cpu-weight-budget", default=0.4, show_default=True, type=click.FloatRange(0, 1),
               help="CPU backend: share of this machine's memory the weights may take dequantized to float32 "
                    "(above it quantized layers stay quantized, with float32 scales); MLXD_CPU_WEIGHTS=stored keeps the checkpoint as stored")
@@ -74,7 +77,7 @@ def _endpoint_option(function):
 @click.pass_context
 def cli(ctx, model, endpoint, max_batch, max_kv_size, prefill_chunk, max_queue, lookahead, decode_steps, temp, top_p, top_k,
         min_p, draft_kind, draft_model, draft_block_size, prompt_lookup_max_batch, storage_backend, kv_block_size,
-        kv_pool_tokens, kv_memory_fraction, cpu_weight_budget, drain_timeout, allow_public, auth_token_file, stream_interval_ms,
+        kv_pool_tokens, kv_memory_fraction, prefix_cache_bytes, cpu_weight_budget, drain_timeout, allow_public, auth_token_file, stream_interval_ms,
         distributed, distributed_backend, log_level):
     """mlxd: serve an mlx-lm model to many clients over ZeroMQ."""
     if ctx.invoked_subcommand is not None:
@@ -86,7 +89,7 @@ def cli(ctx, model, endpoint, max_batch, max_kv_size, prefill_chunk, max_queue, 
         draft_kind=draft_kind, draft_model=draft_model, draft_block_size=draft_block_size,
         prompt_lookup_max_batch=prompt_lookup_max_batch, storage_backend=storage_backend,
         kv_block_size=kv_block_size, kv_pool_tokens=kv_pool_tokens, kv_memory_fraction=kv_memory_fraction,
-        cpu_weight_budget=cpu_weight_budget, drain_timeout_s=drain_timeout, stream_interval_s=stream_interval_ms / 1000.0, auth_token=_read_auth_token(auth_token_file),
+        prefix_cache_bytes=prefix_cache_bytes, cpu_weight_budget=cpu_weight_budget, drain_timeout_s=drain_timeout, stream_interval_s=stream_interval_ms / 1000.0, auth_token=_read_auth_token(auth_token_file),
         distributed=distributed, distributed_backend=distributed_backend,
     )
     if allow_public and not options.auth_token:
@@ -148,6 +151,8 @@ def serve(options: DaemonOptions) -> int:
     try:
         loaded = _load_with_progress(lambda o: load_for_serving(o, group), options)
     except ModelLoadError as error:
+        if group is not None:
+            watch.stop()  # every rank refuses the same model: the others leaving is no loss
         click.echo(f"mlxd: {error}", err=True)
         return 2
     if group is not None and group.rank() != 0:
@@ -225,6 +230,10 @@ def status(endpoint, as_json):
         return
     click.echo(f"mlxd at {endpoint}: model {reply.model}, pid {reply.pid}, up {reply.uptime_s:.0f}s, "
                f"active {reply.active}, queued {reply.queued}, rss {reply.memory.get('rss_bytes', 0) / 2**20:.0f} MiB")
+    group = (reply.options or {}).get("group")
+    if group:
+        click.echo(f"group: {group['ranks']} ranks, {group['mode']} parallel, {group['backend']} backend"
+                   + (f", lost: {group['lost']}" if group.get("lost") else ""))
 
 
 @cli.command()

@@ -11,12 +11,17 @@ its part, or raises ``ModelLoadError`` saying which mode the model lacks and wha
   ...). Rank r runs a contiguous run of layers (rank 0 the last ones); hidden states go rank to rank and
   the last hidden state is gathered on every rank, so every rank again ends with the same logits.
 Nothing here is hand-written model code: where mlx-lm has no ``shard``/``pipeline`` for an architecture,
-the model cannot be split.
+the model cannot be split. One seam: mlx-lm's pipelined forwards tie their ``send`` into the graph by
+writing ``cache[-1].keys = mx.depends(cache[-1].keys, h)``, which mlx-lm's own caches allow and mlxd's KV
+views (no ``keys``) do not. The send already feeds the gathered hidden state, hence the logits, so
+``_tie_pipeline_sends`` hands the forward a stand-in for its last view that takes the write and drops it.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import mlx.core as mx
 
 from .loading import ModelLoadError, config_value
 
@@ -67,3 +72,40 @@ def shard_model(module: Any, mode: str, group: Any, model_type: str, config: dic
         if layers < size:
             raise ModelLoadError(f"model type {model_type!r}: {layers} layers cannot be split over {size} ranks")
         module.model.pipeline(group)
+        _tie_pipeline_sends(module.model)
+
+
+class _SendTie:
+    """The rank's last KV view as the pipelined forward sees it: everything is the view's, but ``keys``
+    (read: a placeholder; written: dropped, see the module docstring)."""
+
+    def __init__(self, view):
+        object.__setattr__(self, "_view", view)
+
+    def __getattr__(self, name):
+        return getattr(self._view, name)
+
+    def __getitem__(self, index):
+        return self._view[index]
+
+    def __setitem__(self, index, value):
+        self._view[index] = value
+
+    @property
+    def keys(self):
+        return mx.array(0)
+
+    @keys.setter
+    def keys(self, value):
+        pass
+
+
+def _tie_pipeline_sends(inner) -> None:
+    base = type(inner)
+
+    def forward(self, inputs, cache=None, *args, **kwargs):
+        if cache and cache[-1] is not None and not hasattr(cache[-1], "keys"):
+            cache = [*cache[:-1], _SendTie(cache[-1])]
+        return base.__call__(self, inputs, cache, *args, **kwargs)
+
+    inner.__class__ = type(base.__name__, (base,), {"__call__": forward, "__module__": base.__module__})
