@@ -41,13 +41,26 @@ def pool_tokens(loaded: LoadedModel, options: DaemonOptions) -> int | None:
     return None
 
 
+def prefix_cache_budget(loaded: LoadedModel, options: DaemonOptions) -> int:
+    """--prefix-cache-bytes, else a quarter of the KV bound (every slot full, or the paged pool), at most a
+    tenth of this machine's memory."""
+    if options.prefix_cache_bytes is not None:
+        return options.prefix_cache_bytes
+    import psutil
+
+    tokens = pool_tokens(loaded, options) or options.max_batch * (options.max_kv_size or loaded.context_length)
+    return min(tokens * kv_bytes_per_token(loaded) // 4, psutil.virtual_memory().total // 10)
+
+
 def build_engine(loaded: LoadedModel, options: DaemonOptions) -> Engine:
     """The engine for ``options``; every rank of a distributed group builds the same one (no compiled
     steps there: each rank must run the very same forwards, and tuning them by timing could differ)."""
     return Engine(loaded, max_sequences=options.max_batch, max_kv_size=options.max_kv_size,
                   storage=options.storage_backend, kv_block_size=options.kv_block_size,
                   kv_pool_tokens=pool_tokens(loaded, options),
-                  compile_decode=False if loaded.group is not None else None)
+                  compile_decode=False if loaded.group is not None else None,
+                  # a group's ranks replay rank 0's engine operations; the cache's own choices are not among them
+                  prefix_cache_bytes=prefix_cache_budget(loaded, options) if loaded.group is None else 0)
 
 
 def build_scheduler(loaded: LoadedModel, options: DaemonOptions,
@@ -100,8 +113,15 @@ class DaemonCore:
         self.idle_hook: Callable[[], None] | None = getattr(self.engine, "heartbeat", None)
         self.context = HandlerContext(
             loaded=loaded, scheduler=self.scheduler, streams=self.streams, sampling=options.sampling,
-            started=self.started, options_summary=self.options_summary, kv_usage=self.engine.storage.usage,
+            started=self.started, options_summary=self.options_summary, kv_usage=self.kv_usage,
             request_stop=self.request_stop, is_draining=lambda: self.draining)
+
+    def kv_usage(self) -> dict:
+        """The KV storage's occupancy, and the prefix cache's entries, bytes, hits and tokens saved."""
+        usage = dict(self.engine.storage.usage())
+        if self.engine.prefix_cache is not None:
+            usage["prefix_cache"] = self.engine.prefix_cache.stats()
+        return usage
 
     @property
     def has_work(self) -> bool:

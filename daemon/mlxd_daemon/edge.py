@@ -121,7 +121,8 @@ def to_request(loaded: LoadedModel, message: Generate, internal_id: str, default
             max_draft=message.speculative.max_draft,
         )
     text = TextStream(loaded.new_detokenizer(), list(message.stop))
-    return Request(internal_id, tokens, params, message.max_tokens, text, speculative, ignore_eos=message.ignore_eos)
+    return Request(internal_id, tokens, params, message.max_tokens, text, speculative, ignore_eos=message.ignore_eos,
+                   cache_prompt=message.cache_prompt)
 
 
 def tool_call_splitter(loaded: LoadedModel, message: Generate) -> ToolCallSplitter | None:

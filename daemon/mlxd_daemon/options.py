@@ -34,6 +34,9 @@ class DaemonOptions:
     kv_block_size: int = 64
     kv_pool_tokens: int | None = None  # paged pool size; None: from kv_memory_fraction, else max_batch x max_kv_size
     kv_memory_fraction: float | None = None  # paged pool as a fraction of the machine's memory
+    # prefix cache: bytes kept of finished requests' prompt + output state (None: a quarter of the KV bound,
+    # at most a tenth of this machine's memory; 0: off)
+    prefix_cache_bytes: int | None = None
     cpu_weight_budget: float = 0.4  # CPU: share of the machine's memory float32 weights may take (cpu_weights.py)
     stream_interval_s: float = 0.005  # a streaming request gets at most one chunk per interval (0: per token)
     distributed: str | None = None  # "tensor" or "pipeline": this process is one rank of an mx.distributed group

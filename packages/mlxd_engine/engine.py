@@ -31,6 +31,7 @@ from .kv_backend import make_kv_storage
 from .kv_storage import KVStorageFull, SlotState
 from .loading import LoadedModel
 from .paged_kv_storage import DEFAULT_BLOCK_SIZE
+from .prefix_cache import DEFAULT_MAX_ENTRIES, PrefixCache
 from .row_storage import RowStorage
 from .sampling import SamplerChain, SamplingParams, sample_rows, token_logprobs
 
@@ -56,6 +57,8 @@ class Sequence:
     prompt_length: int
     chain: SamplerChain
     max_kv: int  # the sequence may hold at most this many tokens in storage
+    cached_tokens: int = 0  # prompt tokens taken from the prefix cache instead of prefilled
+    cache_prompt: bool = True  # whether it reads and, when it ends, feeds the prefix cache
     released: bool = False  # its slot went back to the pool; a step still in flight for it is ignored
 
     @property
@@ -83,6 +86,17 @@ class StepHandle:
     logits: mx.array  # [B, V] last-position logits (kept for tests and diagnostics)
     logprob_parts: tuple | None = None
     read: bool = False
+
+
+def _arrays_in(value) -> list:
+    """Every array in a snapshot (nested lists, tuples and dicts)."""
+    if isinstance(value, mx.array):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [a for item in value for a in _arrays_in(item)]
+    return []
 
 
 def kv_bytes_per_token(loaded: LoadedModel, bytes_per_value: int | None = None) -> int:
@@ -118,7 +132,8 @@ class Engine:
     def __init__(self, loaded: LoadedModel, max_sequences: int = 8, max_kv_size: int | None = None,
                  storage: str = "contiguous", kv_block_size: int = DEFAULT_BLOCK_SIZE,
                  kv_pool_tokens: int | None = None, fuse_cpu_layers: bool | None = None,
-                 compile_decode: bool | None = None):
+                 compile_decode: bool | None = None, prefix_cache_bytes: int = 0,
+                 prefix_cache_entries: int = DEFAULT_MAX_ENTRIES):
         self.loaded = loaded
         self.model = loaded.model
         self.layout = loaded.layout()
@@ -140,6 +155,10 @@ class Engine:
                      f"; sliding windows in rings, one forward appends at most {limit} tokens per row" if limit else "",
                      "; recurrent state unwinds by restore and replay" if self.layout.unwinds_by_replay else "")
         self._ids = itertools.count()
+        # finished sequences' prefixes, reused by later prompts that start the same way (off at 0 bytes)
+        self.prefix_cache = (PrefixCache(prefix_cache_bytes, prefix_cache_entries,
+                                         boundary_only=self.storage.prefix_at_boundary_only)
+                             if prefix_cache_bytes > 0 else None)
         compiled = compile_wanted() if compile_decode is None else compile_decode
         self.compiled_decode = (CompiledDecode(self.model, mask_axes=self.layout.mask_axes)
                                 if compiled and self.storage.compiles_forward else None)
@@ -167,10 +186,12 @@ class Engine:
 
     # -- sequence lifetime ---------------------------------------------------------------------
     def add_sequence(self, prompt: list[int], params: SamplingParams | None = None,
-                     max_new_tokens: int | None = None) -> Sequence:
+                     max_new_tokens: int | None = None, cache_prompt: bool = True) -> Sequence:
         """Admit a sequence; raises KVStorageFull when there is no room for it now or the prompt cannot fit.
 
-        ``max_new_tokens`` sizes the reservation on paged storage (default: up to the KV bound)."""
+        ``max_new_tokens`` sizes the reservation on paged storage (default: up to the KV bound). With a
+        prefix cache and ``cache_prompt``, the longest cached prefix of the prompt is put in storage at
+        once (``seq.cached_tokens``) and prefill starts after it."""
         params = params or SamplingParams()
         if not prompt:
             raise ValueError("the prompt is empty")
@@ -178,15 +199,38 @@ class Engine:
             raise KVStorageFull(f"prompt of {len(prompt)} tokens does not fit the KV bound of {self.max_kv_size}")
         params.validate(self.loaded.vocab_size)
         kv = self.storage.allocate(self._reservation(len(prompt), max_new_tokens or self.max_kv_size))
-        seq = Sequence(next(self._ids), kv, list(prompt), len(prompt), SamplerChain(params), self.max_kv_size)
+        seq = Sequence(next(self._ids), kv, list(prompt), len(prompt), SamplerChain(params), self.max_kv_size,
+                       cache_prompt=cache_prompt)
+        if self.prefix_cache is not None and cache_prompt:
+            entry, reused = self.prefix_cache.lookup(seq.tokens)
+            if entry is not None:
+                self.storage.write_prefix(kv, entry.snapshot, reused)
+                seq.cached_tokens = reused
         seq.chain.follow(seq.tokens, seq.prompt_length)  # a grammar stage reads the row's output (grammar.py)
         return seq
 
-    def release(self, seq: Sequence) -> None:
+    def release(self, seq: Sequence, keep_prefix: bool = True) -> None:
         """Give the slot back. Safe while a step for it is in flight: MLX orders that step's writes
-        before any later forward's, and ``read_step`` ignores released rows."""
+        before any later forward's, and ``read_step`` ignores released rows.
+
+        With a prefix cache, ``keep_prefix`` and the sequence's ``cache_prompt``, its tokens in storage
+        (prompt and output) and their state are copied into the cache first (not after a failure:
+        ``keep_prefix=False``)."""
+        if seq.released:
+            return
+        if self.prefix_cache is not None and keep_prefix and seq.cache_prompt:
+            self._keep_prefix(seq)
         seq.released = True
         self.storage.release(seq.kv)
+
+    def _keep_prefix(self, seq: Sequence) -> None:
+        end = self.storage.prefix_end(seq.kv)
+        if not end:
+            return
+        snapshot = self.storage.read_prefix(seq.kv, end)
+        arrays = _arrays_in(snapshot)
+        mx.async_eval(*arrays)  # copies out before the slot is written again
+        self.prefix_cache.store(seq.tokens[:end], snapshot, sum(a.nbytes for a in arrays))
 
     # -- forwards ---------------------------------------------------------------------------
     def _forward(self, rows: list[Sequence], inputs: mx.array, compiled: bool = True) -> mx.array:

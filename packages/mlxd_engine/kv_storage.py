@@ -162,6 +162,29 @@ class SlotKVStorage:
         drop_pending(state, n)
         return 0  # a counter move: nothing to forward again
 
+    # -- prefixes (prefix_cache.py) -----------------------------------------------------------------
+    prefix_at_boundary_only = False  # any prefix of a snapshot is a valid prefix
+
+    def prefix_end(self, state: SlotState) -> int | None:
+        """The longest prefix of ``state`` a snapshot can hold: its committed tokens."""
+        return state.committed
+
+    def read_prefix(self, state: SlotState, n: int) -> list:
+        """Copies of the first ``n`` positions of ``state``: per layer (keys, values) ``[kv_heads, n, dim]``."""
+        return [(mx.contiguous(k[state.slot, :, :n]), mx.contiguous(v[state.slot, :, :n]))
+                for k, v in zip(self.keys, self.values)]
+
+    def write_prefix(self, state: SlotState, layers: list, n: int) -> None:
+        """Put the first ``n`` positions of ``layers`` (a ``read_prefix`` result) into a new sequence's slot."""
+        if state.written:
+            raise ValueError("a prefix goes into a sequence with nothing in storage")
+        self.reserve([state], n)
+        for layer, (k, v) in enumerate(layers):
+            self.ensure_layer(layer, k.shape[0], k.shape[2], v.shape[2], k.dtype)
+            self.keys[layer][state.slot, :, :n] = k[:, :n]
+            self.values[layer][state.slot, :, :n] = v[:, :n]
+        state.committed = n
+
     def _grow(self, needed: int) -> None:
         # Buffers are (re)made lazily by ensure_layer, which is the first place that knows head shapes.
         self.capacity = min(self.max_capacity, -(-needed // GROW_CHUNK) * GROW_CHUNK)

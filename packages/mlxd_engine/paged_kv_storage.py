@@ -147,6 +147,36 @@ class PagedKVStorage:
                 self._reserved += 1  # the promise stands: the block may be needed again
         return 0  # a counter move: nothing to forward again
 
+    # -- prefixes (prefix_cache.py) -----------------------------------------------------------------
+    prefix_at_boundary_only = False  # any prefix of a snapshot is a valid prefix
+
+    def prefix_end(self, state: PagedState) -> int | None:
+        """The longest prefix of ``state`` a snapshot can hold: its committed tokens."""
+        return state.committed
+
+    def _places(self, state: PagedState, n: int) -> tuple[mx.array, mx.array]:
+        positions = range(n)
+        return (mx.array([state.blocks[p // self.block_size] for p in positions]),
+                mx.array([p % self.block_size for p in positions]))
+
+    def read_prefix(self, state: PagedState, n: int) -> list:
+        """Copies of the first ``n`` positions of ``state``: per layer (keys, values) ``[kv_heads, n, dim]``."""
+        blocks, offsets = self._places(state, n)
+        return [(k[blocks, :, offsets].transpose(1, 0, 2), v[blocks, :, offsets].transpose(1, 0, 2))
+                for k, v in zip(self.keys, self.values)]
+
+    def write_prefix(self, state: PagedState, layers: list, n: int) -> None:
+        """Put the first ``n`` positions of ``layers`` (a ``read_prefix`` result) into a new sequence's blocks."""
+        if state.written:
+            raise ValueError("a prefix goes into a sequence with nothing in storage")
+        self.reserve([state], n)
+        blocks, offsets = self._places(state, n)
+        for layer, (k, v) in enumerate(layers):
+            self.ensure_layer(layer, k.shape[0], k.shape[2], v.shape[2], k.dtype)
+            self.keys[layer][blocks, :, offsets] = k[:, :n].transpose(1, 0, 2)
+            self.values[layer][blocks, :, offsets] = v[:, :n].transpose(1, 0, 2)
+        state.committed = n
+
     def ensure_layer(self, layer: int, kv_heads: int, k_dim: int, v_dim: int, dtype) -> None:
         if self.keys[layer] is None:
             self.keys[layer] = mx.zeros((self.n_blocks, kv_heads, self.block_size, k_dim), dtype)

@@ -10,11 +10,12 @@ Contract (the ``KVStorage`` protocol of ``kv_backend.py``, so the engine runs on
   for a row; ``reserve`` refuses more (the engine splits prompt chunks and caps drafts to it).
 - Commit is the inner backend's counter move (rings move with it).
 - Unwind: the KV parts and rings drop the newest appends by a counter move. Recurrent state has moved
-  through every appended token and cannot move back; so the first forward after a row's last settled
-  point keeps the state that forward read (``RecurrentView.before``), and ``unwind`` puts it back, moves the
-  counts back to that point and returns how many kept tokens the caller must forward again to reach
-  the new end (``Engine.unwind_appends`` does). An unwind must drop every pending append then (the verify
-  round commits what it keeps first). A full accept, or a commit of everything pending, costs nothing.
+  through every appended token and cannot move back; so every forward keeps, per row, the state it read
+  (``RecurrentView.before``: a point at the row's position then), a commit drops the points before the
+  newest one at or before the committed count, and ``unwind`` puts the newest such point back, moves the
+  counts back to it and returns how many kept tokens the caller must forward again to reach the new end
+  (``Engine.unwind_appends`` does; at most one forward's worth). An unwind must drop every pending
+  append (the verify round commits what it keeps first). A full accept costs nothing extra.
 - No compiled forward (``compiles_forward`` False): the compiled graph reads slot KV buffers only.
 """
 
@@ -23,6 +24,8 @@ from __future__ import annotations
 import heapq
 import itertools
 
+import mlx.core as mx
+
 from .cache_layout import COMPOSITE, RECURRENT, SLIDING_WINDOW
 from .recurrent_state import CompositeView, RecurrentState, RecurrentView
 from .sliding_window import RingView, WindowRing
@@ -30,11 +33,15 @@ from .sliding_window import RingView, WindowRing
 DEFAULT_SLACK = 64  # cells past the window: the longest forward a row may write (prompt pieces, verify)
 
 
-class _Settled:
-    """Where a row's recurrent state was last settled: the committed count and that forward's views."""
+class _StatePoint:
+    """A row's recurrent state at ``position``: what one forward's views read before it (``before``)."""
 
-    def __init__(self, committed: int, views: list[RecurrentView], batch_index: int):
-        self.committed, self.views, self.batch_index = committed, views, batch_index
+    def __init__(self, position: int, views: list[RecurrentView], batch_index: int):
+        self.position, self.views, self.batch_index = position, views, batch_index
+
+    def rows(self) -> list[list]:
+        """Per recurrent view: the row's state arrays at ``position`` (None: zero)."""
+        return [view.row_before(self.batch_index) for view in self.views]
 
 
 class RowStorage:
@@ -58,7 +65,7 @@ class RowStorage:
         self.max_forward_tokens = slack if self.rings else None
         self._free = list(range(n_slots))
         self._row_of: dict = {}  # sequence record (by identity) -> its row
-        self._settled: dict = {}  # sequence record -> _Settled, while it has pending appends
+        self._points: dict = {}  # sequence record -> its _StatePoints at or after its committed count
 
     @property
     def mask_axes(self):
@@ -89,7 +96,7 @@ class RowStorage:
 
     def release(self, state) -> None:
         self.inner.release(state)
-        self._settled.pop(state, None)
+        self._points.pop(state, None)
         row = self._row_of.pop(state, None)
         if row is not None:
             heapq.heappush(self._free, row)
@@ -124,31 +131,84 @@ class RowStorage:
 
     def commit(self, state, n: int) -> None:
         self.inner.commit(state, n)
-        if state.pending == 0:
-            self._settled.pop(state, None)
+        points = self._points.get(state)
+        if points:  # keep the newest point at or before the committed count, and every later one
+            keep = max((i for i, p in enumerate(points) if p.position <= state.committed), default=0)
+            del points[:keep]
 
     def unwind(self, state, n: int) -> int:
         """Drop the newest ``n`` appends; returns how many kept tokens must be forwarded again."""
         if n == 0:
             return 0
-        settled = self._settled.pop(state, None)
-        if not self.recurrent or settled is None:
+        if not self.recurrent:
             self.inner.unwind(state, n)
             return 0
         if n != state.pending:
             raise ValueError(f"recurrent state unwinds every pending append at once ({state.pending} pending, "
                              f"asked to drop {n}); commit what is kept first")
+        point = self._point_at_or_before(state, state.committed)
+        self._points.pop(state, None)
         row = self._row_of[state]
-        for view in settled.views:
-            view.state_rows.restore_row(row, view.row_before(settled.batch_index))
+        for recurrent_view, before in zip(point.views, point.rows()):
+            recurrent_view.state_rows.restore_row(row, before)
         self.inner.unwind(state, n)
-        replay = state.committed - settled.committed
-        state.committed = settled.committed  # the kept tokens are forwarded again from here
+        replay = state.committed - point.position
+        state.committed = point.position  # the kept tokens are forwarded again from here
         return replay
+
+    def _point_at_or_before(self, state, position: int) -> _StatePoint:
+        points = [p for p in self._points.get(state, []) if p.position <= position]
+        if not points:
+            raise ValueError("no recurrent state point to unwind to (a forward outside this storage?)")
+        return points[-1]
+
+    # -- prefixes (prefix_cache.py): a snapshot holds only at its end ---------------------------------
+    prefix_at_boundary_only = True  # rings and recurrent state are known only at the row's end
+
+    def prefix_end(self, state) -> int | None:
+        """The longest prefix of ``state`` a snapshot can hold: its committed tokens when the recurrent
+        state is known there (nothing pending, or a forward started there), else None."""
+        if not self.recurrent or state.pending == 0:
+            return state.committed
+        points = [p for p in self._points.get(state, []) if p.position == state.committed]
+        return state.committed if points else None
+
+    def read_prefix(self, state, n: int) -> dict:
+        if n != self.prefix_end(state):
+            raise ValueError(f"a snapshot of this storage holds only at the row's end ({self.prefix_end(state)})")
+        row = self._row_of[state]
+        snapshot = {"kv": self.inner.read_prefix(state, n), "rings": {}, "recurrent": {}}
+        for i, ring in self.rings.items():
+            if ring.keys is not None:
+                snapshot["rings"][i] = (mx.contiguous(ring.keys[row]), mx.contiguous(ring.values[row]))
+        if state.pending == 0:
+            for i, recurrent in self.recurrent.items():
+                snapshot["recurrent"][i] = [None if a is None else mx.contiguous(a[row]) for a in recurrent.arrays]
+        else:
+            point = [p for p in self._points[state] if p.position == n][-1]
+            by_state = {id(view.state_rows): before for view, before in zip(point.views, point.rows())}
+            for i, recurrent in self.recurrent.items():
+                snapshot["recurrent"][i] = by_state.get(id(recurrent), [None] * len(recurrent.arrays))
+        return snapshot
+
+    def write_prefix(self, state, snapshot: dict, n: int) -> None:
+        self.inner.write_prefix(state, snapshot["kv"], n)
+        row = self._row_of[state]
+        for i, (k, v) in snapshot["rings"].items():
+            ring = self.rings[i]
+            ring.ensure(k.shape[1], k.shape[0], k.shape[2], v.shape[2], k.dtype)
+            ring.keys[row, :, : k.shape[1]] = k
+            ring.values[row, :, : k.shape[1]] = v
+        for i, arrays in snapshot["recurrent"].items():
+            recurrent = self.recurrent[i]
+            for j, value in enumerate(arrays):
+                if value is not None:
+                    if recurrent.arrays[j] is None:
+                        recurrent.arrays[j] = mx.zeros((self.n_slots, *value.shape), value.dtype)
+                    recurrent.arrays[j][row] = value
 
     def views(self, states: list, n_tokens: int) -> list:
         starts = [s.written for s in states]
-        newly_settled = [s for s in states if s.pending == 0]
         kv_views = iter(self.inner.views(states, n_tokens))  # the inner backend counts the appends
         rows = [self._row_of[s] for s in states]
         leaf_index = itertools.count()  # leaves in layout order, as rings and recurrent number them
@@ -168,6 +228,5 @@ class RowStorage:
         views = [view(entry) for entry in self.entries]
         if recurrent_views:
             for b, state in enumerate(states):
-                if state in newly_settled:
-                    self._settled[state] = _Settled(state.committed, recurrent_views, b)
+                self._points.setdefault(state, []).append(_StatePoint(starts[b], recurrent_views, b))
         return views

@@ -207,6 +207,9 @@ class Generate(Message):
     speculative: Speculative | None = None
     add_special_tokens: bool = True
     ignore_eos: bool = False  # keep generating past end-of-sequence tokens (benchmarks)
+    # reuse the longest cached prefix of the prompt, and leave prompt + output in the daemon's prefix cache
+    # when done (llama-server's name); False: neither, the prompt is prefilled whole
+    cache_prompt: bool = True
     constraint: Constraint | None = None  # structured output: a JSON schema or grammar the output follows
     # Tool calls (chat only): OpenAI-style tool definitions for the chat template; "auto" (the default with
     # tools), "none" (tools are not offered), "required" (exactly one call, enforced by a grammar);

@@ -73,14 +73,16 @@ class Finisher:
         seq = state.seq
         tokens = list(seq.output)[: state.emitted] if seq is not None else []
         if seq is not None:
-            self.engine.release(seq)
+            self.engine.release(seq, keep_prefix=reason != "error")  # a failed row's storage is not trusted
         tail = state.request.text.finish() if state.request.text is not None and reason != "error" else ""
         if tail:
             state.sink(TokenEvent(state.request_id, [], tail))
         text = state.request.text.text if state.request.text is not None else ""
         prompt_n = len(state.request.prompt)
-        usage = {"prompt_tokens": prompt_n, "completion_tokens": len(tokens), "total_tokens": prompt_n + len(tokens)}
-        timings = state.timings.report(prompt_n, len(tokens))
+        cached = seq.cached_tokens if seq is not None else 0  # prompt tokens the prefix cache gave
+        usage = {"prompt_tokens": prompt_n, "completion_tokens": len(tokens), "total_tokens": prompt_n + len(tokens),
+                 "cached_tokens": cached}
+        timings = state.timings.report(prompt_n - cached, len(tokens), cached)
         if reason == "error":
             log.warning("request %s failed: %s", state.request_id, error)
         state.sink(FinishEvent(state.request_id, reason, tokens, text, usage, timings, error))

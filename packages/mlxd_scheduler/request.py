@@ -35,6 +35,7 @@ class Request:
     text: TextStream | None = None  # None: no text (token ids only), no stop strings
     speculative: SpeculativeRequest = field(default_factory=SpeculativeRequest)
     ignore_eos: bool = False
+    cache_prompt: bool = True  # reuse a cached prefix of the prompt, and leave this one in the cache (llama-server's name)
 
 
 @dataclass
@@ -73,12 +74,14 @@ class Timings:
     draft_verify_n: int = 0
     speculated: bool = False
 
-    def report(self, prompt_n: int, predicted_n: int) -> dict[str, Any]:
+    def report(self, prompt_n: int, predicted_n: int, cache_n: int = 0) -> dict[str, Any]:
+        """llama-server's timings: ``prompt_n`` prompt tokens prefilled, ``cache_n`` taken from the prefix cache."""
         start = self.prefill_started or self.queued
         prompt_ms = ((self.first_token or start) - start) * 1000.0
         predicted_ms = ((self.last_token or 0.0) - (self.first_token or 0.0)) * 1000.0 if predicted_n > 1 else 0.0
         decoded = max(predicted_n - 1, 0)  # the first token comes from prefill
         report = {
+            "cache_n": cache_n,
             "prompt_n": prompt_n,
             "prompt_ms": round(prompt_ms, 3),
             "prompt_per_token_ms": round(prompt_ms / prompt_n, 3) if prompt_n else 0.0,

@@ -166,7 +166,8 @@ class BatchScheduler:
                 return  # the pool is full: wait (first come, first served) until a sequence frees room
             state = self.waiting.popleft()
             try:
-                state.seq = self.engine.add_sequence(state.request.prompt, state.request.params, state.request.max_tokens)
+                state.seq = self.engine.add_sequence(state.request.prompt, state.request.params, state.request.max_tokens,
+                                                     cache_prompt=state.request.cache_prompt)
             except (KVStorageFull, ValueError) as error:
                 self._finish(state, "error", None, str(error))
                 continue
@@ -273,11 +274,12 @@ class BatchScheduler:
             self._finish(state, "error", record, f"{type(error).__name__}: {error}")
             return
         record.prefill_tokens = state.seq.kv.written - before
+        hit = f"prefix cache hit: {state.seq.cached_tokens} tokens" if before == state.seq.cached_tokens > 0 else None
         if first is None:
-            record.add(state.request_id, "prefill")
+            record.add(state.request_id, "prefill", detail=hit)
             return
         self.prefilling.pop(0)
-        record.add(state.request_id, "first-token")
+        record.add(state.request_id, "first-token", detail=hit)
         first_token_action = record.rows[-1]
         state.phase = "decode"
         self.decoding.append(state)
@@ -288,7 +290,7 @@ class BatchScheduler:
         else:
             declined = self._start_drafter(state)
             if declined is not None:
-                first_token_action.detail = f"prompt lookup off: {declined}"
+                first_token_action.detail = "; ".join(filter(None, [hit, f"prompt lookup off: {declined}"]))
 
     def _finish(self, state: RequestState, reason: str, record: TickRecord | None, error: str | None = None) -> None:
         for group in (self.prefilling, self.decoding):

@@ -97,3 +97,18 @@ def test_subscribe_ticks_yields_typed_ticks(stories_daemon):
     assert all(isinstance(tick, Tick) and all(isinstance(row, TickRow) for row in tick.rows) for tick in seen)
     actions = {row.action for tick in seen for row in tick.rows}
     assert actions & {"prefill", "first-token", "prime", "decode"}, actions
+
+
+def test_a_repeated_chat_prefix_is_taken_from_the_prefix_cache(local):
+    """The daemon's default prefix cache: the same prompt again reuses all but its last token, reports it in
+    usage and timings, gives the same tokens, and shows in the status."""
+    prompt = "Once upon a time there was a little dog named Max. Max liked to run in the park with his friends"
+    _, first = replies(local, request(prompt, speculative=Speculative(kind="none")))
+    _, second = replies(local, request(prompt, speculative=Speculative(kind="none")))
+    assert second.tokens == first.tokens
+    prompt_tokens = second.usage["prompt_tokens"]
+    assert second.usage["cached_tokens"] == second.timings["cache_n"] == prompt_tokens - 1
+    assert second.timings["prompt_n"] == 1
+    cache = local.status().memory["kv"]["prefix_cache"]
+    assert cache["entries"] >= 1 and cache["hits"] >= 1 and cache["tokens_saved"] >= prompt_tokens - 1
+    assert 0 < cache["bytes"] <= cache["budget_bytes"]

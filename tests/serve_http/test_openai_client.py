@@ -24,7 +24,8 @@ def test_completion_equals_mlx_generate(stories_openai, stories_endpoint):
     reply = stories_openai.completions.create(model="stories", prompt=PROMPT, max_tokens=40, temperature=0)
     assert reply.object == "text_completion" and reply.choices[0].text == reference["text"]
     assert reply.choices[0].finish_reason == "length"
-    assert reply.usage.completion_tokens == 40 and reply.usage.prompt_tokens == reference["timings"]["prompt_n"]
+    assert reply.usage.completion_tokens == 40 and reply.usage.prompt_tokens == (
+        reference["timings"]["prompt_n"] + reference["timings"]["cache_n"])  # prefilled + taken from the prefix cache
     assert reply.model.endswith("stories260K")
     assert reply.model_extra["timings"]["predicted_n"] == 40  # the extension: the daemon's timings as they are
 
@@ -49,6 +50,27 @@ def test_completion_from_token_ids_and_stop(stories_openai, stories_gateway):
     stopped = stories_openai.completions.create(model="m", prompt=PROMPT, max_tokens=40, temperature=0, stop=["Lily"])
     assert stopped.choices[0].finish_reason == "stop"
     assert stopped.choices[0].text == by_text.choices[0].text[: by_text.choices[0].text.index("Lily")]
+
+
+def test_prefix_cache_is_reported_and_cache_prompt_false_bypasses_it(stories_openai, stories_gateway):
+    """OpenAI usage.prompt_tokens_details.cached_tokens and llama-server tokens_cached / timings.cache_n: the
+    same prompt again is taken from the prefix cache (all but its last token), with the same text; with
+    cache_prompt false nothing is."""
+    prompt = "Tom had a red ball. He liked to throw the ball to his dog. One day the ball went over the fence"
+    first = stories_openai.completions.create(model="m", prompt=prompt, max_tokens=16, temperature=0)
+    again = stories_openai.completions.create(model="m", prompt=prompt, max_tokens=16, temperature=0)
+    assert again.choices[0].text == first.choices[0].text
+    assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
+    bypass = stories_openai.completions.create(model="m", prompt=prompt, max_tokens=16, temperature=0,
+                                               extra_body={"cache_prompt": False})
+    assert bypass.choices[0].text == first.choices[0].text and bypass.usage.prompt_tokens_details.cached_tokens == 0
+    llama = stories_gateway.client.post("/completion", json={"prompt": prompt, "n_predict": 16}).json()
+    assert llama["content"] == first.choices[0].text
+    assert llama["tokens_cached"] == llama["timings"]["cache_n"] == llama["tokens_evaluated"] - 1
+    cold = stories_gateway.client.post("/completion", json={"prompt": prompt, "n_predict": 16, "cache_prompt": False})
+    assert cold.json()["tokens_cached"] == 0 and "x-mlxd-ignored-fields" not in {k.lower() for k in cold.headers}
+    page = stories_gateway.client.get("/metrics").text
+    assert "# TYPE mlxd_daemon_prefix_cache_hits_total counter" in page
 
 
 def test_completion_logprobs(stories_openai):

@@ -3,7 +3,7 @@
 Contract:
     * ``/completion`` sends ``prompt`` with ``chat=False`` (or ``prompt_tokens`` for a token list).
       ``n_predict`` -1 (the default) means "until end of sequence", bounded by the daemon's context;
-      a larger ``n_predict`` is capped at that context too. ``cache_prompt`` is accepted and ignored;
+      a larger ``n_predict`` is capped at that context too. ``cache_prompt: false`` bypasses the prefix cache;
       ``speculative`` and ``ignore_eos`` pass through to the daemon.
     * The answer has llama-server's fields: content, stop (true), tokens_predicted,
       tokens_evaluated, stop_type ("eos" | "word" | "limit", "none" when cancelled), stopping_word,
@@ -52,7 +52,8 @@ def completion_request_builder(body: LlamaCompletionRequest):
         max_tokens = context if body.n_predict == -1 else min(body.n_predict, context)
         return Generate(id=new_request_id(), **prompt_fields, chat=False, max_tokens=max_tokens, stop=stop,
                         stream=True, sampling=build_sampling(overrides, handle.sampling_defaults),
-                        speculative=speculative, ignore_eos=body.ignore_eos, constraint=constraint)
+                        speculative=speculative, ignore_eos=body.ignore_eos, constraint=constraint,
+                        cache_prompt=body.cache_prompt)
 
     return make_request
 
@@ -88,7 +89,8 @@ def llama_answer(model: str, content: str, done: Done, stop_type: str, stopping_
     """The /completion body (also the last streamed event, with empty content)."""
     return LlamaCompletion(
         content=content, model=model, tokens_predicted=int(done.usage.get("completion_tokens", 0)),
-        tokens_evaluated=int(done.usage.get("prompt_tokens", 0)), stop_type=stop_type,
+        tokens_evaluated=int(done.usage.get("prompt_tokens", 0)),
+        tokens_cached=int(done.usage.get("cached_tokens", 0)), stop_type=stop_type,
         stopping_word=stopping_word, timings=done.timings)
 
 

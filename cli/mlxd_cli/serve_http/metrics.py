@@ -119,10 +119,23 @@ class GatewayMetrics:
                 [(labels[endpoint], usage["slots_free"]) for endpoint, usage in kv if "slots_free" in usage])
         _family(lines, "mlxd_daemon_kv_allocated_bytes", "gauge", "bytes of KV buffers allocated",
                 [(labels[endpoint], usage.get("allocated_bytes", 0)) for endpoint, usage in kv])
+        cached = [(endpoint, usage["prefix_cache"]) for endpoint, usage in kv if "prefix_cache" in usage]
+        for key, kind, help_text in PREFIX_CACHE_FIGURES:
+            _family(lines, f"mlxd_daemon_prefix_cache_{key}", kind, help_text,
+                    [(labels[endpoint], stats.get(key.removesuffix("_total"), 0)) for endpoint, stats in cached])
         for key, suffix in DAEMON_TOTALS.items():
             _family(lines, f"mlxd_daemon_{suffix}", "counter", f"daemon total {key} since it started",
                     [(labels[endpoint], status.totals.get(key, 0)) for endpoint, status in answered])
         return "\n".join(lines) + "\n"
+
+
+# the prefix cache's figures (mlxd status: memory.kv.prefix_cache), as metric name suffix, kind and help
+PREFIX_CACHE_FIGURES = [
+    ("entries", "gauge", "prefix cache entries held"),
+    ("bytes", "gauge", "bytes the prefix cache holds"),
+    ("hits_total", "counter", "requests that reused a cached prefix"),
+    ("tokens_saved_total", "counter", "prompt tokens taken from the prefix cache instead of prefilled"),
+]
 
 
 def _family(lines: list[str], name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:

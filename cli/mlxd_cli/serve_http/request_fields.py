@@ -90,7 +90,7 @@ LLAMA_UNIMPLEMENTED: dict[str, tuple[Neutral, str]] = {
 LLAMA_NO_EFFECT = frozenset({
     "mirostat_tau", "mirostat_eta", "dynatemp_exponent", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
     "dry_sequence_breakers", "xtc_threshold", "n_keep", "id_slot", "min_keep", "timings_per_token",
-    "return_progress", "t_max_prompt_ms", "n_discard", "cache_prompt",
+    "return_progress", "t_max_prompt_ms", "n_discard",
 })
 
 _logged: set[str] = set()

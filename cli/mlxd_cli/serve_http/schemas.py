@@ -166,6 +166,7 @@ class OpenAIGenerationFields(RequestBody):
     repetition_penalty: FiniteFloat | None = Field(None, ge=0)
     speculative: SpeculativeOptions | None = None
     response_format: ResponseFormat | None = None
+    cache_prompt: bool = True  # as llama-server's: False bypasses the daemon's prefix cache
 
     @field_validator("response_format")
     @classmethod
@@ -372,7 +373,7 @@ class LlamaCompletionRequest(RequestBody):
     stop: StopStrings = None
     seed: int | None = Field(None, ge=-1)
     stream: bool = False
-    cache_prompt: bool = True  # accepted and ignored: the daemon decides what to keep
+    cache_prompt: bool = True  # False: prefill the whole prompt and keep nothing in the daemon's prefix cache
     ignore_eos: bool = False
     speculative: SpeculativeOptions | None = None
     json_schema: dict | None = None  # llama-server: the output follows this JSON schema ({} : any JSON)
@@ -427,10 +428,15 @@ class DetokenizeRequest(StrictModel):
 # ---- responses -------------------------------------------------------------------------------
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0  # prompt tokens taken from the prefix cache
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class ToolCallOut(BaseModel):
@@ -512,6 +518,7 @@ class LlamaCompletion(BaseModel):
     model: str
     tokens_predicted: int
     tokens_evaluated: int
+    tokens_cached: int = 0  # prompt tokens taken from the prefix cache
     stop_type: Literal["eos", "word", "limit", "none"]
     stopping_word: str
     truncated: bool = False

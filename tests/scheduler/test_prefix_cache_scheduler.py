@@ -1,0 +1,84 @@
+"""The prefix cache through the batch scheduler: hits are reported, outputs equal a cold run, nothing leaks."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlxd_drafters import PromptLookupConfig
+from mlxd_engine import Engine
+from mlxd_scheduler import BatchScheduler, Request, SchedulerOptions, SpeculativeRequest
+
+from .test_batch_scheduler import Collector
+
+SYSTEM = [(5 * i + 7) % 300 + 3 for i in range(90)]  # a shared system prompt
+
+
+def _scheduler(loaded, storage, cache_bytes, records=None, prompt_lookup=False):
+    engine = Engine(loaded, max_sequences=4, storage=storage, prefix_cache_bytes=cache_bytes,
+                    kv_pool_tokens=4096 if storage == "paged" else None)
+    options = SchedulerOptions(max_batch=4, prefill_chunk=64,
+                               prompt_lookup=PromptLookupConfig() if prompt_lookup else None)
+    return engine, BatchScheduler(engine, options, (records if records is not None else []).append)
+
+
+def _run(scheduler, requests):
+    out = Collector()
+    for request in requests:
+        scheduler.submit(request, out.sink(request.request_id))
+    scheduler.run_until_idle()
+    return out
+
+
+@pytest.mark.parametrize("storage", ["contiguous", "paged"])
+@pytest.mark.parametrize("prompt_lookup", [False, True])
+def test_shared_prefix_hits_equal_a_cold_run_and_nothing_leaks(embedded_model, storage, prompt_lookup):
+    records = []
+    engine, cached = _scheduler(embedded_model, storage, 32 * 2**20, records, prompt_lookup)
+    _, cold = _scheduler(embedded_model, storage, 0, prompt_lookup=prompt_lookup)
+    speculative = SpeculativeRequest(True) if prompt_lookup else SpeculativeRequest()
+    first = [Request(f"a{i}", SYSTEM + [10 + i, 11, 12 + i], max_tokens=20, speculative=speculative) for i in range(3)]
+    # a mixed first wave: one request is cancelled while it decodes
+    out = Collector()
+    for request in first:
+        cached.submit(request, out.sink(request.request_id))
+    for _ in range(6):
+        cached.tick()
+    cached.cancel("a1")
+    cached.run_until_idle()
+    assert out.done("a1").finish_reason == "cancelled"
+    assert len(engine.prefix_cache) >= 1
+
+    second = [Request(f"b{i}", SYSTEM + [40 + i, 41, 42], max_tokens=20, speculative=speculative) for i in range(3)]
+    second.append(Request("b-off", SYSTEM + [43, 44], max_tokens=20, speculative=speculative, cache_prompt=False))
+    hot, reference = _run(cached, second), _run(cold, second)
+    for request in second:
+        done = hot.done(request.request_id)
+        assert done.tokens == reference.done(request.request_id).tokens, request.request_id
+        expected = 0 if not request.cache_prompt else len(SYSTEM)
+        assert done.usage["cached_tokens"] == expected and done.timings["cache_n"] == expected, request.request_id
+        assert done.timings["prompt_n"] == len(request.prompt) - expected
+    hits = [row for record in records for row in record.rows if row.detail and "prefix cache hit" in row.detail]
+    assert {row.request_id for row in hits} >= {"b0", "b1", "b2"}
+    stats = engine.prefix_cache.stats()
+    assert stats["hits"] >= 3 and stats["tokens_saved"] >= 3 * len(SYSTEM)
+    # once idle, every sequence's storage is back: no block, reservation or slot held
+    storage_state = engine.storage.usage()
+    if storage == "paged":
+        assert storage_state["blocks_used"] == 0 and storage_state["blocks_reserved"] == 0
+        assert storage_state["sequences"] == 0
+    else:
+        assert storage_state["slots_free"] == storage_state["slots"]
+
+
+def test_a_failed_request_leaves_nothing_in_the_cache(embedded_model):
+    engine, scheduler = _scheduler(embedded_model, "contiguous", 32 * 2**20)
+    out = Collector()
+    state_ids = []
+    scheduler.submit(Request("ok", SYSTEM + [1, 2], max_tokens=5), out.sink("ok"))
+    scheduler.run_until_idle()
+    state_ids.append(len(engine.prefix_cache))
+    engine.prefix_cache.clear()
+    seq = engine.add_sequence(SYSTEM + [3])
+    engine.prefill(seq)
+    engine.release(seq, keep_prefix=False)  # the finish step passes this for an "error" finish
+    assert state_ids == [1] and len(engine.prefix_cache) == 0
