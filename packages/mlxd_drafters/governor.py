@@ -18,7 +18,9 @@ Contract:
     * While a gated/graded governor is off, every ``probe_interval``-th
       ``budget()`` call returns ``config.probe_budget`` so new verify rounds
       keep arriving; once they lift the windowed rate above the cutoff the
-      normal budget is restored.
+      normal budget is restored. ``return_probe()`` gives back a probe that
+      was never verified (its proposal was retracted), so the next
+      ``budget()`` call grants it again instead of waiting a whole interval.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class DraftGovernor:
         self._config = config
         self._rounds: deque[tuple[int, int]] = deque(maxlen=config.governor_window)
         self._calls_while_off = 0
+        self._probe_granted = False  # the last budget() call granted a probe
 
     @property
     def config(self) -> PromptLookupConfig:
@@ -97,6 +100,7 @@ class DraftGovernor:
                 f"need 0 <= n_accepted <= n_drafted, got "
                 f"n_drafted={n_drafted}, n_accepted={n_accepted}"
             )
+        self._probe_granted = False  # a verified probe is spent
         if n_drafted > 0:
             self._rounds.append((n_drafted, n_accepted))
 
@@ -109,9 +113,18 @@ class DraftGovernor:
         regular = self._regular_budget()
         if regular > 0:
             self._calls_while_off = 0
+            self._probe_granted = False
             return regular
         self._calls_while_off += 1
-        return self._probe_or_zero(self._calls_while_off)
+        granted = self._probe_or_zero(self._calls_while_off)
+        self._probe_granted = granted > 0
+        return granted
+
+    def return_probe(self) -> None:
+        """Undo the last ``budget()`` call if it granted a probe that was not verified."""
+        if self._probe_granted:
+            self._calls_while_off -= 1
+            self._probe_granted = False
 
     def peek_budget(self) -> int:
         """What the next ``budget()`` call would return, with no side effect.
@@ -128,6 +141,7 @@ class DraftGovernor:
         """Forget all history (e.g. when a new request reuses the object)."""
         self._rounds.clear()
         self._calls_while_off = 0
+        self._probe_granted = False
 
     def _probe_or_zero(self, call_number: int) -> int:
         if call_number % self._config.probe_interval == 0:

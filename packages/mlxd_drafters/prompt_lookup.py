@@ -180,11 +180,13 @@ class PromptLookupDrafter:
         """Withdraw the outstanding proposal because it was not verified.
 
         Rolls back its ``proposals``/``drafted_tokens`` counts and counts it
-        in ``retracted``. Records no miss and leaves the governor untouched.
+        in ``retracted``. Records no miss; a probe budget it used goes back to
+        the governor (``return_probe``), so the probe is offered again.
         No-op when nothing is outstanding.
         """
         if self._outstanding is None:
             return
+        self._governor.return_probe()
         self._stats.proposals -= 1
         self._stats.drafted_tokens -= len(self._outstanding)
         self._stats.retracted += 1

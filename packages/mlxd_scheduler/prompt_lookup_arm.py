@@ -29,7 +29,10 @@ The tick, in the order the rules are applied:
    just declined by rule 6); otherwise it stays synchronous with one batched step.
 6. Short proposals beside other rows: with more than one decoding row, a proposal of fewer than
    ``MIN_DRAFT_BESIDE_OTHERS`` tokens is retracted (declined, not a miss) and the row takes the batched
-   step. Each verify round is a forward of its own, so beside other rows it pays only when it checks a
+   step. A proposal as long as its governor allowed, where the governor allowed less than the row's
+   ``max_draft``, is never declined so (a probe, or a small budget while the governor's window recovers:
+   the only way a governor that turned off sees the row copying again); a retracted probe goes back to
+   the governor (offered again next time). Each verify round is a forward of its own, so beside other rows it pays only when it checks a
    long draft (measured: docs/benchmark_results/code_notes.md#short-proposals).
 7. Structured output: a row with a grammar never pipelines (its mask needs its last token read), and
    its proposal is cut at the first token the grammar forbids (the verify round cuts it, and masks
@@ -104,7 +107,8 @@ class PromptLookupArm:
         """Proposals to verify, and the ids of rows whose proposal rule 6 declined."""
         proposals, declined_short = {}, set()
         for state in drafting:
-            if state.drafter.governor.peek_budget() == 0:
+            granted = state.drafter.governor.peek_budget()
+            if granted == 0:
                 state.drafter.draft_block()  # counts toward the governor's probe spacing
                 if record is not None:
                     self.counters["declined_governor"] += 1
@@ -118,7 +122,10 @@ class PromptLookupArm:
                 # one token left: the round would check no draft; a plain step gives that token
                 state.drafter.retract_draft()
                 continue
-            if proposal and batch > 1 and len(proposal) < MIN_DRAFT_BESIDE_OTHERS:
+            # rule 6, for a proposal cut short by its match; one the governor sized (a probe, a small budget
+            # while its window recovers) is verified, or the governor would never see the row copy again
+            governor_sized = granted < state.drafter.governor.config.max_draft and len(proposal) >= granted
+            if proposal and batch > 1 and len(proposal) < MIN_DRAFT_BESIDE_OTHERS and not governor_sized:
                 state.drafter.retract_draft()  # rule 6: not worth a forward of its own beside other rows
                 declined_short.add(id(state))
                 if record is not None:

@@ -139,3 +139,21 @@ def test_reset_clears_history():
     governor.reset()
     assert governor.rounds_recorded == 0
     assert governor.budget() == 8
+
+
+def test_a_retracted_probe_is_offered_again():
+    """A probe whose proposal was never verified (retracted) goes back: the next call grants it again,
+    not one ``probe_interval`` later; a verified probe is spent."""
+    config = PromptLookupConfig(policy="gated", probe_interval=3, probe_draft=2)
+    governor = DraftGovernor(config)
+    for _ in range(4):
+        governor.record(8, 0)  # off
+    assert [governor.budget() for _ in range(3)] == [0, 0, 2]
+    governor.return_probe()
+    assert governor.peek_budget() == 2 and governor.budget() == 2
+    governor.record(2, 0)  # verified: spent
+    governor.return_probe()  # nothing to give back now
+    assert [governor.budget() for _ in range(3)] == [0, 0, 2]
+    governor.return_probe()
+    governor.return_probe()  # only the last grant can go back
+    assert [governor.budget() for _ in range(3)] == [2, 0, 0]

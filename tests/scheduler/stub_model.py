@@ -20,9 +20,13 @@ class StubModel:
     """``period`` None: next token = (sum of visible tokens) % 250 + 1. ``period`` K: next token = the
     token K-1 positions back, so the reply repeats the last K tokens of the prompt over and over."""
 
-    def __init__(self, period: int | None = None):
+    def __init__(self, period: int | None = None, copy_from: int = 0, sum_mod: int = 250):
         self.poison: int | None = None
+        # sum_mod < 250: the sum rule also mixes in the square of the query's position and answers in 1..sum_mod,
+        # so its tokens recur (n-gram matches) but never settle into a cycle (the drafts fail)
+        self.sum_mod = sum_mod
         self.period = period
+        self.copy_from = copy_from  # with a period: queries seeing fewer tokens than this use the sum rule
         self.forward_calls = 0
 
     def __call__(self, inputs: mx.array, cache=None) -> mx.array:
@@ -44,12 +48,16 @@ class StubModel:
         else:
             visible = mx.broadcast_to(mask, (batch, 1, length, total_len))
         sums = (visible.astype(mx.float32) * values[:, :, None, :, 0]).sum(axis=-1)[:, 0]  # [B, T]
-        nxt = (sums.astype(mx.int32) % 250) + 1
+        nxt = sums.astype(mx.int32)
+        if self.sum_mod < 250:
+            position = visible[:, 0].astype(mx.int32).sum(axis=-1)
+            nxt = nxt + position * position
+        nxt = (nxt % self.sum_mod) + 1
         if self.period is not None:
             seen = visible[:, 0].astype(mx.int32).sum(axis=-1)  # [B, T]: tokens visible to each query
             back = mx.maximum(seen - self.period, 0)
             copied = mx.take_along_axis(values[:, 0, :, 0], back, axis=-1).astype(mx.int32)  # [B, T]
-            nxt = mx.where(seen >= self.period, copied, nxt)
+            nxt = mx.where((seen >= self.period) & (seen >= self.copy_from), copied, nxt)
         return mx.where(mx.arange(VOCAB)[None, None, :] == nxt[..., None], 10.0, 0.0)
 
 
@@ -70,6 +78,6 @@ def as_text(tokens: list[int]) -> str:
     return "".join(chr(t) for t in tokens)
 
 
-def stub_loaded(eos: int = EOS, period: int | None = None) -> LoadedModel:
-    return LoadedModel(model=StubModel(period), tokenizer=None, path="<stub>", model_type="stub", n_layers=1,
+def stub_loaded(eos: int = EOS, period: int | None = None, copy_from: int = 0, sum_mod: int = 250) -> LoadedModel:
+    return LoadedModel(model=StubModel(period, copy_from, sum_mod), tokenizer=None, path="<stub>", model_type="stub", n_layers=1,
                        vocab_size=VOCAB, eos_token_ids=frozenset({eos}), context_length=4096)

@@ -235,3 +235,28 @@ def test_a_logprobs_row_keeps_its_logprobs_beside_a_verifying_row():
         events = [e for e in out.events["lp"] if isinstance(e, TokenEvent)]
         assert all(e.logprobs is not None and len(e.logprobs) == len(e.tokens) for e in events)
         assert len(out.streamed_tokens("lp")) == 40
+
+
+def test_a_governor_that_turned_off_recovers_when_its_row_starts_copying():
+    """In the batched scheduler, beside a plain row: the stub first answers with the sum rule (drafts fail,
+    the governor turns off), then from context position ``copy_from`` on it copies; the governor's probes
+    (never declined as short, offered again when a pipelined pass retracted them) verify, accept, and turn
+    it back on. Output equals plain decode."""
+    prompt = REPEATING * 3
+    copy_from = len(prompt) + 70
+    loaded = stub_loaded(period=6, copy_from=copy_from, sum_mod=13)  # the sum rule's tokens recur: drafts, failing
+    config = PromptLookupConfig(probe_interval=4)
+    scheduler, records = make(loaded, config, prompt_lookup_max_batch=4)
+    out = Collector()
+    scheduler.submit(Request("pl", prompt, max_tokens=200, speculative=SpeculativeRequest(True)), out.sink("pl"))
+    scheduler.submit(Request("plain", PLAIN, max_tokens=200, speculative=SpeculativeRequest(False)), out.sink("plain"))
+    scheduler.run_until_idle()
+    plain, _, _ = run_one(loaded, prompt, 200, enabled=False)
+    assert out.done("pl").tokens == plain.tokens
+    verifies = [x for r in records for x in r.rows if x.request_id == "pl" and x.action == "verify"]
+    failing = [i for i, x in enumerate(verifies) if x.accepted == 0]
+    assert len(failing) >= 4, "the drafts never failed while the row did not copy"
+    probes = [x for x in verifies[failing[-1]:] if x.drafted == config.probe_budget]
+    assert probes, "no probe after the governor turned off"
+    recovered = [x for x in verifies[failing[-1]:] if x.accepted >= 6]
+    assert recovered, "no full-size accepted run after the probes: the governor never came back on"
