@@ -17,10 +17,10 @@ writes results.json (with every request sample), results.md and PNG plots. Exit 
 session whose turns resend the whole history (system message, the notes, every reply and question so far);
 a second table shows TTFT per turn, prompt and cached tokens. Turn 1 is about ``--prompt-tokens`` tokens
 and each later turn adds up to ``--max-tokens`` + ~20; ``--prompt-tokens 1000 --max-tokens 150
---ignore-eos`` gives about 1.5K tokens of history at turn 4. ``--no-cache-prompt`` sends
-``cache_prompt: false`` (llama-server's and mlxd's switch for their prompt cache) with every request;
-``--target-no-cache-prompt NAME`` with that target's only, so one server can be measured with and without
-its cache in one run (two ``--target`` names on the same URL).
+--ignore-eos`` gives about 1.5K estimated tokens of history at turn 4 (SmolLM2 counts ~15% fewer:
+use 1200). ``--no-cache-prompt`` sends ``cache_prompt: false`` (llama-server's and mlxd's switch for
+their prompt cache) with every request; ``--target-no-cache-prompt NAME`` with that target's only, so one
+server can be measured with and without its cache in one run (two ``--target`` names on the same URL).
 """
 
 from __future__ import annotations
