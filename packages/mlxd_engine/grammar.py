@@ -99,13 +99,12 @@ class Grammar:
     definition: str  # llguidance's grammar (JSON text)
     tokenizer: object  # llguidance.LLTokenizer of the model
     vocab_size: int  # the logits' width
-    eos_ids: frozenset[int]
 
     def start(self) -> GrammarStage:
         import llguidance
 
         matcher = llguidance.LLMatcher(self.tokenizer, self.definition, log_level=0)
-        return GrammarStage(matcher, self.vocab_size, self.eos_ids)
+        return GrammarStage(matcher, self.vocab_size)
 
 
 def compile_grammar(loaded, kind: str, text: str | None = None) -> Grammar:
@@ -132,16 +131,15 @@ def compile_grammar(loaded, kind: str, text: str | None = None) -> Grammar:
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(definition, tokenizer)
     if is_error:
         raise GrammarError(messages[0] if messages else "the grammar is invalid")
-    return Grammar(kind, definition, tokenizer, loaded.vocab_size, frozenset(loaded.eos_token_ids))
+    return Grammar(kind, definition, tokenizer, loaded.vocab_size)
 
 
 class GrammarStage:
     """One row's grammar state: a matcher kept in step with the row's output (see the module docstring)."""
 
-    def __init__(self, matcher, vocab_size: int, eos_ids: frozenset[int]):
+    def __init__(self, matcher, vocab_size: int):
         self.matcher = matcher
         self.vocab_size = vocab_size
-        self.eos_ids = eos_ids
         self.consumed: list[int] = []  # output tokens the matcher has taken, in order
         self._tokens: list[int] | None = None  # the row's tokens (prompt + output), shared with its Sequence
         self._start = 0  # where the output begins in them
@@ -189,17 +187,6 @@ class GrammarStage:
         """The longest prefix of ``proposal`` the grammar allows after the output (matcher left as it was)."""
         self._sync(self.output)
         return list(proposal[: self.matcher.validate_tokens(list(proposal))])
-
-    def is_complete(self) -> bool:
-        """True when the output so far satisfies the grammar and nothing but end-of-sequence may follow
-        (max_tokens reached there is a complete value, not a truncated one)."""
-        self._sync(self.output)
-        if self.matcher.is_stopped():
-            return True
-        if not self.matcher.is_accepting():
-            return False
-        allowed = np.flatnonzero(self._mask_bits())
-        return all(int(token) in self.eos_ids for token in allowed)
 
     def _mask_bits(self) -> np.ndarray:
         self.matcher.unsafe_compute_mask_ptr(self._bitmask.ctypes.data, self._bitmask.nbytes)
