@@ -7,7 +7,7 @@ scheduler and the drafters; its engine is a ``Leader``, which forwards every cal
 tells the other ranks what to replay. A follower (``follow``) runs no scheduler: it replays the plan.
 
 The plan travels as msgpack bytes broadcast by rank 0 with ``all_sum`` (the followers add zeros), one
-broadcast per forward (``prefill``, ``submit_step``, ``verify``, an unwind that forwards recurrent state
+broadcast per forward (``prefill``, ``submit_step``, ``verify_rows``, an unwind that forwards recurrent state
 again) carrying the operations queued since the last one: admissions, releases, commits, unwinds, step
 reads, and the tokens rank 0 appended to each row since it last said. Every rank then runs the same
 forward on its shard; the model's own collectives keep the ranks in step. Sampling happens once, on
@@ -47,6 +47,8 @@ BACKENDS = ("any", "ring", "jaccl", "mpi", "nccl")
 PLAN_BYTES = 4096  # the first broadcast of a plan; a longer plan sends its remainder in a second one
 HEARTBEAT_S = 1.0  # an idle rank 0 checks the group this often
 KEEP_HANDLES = 64  # followers forget step handles rank 0 never read after this many newer ones
+# engine methods that only read (the scheduler's admission checks); every other method must be mirrored
+LOCAL_METHODS = frozenset({"fits", "can_admit"})
 GRACE_S = 1.5  # a lost group: how long the main thread has to answer the clients before the watch does
 
 
@@ -140,7 +142,11 @@ class Leader:
         self.settled = threading.Event()  # the main thread has answered them and closed the daemon
 
     def __getattr__(self, name):
-        return getattr(self.engine, name)
+        value = getattr(self.engine, name)
+        if callable(value) and name not in LOCAL_METHODS:
+            # a new engine operation might forward or change rows: run unmirrored, the ranks would part
+            raise AttributeError(f"Engine.{name} is not mirrored across the ranks of a group (distributed.Leader)")
+        return value
 
     def group_summary(self) -> dict:
         return {**self.info.summary(), "lost": self.lost}
@@ -271,9 +277,11 @@ class Leader:
         return self.read_step(self.submit_step(rows))
 
     def verify(self, seq, tokens):
-        self._broadcast(["verify", seq.seq_id, list(tokens)])
-        logits = self._guarded(self.engine.verify, seq, tokens)
-        return logits
+        return self.verify_rows([seq], [tokens])[0]
+
+    def verify_rows(self, rows, token_lists):
+        self._broadcast(["verify", [seq.seq_id for seq in rows], [list(tokens) for tokens in token_lists]])
+        return self._guarded(self.engine.verify_rows, rows, token_lists)
 
 
 class Follower:
@@ -359,8 +367,8 @@ class Follower:
         while len(self.handles) > KEEP_HANDLES:
             self.handles.popitem(last=False)
 
-    def _verify(self, seq_id, tokens):
-        mx.eval(self.engine.verify(self.rows[seq_id], tokens))
+    def _verify(self, seq_ids, token_lists):
+        mx.eval(self.engine.verify_rows([self.rows[i] for i in seq_ids], token_lists))
 
 
 def fixed_step_settings():

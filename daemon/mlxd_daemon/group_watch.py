@@ -37,7 +37,7 @@ def _established() -> set[tuple]:
             if c.status == psutil.CONN_ESTABLISHED and c.raddr}
 
 
-LOAD_GRACE_S = 1.0  # a rank refusing the model exits at once; the others get this long to say why too
+LOAD_GRACE_S = 3.0  # a rank refusing the model exits at once; the others get this long to say why too
 
 
 def _exit_now(reason: str) -> None:

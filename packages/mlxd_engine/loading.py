@@ -115,6 +115,10 @@ def load(model: str | Path | None = None, cpu_weight_budget: int | None = None,
         raise
     args = getattr(module, "args", None)
     model_type = str(config_value(config, args, "model_type") or getattr(module, "model_type", "unknown"))
+    if distributed is not None:
+        from .sharding import check_shardable
+
+        check_shardable(module, distributed[0], distributed[1].size(), model_type, config)  # before heavy work
     weights = apply_cpu_weight_rule(module, cpu_weight_budget)  # before sharding: it knows mlx's own layers
     if distributed is not None:
         import mlx.core as mx

@@ -50,9 +50,19 @@ def shard_model(module: Any, mode: str, group: Any, model_type: str, config: dic
     Raises:
         ModelLoadError: the model has no such mode, or its shapes do not split over this many ranks.
     """
+    check_shardable(module, mode, group.size(), model_type, config)
+    if mode == "tensor":
+        module.shard(group)
+    else:
+        module.model.pipeline(group)
+        _tie_pipeline_sends(module.model)
+
+
+def check_shardable(module: Any, mode: str, size: int, model_type: str, config: dict | None = None) -> None:
+    """Raise ``ModelLoadError`` unless ``shard_model`` can split ``module`` over ``size`` ranks. Cheap (no
+    weights are read): every rank refuses a model at once, before any of them does heavy work."""
     if mode not in MODES:
         raise ModelLoadError(f"unknown distributed mode {mode!r} (expected {' or '.join(MODES)})")
-    size = group.size()
     modes = supported_modes(module)
     if mode not in modes:
         method = "model.shard(group)" if mode == "tensor" else "model.model.pipeline(group)"
@@ -66,13 +76,9 @@ def shard_model(module: Any, mode: str, group: Any, model_type: str, config: dic
             if isinstance(count, int) and count % size:
                 raise ModelLoadError(f"model type {model_type!r}: {field}={count} does not split over {size} ranks "
                                      f"for tensor parallel (use a rank count that divides it)")
-        module.shard(group)
-    else:
-        layers = len(module.model.layers)
-        if layers < size:
-            raise ModelLoadError(f"model type {model_type!r}: {layers} layers cannot be split over {size} ranks")
-        module.model.pipeline(group)
-        _tie_pipeline_sends(module.model)
+    elif len(module.model.layers) < size:
+        raise ModelLoadError(f"model type {model_type!r}: {len(module.model.layers)} layers cannot be split over "
+                             f"{size} ranks")
 
 
 class _SendTie:

@@ -86,12 +86,16 @@ class Group:
             p.wait()
 
 
-def _generate(endpoint: str, prompt: str, max_tokens: int, prompt_lookup: bool) -> list[int]:
+def _done(endpoint: str, prompt: str, max_tokens: int, prompt_lookup: bool):
     request = Generate(id=uuid.uuid4().hex, prompt=prompt, max_tokens=max_tokens, stream=False,
                        speculative=Speculative(kind="prompt-lookup" if prompt_lookup else "none"))
     with Client(endpoint, timeout_s=120.0) as client:
         (done,) = list(client.generate(request))
-    return list(done.tokens)
+    return done
+
+
+def _generate(endpoint: str, prompt: str, max_tokens: int, prompt_lookup: bool) -> list[int]:
+    return list(_done(endpoint, prompt, max_tokens, prompt_lookup).tokens)
 
 
 def _outputs(endpoint: str, prompts: list[str], max_tokens: int, at_once: bool = True) -> dict:
@@ -159,7 +163,8 @@ def test_distributed_without_a_group_is_refused():
 @pytest.mark.slow
 def test_tensor_parallel_through_mlx_launch_equals_one_process():
     """The documented launch: outputs equal, status shows the group, ``mlxd stop`` ends every rank."""
-    args = ["-m", "embedded", "--max-kv-size", "2048"]
+    # every row may draft however many decode (the verify gate would keep a batch of 6 from drafting)
+    args = ["-m", "embedded", "--max-kv-size", "2048", "--prompt-lookup-max-batch", "8"]
     expected = _single_process(args, PROMPTS, 48)
     endpoint = private_endpoint("l")
     launch = subprocess.Popen([str(Path(sys.executable).parent / "mlx.launch"), "--backend", "ring", "--hosts",
@@ -170,6 +175,8 @@ def test_tensor_parallel_through_mlx_launch_equals_one_process():
         line = launch.stdout.readline()
         assert line.startswith("mlxd ready"), (line, launch.stderr.read()[-3000:] if launch.poll() is not None else "")
         assert _outputs(endpoint, PROMPTS, 48) == expected
+        copied = _done(endpoint, COPY, 48, True)
+        assert copied.timings["draft_n_accepted"] > 0 and list(copied.tokens) == expected[(COPY, True)]
         status = subprocess.run([*MLXD, "status", "--endpoint", endpoint, "--json"], capture_output=True, text=True,
                                 timeout=30, env=ENV)
         group = json.loads(status.stdout)["options"]["group"]
