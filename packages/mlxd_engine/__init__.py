@@ -16,7 +16,7 @@ from .kv_storage import KVStorageFull, SlotKVStorage
 from .loading import LoadedModel, ModelLoadError, embedded_model_path, load
 from .memory import memory_usage, release_cached_memory
 from .sampling import SamplerChain, SamplingParams
-from .verify_round import RoundOutcome, verify_round
+from .verify_round import RoundOutcome, verify_round, verify_rows
 
 __all__ = [
     "EMBEDDED_ALIASES", "GGUFError", "WeightForm", "apply_cpu_weight_rule", "cached_conversion", "convert_gguf",
@@ -25,5 +25,5 @@ __all__ = [
     "Eligibility", "Emitted", "Engine", "KVStorage", "KVStorageFull", "LoadedModel", "ModelLoadError",
     "RoundOutcome", "STORAGE_BACKENDS", "SamplerChain", "SamplingParams", "Sequence", "SlotKVStorage", "StepHandle",
     "at_kv_bound", "embedded_model_path", "kv_bytes_per_token", "kv_room", "load", "make_kv_storage",
-    "memory_usage", "prompt_lookup_eligibility", "release_cached_memory", "verify_round",
+    "memory_usage", "prompt_lookup_eligibility", "release_cached_memory", "verify_round", "verify_rows",
 ]

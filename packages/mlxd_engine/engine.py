@@ -354,9 +354,18 @@ class Engine:
 
         The appends stay pending until the caller commits the accepted prefix and unwinds the rest.
         """
-        if seq.kv.written != len(seq.tokens) - 1 or tokens[0] != seq.tokens[-1]:
-            raise ValueError("verify starts at the sequence's current token, with nothing pending")
-        return self._forward([seq], mx.array([tokens]))[0]
+        return self.verify_rows([seq], [tokens])[0]
+
+    def verify_rows(self, rows: list[Sequence], token_lists: list[list[int]]) -> mx.array:
+        """One forward of several rows' current token + proposal, each padded to the longest after its real
+        tokens (with its current token: any id would do, the causal mask hides the padding from every
+        real position). Returns logits [B, T, V]; every row has T pending appends."""
+        for seq, tokens in zip(rows, token_lists):
+            if seq.kv.written != len(seq.tokens) - 1 or tokens[0] != seq.tokens[-1]:
+                raise ValueError("verify starts at the sequence's current token, with nothing pending")
+        width = max(len(tokens) for tokens in token_lists)
+        padded = [tokens + [tokens[0]] * (width - len(tokens)) for tokens in token_lists]
+        return self._forward(rows, mx.array(padded))
 
     # -- settling appends ----------------------------------------------------------------------
     def commit_appends(self, seq: Sequence, n: int) -> None:

@@ -1,7 +1,9 @@
 """The shared verify round: check a proposal with one multi-token forward, keep what the target agrees with.
 
 Contract: every caller that speculates (the scheduler's prompt-lookup arm, the single-sequence reference
-loop) runs this one function; there is no second copy. Given a sequence whose current token (its last) is not yet in storage and a proposal of
+loop) runs this one implementation, ``verify_rows`` (``verify_round`` is its one-row form); there is no
+second copy. ``verify_rows`` checks several rows' proposals, each its own length, in one forward.
+Given a sequence whose current token (its last) is not yet in storage and a proposal of
 draft tokens, the round
 
 1. truncates the proposal so the round cannot pass ``max_new_tokens``, the KV bound or the most tokens
@@ -67,18 +69,58 @@ def verify_round(
     Returns:
         The round's outcome; the sequence's tokens and storage are already updated.
     """
-    if max_new_tokens < 1:
+    return verify_rows(engine, [seq], [proposal], [max_new_tokens], [should_stop])[0]
+
+
+def verify_rows(
+    engine: Engine,
+    rows: list[Sequence],
+    proposals: list[list[int]],
+    max_new_tokens: list[int],
+    should_stop: list[Callable[[int], bool] | None] | None = None,
+) -> list[RoundOutcome]:
+    """One verify round for every row in one forward: each row's current token and its own proposal
+    (any length, 0 included), the shorter ones padded after their real tokens (a causal mask keeps every
+    real position from seeing the padding, and the padding's appends are unwound with the rejected
+    drafts). Each row is accepted through its own sampler chain and settled by its own amount.
+
+    Args are per row, as ``verify_round``'s. Returns the rows' outcomes in order."""
+    if any(n < 1 for n in max_new_tokens):
         raise ValueError("max_new_tokens must be >= 1")
+    stops = should_stop or [None] * len(rows)
+    proposals = [_fit(engine, seq, proposal, n) for seq, proposal, n in zip(rows, proposals, max_new_tokens)]
+    width = 1 + max(len(p) for p in proposals)
+    if len(rows) > 1 and any(kv_room(seq) < width for seq in rows):
+        # a row near its KV bound cannot take the padding: every row gets its own forward
+        return [verify_rows(engine, [seq], [p], [n], [stop])[0]
+                for seq, p, n, stop in zip(rows, proposals, max_new_tokens, stops)]
+    logits = engine.verify_rows(rows, [[seq.tokens[-1]] + proposal for seq, proposal in zip(rows, proposals)])
+    greedy = [seq.chain.params.is_greedy and not seq.chain.processors for seq in rows]
+    argmax = mx.argmax(logits, axis=-1).tolist() if any(greedy) else None  # one read for every greedy row
+    outcomes = []
+    for i, (seq, proposal) in enumerate(zip(rows, proposals)):
+        k = len(proposal)
+        sampled = argmax[i][: k + 1] if greedy[i] else _sample_positions(seq, logits[i, : k + 1], proposal)
+        outcomes.append(_settle(engine, seq, proposal, sampled, width, max_new_tokens[i], stops[i]))
+    return outcomes
+
+
+def _fit(engine: Engine, seq: Sequence, proposal: list[int], max_new_tokens: int) -> list[int]:
+    """The proposal cut so the round cannot pass max_new_tokens, the KV bound, a ring's slack or the
+    row's grammar."""
     room = kv_room(seq)  # positions left for [current] + drafts
     if engine.max_forward_tokens is not None:  # a sliding-window ring bounds one forward's appends
         room = min(room, engine.max_forward_tokens)
     proposal = list(proposal[: max(0, min(max_new_tokens - 1, room - 1))])
     if seq.chain.grammar is not None:  # cut at the first draft token the grammar forbids (grammar.py)
         proposal = seq.chain.grammar.allowed_prefix(proposal)
-    k = len(proposal)
-    logits = engine.verify(seq, [seq.tokens[-1]] + proposal)  # [k+1, V]
-    sampled = _sample_positions(seq, logits, proposal)
+    return proposal
 
+
+def _settle(engine: Engine, seq: Sequence, proposal: list[int], sampled: list[int], fed: int,
+            max_new_tokens: int, should_stop: Callable[[int], bool] | None) -> RoundOutcome:
+    """Emit the accepted drafts and the target's token; commit what storage keeps of the ``fed`` appends."""
+    k = len(proposal)
     emitted: list[int] = []
     outcomes: list[str] = []
     finish_reason = None
@@ -96,7 +138,7 @@ def verify_round(
     keep = len(emitted)
     seq.tokens.extend(emitted)  # first: an unwind of recurrent state forwards the kept tokens again
     engine.commit_appends(seq, keep)
-    engine.unwind_appends(seq, k + 1 - keep)
+    engine.unwind_appends(seq, fed - keep)  # rejected drafts and padding
     if finish_reason is None and (len(emitted) >= max_new_tokens or at_kv_bound(seq)):
         finish_reason = "length"
     return RoundOutcome(emitted, outcomes, k, accepted, finish_reason)

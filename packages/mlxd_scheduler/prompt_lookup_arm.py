@@ -22,8 +22,9 @@ The tick, in the order the rules are applied:
    Ticks where the gate holds every drafter back chain ``steps`` at once.
 4. Some row proposes: no prime is submitted; step n is read and committed (tokens to the finish step),
    the proposals made before it are retracted (they predate its token), and the tick goes on
-   synchronously: rows that propose on their now-current tokens run one verify round each, every other
-   row takes one batched step.
+   synchronously: the rows that propose on their now-current tokens run their verify rounds together, in
+   one forward (``verify_rows``: each row its own draft length, the shorter padded), and every other row
+   takes one batched step.
 5. From a synchronous state, a tick re-primes (submits a lookahead step and returns) only when no row
    proposes and every prompt-lookup row's ``pipelines_plain_rounds()`` is true (or its proposal was
    just declined by rule 6); otherwise it stays synchronous with one batched step.
@@ -37,8 +38,8 @@ The tick, in the order the rules are applied:
 7. Structured output: a row with a grammar never pipelines (its mask needs its last token read), and
    its proposal is cut at the first token the grammar forbids (the verify round cuts it, and masks
    every position); a proposal whose first token is forbidden is retracted (no round, no miss).
-A verify forward that fails fails only its row: the round's appends are unwound and the row finishes
-with an error; the other rows go on.
+A verify forward that fails fails only its row: a failed batched forward is unwound and retried row by
+row; a row whose own forward fails finishes with an error; the other rows go on.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from mlxd_engine import Engine, verify_round
+from mlxd_engine import Engine, verify_round, verify_rows
 
 from .decode import DecodeLoop
 from .request import RequestState
@@ -139,8 +140,8 @@ class PromptLookupArm:
                      batch: int) -> None:
         governor_off = {id(s) for s in drafting if s.drafter.governor.peek_budget() == 0}
         proposals, declined_short = self._propose(drafting, record, batch)
-        for state, proposal in proposals.items():
-            self._verify(state, proposal, record)
+        if proposals:
+            self._verify_all(proposals, record)
         rest = [s for s in rows if s not in proposals and s.phase == "decode"]
         if not rest:
             return
@@ -154,19 +155,47 @@ class PromptLookupArm:
             self.fail(state, error, record)
         self.emit_decoded(emitted, record, details)
 
-    def _verify(self, state: RequestState, proposal: list[int], record: TickRecord) -> None:
-        remaining = state.request.max_tokens - state.emitted
+    def _verify_all(self, proposals: dict[RequestState, list[int]], record: TickRecord) -> None:
+        """Every proposing row's verify round in one forward (``verify_rows``); if that forward fails, each
+        row is retried alone, so a failure fails only its own row."""
+        states = list(proposals)
         try:
             # EOS, max_tokens and the KV bound are cut inside the round; a stop string is found by the
             # finish step below, which ends the row at that token (the row's slot is then released)
-            outcome = verify_round(self.engine, state.seq, proposal, max(remaining, 1))
-        except Exception as error:  # noqa: BLE001 - a failed verify fails only this row
-            seq = state.seq
-            if seq.kv.pending:
-                self.engine.unwind_appends(seq, seq.kv.pending)
-            state.drafter.retract_draft()
-            self.fail(state, f"verify failed: {type(error).__name__}: {error}", record)
+            outcomes = verify_rows(self.engine, [s.seq for s in states], [proposals[s] for s in states],
+                                   [max(s.request.max_tokens - s.emitted, 1) for s in states])
+        except Exception as error:  # noqa: BLE001 - retried row by row below
+            if len(states) == 1:
+                self._verify_failed(states[0], error, record)
+                return
+            log.warning("batched verify of %d rows failed (%s); verifying them one by one", len(states), error)
+            for state in states:
+                if state.seq.kv.pending:
+                    self.engine.unwind_appends(state.seq, state.seq.kv.pending)
+            for state in states:
+                self._verify(state, proposals[state], record)
             return
+        for state, outcome in zip(states, outcomes):
+            self._record(state, outcome, record)
+
+    def _verify_failed(self, state: RequestState, error: Exception, record: TickRecord) -> None:
+        seq = state.seq
+        if seq.kv.pending:
+            self.engine.unwind_appends(seq, seq.kv.pending)
+        state.drafter.retract_draft()
+        self.fail(state, f"verify failed: {type(error).__name__}: {error}", record)
+
+    def _verify(self, state: RequestState, proposal: list[int], record: TickRecord) -> None:
+        """One row's verify round alone (the fallback after a failed batched forward)."""
+        try:
+            outcome = verify_round(self.engine, state.seq, proposal, max(state.request.max_tokens - state.emitted, 1))
+        except Exception as error:  # noqa: BLE001 - a failed verify fails only this row
+            self._verify_failed(state, error, record)
+            return
+        self._record(state, outcome, record)
+
+    def _record(self, state: RequestState, outcome, record: TickRecord) -> None:
+        """A verify round's outcome: the drafter's governor, the row's timings, the trace, the finish step."""
         self.counters["verify_rounds"] += 1
         state.drafter.accept_verified_tokens(outcome.drafted, outcome.accepted)
         state.timings.draft_n += outcome.drafted

@@ -129,14 +129,14 @@ def test_verify_failure_fails_only_that_row():
     out = Collector()
     scheduler.submit(Request("bad", REPEATING, max_tokens=40), out.sink("bad"))
     scheduler.submit(Request("good", PLAIN, max_tokens=40, speculative=SpeculativeRequest(False)), out.sink("good"))
-    real_verify = scheduler.engine.verify
+    real_verify = scheduler.engine.verify_rows
 
-    def failing_verify(seq, tokens):
-        if seq is scheduler.by_id["bad"].seq:
+    def failing_verify(rows, token_lists):
+        if any(seq is scheduler.by_id["bad"].seq for seq in rows):
             raise RuntimeError("injected verify failure")
-        return real_verify(seq, tokens)
+        return real_verify(rows, token_lists)
 
-    scheduler.engine.verify = failing_verify
+    scheduler.engine.verify_rows = failing_verify
     scheduler.run_until_idle()
     assert out.done("bad").finish_reason == "error" and "injected" in out.done("bad").error
     solo, _, _ = run_one(loaded, PLAIN, 40, enabled=False)
@@ -260,3 +260,24 @@ def test_a_governor_that_turned_off_recovers_when_its_row_starts_copying():
     assert probes, "no probe after the governor turned off"
     recovered = [x for x in verifies[failing[-1]:] if x.accepted >= 6]
     assert recovered, "no full-size accepted run after the probes: the governor never came back on"
+
+
+def test_proposing_rows_verify_together_in_one_forward():
+    """Two copying rows at different positions: a tick where both verify runs one forward for both
+    (verify_rows), and each row's output equals it decoded alone."""
+    loaded = stub_loaded(period=6)
+    scheduler, records = make(loaded, prompt_lookup_max_batch=4)
+    out = Collector()
+    scheduler.submit(Request("a", REPEATING, max_tokens=60), out.sink("a"))
+    scheduler.submit(Request("b", REPEATING[2:] + REPEATING, max_tokens=60), out.sink("b"))
+    forwards = []
+    while scheduler.has_work:
+        before = loaded.model.forward_calls
+        record = scheduler.tick()
+        if record is not None:
+            forwards.append((record, loaded.model.forward_calls - before))
+    both = [n for record, n in forwards if {x.request_id for x in record.rows if x.action == "verify"} == {"a", "b"}]
+    assert both and all(n == 1 for n in both), both
+    for name, prompt in (("a", REPEATING), ("b", REPEATING[2:] + REPEATING)):
+        alone, _, _ = run_one(loaded, prompt, 60, enabled=False)
+        assert out.done(name).tokens == alone.tokens
