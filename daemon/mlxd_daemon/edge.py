@@ -121,8 +121,13 @@ def to_request(loaded: LoadedModel, message: Generate, internal_id: str, default
             max_draft=message.speculative.max_draft,
         )
     text = TextStream(loaded.new_detokenizer(), list(message.stop))
+    prediction = None
+    if message.prediction:
+        if len(message.prediction) > MAX_CHARS_PER_TOKEN * loaded.context_length:
+            raise ProtocolError(INVALID, "prediction: longer than the model's context could ever use")
+        prediction = list(loaded.tokenizer.encode(message.prediction, add_special_tokens=False))
     return Request(internal_id, tokens, params, message.max_tokens, text, speculative, ignore_eos=message.ignore_eos,
-                   cache_prompt=message.cache_prompt)
+                   cache_prompt=message.cache_prompt, prediction=prediction)
 
 
 def tool_call_splitter(loaded: LoadedModel, message: Generate) -> ToolCallSplitter | None:

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from mlxd_drafters.config import PromptLookupConfig
 from mlxd_drafters.governor import DraftGovernor
 from mlxd_drafters.ngram_index import NgramIndex
+from mlxd_drafters.prediction import PredictionSource
 
 
 @dataclass
@@ -96,8 +97,11 @@ class PromptLookupDrafter:
         config: Drafting configuration; defaults to ``PromptLookupConfig()``.
     """
 
-    def __init__(self, config: PromptLookupConfig | None = None) -> None:
+    def __init__(self, config: PromptLookupConfig | None = None, prediction: list[int] | None = None) -> None:
         self._config = config if config is not None else PromptLookupConfig()
+        # a predicted output (OpenAI's ``prediction``): looked up first, the context after it
+        self.prediction = (PredictionSource(prediction, self._config.min_ngram, self._config.max_ngram)
+                           if prediction else None)
         self._index = NgramIndex(self._config.min_ngram, self._config.max_ngram)
         # Observed tokens wait here until the index is next read: a row the verify gate holds back
         # observes every token it decodes and may never propose. Measured in-process (embedded model, 4
@@ -167,7 +171,12 @@ class PromptLookupDrafter:
         budget = min(self._governor.budget(), self._config.max_draft)
         if budget <= 0:
             return []
-        proposal = self._indexed().propose(budget)
+        index = self._indexed()
+        proposal = []
+        if self.prediction is not None:
+            proposal = self.prediction.propose(index.tokens[-self._config.max_ngram :], budget)
+        if not proposal:
+            proposal = index.propose(budget)
         if proposal:
             self._stats.proposals += 1
             self._stats.drafted_tokens += len(proposal)
@@ -187,6 +196,8 @@ class PromptLookupDrafter:
         if self._outstanding is None:
             return
         self._governor.return_probe()
+        if self.prediction is not None:
+            self.prediction.last_proposal_from_prediction = False
         self._stats.proposals -= 1
         self._stats.drafted_tokens -= len(self._outstanding)
         self._stats.retracted += 1
@@ -216,6 +227,8 @@ class PromptLookupDrafter:
         if n_accepted == 0:
             self._stats.misses += 1
         self._governor.record(n_drafted, n_accepted)
+        if self.prediction is not None:
+            self.prediction.record(n_accepted)
         self._outstanding = None
 
     def pipelines_plain_rounds(self) -> bool:
@@ -233,6 +246,8 @@ class PromptLookupDrafter:
         Returns:
             True if the next round is unlikely to carry a proposal.
         """
+        if self.prediction is not None and self._governor.peek_budget() > 0:
+            return False  # a predicted reply is expected to match nearly everywhere
         if self._governor.peek_budget() <= 0:
             return True
         return not self._indexed().has_match()

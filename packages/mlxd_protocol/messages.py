@@ -210,6 +210,9 @@ class Generate(Message):
     # reuse the longest cached prefix of the prompt, and leave prompt + output in the daemon's prefix cache
     # when done (llama-server's name); False: neither, the prompt is prefilled whole
     cache_prompt: bool = True
+    # a predicted output (OpenAI's "prediction"): text the reply is expected to repeat largely (a file to
+    # edit, say); prompt-lookup drafts come from it first. It never changes the output, only its speed.
+    prediction: str | None = None
     constraint: Constraint | None = None  # structured output: a JSON schema or grammar the output follows
     # Tool calls (chat only): OpenAI-style tool definitions for the chat template; "auto" (the default with
     # tools), "none" (tools are not offered), "required" (exactly one call, enforced by a grammar);

@@ -82,6 +82,11 @@ class Finisher:
         cached = seq.cached_tokens if seq is not None else 0  # prompt tokens the prefix cache gave
         usage = {"prompt_tokens": prompt_n, "completion_tokens": len(tokens), "total_tokens": prompt_n + len(tokens),
                  "cached_tokens": cached}
+        prediction = state.drafter.prediction if state.drafter is not None else None
+        if state.request.prediction:  # OpenAI's names; with no drafter (speculation refused) nothing was accepted
+            accepted = prediction.accepted if prediction is not None else 0
+            usage["accepted_prediction_tokens"] = accepted
+            usage["rejected_prediction_tokens"] = len(state.request.prediction) - accepted
         timings = state.timings.report(prompt_n - cached, len(tokens), cached)
         if reason == "error":
             log.warning("request %s failed: %s", state.request_id, error)

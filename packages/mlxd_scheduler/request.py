@@ -35,6 +35,7 @@ class Request:
     text: TextStream | None = None  # None: no text (token ids only), no stop strings
     speculative: SpeculativeRequest = field(default_factory=SpeculativeRequest)
     ignore_eos: bool = False
+    prediction: list[int] | None = None  # a predicted output's tokens: prompt lookup drafts from them first
     cache_prompt: bool = True  # reuse a cached prefix of the prompt, and leave this one in the cache (llama-server's name)
 
 

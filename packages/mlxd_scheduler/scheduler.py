@@ -248,7 +248,8 @@ class BatchScheduler:
         that asked for prompt lookup may not have it (None otherwise)."""
         wanted = state.request.speculative
         default = self.options.prompt_lookup
-        if wanted.enabled is False or (wanted.enabled is None and default is None):
+        predicted = bool(state.request.prediction)  # a predicted output asks for prompt lookup itself
+        if wanted.enabled is False or (wanted.enabled is None and default is None and not predicted):
             return None
         verdict = prompt_lookup_eligibility(state.request.params, storage_can_unwind=self.engine.can_unwind)
         if not verdict:
@@ -257,7 +258,7 @@ class BatchScheduler:
         config = default or self.options.prompt_lookup_cap
         if wanted.max_draft:
             config = config.with_max_draft(wanted.max_draft)
-        state.drafter = PromptLookupDrafter(config)
+        state.drafter = PromptLookupDrafter(config, prediction=state.request.prediction)
         state.drafter.observe(state.seq.tokens)
         state.timings.speculated = True
         return None

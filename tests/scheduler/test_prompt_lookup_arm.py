@@ -281,3 +281,29 @@ def test_proposing_rows_verify_together_in_one_forward():
     for name, prompt in (("a", REPEATING), ("b", REPEATING[2:] + REPEATING)):
         alone, _, _ = run_one(loaded, prompt, 60, enabled=False)
         assert out.done(name).tokens == alone.tokens
+
+
+def test_a_predicted_output_drafts_first_and_never_changes_the_output(embedded_model):
+    """OpenAI's predicted outputs: the row's drafter looks in the prediction first. With the exact reply as
+    prediction nearly every token is an accepted draft; with one line changed the reply still equals plain
+    decode, and the counts say how much of the prediction was used."""
+    prompt = embedded_model.tokenizer.encode("Once upon a time, in a small village by the sea, there lived")
+    scheduler, _ = make(embedded_model, config=None)
+    out = Collector()
+    scheduler.submit(Request("plain", prompt, max_tokens=48, ignore_eos=True), out.sink("plain"))
+    scheduler.run_until_idle()
+    plain = out.done("plain")
+    edited = list(plain.tokens)
+    edited[20] = (edited[20] + 7) % embedded_model.vocab_size
+    for prediction in (list(plain.tokens), edited):
+        scheduler, records = make(embedded_model, config=None)  # prompt lookup off by default: the prediction asks
+        out = Collector()
+        scheduler.submit(Request("p", prompt, max_tokens=48, prediction=prediction, ignore_eos=True), out.sink("p"))
+        scheduler.run_until_idle()
+        done = out.done("p")
+        assert done.tokens == plain.tokens
+        accepted = done.usage["accepted_prediction_tokens"]
+        assert accepted + done.usage["rejected_prediction_tokens"] == len(prediction)
+        assert accepted >= len(plain.tokens) - 12, done.usage
+        verifies = [x for r in records for x in r.rows if x.action == "verify"]
+        assert len(verifies) < 16

@@ -213,3 +213,17 @@ def test_chat_logprobs_and_system_message(embedded_openai):
     content = reply.choices[0].logprobs.content
     assert len(content) == reply.usage.completion_tokens
     assert all(len(entry.top_logprobs) == 2 and entry.logprob <= 0 for entry in content)
+
+
+def test_predicted_output_changes_nothing_and_is_counted(templated_openai):
+    """OpenAI's prediction: the reply is the same, and usage says how many prediction tokens it took."""
+    messages = [{"role": "user", "content": "Tell me about Lily and her dog."}]
+    plain = templated_openai.chat.completions.create(model="m", messages=messages, max_tokens=40, temperature=0)
+    text = plain.choices[0].message.content
+    predicted = templated_openai.chat.completions.create(
+        model="m", messages=messages, max_tokens=40, temperature=0,
+        extra_body={"prediction": {"type": "content", "content": [{"type": "text", "text": text}]}})
+    assert predicted.choices[0].message.content == text
+    details = predicted.usage.completion_tokens_details
+    assert details.accepted_prediction_tokens > 0
+    assert plain.usage.completion_tokens_details is None

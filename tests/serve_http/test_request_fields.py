@@ -16,7 +16,6 @@ LLAMA = {"prompt": "Once upon a time", "n_predict": 3}
 REFUSED = [
     ("/v1/chat/completions", CHAT, "audio", {"voice": "alloy", "format": "wav"}),
     ("/v1/chat/completions", CHAT, "modalities", ["text", "audio"]),
-    ("/v1/chat/completions", CHAT, "prediction", {"type": "content", "content": "x"}),
     ("/v1/chat/completions", CHAT, "store", True),
     ("/v1/completions", COMPLETION, "web_search_options", {}),
     ("/completion", LLAMA, "mirostat", 2),
@@ -71,3 +70,9 @@ def test_streamed_answer_names_ignored_fields_too(stories_gateway):
         assert response.headers[IGNORED_FIELDS_HEADER] == "my_extension"
         events = sse_events(response.iter_lines())
     assert events[-1] == "[DONE]"
+
+
+@pytest.mark.parametrize("prediction", [{"type": "image", "content": "x"}, {"type": "content"}, "x"])
+def test_a_malformed_prediction_is_a_400(stories_gateway, prediction):
+    response = stories_gateway.client.post("/v1/completions", json={**COMPLETION, "prediction": prediction})
+    assert response.status_code == 400 and "prediction" in response.text

@@ -34,8 +34,8 @@ from .daemon_pool import DaemonHandle, GenerationStream, open_generation
 from .errors import ERROR_RESPONSES, ApiError, NoDaemonAvailable, from_daemon_failure
 from .schemas import (
     MAX_TOKENS_LIMIT, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
-    ChatDelta, ChatMessageOut, Completion, CompletionChoice, CompletionRequest, ModelCard, ModelList,
-    OpenAIGenerationFields, PromptTokensDetails, ToolCallOut, Usage, build_sampling, normalize_stop)
+    ChatDelta, ChatMessageOut, Completion, CompletionChoice, CompletionRequest, CompletionTokensDetails, ModelCard,
+    ModelList, OpenAIGenerationFields, PromptTokensDetails, ToolCallOut, Usage, build_sampling, normalize_stop)
 from .request_fields import (
     OPENAI_NO_EFFECT, OPENAI_UNIMPLEMENTED, check_extra_fields, ignored_fields_header, name_daemon_field)
 from .streaming import SSE_HEADERS, ClosingStreamingResponse, StreamedOutput, collect_generation, sse_body, sse_event
@@ -52,8 +52,12 @@ def usage_of(done: Done) -> Usage:
     usage = done.usage
     prompt, completion = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
     details = PromptTokensDetails(cached_tokens=int(usage.get("cached_tokens", 0)))
+    predicted = None
+    if "accepted_prediction_tokens" in usage:
+        predicted = CompletionTokensDetails(accepted_prediction_tokens=int(usage["accepted_prediction_tokens"]),
+                                            rejected_prediction_tokens=int(usage["rejected_prediction_tokens"]))
     return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
-                 prompt_tokens_details=details)
+                 prompt_tokens_details=details, completion_tokens_details=predicted)
 
 
 def request_builder(body: OpenAIGenerationFields, prompt_fields: dict, max_tokens: int | None,
@@ -81,7 +85,8 @@ def request_builder(body: OpenAIGenerationFields, prompt_fields: dict, max_token
         limit = max_tokens or min(handle.context_bound or FALLBACK_MAX_TOKENS, MAX_TOKENS_LIMIT)
         return Generate(id=new_request_id(), **prompt_fields, chat=chat, max_tokens=limit, stop=stop, stream=True,
                         sampling=build_sampling(overrides, handle.sampling_defaults), speculative=speculative,
-                        constraint=constraint, cache_prompt=body.cache_prompt, **(tool_fields or {}))
+                        constraint=constraint, cache_prompt=body.cache_prompt,
+                        prediction=body.prediction_text(), **(tool_fields or {}))
 
     return make_request
 

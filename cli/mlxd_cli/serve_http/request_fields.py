@@ -2,7 +2,7 @@
 
 Contract:
     * A field that OpenAI or llama-server define and mlxd does not implement (``audio``, ``modalities``
-      with audio, ``prediction``, llama-server's ``mirostat`` > 0, ``n_probs`` > 0, ...) is refused with a
+      with audio, llama-server's ``mirostat`` > 0, ``n_probs`` > 0, ...) is refused with a
       400 naming the field, unless the client sent it at its neutral value (the one that changes nothing:
       ``"mirostat": 0``, ``"typical_p": 1.0``); many llama-server clients send every sampler field at
       its default, and those must keep working.
@@ -50,7 +50,6 @@ def _text_only(value: Any) -> bool:
 OPENAI_UNIMPLEMENTED: dict[str, tuple[Neutral, str]] = {
     "audio": (_is_none, "audio output is not supported"),
     "modalities": (_text_only, 'only ["text"] output is supported'),
-    "prediction": (_is_none, "predicted outputs are not supported (prompt lookup speculation is: see 'speculative')"),
     "web_search_options": (_is_none, "web search is not supported"),
     "reasoning_effort": (_is_none, "reasoning effort is not supported"),
     "verbosity": (_is_none, "verbosity is not supported"),

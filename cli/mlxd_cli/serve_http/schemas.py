@@ -144,6 +144,21 @@ def build_sampling(overrides: dict, daemon_defaults: dict | None) -> Sampling | 
     return Sampling(**merged)
 
 
+class PredictionPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class Prediction(BaseModel):
+    """OpenAI's ``prediction``: ``{"type": "content", "content": "..." | [{"type": "text", "text": "..."}]}``."""
+
+    type: Literal["content"]
+    content: str | list[PredictionPart]
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+
+
 class OpenAIGenerationFields(RequestBody):
     """Fields /v1/chat/completions and /v1/completions share (OpenAI's plus our extensions)."""
 
@@ -167,6 +182,10 @@ class OpenAIGenerationFields(RequestBody):
     speculative: SpeculativeOptions | None = None
     response_format: ResponseFormat | None = None
     cache_prompt: bool = True  # as llama-server's: False bypasses the daemon's prefix cache
+    prediction: Prediction | None = None  # OpenAI's predicted outputs
+
+    def prediction_text(self) -> str | None:
+        return None if self.prediction is None else self.prediction.text()
 
     @field_validator("response_format")
     @classmethod
@@ -432,11 +451,17 @@ class PromptTokensDetails(BaseModel):
     cached_tokens: int = 0  # prompt tokens taken from the prefix cache
 
 
+class CompletionTokensDetails(BaseModel):
+    accepted_prediction_tokens: int = 0  # prediction tokens the reply took (as verified drafts)
+    rejected_prediction_tokens: int = 0  # the prediction's other tokens
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails | None = None
+    completion_tokens_details: CompletionTokensDetails | None = None
 
 
 class ToolCallOut(BaseModel):
