@@ -101,7 +101,8 @@ class PlanChannel:
         parts = [mx.distributed.all_sum(_bytes_array(head.ljust(PLAN_BYTES, b"\0")), group=self.group)]
         if len(payload) > PLAN_BYTES - 4:
             parts.append(mx.distributed.all_sum(_bytes_array(payload[PLAN_BYTES - 4 :]), group=self.group))
-        mx.async_eval(*parts)
+        for part in parts:  # one call each: within one eval MLX may run independent collectives in any order
+            mx.async_eval(part)
         self._last = parts
 
     def receive(self) -> list:

@@ -38,6 +38,7 @@ MLXD = [sys.executable, "-m", "mlxd_daemon"]
 COPY = ("Repeat the following paragraph exactly: The quick brown fox jumps over the lazy dog. "
         "A stitch in time saves nine, and the early bird catches the worm.")
 PROMPTS = [COPY, "Write number 1 story", "Tell me about the sea."]
+LONG = " ".join([COPY] * 40)  # over 1000 tokens: its admission's plan passes the 4 KiB first broadcast
 ENV = dict(os.environ, PYTHONUNBUFFERED="1", MLXD_BLAS_THREADS="1", MLXD_OFFLINE="1")
 
 
@@ -164,8 +165,8 @@ def test_distributed_without_a_group_is_refused():
 def test_tensor_parallel_through_mlx_launch_equals_one_process():
     """The documented launch: outputs equal, status shows the group, ``mlxd stop`` ends every rank."""
     # every row may draft however many decode (the verify gate would keep a batch of 6 from drafting)
-    args = ["-m", "embedded", "--max-kv-size", "2048", "--prompt-lookup-max-batch", "8"]
-    expected = _single_process(args, PROMPTS, 48)
+    args = ["-m", "embedded", "--max-kv-size", "4096", "--prompt-lookup-max-batch", "8"]
+    expected = _single_process(args, PROMPTS + [LONG], 48)
     endpoint = private_endpoint("l")
     launch = subprocess.Popen([str(Path(sys.executable).parent / "mlx.launch"), "--backend", "ring", "--hosts",
                                "127.0.0.1,127.0.0.1", "--starting-port", str(_free_ports(1)[0]), *MLXD,
@@ -174,7 +175,7 @@ def test_tensor_parallel_through_mlx_launch_equals_one_process():
     try:
         line = launch.stdout.readline()
         assert line.startswith("mlxd ready"), (line, launch.stderr.read()[-3000:] if launch.poll() is not None else "")
-        assert _outputs(endpoint, PROMPTS, 48) == expected
+        assert _outputs(endpoint, PROMPTS + [LONG], 48) == expected
         copied = _done(endpoint, COPY, 48, True)
         assert copied.timings["draft_n_accepted"] > 0 and list(copied.tokens) == expected[(COPY, True)]
         status = subprocess.run([*MLXD, "status", "--endpoint", endpoint, "--json"], capture_output=True, text=True,
