@@ -7,6 +7,8 @@ request on an engine without a cache, token for token (greedy), with and without
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from mlxd_engine import Engine
@@ -132,3 +134,29 @@ def test_lru_eviction_budget_and_superseded_entries():
     assert boundary.lookup([1, 2, 3, 9, 9]) == (None, 0)
     assert boundary.lookup([1, 2, 3, 4, 5])[1] == 4
     assert boundary.lookup([1, 2, 3, 4]) == (None, 0)  # nothing would be left to forward
+
+
+SMOLLM2 = Path(__file__).resolve().parents[2].parent / "shared" / "models" / "smollm2-135m-instruct-q4"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SMOLLM2.is_dir(), reason=f"{SMOLLM2} is not present")
+def test_smollm2_chat_second_turn_equals_cold():
+    """SmolLM2-135M-Instruct, a chat's second turn: the first turn's prompt + reply come from the cache,
+    and the reply equals a cold prefill's, with and without prompt lookup."""
+    from mlxd_engine import load
+
+    model = load(str(SMOLLM2))
+    cached = Engine(model, max_sequences=1, prefix_cache_bytes=BUDGET)
+    cold = Engine(model, max_sequences=1)
+    messages = [{"role": "user", "content": "Name three rivers in Europe and say one thing about each."}]
+    first = model.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    reply = _turn(cached, first, 24)
+    messages += [{"role": "assistant", "content": model.tokenizer.decode(reply)},
+                 {"role": "user", "content": "Which of them is the longest?"}]
+    second = model.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    seq = cached.add_sequence(second)
+    assert seq.cached_tokens >= len(first)  # the first prompt at least (the reply as far as it re-tokenizes)
+    cached.release(seq, keep_prefix=False)
+    for lookup in (False, True):
+        assert _turn(cached, second, 24, lookup) == _turn(cold, second, 24, lookup), lookup
