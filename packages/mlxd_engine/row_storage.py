@@ -181,7 +181,9 @@ class RowStorage:
         for i, ring in self.rings.items():
             if ring.keys is not None:
                 snapshot["rings"][i] = (mx.contiguous(ring.keys[row]), mx.contiguous(ring.values[row]))
-        if state.pending == 0:
+        if not self.recurrent:
+            pass  # rings only: their cells hold at the end (the slack covers what is pending)
+        elif state.pending == 0:
             for i, recurrent in self.recurrent.items():
                 snapshot["recurrent"][i] = [None if a is None else mx.contiguous(a[row]) for a in recurrent.arrays]
         else:

@@ -82,3 +82,31 @@ def test_a_failed_request_leaves_nothing_in_the_cache(embedded_model):
     engine.prefill(seq)
     engine.release(seq, keep_prefix=False)  # the finish step passes this for an "error" finish
     assert state_ids == [1] and len(engine.prefix_cache) == 0
+
+
+@pytest.mark.parametrize("name", ["ministral3", "qwen3_next"])
+@pytest.mark.parametrize("storage", ["contiguous", "paged"])
+def test_rings_and_recurrent_state_through_the_scheduler(name, storage):
+    """Rows released with a lookahead step in flight, one cancelled, prompt lookup on: nothing fails, and a
+    second turn that extends a finished row hits it and equals a cold run (the ring / state at its end)."""
+    from ..engine.architectures import build, loaded, prompt
+
+    model = loaded(name, model=build(name, seed=3))
+    engine, cached = _scheduler(model, storage, 32 * 2**20, prompt_lookup=True)
+    _, cold = _scheduler(model, storage, 0, prompt_lookup=True)
+    base = prompt(120, 1)
+    first = [Request(f"r{i}", base + [i + 1] * (i + 1), max_tokens=30, speculative=SpeculativeRequest(True))
+             for i in range(6)]
+    out = Collector()
+    for request in first:
+        cached.submit(request, out.sink(request.request_id))
+    for _ in range(8):
+        cached.tick()
+    cached.cancel("r1")
+    cached.run_until_idle()
+    assert [out.done(r.request_id).finish_reason for r in first] == ["length", "cancelled"] + ["length"] * 4
+    second = [Request("again", base + [1] + out.done("r0").tokens + [5], max_tokens=12)]
+    hot, reference = _run(cached, second), _run(cold, second)
+    assert hot.done("again").tokens == reference.done("again").tokens
+    # the entry holds r0's prompt and all its output but the last token (never forwarded)
+    assert hot.done("again").usage["cached_tokens"] == len(first[0].prompt) + 30 - 1
