@@ -23,6 +23,7 @@ import logging
 from dataclasses import dataclass
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 
 from .cache_layout import ATTENTION, check_servable
 from .compiled_decode import CompiledDecode, compile_wanted
@@ -86,17 +87,6 @@ class StepHandle:
     logits: mx.array  # [B, V] last-position logits (kept for tests and diagnostics)
     logprob_parts: tuple | None = None
     read: bool = False
-
-
-def _arrays_in(value) -> list:
-    """Every array in a snapshot (nested lists, tuples and dicts)."""
-    if isinstance(value, mx.array):
-        return [value]
-    if isinstance(value, dict):
-        value = list(value.values())
-    if isinstance(value, (list, tuple)):
-        return [a for item in value for a in _arrays_in(item)]
-    return []
 
 
 def kv_bytes_per_token(loaded: LoadedModel, bytes_per_value: int | None = None) -> int:
@@ -228,7 +218,7 @@ class Engine:
         if not end:
             return
         snapshot = self.storage.read_prefix(seq.kv, end)
-        arrays = _arrays_in(snapshot)
+        arrays = [a for _, a in tree_flatten(snapshot) if isinstance(a, mx.array)]
         mx.async_eval(*arrays)  # copies out before the slot is written again
         self.prefix_cache.store(seq.tokens[:end], snapshot, sum(a.nbytes for a in arrays))
 

@@ -21,6 +21,18 @@ def _scheduler(loaded, storage, cache_bytes, records=None, prompt_lookup=False):
     return engine, BatchScheduler(engine, options, (records if records is not None else []).append)
 
 
+def _run_with_a_cancel(scheduler, requests, cancel: str, ticks: int):
+    """Submit every request, tick ``ticks`` times, cancel one while it decodes, run until idle."""
+    out = Collector()
+    for request in requests:
+        scheduler.submit(request, out.sink(request.request_id))
+    for _ in range(ticks):
+        scheduler.tick()
+    scheduler.cancel(cancel)
+    scheduler.run_until_idle()
+    return out
+
+
 def _run(scheduler, requests):
     out = Collector()
     for request in requests:
@@ -37,14 +49,7 @@ def test_shared_prefix_hits_equal_a_cold_run_and_nothing_leaks(embedded_model, s
     _, cold = _scheduler(embedded_model, storage, 0, prompt_lookup=prompt_lookup)
     speculative = SpeculativeRequest(True) if prompt_lookup else SpeculativeRequest()
     first = [Request(f"a{i}", SYSTEM + [10 + i, 11, 12 + i], max_tokens=20, speculative=speculative) for i in range(3)]
-    # a mixed first wave: one request is cancelled while it decodes
-    out = Collector()
-    for request in first:
-        cached.submit(request, out.sink(request.request_id))
-    for _ in range(6):
-        cached.tick()
-    cached.cancel("a1")
-    cached.run_until_idle()
+    out = _run_with_a_cancel(cached, first, "a1", ticks=6)  # a mixed first wave
     assert out.done("a1").finish_reason == "cancelled"
     assert len(engine.prefix_cache) >= 1
 
@@ -97,13 +102,7 @@ def test_rings_and_recurrent_state_through_the_scheduler(name, storage):
     base = prompt(120, 1)
     first = [Request(f"r{i}", base + [i + 1] * (i + 1), max_tokens=30, speculative=SpeculativeRequest(True))
              for i in range(6)]
-    out = Collector()
-    for request in first:
-        cached.submit(request, out.sink(request.request_id))
-    for _ in range(8):
-        cached.tick()
-    cached.cancel("r1")
-    cached.run_until_idle()
+    out = _run_with_a_cancel(cached, first, "r1", ticks=8)
     assert [out.done(r.request_id).finish_reason for r in first] == ["length", "cancelled"] + ["length"] * 4
     second = [Request("again", base + [1] + out.done("r0").tokens + [5], max_tokens=12)]
     hot, reference = _run(cached, second), _run(cold, second)
