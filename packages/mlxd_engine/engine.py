@@ -31,7 +31,7 @@ from .cpu_fusion import fuse_cpu_layers as fuse_cpu_layers_of, fusion_wanted
 from .kv_backend import make_kv_storage
 from .kv_storage import KVStorageFull, SlotState
 from .loading import LoadedModel
-from .paged_kv_storage import DEFAULT_BLOCK_SIZE
+from .paged_kv_storage import DEFAULT_BLOCK_SIZE, SharedPrefix
 from .prefix_cache import DEFAULT_MAX_ENTRIES, PrefixCache
 from .row_storage import RowStorage
 from .sampling import SamplerChain, SamplingParams, sample_rows, token_logprobs
@@ -146,8 +146,10 @@ class Engine:
                      "; recurrent state unwinds by restore and replay" if self.layout.unwinds_by_replay else "")
         self._ids = itertools.count()
         # finished sequences' prefixes, reused by later prompts that start the same way (off at 0 bytes)
+        # (paged storage: entries hold block references, given back through release_prefix when they go)
         self.prefix_cache = (PrefixCache(prefix_cache_bytes, prefix_cache_entries,
-                                         boundary_only=self.storage.prefix_at_boundary_only)
+                                         boundary_only=self.storage.prefix_at_boundary_only,
+                                         on_remove=self.storage.release_prefix)
                              if prefix_cache_bytes > 0 else None)
         compiled = compile_wanted() if compile_decode is None else compile_decode
         self.compiled_decode = (CompiledDecode(self.model, mask_axes=self.layout.mask_axes)
@@ -169,7 +171,14 @@ class Engine:
         return prompt_tokens < self.max_kv_size and self.storage.fits(self._reservation(prompt_tokens, max_new_tokens))
 
     def can_admit(self, prompt_tokens: int, max_new_tokens: int) -> bool:
-        return self.storage.can_admit(self._reservation(prompt_tokens, max_new_tokens))
+        """Whether such a request can be admitted now, counting paged blocks that only prefix cache entries
+        hold as free (``add_sequence`` evicts entries for them before it would refuse). Blocks a prompt
+        would share from the cache are not known here (no prompt), so this may wait where a hit fits."""
+        reservation = self._reservation(prompt_tokens, max_new_tokens)
+        if self.storage.can_admit(reservation):
+            return True
+        return self.prefix_cache is not None and self.storage.can_admit(
+            reservation, extra_blocks=self.storage.evictable_blocks())
 
     def _reservation(self, prompt_tokens: int, max_new_tokens: int) -> int:
         return min(prompt_tokens + max_new_tokens, self.max_kv_size)
@@ -181,31 +190,65 @@ class Engine:
 
         ``max_new_tokens`` sizes the reservation on paged storage (default: up to the KV bound). With a
         prefix cache and ``cache_prompt``, the longest cached prefix of the prompt is put in storage at
-        once (``seq.cached_tokens``) and prefill starts after it."""
+        once (``seq.cached_tokens``) and prefill starts after it. On paged storage the hit's whole blocks
+        are shared, so the reservation is that many blocks smaller; when the pool is short, least recently
+        used cache entries are evicted first (the hit's blocks pinned meanwhile, its entry evicted last).
+        Only when evicting every entry would not make room does this refuse (``can_admit`` counts the
+        same blocks, so a request the scheduler admits is never refused here)."""
         params = params or SamplingParams()
         if not prompt:
             raise ValueError("the prompt is empty")
         if len(prompt) >= self.max_kv_size:
             raise KVStorageFull(f"prompt of {len(prompt)} tokens does not fit the KV bound of {self.max_kv_size}")
         params.validate(self.loaded.vocab_size)
-        kv = self.storage.allocate(self._reservation(len(prompt), max_new_tokens or self.max_kv_size))
-        seq = Sequence(next(self._ids), kv, list(prompt), len(prompt), SamplerChain(params), self.max_kv_size,
-                       cache_prompt=cache_prompt)
-        if self.prefix_cache is not None and cache_prompt:
-            entry, reused = self.prefix_cache.lookup(seq.tokens)
+        reservation = self._reservation(len(prompt), max_new_tokens or self.max_kv_size)
+        use_cache = self.prefix_cache is not None and cache_prompt
+        entry, reused = self.prefix_cache.find(prompt) if use_cache else (None, 0)
+        # a pin keeps the blocks the hit reuses alive through the evictions below (paged; copies: itself)
+        pin = self.storage.pin_prefix(entry.snapshot, reused) if entry is not None else None
+        try:
+            shared = self.storage.prefix_blocks(reused) if entry is not None else 0
+            if not self._make_room(reservation, shared, entry) and entry is not None:
+                # with the hit pinned there is no room (a copy-on-write source block counts once more
+                # while pinned): admitted as a miss, which the evictable blocks do cover when can_admit did
+                self.storage.release_prefix(pin)
+                entry, reused, shared, pin = None, 0, 0, None
+                self._make_room(reservation, 0, None)
+            kv = self.storage.allocate(reservation, shared_blocks=shared)
+            seq = Sequence(next(self._ids), kv, list(prompt), len(prompt), SamplerChain(params), self.max_kv_size,
+                           cache_prompt=cache_prompt)
+            if use_cache:
+                self.prefix_cache.record(entry, reused)  # counted once admitted (a refused one looks up again)
             if entry is not None:
-                self.storage.write_prefix(kv, entry.snapshot, reused)
+                self.storage.write_prefix(kv, pin, reused)
                 seq.cached_tokens = reused
+        finally:
+            if pin is not None:
+                self.storage.release_prefix(pin)
         seq.chain.follow(seq.tokens, seq.prompt_length)  # a grammar stage reads the row's output (grammar.py)
         return seq
+
+    def _make_room(self, reservation: int, shared: int, keep) -> bool:
+        """Whether the storage can admit ``reservation`` tokens with ``shared`` blocks shared, after evicting
+        least recently used prefix cache entries (``keep``, the one hit, last) if that is what it takes.
+        Nothing is evicted when evicting every entry would still not be enough."""
+        storage, cache = self.storage, self.prefix_cache
+        if storage.can_admit(reservation, shared):
+            return True
+        if cache is None or not storage.can_admit(reservation, shared, storage.evictable_blocks()):
+            return False
+        while not storage.can_admit(reservation, shared) and cache.evict_lru(keep):
+            pass
+        return storage.can_admit(reservation, shared)
 
     def release(self, seq: Sequence, keep_prefix: bool = True) -> None:
         """Give the slot back. Safe while a step for it is in flight: MLX orders that step's writes
         before any later forward's, and ``read_step`` ignores released rows.
 
         With a prefix cache, ``keep_prefix`` and the sequence's ``cache_prompt``, its tokens in storage
-        (prompt and output) and their state are copied into the cache first (not after a failure:
-        ``keep_prefix=False``)."""
+        (prompt and output) and their state go into the cache first (not after a failure:
+        ``keep_prefix=False``): copied out of contiguous storage; on paged storage the cache takes
+        references on the sequence's blocks, which then outlive this release."""
         if seq.released:
             return
         if self.prefix_cache is not None and keep_prefix and seq.cache_prompt:
@@ -218,9 +261,13 @@ class Engine:
         if not end:
             return
         snapshot = self.storage.read_prefix(seq.kv, end)
-        arrays = [a for _, a in tree_flatten(snapshot) if isinstance(a, mx.array)]
-        mx.async_eval(*arrays)  # copies out before the slot is written again
-        self.prefix_cache.store(seq.tokens[:end], snapshot, sum(a.nbytes for a in arrays))
+        leaves = [leaf for _, leaf in tree_flatten(snapshot)]
+        arrays = [a for a in leaves if isinstance(a, mx.array)]
+        if arrays:
+            mx.async_eval(*arrays)  # copies out before the slot is written again
+        # a paged snapshot's blocks are referenced, not copied: they count at their size in the pool
+        shared = sum(leaf.nbytes for leaf in leaves if isinstance(leaf, SharedPrefix))
+        self.prefix_cache.store(seq.tokens[:end], snapshot, sum(a.nbytes for a in arrays) + shared)
 
     # -- forwards ---------------------------------------------------------------------------
     def _forward(self, rows: list[Sequence], inputs: mx.array, compiled: bool = True) -> mx.array:

@@ -32,11 +32,13 @@ class KVStorage(Protocol):
     def fits(self, tokens: int) -> bool:
         """Whether a sequence that may grow to ``tokens`` could ever be held."""
 
-    def can_admit(self, tokens: int) -> bool:
-        """Whether such a sequence can be admitted now."""
+    def can_admit(self, tokens: int, shared_blocks: int = 0, extra_blocks: int = 0) -> bool:
+        """Whether such a sequence can be admitted now; ``shared_blocks`` of it shared from a prefix snapshot,
+        ``extra_blocks`` the caller could free first (paged storage only; ignored by the others)."""
 
-    def allocate(self, reserve_tokens: int = 0):
-        """A record for a new sequence (raises KVStorageFull when there is no room now)."""
+    def allocate(self, reserve_tokens: int = 0, shared_blocks: int = 0):
+        """A record for a new sequence (raises KVStorageFull when there is no room now); its reservation is
+        ``shared_blocks`` smaller (what the following ``write_prefix`` puts in by reference)."""
 
     def release(self, state) -> None:
         """Give a sequence's room back; a record released before is ignored."""
@@ -66,6 +68,30 @@ class KVStorage(Protocol):
 
     def views(self, states: list, n_tokens: int) -> list:
         """mlx-lm cache objects, one per layer, for one forward of ``n_tokens`` per row."""
+
+    # prefix snapshots (prefix_cache.py): copies on contiguous storage, shared blocks on paged storage
+    prefix_at_boundary_only: bool  # a snapshot holds only at its end (rings, recurrent state)
+
+    def prefix_end(self, state) -> int | None:
+        """The longest prefix of ``state`` a snapshot can hold now (None: none)."""
+
+    def read_prefix(self, state, n: int):
+        """A snapshot of the first ``n`` tokens of ``state`` (its owner gives it to ``release_prefix``)."""
+
+    def write_prefix(self, state, snapshot, n: int) -> None:
+        """Put the first ``n`` tokens of ``snapshot`` into a new sequence's storage."""
+
+    def pin_prefix(self, snapshot, n: int):
+        """Keep what the first ``n`` tokens of ``snapshot`` occupy alive until ``release_prefix`` of the pin."""
+
+    def release_prefix(self, snapshot) -> None:
+        """Give back what a snapshot or pin holds (paged: block references); a second call is ignored."""
+
+    def prefix_blocks(self, n: int) -> int:
+        """Blocks a hit reusing ``n`` tokens shares by reference (0 where snapshots are copies)."""
+
+    def evictable_blocks(self) -> int:
+        """Blocks only snapshots hold: freed if every snapshot were released (0 where they are copies)."""
 
 
 def _contiguous(n_layers: int, max_sequences: int, max_kv_size: int, block_size: int,

@@ -108,11 +108,12 @@ class SlotKVStorage:
         """Whether a sequence of ``tokens`` could ever be held (it may have to wait for a slot)."""
         return tokens <= self.max_capacity
 
-    def can_admit(self, tokens: int) -> bool:
-        """Whether a sequence that may grow to ``tokens`` can be admitted now."""
+    def can_admit(self, tokens: int, shared_blocks: int = 0, extra_blocks: int = 0) -> bool:
+        """Whether a sequence that may grow to ``tokens`` can be admitted now (a free slot; the block
+        counts of paged storage do not apply: prefix snapshots here are copies outside the slots)."""
         return bool(self._free)
 
-    def allocate(self, reserve_tokens: int = 0) -> SlotState:
+    def allocate(self, reserve_tokens: int = 0, shared_blocks: int = 0) -> SlotState:
         if not self._free:
             raise KVStorageFull(f"all {self.n_slots} KV slots are in use")
         state = SlotState(slot=heapq.heappop(self._free))
@@ -168,6 +169,19 @@ class SlotKVStorage:
     def prefix_end(self, state: SlotState) -> int | None:
         """The longest prefix of ``state`` a snapshot can hold: its committed tokens."""
         return state.committed
+
+    def prefix_blocks(self, n: int) -> int:
+        """Nothing is shared by reference here: a hit copies its prefix into the slot."""
+        return 0
+
+    def evictable_blocks(self) -> int:
+        return 0  # snapshots are copies: evicting one frees memory outside the slots, never a slot
+
+    def pin_prefix(self, snapshot, n: int):
+        return snapshot  # a copy: nothing in the slots to keep alive
+
+    def release_prefix(self, snapshot) -> None:
+        """Nothing to give back: a snapshot is a copy, freed with its entry."""
 
     def read_prefix(self, state: SlotState, n: int) -> list:
         """Copies of the first ``n`` positions of ``state``: per layer (keys, values) ``[kv_heads, n, dim]``."""

@@ -4,10 +4,28 @@ Contract (the ``KVStorage`` protocol of ``kv_backend.py``, as ``SlotKVStorage``,
 - Every layer owns key and value pools shaped ``[n_blocks, kv_heads, block_size, head_dim]``. A
   sequence owns a list of block ids (its block table); token position p lives in block
   ``table[p // block_size]`` at offset ``p % block_size``.
+- Blocks are reference counted. A sequence's table holds one reference on each of its blocks, a prefix
+  snapshot (``read_prefix``, kept by the prefix cache) one on each block it covers. A block is on the free
+  list exactly when its count is 0: a release or an unwind drops the holder's references and a block goes
+  back only when the last one goes.
 - Admission reserves: a sequence is admitted only when the pool's unreserved blocks cover its prompt plus
-  its ``max_tokens`` (capped at the KV bound), so a running sequence never meets an empty pool and
-  nothing has to be preempted. Blocks are still taken lazily, on append, and given back on release and
-  on unwind (a block wholly past the new end returns to the free list at once).
+  its ``max_tokens`` (capped at the KV bound) less the whole blocks it shares from a prefix snapshot, so a
+  running sequence never meets an empty pool and nothing has to be preempted. Blocks are still taken
+  lazily, on append, and given back on release and on unwind (a block wholly past the new end returns to
+  the free list at once, if nothing else holds it). Blocks only snapshots hold are occupied but can be
+  freed by dropping those snapshots (``evictable_blocks``; ``can_admit(..., extra_blocks=)`` counts them,
+  and the engine evicts cache entries before it refuses an admission).
+- Prefix sharing (prefix_cache.py): ``read_prefix`` of a finished sequence's first ``n`` tokens copies
+  nothing: it returns a ``SharedPrefix`` (block ids + ``n``) holding references on the
+  ``ceil(n / block_size)`` blocks those tokens fill, the last possibly partly filled. Its owner gives them
+  back with ``release_prefix``. ``write_prefix`` of ``m <= n`` of those tokens into a new sequence puts the
+  snapshot's ``m // block_size`` whole blocks at the head of its table by reference (``PagedState.shared``)
+  and, when ``m`` ends inside a block, copies that block into a fresh block of the sequence
+  (copy-on-write: the sequence appends right after position ``m``). So a sequence writes only blocks it
+  alone holds: ``reserve`` refuses a forward whose appends would land in a block with count > 1, and an
+  unwind never cuts the table below its shared blocks (it cannot anyway: it drops only pending appends,
+  past ``committed >= m``). ``pin_prefix`` takes a short-lived reference on a hit's blocks (not counted
+  as the cache's), so the engine may evict the very entry it is admitting a hit from.
 - A forward writes each new token at its (block, offset) with one scatter per layer and reads each row's
   blocks back as one contiguous ``[B, kv_heads, L, head_dim]`` view with a gather. That gather is the
   cost paged storage adds to every forward, step and verify alike; docs/benchmark_results/paged_kv.md
@@ -22,10 +40,26 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import mlx.core as mx
+import numpy as np
 
 from .kv_storage import KVStorageFull, commit_pending, drop_pending, row_mask
 
 DEFAULT_BLOCK_SIZE = 64
+
+
+@dataclass(eq=False)  # identity: a snapshot is released once, whatever its fields
+class SharedPrefix:
+    """A prefix snapshot of paged storage: references on the blocks holding a sequence's first ``tokens``.
+
+    ``nbytes`` is the pool memory those blocks occupy (each block counted whole, partly filled or not).
+    ``cached``: held for the prefix cache (``read_prefix``; its blocks count as the cache's, evictable),
+    or a short-lived pin (``pin_prefix``) that keeps a hit's blocks alive while the engine evicts."""
+
+    blocks: tuple[int, ...]
+    tokens: int
+    nbytes: int
+    cached: bool = True
+    released: bool = False
 
 
 @dataclass(eq=False)  # identity: two sequences with equal counts are still two records (see release)
@@ -34,8 +68,10 @@ class PagedState:
 
     committed: int = 0
     pending: int = 0
-    reserved_blocks: int = 0  # blocks promised at admission
+    reserved_blocks: int = 0  # blocks promised at admission: the most it will take from the free list
     blocks: list[int] = field(default_factory=list)  # the block table
+    shared: int = 0  # leading table blocks put in by reference from a prefix snapshot (not taken, not promised)
+    discount: int = 0  # shared blocks allocate was told of (write_prefix checks the promise against them)
 
     @property
     def written(self) -> int:
@@ -62,7 +98,9 @@ class PagedKVStorage:
         self.max_sequences = max_sequences
         self.keys: list[mx.array | None] = [None] * n_layers
         self.values: list[mx.array | None] = [None] * n_layers
-        self._free = list(range(self.n_blocks - 1, -1, -1))
+        self._free = list(range(self.n_blocks - 1, -1, -1))  # exactly the blocks with reference count 0
+        self._refs = np.zeros(self.n_blocks, dtype=np.int64)  # references per block: tables + snapshots
+        self._snapshot_refs = np.zeros(self.n_blocks, dtype=np.int64)  # of those, the snapshots'
         self._reserved = 0  # blocks promised to admitted sequences and not yet taken
         # the admitted sequences' records, by identity: two waiting sequences with the same reservation and
         # no blocks have equal fields, and releasing one must never drop the other's record
@@ -75,27 +113,55 @@ class PagedKVStorage:
     def fits(self, tokens: int) -> bool:
         return tokens <= self.max_capacity and self.blocks_for(tokens) <= self.n_blocks
 
-    def can_admit(self, tokens: int) -> bool:
+    def can_admit(self, tokens: int, shared_blocks: int = 0, extra_blocks: int = 0) -> bool:
+        """Whether a sequence that may grow to ``tokens``, ``shared_blocks`` of them shared from a prefix
+        snapshot, can be admitted now; ``extra_blocks``: blocks the caller could free first (evictable)."""
         return (len(self.sequences) < self.max_sequences
-                and self.blocks_for(tokens) <= len(self._free) - self._reserved)
+                and self.blocks_for(tokens) - shared_blocks <= len(self._free) - self._reserved + extra_blocks)
 
-    def allocate(self, reserve_tokens: int = 0) -> PagedState:
-        blocks = self.blocks_for(max(reserve_tokens, 1))
-        if not self.can_admit(max(reserve_tokens, 1)):
+    def allocate(self, reserve_tokens: int = 0, shared_blocks: int = 0) -> PagedState:
+        """A record promised the blocks ``reserve_tokens`` need, less ``shared_blocks`` that the following
+        ``write_prefix`` puts in by reference."""
+        blocks = max(self.blocks_for(max(reserve_tokens, 1)) - shared_blocks, 0)
+        if not self.can_admit(max(reserve_tokens, 1), shared_blocks):
             raise KVStorageFull(f"the KV pool has {len(self._free) - self._reserved} unreserved blocks; "
                                 f"{blocks} are needed")
-        state = PagedState(reserved_blocks=blocks)
+        state = PagedState(reserved_blocks=blocks, discount=shared_blocks)
         self._reserved += blocks
         self.sequences.add(state)
         return state
 
     def release(self, state: PagedState) -> None:
+        """Drop the sequence's promise and its references; a block no one else holds goes back to the pool."""
         if state not in self.sequences:
             return  # released before (a finish after a cancel, say)
         self.sequences.remove(state)
-        self._reserved -= max(state.reserved_blocks - len(state.blocks), 0)
-        self._free.extend(reversed(state.blocks))
+        self._reserved -= max(state.reserved_blocks - self._owned(state), 0)
+        for block in reversed(state.blocks):  # the free list is a stack: the table's first block comes out first
+            self._unref(block)
         state.blocks = []
+        state.shared = 0
+
+    @staticmethod
+    def _owned(state: PagedState) -> int:
+        """Blocks the sequence took from the free list (its table past the shared head)."""
+        return len(state.blocks) - state.shared
+
+    def _take(self) -> int:
+        block = self._free.pop()
+        self._refs[block] = 1
+        return block
+
+    def _unref(self, block: int) -> None:
+        self._refs[block] -= 1
+        if self._refs[block] == 0:
+            self._free.append(block)
+        elif self._refs[block] < 0:
+            raise AssertionError(f"block {block} released more often than it was referenced")
+
+    def evictable_blocks(self) -> int:
+        """Blocks only cache snapshots hold: dropping every one of them would free these."""
+        return int(np.count_nonzero((self._refs > 0) & (self._refs == self._snapshot_refs)))
 
     @property
     def free_slots(self) -> int:
@@ -105,14 +171,23 @@ class PagedKVStorage:
     def free_blocks(self) -> int:
         return len(self._free)
 
+    def bytes_per_block(self) -> int:
+        if not self.keys or self.keys[0] is None:
+            return 0
+        return sum(k.nbytes + v.nbytes for k, v in zip(self.keys, self.values) if k is not None) // self.n_blocks
+
     def usage(self) -> dict:
-        per_block = 0
-        if self.keys and self.keys[0] is not None:
-            per_block = sum(k.nbytes + v.nbytes for k, v in zip(self.keys, self.values)) // self.n_blocks
+        """Occupancy. ``blocks_used``: blocks with any reference (sequences' or the prefix cache's);
+        ``blocks_reserved``: blocks sequences hold or were promised (0 once idle, whatever the cache holds);
+        ``blocks_cached``: blocks a prefix snapshot holds; ``blocks_cache_only``: of those, the ones nothing
+        else holds (freed by evicting); ``blocks_shared``: blocks with more than one reference."""
         used = self.n_blocks - len(self._free)
+        cache_only = self.evictable_blocks()
         return {"backend": self.kind, "block_size": self.block_size, "blocks": self.n_blocks, "blocks_used": used,
-                "blocks_reserved": self._reserved + used, "sequences": len(self.sequences),
-                "allocated_bytes": per_block * self.n_blocks}
+                "blocks_reserved": self._reserved + used - cache_only, "sequences": len(self.sequences),
+                "blocks_cached": int(np.count_nonzero(self._snapshot_refs)), "blocks_cache_only": cache_only,
+                "blocks_shared": int(np.count_nonzero(self._refs > 1)),
+                "allocated_bytes": self.bytes_per_block() * self.n_blocks}
 
     def arrays(self) -> list:
         return [a for a in self.keys + self.values if a is not None]
@@ -123,16 +198,23 @@ class PagedKVStorage:
         return None
 
     def reserve(self, states: list[PagedState], n_tokens: int) -> None:
-        """Take the blocks the next ``n_tokens`` appends of each state need."""
+        """Take the blocks the next ``n_tokens`` appends of each state need.
+
+        Refuses (ValueError) appends that would land in a block someone else holds too: sharing relies on
+        no sequence ever writing a shared block (see the module docstring)."""
         for state in states:
             needed = state.written + n_tokens
             if needed > self.max_capacity:
                 raise KVStorageFull(f"sequence would hold {needed} tokens; the KV bound is {self.max_capacity}")
+            first = state.written // self.block_size
+            if n_tokens and first < len(state.blocks) and (first < state.shared or self._refs[state.blocks[first]] > 1):
+                raise ValueError(f"appends at position {state.written} would write block {state.blocks[first]}, "
+                                 f"which is shared")
             while len(state.blocks) < self.blocks_for(needed):
                 if not self._free:
                     raise KVStorageFull("the KV pool is exhausted")
-                state.blocks.append(self._free.pop())
-                if len(state.blocks) <= state.reserved_blocks:
+                state.blocks.append(self._take())
+                if self._owned(state) <= state.reserved_blocks:
                     self._reserved -= 1  # a promised block was taken
 
     def commit(self, state: PagedState, n: int) -> None:
@@ -140,10 +222,10 @@ class PagedKVStorage:
 
     def unwind(self, state: PagedState, n: int) -> int:
         drop_pending(state, n)
-        keep = self.blocks_for(state.written)
+        keep = max(self.blocks_for(state.written), state.shared)  # shared blocks hold committed tokens only
         while len(state.blocks) > keep:
-            self._free.append(state.blocks.pop())
-            if len(state.blocks) < state.reserved_blocks:
+            self._unref(state.blocks.pop())
+            if self._owned(state) < state.reserved_blocks:
                 self._reserved += 1  # the promise stands: the block may be needed again
         return 0  # a counter move: nothing to forward again
 
@@ -154,27 +236,78 @@ class PagedKVStorage:
         """The longest prefix of ``state`` a snapshot can hold: its committed tokens."""
         return state.committed
 
-    def _places(self, state: PagedState, n: int) -> tuple[mx.array, mx.array]:
-        positions = range(n)
-        return (mx.array([state.blocks[p // self.block_size] for p in positions]),
-                mx.array([p % self.block_size for p in positions]))
+    def prefix_blocks(self, n: int) -> int:
+        """Blocks a hit reusing ``n`` tokens puts into the new table by reference: the whole ones."""
+        return n // self.block_size
 
-    def read_prefix(self, state: PagedState, n: int) -> list:
-        """Copies of the first ``n`` positions of ``state``: per layer (keys, values) ``[kv_heads, n, dim]``."""
-        blocks, offsets = self._places(state, n)
-        return [(k[blocks, :, offsets].transpose(1, 0, 2), v[blocks, :, offsets].transpose(1, 0, 2))
-                for k, v in zip(self.keys, self.values)]
+    def read_prefix(self, state: PagedState, n: int) -> SharedPrefix:
+        """A snapshot of the first ``n`` positions of ``state``: references on the blocks holding them, no copy.
 
-    def write_prefix(self, state: PagedState, layers: list, n: int) -> None:
-        """Put the first ``n`` positions of ``layers`` (a ``read_prefix`` result) into a new sequence's blocks."""
-        if state.written:
+        Taken when the sequence is released, so nothing writes those positions again: its own last (pending)
+        appends land past ``n``, and the blocks cannot be handed out while the snapshot holds them."""
+        if n > state.committed:
+            raise ValueError(f"a snapshot holds committed tokens only ({state.committed}); asked for {n}")
+        return self._snapshot(state.blocks[: self.blocks_for(n)], n, cached=True)
+
+    def pin_prefix(self, snapshot: SharedPrefix, n: int) -> SharedPrefix:
+        """A pin on the blocks holding the first ``n`` tokens of ``snapshot``: they outlive the snapshot's own
+        release until ``release_prefix(pin)``. The engine pins a hit's blocks before it evicts entries for
+        room (the entry hit may be among them) and writes the prefix from the pin."""
+        if snapshot.released or n > snapshot.tokens:
+            raise ValueError(f"the snapshot holds {0 if snapshot.released else snapshot.tokens} tokens; asked for {n}")
+        return self._snapshot(snapshot.blocks[: self.blocks_for(n)], n, cached=False)
+
+    def _snapshot(self, blocks, n: int, cached: bool) -> SharedPrefix:
+        blocks = tuple(blocks)
+        for block in blocks:
+            self._refs[block] += 1
+            if cached:
+                self._snapshot_refs[block] += 1
+        return SharedPrefix(blocks, n, len(blocks) * self.bytes_per_block(), cached)
+
+    def release_prefix(self, snapshot: SharedPrefix) -> None:
+        """Drop a snapshot's (or pin's) references (the prefix cache calls this when an entry goes); a block
+        whose last reference this was goes back to the pool. A second call is ignored."""
+        if snapshot.released:
+            return
+        snapshot.released = True
+        for block in reversed(snapshot.blocks):
+            if snapshot.cached:
+                self._snapshot_refs[block] -= 1
+            self._unref(block)
+
+    def write_prefix(self, state: PagedState, snapshot: SharedPrefix, n: int) -> None:
+        """Give a new sequence the first ``n`` positions of ``snapshot``: its whole blocks by reference, the
+        partly reused last block (if ``n`` ends inside one) as a copy in a block of the sequence's own."""
+        if state.written or state.blocks:
             raise ValueError("a prefix goes into a sequence with nothing in storage")
-        self.reserve([state], n)
-        blocks, offsets = self._places(state, n)
-        for layer, (k, v) in enumerate(layers):
-            self.ensure_layer(layer, k.shape[0], k.shape[2], v.shape[2], k.dtype)
-            self.keys[layer][blocks, :, offsets] = k[:, :n].transpose(1, 0, 2)
-            self.values[layer][blocks, :, offsets] = v[:, :n].transpose(1, 0, 2)
+        if snapshot.released or n > snapshot.tokens:
+            raise ValueError(f"the snapshot holds {0 if snapshot.released else snapshot.tokens} tokens; asked for {n}")
+        whole = n // self.block_size
+        if whole != state.discount:  # allocate promised blocks for a different share: settle the difference
+            more = state.discount - whole  # > 0: fewer shared than promised for, more new blocks needed
+            if more > len(self._free) - self._reserved:
+                raise KVStorageFull(f"the KV pool has {len(self._free) - self._reserved} unreserved blocks; "
+                                    f"{more} more are needed")
+            more = max(more, -state.reserved_blocks)
+            state.reserved_blocks += more
+            self._reserved += more
+            state.discount = whole
+        for block in snapshot.blocks[:whole]:
+            self._refs[block] += 1
+        state.blocks = list(snapshot.blocks[:whole])
+        state.shared = whole
+        if n % self.block_size:  # copy-on-write: the sequence appends into this block next
+            if not self._free:
+                raise KVStorageFull("the KV pool is exhausted")
+            source, own = snapshot.blocks[whole], self._take()
+            state.blocks.append(own)
+            if self._owned(state) <= state.reserved_blocks:
+                self._reserved -= 1  # a promised block was taken
+            for layer in range(self.n_layers):
+                if self.keys[layer] is not None:
+                    self.keys[layer][own] = self.keys[layer][source]
+                    self.values[layer][own] = self.values[layer][source]
         state.committed = n
 
     def ensure_layer(self, layer: int, kv_heads: int, k_dim: int, v_dim: int, dtype) -> None:

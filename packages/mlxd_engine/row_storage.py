@@ -17,6 +17,10 @@ Contract (the ``KVStorage`` protocol of ``kv_backend.py``, so the engine runs on
   (``Engine.unwind_appends`` does; at most one forward's worth). An unwind must drop every pending
   append (the verify round commits what it keeps first). A full accept costs nothing extra.
 - No compiled forward (``compiles_forward`` False): the compiled graph reads slot KV buffers only.
+- Prefix snapshots (``read_prefix``) hold only at the row's end (``prefix_at_boundary_only``). The
+  attention layers' part is the inner backend's own snapshot, so on paged storage it shares blocks by
+  reference like any paged snapshot (``release_prefix`` gives them back); the ring cells and recurrent
+  state are copied out and copied into the new row on a hit.
 """
 
 from __future__ import annotations
@@ -79,15 +83,15 @@ class RowStorage:
     def fits(self, tokens: int) -> bool:
         return self.inner.fits(tokens)
 
-    def can_admit(self, tokens: int) -> bool:
-        return bool(self._free) and self.inner.can_admit(tokens)
+    def can_admit(self, tokens: int, shared_blocks: int = 0, extra_blocks: int = 0) -> bool:
+        return bool(self._free) and self.inner.can_admit(tokens, shared_blocks, extra_blocks)
 
-    def allocate(self, reserve_tokens: int = 0):
+    def allocate(self, reserve_tokens: int = 0, shared_blocks: int = 0):
         from .kv_storage import KVStorageFull
 
         if not self._free:
             raise KVStorageFull(f"all {self.n_slots} state rows are in use")
-        state = self.inner.allocate(reserve_tokens)
+        state = self.inner.allocate(reserve_tokens, shared_blocks)
         row = heapq.heappop(self._free)
         self._row_of[state] = row
         for recurrent in self.recurrent.values():
@@ -173,7 +177,23 @@ class RowStorage:
         points = [p for p in self._points.get(state, []) if p.position == state.committed]
         return state.committed if points else None
 
+    def prefix_blocks(self, n: int) -> int:
+        return self.inner.prefix_blocks(n)
+
+    def evictable_blocks(self) -> int:
+        return self.inner.evictable_blocks()
+
+    def pin_prefix(self, snapshot: dict, n: int) -> dict:
+        """The inner backend's pin of the attention part; the ring and state copies as they are."""
+        return {**snapshot, "kv": self.inner.pin_prefix(snapshot["kv"], n)}
+
+    def release_prefix(self, snapshot: dict) -> None:
+        """Give back the inner backend's part (paged: block references); rings and state are copies."""
+        self.inner.release_prefix(snapshot["kv"])
+
     def read_prefix(self, state, n: int) -> dict:
+        """The inner backend's snapshot of the attention layers (paged: shared blocks, contiguous: copies)
+        and copies of the row's ring cells and recurrent state, valid at ``n``, the row's end."""
         if n != self.prefix_end(state):
             raise ValueError(f"a snapshot of this storage holds only at the row's end ({self.prefix_end(state)})")
         row = self._row_of[state]

@@ -6,7 +6,7 @@ import pytest
 
 from mlxd_drafters import PromptLookupConfig
 from mlxd_engine import Engine
-from mlxd_scheduler import BatchScheduler, Request, SchedulerOptions, SpeculativeRequest
+from mlxd_scheduler import BatchScheduler, FinishEvent, Request, SchedulerOptions, SpeculativeRequest
 
 from .test_batch_scheduler import Collector
 
@@ -66,13 +66,28 @@ def test_shared_prefix_hits_equal_a_cold_run_and_nothing_leaks(embedded_model, s
     assert {row.request_id for row in hits} >= {"b0", "b1", "b2"}
     stats = engine.prefix_cache.stats()
     assert stats["hits"] >= 3 and stats["tokens_saved"] >= 3 * len(SYSTEM)
-    # once idle, every sequence's storage is back: no block, reservation or slot held
-    storage_state = engine.storage.usage()
-    if storage == "paged":
-        assert storage_state["blocks_used"] == 0 and storage_state["blocks_reserved"] == 0
-        assert storage_state["sequences"] == 0
+    # once idle, every sequence's storage is back: no slot or reservation held, and on paged storage only
+    # the cache's entries hold blocks; clearing the cache frees every one of them
+    assert_idle(engine)
+
+
+def assert_idle(engine):
+    """Nothing but the prefix cache holds storage; after clearing it, nothing at all (no block referenced)."""
+    storage = engine.storage
+    usage = storage.usage()
+    if usage["backend"] == "paged":
+        assert usage["blocks_reserved"] == 0 and usage["sequences"] == 0, usage
+        assert usage["blocks_used"] == usage["blocks_cached"] == usage["blocks_cache_only"], usage
+        assert (usage["blocks_used"] > 0) == (len(engine.prefix_cache) > 0), usage
     else:
-        assert storage_state["slots_free"] == storage_state["slots"]
+        assert usage["slots_free"] == usage["slots"]
+    engine.prefix_cache.clear()
+    usage = storage.usage()
+    if usage["backend"] == "paged":
+        paged = getattr(storage, "inner", storage)
+        assert usage["blocks_used"] == usage["blocks_cached"] == usage["blocks_reserved"] == 0, usage
+        assert paged.free_blocks == paged.n_blocks and not paged._refs.any() and not paged._snapshot_refs.any()
+        assert sorted(paged._free) == list(range(paged.n_blocks))  # each block once on the free list
 
 
 def test_a_failed_request_leaves_nothing_in_the_cache(embedded_model):
@@ -109,3 +124,57 @@ def test_rings_and_recurrent_state_through_the_scheduler(name, storage):
     assert hot.done("again").tokens == reference.done("again").tokens
     # the entry holds r0's prompt and all its output but the last token (never forwarded)
     assert hot.done("again").usage["cached_tokens"] == len(first[0].prompt) + 30 - 1
+    assert_idle(engine)  # paged: the attention layers' blocks were shared, rings and state copied
+
+
+@pytest.mark.parametrize("prompt_lookup", [False, True])
+def test_paged_sharing_mixed_run_with_cancels_and_evictions_leaks_no_block(embedded_model, prompt_lookup):
+    """Three waves on a tight pool of 16-token blocks: rows share the cached system prompt's blocks, the
+    cache evicts for admissions, rows are cancelled while waiting and while decoding. Outputs equal a cold
+    run's; once idle only the cache holds blocks, and after clearing it every block is free, every count 0."""
+    def build(cache_bytes):
+        engine = Engine(embedded_model, max_sequences=4, storage="paged", kv_block_size=16, kv_pool_tokens=48 * 16,
+                        max_kv_size=256, prefix_cache_bytes=cache_bytes)
+        options = SchedulerOptions(max_batch=4, prefill_chunk=32,
+                                   prompt_lookup=PromptLookupConfig() if prompt_lookup else None)
+        return engine, BatchScheduler(engine, options)
+
+    engine, hot = build(32 * 2**20)
+    _, cold = build(0)
+    speculative = SpeculativeRequest(True) if prompt_lookup else SpeculativeRequest()
+    shared_seen = cached_seen = decoding_cancels = 0
+    for wave in range(3):
+        requests = [Request(f"w{wave}-{i}", SYSTEM + [20 + 7 * wave + i, 11, 12 + i], max_tokens=16 + 4 * i,
+                            speculative=speculative, cache_prompt=(i != 3)) for i in range(6)]
+        out = Collector()
+        for request in requests:
+            hot.submit(request, out.sink(request.request_id))
+        cancelled = {f"w{wave}-5"}  # queued behind the first four
+        for tick in range(8):
+            hot.tick()
+            usage = engine.storage.usage()
+            shared_seen, cached_seen = max(shared_seen, usage["blocks_shared"]), max(cached_seen, usage["blocks_cached"])
+            if tick == 1:
+                hot.cancel(f"w{wave}-5")
+            if tick == 5:  # one that decodes (has tokens, not finished), if any
+                decoding = [r.request_id for r in requests[:5] if out.events[r.request_id]
+                            and not isinstance(out.events[r.request_id][-1], FinishEvent)]
+                if decoding:
+                    hot.cancel(decoding[0])
+                    cancelled.add(decoding[0])
+                    decoding_cancels += 1
+        hot.run_until_idle()
+        reference = _run(cold, [r for r in requests if r.request_id not in cancelled])
+        for request in requests:
+            done = out.done(request.request_id)
+            if request.request_id in cancelled:
+                assert done.finish_reason == "cancelled", request.request_id
+            else:
+                assert done.tokens == reference.done(request.request_id).tokens, request.request_id
+        if wave:  # the system prompt was cached by the wave before
+            assert out.done(f"w{wave}-0").usage["cached_tokens"] >= len(SYSTEM)
+        usage = engine.storage.usage()
+        assert usage["blocks_reserved"] == 0 and usage["blocks_used"] == usage["blocks_cache_only"], usage
+    assert shared_seen > 0 and cached_seen > 0 and decoding_cancels > 0
+    assert engine.prefix_cache.evictions > 0  # the pool was tight enough to evict for admissions
+    assert_idle(engine)
