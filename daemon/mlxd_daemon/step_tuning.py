@@ -99,7 +99,9 @@ def tune_steps(engine: Engine) -> StepSettings:
     vocab = max(2, engine.loaded.vocab_size)
     prompt = [(7 * i + 3) % vocab for i in range(PROMPT_TOKENS)]
     steps = 2 * ROUNDS * (STEPS_PER_ROUND + 1) * 2 + 4
-    sequence = engine.add_sequence(prompt, max_new_tokens=steps)
+    # a synthetic sequence: it neither reads nor feeds the prefix cache (on paged storage an entry would
+    # hold pool blocks until evicted)
+    sequence = engine.add_sequence(prompt, max_new_tokens=steps, cache_prompt=False)
     compiled = engine.compiled_decode
     try:
         engine.prefill(sequence)

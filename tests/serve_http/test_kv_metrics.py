@@ -20,10 +20,13 @@ def test_paged_pool_use_in_status_and_metrics():
         assert gateway.client.post("/v1/completions", json={"prompt": "Once upon a time", "max_tokens": 8}).status_code == 200
         with Client(endpoint, timeout_s=5) as client:
             kv = client.status().memory["kv"]
-        assert kv["backend"] == "paged" and kv["blocks"] == 64 and kv["blocks_used"] == 0
+        # idle: only the prefix cache's entry holds blocks (the finished request's one block, shared by no one)
+        assert kv["backend"] == "paged" and kv["blocks"] == 64 and kv["blocks_reserved"] == 0
+        assert kv["blocks_used"] == kv["blocks_cached"] == kv["blocks_cache_only"] == 1, kv
         metrics = gateway.client.get("/metrics").text
         assert f'mlxd_daemon_kv_blocks{{daemon="{endpoint}"}} 64' in metrics
-        assert f'mlxd_daemon_kv_blocks_used{{daemon="{endpoint}"}} 0' in metrics
+        assert f'mlxd_daemon_kv_blocks_used{{daemon="{endpoint}"}} 1' in metrics
+        assert f'mlxd_daemon_kv_blocks_cached{{daemon="{endpoint}"}} 1' in metrics
     finally:
         gateway.stop()
         stop_daemon(daemon, endpoint)

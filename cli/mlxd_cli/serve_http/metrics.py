@@ -113,6 +113,9 @@ class GatewayMetrics:
         kv = [(endpoint, status.memory.get("kv") or {}) for endpoint, status in answered]
         _family(lines, "mlxd_daemon_kv_blocks_used", "gauge", "paged KV blocks holding tokens (paged storage only)",
                 [(labels[endpoint], usage["blocks_used"]) for endpoint, usage in kv if "blocks_used" in usage])
+        _family(lines, "mlxd_daemon_kv_blocks_cached", "gauge",
+                "paged KV blocks the prefix cache holds, shared with sequences or not (paged storage only)",
+                [(labels[endpoint], usage["blocks_cached"]) for endpoint, usage in kv if "blocks_cached" in usage])
         _family(lines, "mlxd_daemon_kv_blocks", "gauge", "paged KV blocks in the pool (paged storage only)",
                 [(labels[endpoint], usage["blocks"]) for endpoint, usage in kv if "blocks" in usage])
         _family(lines, "mlxd_daemon_kv_slots_free", "gauge", "free KV slots (contiguous storage only)",
