@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from mlxd_engine import ModelLoadError
+from mlxd_engine import ModelLoadError, calibrate_forward_cost
 from mlxd_protocol import INVALID, NOT_FOUND, DaemonError, LocalClient
 
 from .step_tuning import tune_steps
@@ -45,6 +45,7 @@ def local_client(options: DaemonOptions | None = None, **overrides) -> LocalClie
     def build_core(deliver) -> DaemonCore:
         core = DaemonCore(loaded, options, deliver, endpoint="local")
         tune_steps(core.engine)  # the same measured step settings as mlxd
+        calibrate_forward_cost(core.engine)  # and the same verify-gate cost model
         return core
 
     try:

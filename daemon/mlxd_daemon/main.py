@@ -48,7 +48,8 @@ def _endpoint_option(function):
 @click.option("--draft-model", default=None, help="draft model (no supported kind takes one yet)")
 @click.option("--draft-block-size", default=None, type=int, help="prompt lookup: most draft tokens per verify round (default 8)")
 @click.option("--prompt-lookup-max-batch", default=None, type=click.IntRange(0),
-              help="verify gate: no verify rounds while more rows than this decode or prefill (default: measured, see docs)")
+              help="prompt lookup: no verify rounds while more rows than this decode or prefill "
+                   "(default: no bound; each draft is verified when its expected gain pays its measured cost)")
 @click.option("--decode-storage-backend", "storage_backend", default="contiguous", show_default=True,
               type=click.Choice(["contiguous", "paged"]), help="KV storage: a slot per sequence, or blocks from a pool")
 @click.option("--kv-block-size", default=64, show_default=True, type=click.IntRange(1), help="paged: tokens per block")
@@ -142,7 +143,7 @@ def serve(options: DaemonOptions) -> int:
             if probe.ping(0.5):
                 click.echo(f"mlxd: a daemon already answers at {endpoint}", err=True)
                 return 1
-    from mlxd_engine import ModelLoadError
+    from mlxd_engine import ModelLoadError, calibrate_forward_cost
 
     from .step_tuning import tune_steps
     from .model_setup import load_for_serving
@@ -174,7 +175,8 @@ def serve(options: DaemonOptions) -> int:
         server.engine.watch_group(watch, lambda reason: abort_serving(server, reason))
     else:
         steps = tune_steps(server.engine)
-    log.info("model=%s type=%s layers=%d max_batch=%d max_kv_size=%d lookahead=%s %s prompt_lookup_max_batch=%d "
+        calibrate_forward_cost(server.engine)  # the verify gate's cost model, with the tuned settings
+    log.info("model=%s type=%s layers=%d max_batch=%d max_kv_size=%d lookahead=%s %s prompt_lookup_max_batch=%s "
              "storage=%s blas=%s blas_threads=%s compiled_steps=%s fused_cpu_layers=%d", loaded.path, loaded.model_type, loaded.n_layers, options.max_batch,
              server.engine.max_kv_size, options.lookahead, server.speculative.summary(),
              server.scheduler.options.prompt_lookup_max_batch, server.engine.storage.usage(), blas_in_use(),

@@ -21,6 +21,8 @@ Contract:
       normal budget is restored. ``return_probe()`` gives back a probe that
       was never verified (its proposal was retracted), so the next
       ``budget()`` call grants it again instead of waiting a whole interval.
+    * ``expected_accepted(n)``: the draft tokens a round of ``n`` is expected to
+      accept (the verify gate weighs it against the round's cost).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from collections import deque
 from mlxd_drafters.config import PromptLookupConfig
 
 ROUNDS_BEFORE_JUDGING = 4
+PRIOR_ACCEPTED, PRIOR_REJECTED = 2.0, 1.0  # acceptance_estimate's prior: p = 2/3
 
 
 class DraftGovernor:
@@ -83,6 +86,20 @@ class DraftGovernor:
     def is_off(self) -> bool:
         """True while the policy grants no regular (non-probe) budget."""
         return self._regular_budget() == 0
+
+    def acceptance_estimate(self) -> float:
+        """Per-token acceptance ``p`` as the graded rule estimates it (successes / (successes + failures)
+        over the window), with a prior of ``PRIOR_ACCEPTED`` accepted tokens and ``PRIOR_REJECTED``
+        rejections, so a row with no rounds yet expects its first proposals to pay a little."""
+        successes = sum(a for _, a in self._rounds) + PRIOR_ACCEPTED
+        failures = sum(1 for d, a in self._rounds if a < d) + PRIOR_REJECTED
+        return successes / (successes + failures)
+
+    def expected_accepted(self, n_drafted: int) -> float:
+        """Draft tokens a verify round of ``n_drafted`` is expected to accept: p + p^2 + ... + p^n
+        (acceptance stops at the first rejection)."""
+        p = self.acceptance_estimate()
+        return sum(p ** k for k in range(1, n_drafted + 1))
 
     def record(self, n_drafted: int, n_accepted: int) -> None:
         """Add the outcome of one verify round to the window.

@@ -8,6 +8,7 @@ from .cpu_weights import WeightForm, apply_cpu_weight_rule, default_budget_bytes
 from .default_model import EMBEDDED_ALIASES, resolve_default_model
 from .eligibility import Eligibility, prompt_lookup_eligibility
 from .engine import Emitted, Engine, Sequence, StepHandle, kv_bytes_per_token
+from .forward_cost import ForwardCost, calibrate_forward_cost
 from .gguf_import import GGUFError, cached_conversion, convert_gguf
 from .grammar import GRAMMAR_KINDS, JSON_LAYOUT, Grammar, GrammarError, compile_grammar
 from .kv_backend import STORAGE_BACKENDS, KVStorage, make_kv_storage
@@ -19,7 +20,7 @@ from .sampling import SamplerChain, SamplingParams
 from .verify_round import RoundOutcome, verify_round, verify_rows
 
 __all__ = [
-    "EMBEDDED_ALIASES", "GGUFError", "WeightForm", "apply_cpu_weight_rule", "cached_conversion", "convert_gguf",
+    "EMBEDDED_ALIASES", "ForwardCost", "GGUFError", "calibrate_forward_cost", "WeightForm", "apply_cpu_weight_rule", "cached_conversion", "convert_gguf",
     "GRAMMAR_KINDS", "JSON_LAYOUT", "Grammar", "GrammarError", "compile_grammar",
     "default_budget_bytes", "resolve_default_model",
     "Eligibility", "Emitted", "Engine", "KVStorage", "KVStorageFull", "LoadedModel", "ModelLoadError",

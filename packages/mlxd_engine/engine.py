@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -32,6 +33,7 @@ from .kv_backend import make_kv_storage
 from .kv_storage import KVStorageFull, SlotState
 from .loading import LoadedModel
 from .paged_kv_storage import DEFAULT_BLOCK_SIZE, SharedPrefix
+from .forward_cost import ForwardCost
 from .prefix_cache import DEFAULT_MAX_ENTRIES, PrefixCache
 from .row_storage import RowStorage
 from .sampling import SamplerChain, SamplingParams, sample_rows, token_logprobs
@@ -87,6 +89,11 @@ class StepHandle:
     logits: mx.array  # [B, V] last-position logits (kept for tests and diagnostics)
     logprob_parts: tuple | None = None
     read: bool = False
+
+
+def mean_context(rows: list[Sequence]) -> float:
+    """Tokens in storage per row, on average (the context a forward over ``rows`` reads)."""
+    return sum(seq.kv.written for seq in rows) / max(len(rows), 1)
 
 
 def kv_bytes_per_token(loaded: LoadedModel, bytes_per_value: int | None = None) -> int:
@@ -145,6 +152,9 @@ class Engine:
                      f"; sliding windows in rings, one forward appends at most {limit} tokens per row" if limit else "",
                      "; recurrent state unwinds by restore and replay" if self.layout.unwinds_by_replay else "")
         self._ids = itertools.count()
+        # what a forward costs by rows, query tokens and context: timed while serving (steps here, verify
+        # rounds in verify_round.py), calibrated at start-up by the daemon (forward_cost.py)
+        self.forward_cost = ForwardCost()
         # finished sequences' prefixes, reused by later prompts that start the same way (off at 0 bytes)
         # (paged storage: entries hold block references, given back through release_prefix when they go)
         self.prefix_cache = (PrefixCache(prefix_cache_bytes, prefix_cache_entries,
@@ -383,8 +393,11 @@ class Engine:
         return results
 
     def step(self, rows: list[Sequence]) -> list[Emitted]:
-        """One synchronous decode step: a token for every row."""
-        return self.read_step(self.submit_step(rows))
+        """One synchronous decode step: a token for every row (timed into ``forward_cost``)."""
+        started = time.perf_counter()
+        emitted = self.read_step(self.submit_step(rows))
+        self.forward_cost.observe(len(rows), 1, mean_context(rows), (time.perf_counter() - started) * 1000.0)
+        return emitted
 
     def verify(self, seq: Sequence, tokens: list[int]) -> mx.array:
         """Forward ``tokens`` (the current token + a proposal) of one row. Returns logits [k+1, V].

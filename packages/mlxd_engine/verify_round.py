@@ -16,7 +16,8 @@ draft tokens, the round
 4. emits the accepted drafts plus the target's own token at the first disagreement (or after the last
    draft), cut short at the first EOS or at a token the caller's ``should_stop`` flags,
 5. commits the appends the emitted tokens need and unwinds the rest (recurrent state: the engine puts
-   the state back and forwards the kept tokens again, see ``row_storage.py``).
+   the state back and forwards the kept tokens again, see ``row_storage.py``),
+6. gives the round's time to ``engine.forward_cost`` (the verify gate's cost model).
 
 Because acceptance is "the row's sampler picked exactly this token", the emitted tokens are the ones
 plain decode would produce: greedy output is identical, and a seeded chain splits its key once per
@@ -28,12 +29,13 @@ is [a, b, y, z]. Accepted: a, b; emitted: [a, b, y]; appends c, a, b are committ
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable
 
 import mlx.core as mx
 
-from .engine import Engine, Sequence
+from .engine import Engine, Sequence, mean_context
 from .kv_bound import at_kv_bound, kv_room
 
 ACCEPTED, TARGET = "accepted", "target"
@@ -94,6 +96,7 @@ def verify_rows(
         # a row near its KV bound cannot take the padding: every row gets its own forward
         return [verify_rows(engine, [seq], [p], [n], [stop])[0]
                 for seq, p, n, stop in zip(rows, proposals, max_new_tokens, stops)]
+    started, context = time.perf_counter(), mean_context(rows)
     logits = engine.verify_rows(rows, [[seq.tokens[-1]] + proposal for seq, proposal in zip(rows, proposals)])
     greedy = [seq.chain.params.is_greedy and not seq.chain.processors for seq in rows]
     argmax = mx.argmax(logits, axis=-1).tolist() if any(greedy) else None  # one read for every greedy row
@@ -102,6 +105,8 @@ def verify_rows(
         k = len(proposal)
         sampled = argmax[i][: k + 1] if greedy[i] else _sample_positions(seq, logits[i, : k + 1], proposal)
         outcomes.append(_settle(engine, seq, proposal, sampled, width, max_new_tokens[i], stops[i]))
+    # the round's whole cost (a recurrent row's replay included) is what the verify gate weighs
+    engine.forward_cost.observe(len(rows), width, context, (time.perf_counter() - started) * 1000.0)
     return outcomes
 
 

@@ -38,6 +38,7 @@ import logging
 import time
 
 from mlxd_engine import Emitted, Engine, StepHandle, release_cached_memory
+from mlxd_engine.engine import mean_context
 
 from .request import RequestState
 
@@ -93,7 +94,9 @@ class DecodeLoop:
             if unread:
                 # each submission waits while MLX works off the queue, so a pipelined tick lasts about as
                 # long as the steps it submitted
-                self._measure((time.perf_counter() - started) * 1000.0 / len(submitted))
+                ms = (time.perf_counter() - started) * 1000.0 / len(submitted)
+                self._measure(ms)
+                self.engine.forward_cost.observe(len(seqs), 1, mean_context(seqs), ms)
             return emitted, []
         except Exception as error:  # noqa: BLE001 - a failed forward must not take the daemon down
             log.warning("batched step failed (%s); retrying rows one by one", error)

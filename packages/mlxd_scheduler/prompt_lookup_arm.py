@@ -1,40 +1,39 @@
 """The prompt-lookup arm of the decode tick: verify rounds without giving up lookahead.
 
-Contract: ``PromptLookupArm.tick(rows, record)`` replaces the plain decode tick whenever a decoding row
-has a drafter. Every token still goes through the scheduler's finish step (``emit_decoded``, ``emit_run``:
-each row's tokens of a tick as one run, logprobs included); each proposing row runs the engine's shared
-verify round at most once per tick.
+Contract: ``PromptLookupArm.tick(rows, record, prefilling, steps)`` replaces the plain decode tick
+whenever a decoding row has a drafter, as plan, execute, update:
+- plan: each drafting row's ``draft_block()`` is called at most once per tick; the proposals and what
+  the rows' governors expect of them go to the pure policy ``tick_plan.plan_tick``, which returns the
+  tick's plan (pipelined with n chained steps, read the lookahead step, or synchronous with the rows to
+  verify and the layout);
+- execute: the engine runs it (``DecodeLoop`` steps, ``verify_rows``);
+- update: drafters learn the outcomes (declines are retracted, no miss), and a ``TickResult`` (tokens per
+  row, failures) goes back to the scheduler, which applies it through the finish step. The arm holds no
+  callbacks into the scheduler. A tick that reads its lookahead step returns ``carried`` proposals: the
+  scheduler applies that result (step n's tokens may finish a row) and calls ``after_read`` for the
+  synchronous part of the same tick, which plans again without asking any drafter.
 
-The tick, in the order the rules are applied:
-1. Gate: when the active batch is above ``max_batch`` no row drafts this tick (no ``draft_block`` call,
-   so no miss is recorded); its drafter keeps observing tokens and resumes when the batch shrinks.
-   The active batch counts the decoding rows and the rows still in prefill, which join within a few
-   ticks: while a burst of requests is admitted, the first rows do not start verify rounds (measured:
-   docs/benchmark_results/code_notes.md#gate-counts-prefill).
-   A row whose governor grants no budget is "declined by governor".
-2. While step n is in flight, every gated-in drafter is asked for a proposal on its committed tokens.
-3. No proposal anywhere: step n+1 is primed and the tick pipelines exactly as plain decode does. A
-   drafter sees tokens only when they are read, so chaining several steps per tick (the scheduler's
-   ``steps``, see ``scheduler.py``) delays its next look by that many tokens. The chain therefore backs
-   off: a row that has gone q pipelined ticks without proposing allows 2**q steps (1, 2, 4, 8, ...), the
-   tick takes the least any drafting row allows, and a proposal resets the row to one step. A row that
-   copies keeps finding its matches at once; one that never matches soon decodes as fast as a plain row.
-   Ticks where the gate holds every drafter back chain ``steps`` at once.
-4. Some row proposes: no prime is submitted; step n is read and committed (tokens to the finish step),
-   the proposals made before it are retracted (they predate its token), and the tick goes on
-   synchronously: the rows that propose on their now-current tokens run their verify rounds together, in
-   one forward (``verify_rows``: each row its own draft length, the shorter padded), and every other row
-   takes one batched step.
-5. From a synchronous state, a tick re-primes (submits a lookahead step and returns) only when no row
-   proposes and every prompt-lookup row's ``pipelines_plain_rounds()`` is true (or its proposal was
-   just declined by rule 6); otherwise it stays synchronous with one batched step.
-6. Short proposals beside other rows: with more than one decoding row, a proposal of fewer than
-   ``MIN_DRAFT_BESIDE_OTHERS`` tokens is retracted (declined, not a miss) and the row takes the batched
-   step. A proposal as long as its governor allowed, where the governor allowed less than the row's
-   ``max_draft``, is never declined so (a probe, or a small budget while the governor's window recovers:
-   the only way a governor that turned off sees the row copying again); a retracted probe goes back to
-   the governor (offered again next time). Each verify round is a forward of its own, so beside other rows it pays only when it checks a
-   long draft (measured: docs/benchmark_results/code_notes.md#short-proposals).
+The rules, in the order they apply:
+1. Bound: when ``max_batch`` is set and the active batch (decoding rows plus rows still in prefill,
+   which join within a few ticks) is above it, no row drafts this tick (no ``draft_block`` call, no
+   miss); its drafter keeps observing tokens. A row whose governor grants no budget is "declined by
+   governor".
+2. While step n is in flight, every drafter is asked for a proposal on its committed tokens.
+3. No proposal anywhere: step n+1 is primed and the tick pipelines exactly as plain decode does,
+   chaining steps as the rows' quiet streaks allow (``tick_plan.py``).
+4. Some row proposes: no prime is submitted; step n is read and committed. Each early proposal predicted
+   step n's token as its first: where step n agrees, the rest of the proposal is the row's draft (its
+   first token counts as accepted); where it disagrees, the governor records the rejected token (1
+   drafted, 0 accepted) and the row drafts nothing more this tick.
+5. The verify gate (``tick_plan.plan_verify``) weighs the drafts against the forwards' estimated cost
+   (``engine.forward_cost``): verified rows run their rounds in one forward (``verify_rows``, each its
+   own draft length), beside one batched step for the other rows or padded into one forward with them,
+   whichever the estimate prefers; a draft that does not pay is declined (retracted, no miss). A probe
+   of a governor that turned off, or a row declined ``probe_interval`` times running (its draft cut to
+   ``probe_draft`` tokens), is verified anyway, so a row that starts copying again is seen to.
+6. From a synchronous state, a tick re-primes (submits a lookahead step and returns) only when nothing
+   was verified and every prompt-lookup row's ``pipelines_plain_rounds()`` is true or its draft was just
+   declined; otherwise it stays synchronous with one batched step.
 7. Structured output: a row with a grammar never pipelines (its mask needs its last token read), and
    its proposal is cut at the first token the grammar forbids (the verify round cuts it, and masks
    every position); a proposal whose first token is forbidden is retracted (no round, no miss).
@@ -45,170 +44,218 @@ row; a row whose own forward fails finishes with an error; the other rows go on.
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from dataclasses import dataclass, field
 
-from mlxd_engine import Engine, verify_round, verify_rows
+from mlxd_engine import Emitted, Engine, kv_room, verify_round, verify_rows
 
 from .decode import DecodeLoop
 from .request import RequestState
 from .trace import TickRecord
+from .tick_plan import RowView, TickPlan, plan_tick
 
 log = logging.getLogger("mlxd.scheduler")
 
-# Rule 6: the shortest proposal a row verifies while other rows decode beside it.
-MIN_DRAFT_BESIDE_OTHERS = 4
 
-EmitDecoded = Callable[[list, TickRecord, dict | None], None]  # steps' (state, Emitted) pairs, trace actions by row id
-EmitRun = Callable[[RequestState, list, TickRecord, list, str], None]  # a row's tokens, logprobs, trace action
-Fail = Callable[[RequestState, str, TickRecord], None]
+@dataclass
+class TickResult:
+    """What a prompt-lookup tick produced, for the scheduler to apply in order."""
+
+    verified: list[tuple[RequestState, list[int]]] = field(default_factory=list)  # verify rounds' tokens
+    emitted: list[tuple[RequestState, Emitted]] = field(default_factory=list)  # plain tokens, in order
+    details: dict[int, str] = field(default_factory=dict)  # trace detail of a plain row, by id
+    failed: list[tuple[RequestState, str]] = field(default_factory=list)
+    carried: dict[RequestState, list[int]] | None = None  # rule 4: proposals to settle after the read
+    carried_forced: set[int] = field(default_factory=set)  # ids of the carried proposals rule 5 forces
 
 
 class PromptLookupArm:
-    def __init__(self, engine: Engine, decode_loop: DecodeLoop, max_batch: int, emit_decoded: EmitDecoded,
-                 emit_run: EmitRun, fail: Fail):
+    def __init__(self, engine: Engine, decode_loop: DecodeLoop, max_batch: int | None):
         self.engine = engine
         self.decode_loop = decode_loop
-        self.max_batch = max_batch
-        # both go through the scheduler's finish step: steps' tokens grouped per row, and one row's run
-        self.emit_decoded = emit_decoded
-        self.emit_run = emit_run
-        self.fail = fail
-        self.counters = {"verify_rounds": 0, "declined_gate": 0, "declined_governor": 0, "declined_short": 0}
+        self.max_batch = max_batch  # rule 1 (None: no bound; the verify gate decides)
+        self.counters = {"verify_rounds": 0, "declined_gate": 0, "declined_governor": 0, "declined_cost": 0,
+                         "padded_forwards": 0}
 
-    def tick(self, rows: list[RequestState], record: TickRecord, prefilling: int = 0, steps: int = 1) -> None:
-        """One decode tick over ``rows``; ``prefilling`` rows (admitted, prompt not yet in) count toward the gate;
-        ``steps``: the most chained steps a plain tick may submit (rule 3)."""
+    # -- the tick ----------------------------------------------------------------------------------
+    def tick(self, rows: list[RequestState], record: TickRecord, prefilling: int = 0, steps: int = 1) -> TickResult:
+        """One decode tick over ``rows``; ``prefilling`` rows count toward the bound; ``steps``: the most
+        chained steps a plain tick may submit (rule 3)."""
         drafting = [s for s in rows if s.drafter is not None]
-        batch = len(rows)  # decoding rows as the tick starts (rule 6)
-        if len(rows) + prefilling > self.max_batch:
+        if self.max_batch is not None and len(rows) + prefilling > self.max_batch:
             self.counters["declined_gate"] += len(drafting)
-            self._plain(rows, record, {id(s): "declined-gate" for s in drafting}, steps)
-            return
-        if self.decode_loop.pipelined:
-            proposals, _ = self._propose(drafting, None, batch)
-            if not proposals:  # rule 3: keep pipelining, chaining steps as the rows' quiet streaks allow
-                allowed = min((2 ** min(s.quiet_ticks, 6) for s in drafting), default=steps)
-                for state in drafting:
-                    state.quiet_ticks += 1
-                self._plain(rows, record, None, min(steps, allowed))
-                return
-            for state in proposals:
-                state.quiet_ticks = 0
-            # rule 4: read step n instead of priming n+1; the early proposals are stale now
-            for state in proposals:
-                state.drafter.retract_draft()
-            self.emit_decoded(self.decode_loop.teardown(), record, {})
-            rows = [s for s in rows if s.phase == "decode"]
-            drafting = [s for s in drafting if s.phase == "decode"]
-        self._synchronous(rows, drafting, record, batch)
+            return self._plain(rows, record, {id(s): "declined-gate" for s in drafting}, steps)
+        proposals, forced, held = self._propose(drafting)
+        plan = plan_tick(self._views(rows, proposals, forced), self.decode_loop.pipelined, steps,
+                         self.engine.forward_cost.estimate)
+        return self._execute(plan, rows, proposals, forced, held, record)
 
-    # -- pieces ---------------------------------------------------------------------------------
-    def _propose(self, drafting: list[RequestState], record: TickRecord | None,
-                 batch: int) -> tuple[dict[RequestState, list[int]], set[int]]:
-        """Proposals to verify, and the ids of rows whose proposal rule 6 declined."""
-        proposals, declined_short = {}, set()
+    def after_read(self, rows: list[RequestState], read: TickResult, record: TickRecord) -> TickResult:
+        """The synchronous part of a tick that read its lookahead step (``read``, already applied; rule
+        4), over the rows still decoding. No drafter proposes again: each carried proposal is cut by the
+        token step n gave."""
+        proposals, confirmed = {}, {}
+        for state, proposal in read.carried.items():
+            if state.phase != "decode":
+                state.drafter.retract_draft()  # the row finished at step n
+            elif proposal[0] != state.seq.tokens[-1]:
+                state.drafter.accept_verified_tokens(1, 0)  # step n rejected the draft's first token
+            elif len(proposal) == 1 or state.request.max_tokens - state.emitted <= 1:
+                state.drafter.accept_verified_tokens(1, 1)  # step n gave the whole draft
+            else:
+                proposals[state], confirmed[id(state)] = proposal[1:], 1
+        rows = [s for s in rows if s.phase == "decode"]
+        plan = plan_tick(self._views(rows, proposals, read.carried_forced), False, 1,
+                         self.engine.forward_cost.estimate)
+        return self._execute(plan, rows, proposals, read.carried_forced, {}, record, confirmed)
+
+    # -- plan: the tick's inputs, for the pure policy (tick_plan.py) --------------------------------
+    def _propose(self, drafting: list[RequestState]) -> tuple[dict[RequestState, list[int]], set[int], dict[int, str]]:
+        """Every drafting row's one ``draft_block()`` of the tick. Returns the proposals to weigh, the ids
+        of the forced ones (rule 5) and trace details of rows held back by their governor."""
+        proposals, forced, held = {}, set(), {}
         for state in drafting:
-            granted = state.drafter.governor.peek_budget()
+            governor = state.drafter.governor
+            was_off = governor.is_off
+            granted = governor.peek_budget()
+            proposal = state.drafter.draft_block()  # counts toward the governor's probe spacing
             if granted == 0:
-                state.drafter.draft_block()  # counts toward the governor's probe spacing
-                if record is not None:
-                    self.counters["declined_governor"] += 1
+                held[id(state)] = "declined-governor"
+                self.counters["declined_governor"] += 1
+            if not proposal:
                 continue
-            proposal = state.drafter.draft_block()
             grammar = state.seq.chain.grammar
-            if proposal and grammar is not None and not grammar.allowed_prefix(proposal):
+            if grammar is not None and not grammar.allowed_prefix(proposal):
                 state.drafter.retract_draft()  # rule 7: the grammar forbids even the first draft token
                 continue
-            if proposal and state.request.max_tokens - state.emitted <= 1:
+            if state.request.max_tokens - state.emitted <= 1:
                 # one token left: the round would check no draft; a plain step gives that token
                 state.drafter.retract_draft()
                 continue
-            # rule 6, for a proposal cut short by its match; one the governor sized (a probe, a small budget
-            # while its window recovers) is verified, or the governor would never see the row copy again
-            governor_sized = granted < state.drafter.governor.config.max_draft and len(proposal) >= granted
-            if proposal and batch > 1 and len(proposal) < MIN_DRAFT_BESIDE_OTHERS and not governor_sized:
-                state.drafter.retract_draft()  # rule 6: not worth a forward of its own beside other rows
-                declined_short.add(id(state))
-                if record is not None:
-                    self.counters["declined_short"] += 1
-                continue
-            if proposal:
-                proposals[state] = proposal
-        return proposals, declined_short
+            if was_off:
+                forced.add(id(state))  # a probe (rule 5)
+            elif state.gate_declines >= state.drafter.config.probe_interval:
+                forced.add(id(state))  # rule 5: a look at a row the gate keeps declining, probe-sized
+                proposal = proposal[: state.drafter.config.probe_draft]
+            proposals[state] = proposal
+        return proposals, forced, held
 
-    def _synchronous(self, rows: list[RequestState], drafting: list[RequestState], record: TickRecord,
-                     batch: int) -> None:
-        governor_off = {id(s) for s in drafting if s.drafter.governor.peek_budget() == 0}
-        proposals, declined_short = self._propose(drafting, record, batch)
-        if proposals:
-            self._verify_all(proposals, record)
-        rest = [s for s in rows if s not in proposals and s.phase == "decode"]
-        if not rest:
-            return
-        details = {i: "declined-governor" for i in governor_off}
-        # a row whose short proposal was declined would be declined again: it does not hold pipelining back
-        if not proposals and all(id(s) in declined_short or s.drafter.pipelines_plain_rounds() for s in drafting):
-            self._plain(rest, record, details)  # rule 5: re-prime (this tick only submits)
-            return
-        emitted, failed = self.decode_loop.step_synchronously(rest)
-        for state, error in failed:
-            self.fail(state, error, record)
-        self.emit_decoded(emitted, record, details)
+    def _views(self, rows: list[RequestState], proposals: dict[RequestState, list[int]],
+               forced: set[int]) -> list[RowView]:
+        widest = 1 + max((len(p) for p in proposals.values()), default=0)
+        synchronous = not self.decode_loop.pipelined  # pipelines_plain_rounds() matters only then (rule 6)
+        views = []
+        for state in rows:
+            proposal = proposals.get(state, [])
+            drafter = state.drafter
+            views.append(RowView(
+                id(state), state.seq.kv.written,
+                can_pad=state.seq.params.logprobs is None and kv_room(state.seq) >= widest,
+                drafting=drafter is not None, draft=len(proposal),
+                # a carried draft whose first token step n confirmed: acceptance stops at the first
+                # rejection, so its rest is expected to accept what a draft of the rest's length would
+                expected=drafter.governor.expected_accepted(len(proposal)) if proposal else 0.0,
+                forced=id(state) in forced, quiet_ticks=state.quiet_ticks,
+                pipelines=drafter.pipelines_plain_rounds() if drafter is not None and synchronous else True))
+        return views
 
-    def _verify_all(self, proposals: dict[RequestState, list[int]], record: TickRecord) -> None:
-        """Every proposing row's verify round in one forward (``verify_rows``); if that forward fails, each
-        row is retried alone, so a failure fails only its own row."""
-        states = list(proposals)
+    # -- execute and update ------------------------------------------------------------------------
+    def _execute(self, plan: TickPlan, rows: list[RequestState], proposals: dict[RequestState, list[int]],
+                 forced: set[int], held: dict[int, str], record: TickRecord,
+                 confirmed: dict[int, int] | None = None) -> TickResult:
+        drafting = [s for s in rows if s.drafter is not None]
+        if plan.mode == "read":  # rule 4: read step n instead of priming n+1; settle the proposals after
+            for state in proposals:
+                state.quiet_ticks = 0
+            return TickResult(emitted=self.decode_loop.teardown(), details=held, carried=proposals,
+                              carried_forced=forced)
+        details = dict(held)
+        declined = set(plan.declined)
+        verify = {}
+        for state, proposal in proposals.items():
+            if id(state) in declined:  # rule 5: not worth its forward this tick; no miss
+                state.drafter.retract_draft()
+                state.gate_declines += 1
+                details[id(state)] = "declined-cost"
+                self.counters["declined_cost"] += 1
+            else:
+                verify[state] = proposal
+                state.gate_declines = 0
+        if plan.mode == "pipelined":
+            if self.decode_loop.pipelined:  # rule 3: one more pipelined tick without a proposal
+                for state in drafting:
+                    state.quiet_ticks += 1
+            return self._plain(rows, record, details, plan.steps)
+        result = TickResult(details=details)
+        rest = [s for s in rows if s not in verify]
+        if verify and plan.layout == "padded":
+            self.counters["padded_forwards"] += 1
+            self._verify_all({**verify, **{s: [] for s in rest}}, record, result, confirmed or {})
+            return result
+        if verify:
+            self._verify_all(verify, record, result, confirmed or {})
+        rest = [s for s in rest if s.phase == "decode"]
+        if rest:
+            emitted, failed = self.decode_loop.step_synchronously(rest)
+            result.emitted.extend(emitted)
+            result.failed.extend(failed)
+        return result
+
+    def _verify_all(self, drafts: dict[RequestState, list[int]], record: TickRecord, result: TickResult,
+                    confirmed: dict[int, int]) -> None:
+        """The rows' verify rounds in one forward (``verify_rows``; rows with an empty draft take their one
+        token in it); if that forward fails, each row is retried alone, so a failure fails only its row."""
+        states = list(drafts)
         try:
             # EOS, max_tokens and the KV bound are cut inside the round; a stop string is found by the
-            # finish step below, which ends the row at that token (the row's slot is then released)
-            outcomes = verify_rows(self.engine, [s.seq for s in states], [proposals[s] for s in states],
+            # finish step, which ends the row at that token (the row's slot is then released)
+            outcomes = verify_rows(self.engine, [s.seq for s in states], [drafts[s] for s in states],
                                    [max(s.request.max_tokens - s.emitted, 1) for s in states])
         except Exception as error:  # noqa: BLE001 - retried row by row below
             if len(states) == 1:
-                self._verify_failed(states[0], error, record)
+                self._verify_failed(states[0], error, result)
                 return
             log.warning("batched verify of %d rows failed (%s); verifying them one by one", len(states), error)
             for state in states:
                 if state.seq.kv.pending:
                     self.engine.unwind_appends(state.seq, state.seq.kv.pending)
+            outcomes = []
             for state in states:
-                self._verify(state, proposals[state], record)
-            return
+                try:
+                    outcomes.append(verify_round(self.engine, state.seq, drafts[state],
+                                                 max(state.request.max_tokens - state.emitted, 1)))
+                except Exception as row_error:  # noqa: BLE001 - a failed verify fails only this row
+                    self._verify_failed(state, row_error, result)
+                    outcomes.append(None)
         for state, outcome in zip(states, outcomes):
-            self._record(state, outcome, record)
+            if outcome is None:
+                continue
+            if not drafts[state]:  # a plain row of a padded forward: its one token, as a step gives it
+                result.emitted.append((state, Emitted(outcome.emitted[0])))
+                continue
+            self._record(state, outcome, record, confirmed.get(id(state), 0))
+            result.verified.append((state, outcome.emitted))
 
-    def _verify_failed(self, state: RequestState, error: Exception, record: TickRecord) -> None:
+    def _verify_failed(self, state: RequestState, error: Exception, result: TickResult) -> None:
         seq = state.seq
         if seq.kv.pending:
             self.engine.unwind_appends(seq, seq.kv.pending)
-        state.drafter.retract_draft()
-        self.fail(state, f"verify failed: {type(error).__name__}: {error}", record)
+        if state.drafter is not None:
+            state.drafter.retract_draft()
+        result.failed.append((state, f"verify failed: {type(error).__name__}: {error}"))
 
-    def _verify(self, state: RequestState, proposal: list[int], record: TickRecord) -> None:
-        """One row's verify round alone (the fallback after a failed batched forward)."""
-        try:
-            outcome = verify_round(self.engine, state.seq, proposal, max(state.request.max_tokens - state.emitted, 1))
-        except Exception as error:  # noqa: BLE001 - a failed verify fails only this row
-            self._verify_failed(state, error, record)
-            return
-        self._record(state, outcome, record)
-
-    def _record(self, state: RequestState, outcome, record: TickRecord) -> None:
-        """A verify round's outcome: the drafter's governor, the row's timings, the trace, the finish step."""
+    # -- update ------------------------------------------------------------------------------------
+    def _record(self, state: RequestState, outcome, record: TickRecord, confirmed: int) -> None:
+        """A verify round's outcome: the drafter's governor (with the draft token step n confirmed), the
+        row's timings, the trace."""
         self.counters["verify_rounds"] += 1
-        state.drafter.accept_verified_tokens(outcome.drafted, outcome.accepted)
+        state.drafter.accept_verified_tokens(outcome.drafted + confirmed, outcome.accepted + confirmed)
         state.timings.draft_n += outcome.drafted
         state.timings.draft_n_accepted += outcome.accepted
         state.timings.draft_verify_n += 1
         record.add(state.request_id, "verify", drafted=outcome.drafted, accepted=outcome.accepted)
-        self.emit_run(state, outcome.emitted, record, None, "")  # the trace shows them as the verify
 
     def _plain(self, rows: list[RequestState], record: TickRecord, details: dict[int, str] | None = None,
-               steps: int = 1) -> None:
+               steps: int = 1) -> TickResult:
         record.steps = steps
         emitted, failed = self.decode_loop.tick(rows, steps)
-        for state, error in failed:
-            self.fail(state, error, record)
-        self.emit_decoded(emitted, record, details)
-
+        return TickResult(emitted=emitted, details=dict(details or {}), failed=failed)

@@ -34,16 +34,16 @@ from mlxd_engine import Engine, KVStorageFull, kv_room, prompt_lookup_eligibilit
 
 from .decode import DecodeLoop, runs_by_row
 from .finishing import Finisher
-from .prompt_lookup_arm import PromptLookupArm
+from .prompt_lookup_arm import PromptLookupArm, TickResult
 from .request import EventSink, Request, RequestState
 from .trace import TickRecord
 
 log = logging.getLogger("mlxd.scheduler")
 
 
-# Verify gate default: the largest active batch at which prompt lookup showed no aggregate loss
-# (measured: docs/benchmark_results/code_notes.md#verify-gate).
-DEFAULT_PROMPT_LOOKUP_MAX_BATCH = 2
+# Verify bound default: none; the verify gate weighs every draft against its measured cost
+# (prompt_lookup_arm.py, tick_plan.py).
+DEFAULT_PROMPT_LOOKUP_MAX_BATCH = None
 
 
 @dataclass
@@ -56,7 +56,7 @@ class SchedulerOptions:
     max_queue: int = 256
     prompt_lookup: PromptLookupConfig | None = None  # on by default for every eligible request when set
     prompt_lookup_cap: PromptLookupConfig = field(default_factory=PromptLookupConfig)  # for per-request opt-in
-    prompt_lookup_max_batch: int = DEFAULT_PROMPT_LOOKUP_MAX_BATCH  # verify gate: largest active batch
+    prompt_lookup_max_batch: int | None = DEFAULT_PROMPT_LOOKUP_MAX_BATCH  # largest batch that verifies (None: any)
     max_decode_steps: int = 8  # most chained decode steps per tick in plain steady decode (see above)
     tick_budget_ms: float = 5.0  # ... and only as many as fit this long at the measured step time
 
@@ -73,8 +73,7 @@ class BatchScheduler:
         self.trace_sink = trace_sink
         self.finisher = Finisher(engine)
         self.decode_loop = DecodeLoop(engine, lookahead=self.options.lookahead)
-        self.prompt_lookup = PromptLookupArm(engine, self.decode_loop, self.options.prompt_lookup_max_batch,
-                                             self._emit_decoded, self._emit_run, self._fail)
+        self.prompt_lookup = PromptLookupArm(engine, self.decode_loop, self.options.prompt_lookup_max_batch)
         self.waiting: deque[RequestState] = deque()
         self.prefilling: list[RequestState] = []
         self.decoding: list[RequestState] = []
@@ -187,7 +186,12 @@ class BatchScheduler:
         was_pipelined = self.decode_loop.pipelined
         record.pipelined = self.decode_loop.lookahead and was_pipelined and bool(rows)
         if any(s.drafter is not None for s in rows):
-            self.prompt_lookup.tick(rows, record, prefilling=len(self.prefilling), steps=self._steps_this_tick(rows))
+            result = self.prompt_lookup.tick(rows, record, prefilling=len(self.prefilling),
+                                             steps=self._steps_this_tick(rows))
+            self._apply(result, record)
+            if result.carried is not None:  # the tick read its lookahead step; the rest of it is synchronous
+                rows = [s for s in rows if s.phase == "decode"]
+                self._apply(self.prompt_lookup.after_read(rows, result, record), record)
             record.pipelined = record.pipelined and self.decode_loop.pipelined
         else:
             record.steps = self._steps_this_tick(rows)
@@ -218,6 +222,14 @@ class BatchScheduler:
             room = kv_room(seq)  # appends the row may still make
             most = min(most, left, room)
         return max(1, most)
+
+    def _apply(self, result: TickResult, record: TickRecord) -> None:
+        """A prompt-lookup tick's results, through the finish step: verify rounds' runs, plain tokens, failures."""
+        for state, tokens in result.verified:
+            self._emit_run(state, tokens, record, None, "")  # the trace shows them as the verify
+        self._emit_decoded(result.emitted, record, result.details)
+        for state, error in result.failed:
+            self._fail(state, error, record)
 
     def _emit_decoded(self, emitted: list, record: TickRecord, details: dict[int, str] | None = None) -> None:
         """Steps' tokens, (state, Emitted) pairs in order: each row's run through ``_emit_run``, its trace

@@ -4,8 +4,9 @@ Contract: one ``TickRecord`` per tick that did any work; plain data (JSON- and m
 ``as_dict``). Row actions: "prefill" (a prompt chunk), "first-token" (prefill finished; a request that
 asked for prompt lookup and may not have it says why in ``detail``: "prompt lookup off: <reason>"),
 "prime" (a lookahead step was submitted, nothing read yet), "decode" (took the batched step; ``tokens``
-counts them when a tick of several steps gave the row more than one; ``detail`` says "declined-gate" or
-"declined-governor" when a prompt-lookup row was held back), "verify" (ran a verify round; with
+counts them when a tick of several steps gave the row more than one; ``detail`` says "declined-gate",
+"declined-governor" or "declined-cost" when a prompt-lookup row was held back: by the batch bound, its
+governor, or the verify gate's cost estimate), "verify" (ran a verify round; with
 drafted/accepted), and "finished" (with the reason in ``detail``).
 """
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from mlxd_drafters import PromptLookupConfig
 from mlxd_engine import Engine
 from mlxd_scheduler import BatchScheduler, Request, SchedulerOptions, SpeculativeRequest
@@ -189,34 +191,100 @@ def test_rows_still_in_prefill_count_toward_the_gate():
     assert [x for r in records for x in r.rows if x.action == "verify"]  # alone, each row verifies
 
 
-def test_short_proposals_are_declined_beside_other_rows():
-    loaded = stub_loaded(period=6)
-    short = PromptLookupConfig(max_draft=2)  # every proposal is shorter than MIN_DRAFT_BESIDE_OTHERS
-    scheduler, records = make(loaded, short, prompt_lookup_max_batch=4)
-    out = Collector()
-    scheduler.submit(Request("a", REPEATING, max_tokens=40), out.sink("a"))
-    scheduler.submit(Request("b", REPEATING, max_tokens=40), out.sink("b"))
-    scheduler.run_until_idle()
-    both = [r for r in records if {x.request_id for x in r.rows if x.action == "decode"} == {"a", "b"}]
-    assert both and not any(x.action == "verify" for r in both for x in r.rows)
-    assert scheduler.prompt_lookup.counters["declined_short"] > 0
-    solo, _ = make(loaded, short)
-    solo.submit(Request("c", REPEATING, max_tokens=40), out.sink("c"))
-    solo.run_until_idle()
-    assert out.done("a").tokens == out.done("b").tokens == out.done("c").tokens
-    assert solo.prompt_lookup.counters["verify_rounds"] > 0  # alone, short drafts still verify
-    assert solo.prompt_lookup.counters["declined_short"] == 0
+class StubCost:
+    """A forward cost model with fixed numbers: ``fixed`` ms a forward plus ``per_token`` ms a query token."""
+
+    def __init__(self, fixed: float, per_token: float):
+        self.fixed, self.per_token = fixed, per_token
+
+    def estimate(self, rows, width, context):
+        return self.fixed + self.per_token * rows * width
+
+    def observe(self, *args):
+        pass
 
 
-def test_rows_with_declined_short_proposals_keep_pipelining():
-    loaded = stub_loaded(period=6)
-    scheduler, records = make(loaded, PromptLookupConfig(max_draft=2), prompt_lookup_max_batch=4)
+def run_with_cost(loaded, cost, config=PromptLookupConfig(probe_interval=10_000), prompts=None, max_tokens=40):
+    scheduler, records = make(loaded, config)
+    scheduler.engine.forward_cost = cost
     out = Collector()
-    scheduler.submit(Request("a", REPEATING, max_tokens=60), out.sink("a"))
-    scheduler.submit(Request("b", REPEATING, max_tokens=60), out.sink("b"))
+    prompts = prompts or {"a": (REPEATING, True), "b": (REPEATING[2:] + REPEATING, True), "plain": (PLAIN, False)}
+    for name, (prompt, speculative) in prompts.items():
+        scheduler.submit(Request(name, prompt, max_tokens=max_tokens, speculative=SpeculativeRequest(speculative)),
+                         out.sink(name))
     scheduler.run_until_idle()
-    both = [r for r in records if {x.request_id for x in r.rows if x.action == "decode"} == {"a", "b"}]
+    return scheduler, records, out
+
+
+def test_the_cost_gate_verifies_nothing_where_the_gain_does_not_pay_and_records_no_miss():
+    """Every query token costs as much as a whole step: a verify round of 1 + 8 tokens costs 9 steps and is
+    expected to gain far fewer, so no round runs, no miss is recorded, and output equals plain decode."""
+    loaded = stub_loaded(period=6)
+    scheduler, records, out = run_with_cost(loaded, StubCost(fixed=0.0, per_token=1.0))
+    assert not [x for r in records for x in r.rows if x.action == "verify"]
+    counters = scheduler.prompt_lookup.counters
+    assert counters["verify_rounds"] == 0 and counters["declined_cost"] > 0
+    assert any(x.detail == "declined-cost" for r in records for x in r.rows)
+    for name, prompt in (("a", REPEATING), ("b", REPEATING[2:] + REPEATING), ("plain", PLAIN)):
+        alone, _, _ = run_one(loaded, prompt, 40, enabled=False)
+        assert out.done(name).tokens == alone.tokens
+        assert out.done(name).timings.get("draft_n", 0) == 0
+
+
+def test_the_cost_gate_verifies_where_the_gain_pays_padding_the_plain_row_into_one_forward():
+    """A forward's cost is nearly all fixed (as on a GPU): verifying pays, and the plain row rides in the
+    verify forward (padded layout: one forward per tick for every row). Output equals plain decode."""
+    loaded = stub_loaded(period=6)
+    forwards = []
+    scheduler, records = make(loaded, PromptLookupConfig(probe_interval=10_000))
+    scheduler.engine.forward_cost = StubCost(fixed=10.0, per_token=0.01)
+    out = Collector()
+    prompts = {"a": REPEATING, "b": REPEATING[2:] + REPEATING, "plain": PLAIN}
+    for name, prompt in prompts.items():
+        scheduler.submit(Request(name, prompt, max_tokens=40, speculative=SpeculativeRequest(name != "plain")),
+                         out.sink(name))
+    while scheduler.has_work:
+        before = loaded.model.forward_calls
+        record = scheduler.tick()
+        if record is not None:
+            forwards.append((record, loaded.model.forward_calls - before))
+    counters = scheduler.prompt_lookup.counters
+    assert counters["verify_rounds"] > 0 and counters["padded_forwards"] > 0
+    padded = [n for record, n in forwards
+              if any(x.action == "verify" for x in record.rows)
+              and any(x.request_id == "plain" and x.action == "decode" for x in record.rows)
+              and not any(x.action in ("prefill", "first-token") for x in record.rows)]
+    assert padded and min(padded) == 1  # a tick where the plain row decoded beside a verify in one forward
+    for name, prompt in prompts.items():
+        alone, _, _ = run_one(loaded, prompt, 40, enabled=False)
+        assert out.done(name).tokens == alone.tokens
+
+
+def test_the_cost_gate_at_one_row_decides_whether_a_round_is_worth_a_forward():
+    loaded = stub_loaded(period=6)
+    alone = {"a": (REPEATING, True)}
+    _, costly, _ = run_with_cost(loaded, StubCost(fixed=0.0, per_token=1.0), prompts=alone)
+    _, cheap, _ = run_with_cost(loaded, StubCost(fixed=10.0, per_token=0.01), prompts=alone)
+    assert not [x for r in costly for x in r.rows if x.action == "verify"]
+    assert [x for r in cheap for x in r.rows if x.action == "verify"]
+
+
+def test_rows_whose_drafts_the_cost_gate_declines_keep_pipelining():
+    loaded = stub_loaded(period=6)
+    scheduler, records, out = run_with_cost(loaded, StubCost(fixed=0.0, per_token=1.0), max_tokens=60)
+    both = [r for r in records if {x.request_id for x in r.rows if x.action == "decode"} >= {"a", "b"}]
     assert len(both) > 5 and sum(r.pipelined for r in both) >= len(both) - 2
+
+
+def test_a_row_the_cost_gate_keeps_declining_is_verified_now_and_then():
+    """Declines record nothing, so a row the gate turns down could never show it copies: every
+    ``probe_interval``-th declined proposal in a row is verified anyway."""
+    loaded = stub_loaded(period=6)
+    scheduler, records, out = run_with_cost(loaded, StubCost(fixed=0.0, per_token=1.0),
+                                            config=PromptLookupConfig(probe_interval=4),
+                                            prompts={"a": (REPEATING, True)}, max_tokens=60)
+    counters = scheduler.prompt_lookup.counters
+    assert counters["verify_rounds"] >= 1 and counters["declined_cost"] >= 4 * counters["verify_rounds"] - 4
 
 
 def test_a_logprobs_row_keeps_its_logprobs_beside_a_verifying_row():
@@ -237,16 +305,21 @@ def test_a_logprobs_row_keeps_its_logprobs_beside_a_verifying_row():
         assert len(out.streamed_tokens("lp")) == 40
 
 
-def test_a_governor_that_turned_off_recovers_when_its_row_starts_copying():
-    """In the batched scheduler, beside a plain row: the stub first answers with the sum rule (drafts fail,
-    the governor turns off), then from context position ``copy_from`` on it copies; the governor's probes
-    (never declined as short, offered again when a pipelined pass retracted them) verify, accept, and turn
-    it back on. Output equals plain decode."""
+@pytest.mark.parametrize("cost, turns_off", [(StubCost(fixed=10.0, per_token=0.01), True),
+                                              (StubCost(fixed=1.0, per_token=0.3), False)],
+                         ids=["governor-off-probes", "gate-declines-explores"])
+def test_a_row_whose_drafts_failed_recovers_when_it_starts_copying(cost, turns_off):
+    """In the batched scheduler, beside a plain row: the stub first answers with the sum rule (drafts fail),
+    then from context position ``copy_from`` on it copies. Where verifying is cheap the governor turns off
+    and its probes (verified whatever the gate estimates) turn it back on; where it is dearer the gate
+    declines the failing row and its now-and-then verify sees the copying. Either way full-size drafts are
+    accepted again, and output equals plain decode."""
     prompt = REPEATING * 3
     copy_from = len(prompt) + 70
     loaded = stub_loaded(period=6, copy_from=copy_from, sum_mod=13)  # the sum rule's tokens recur: drafts, failing
     config = PromptLookupConfig(probe_interval=4)
-    scheduler, records = make(loaded, config, prompt_lookup_max_batch=4)
+    scheduler, records = make(loaded, config)
+    scheduler.engine.forward_cost = cost
     out = Collector()
     scheduler.submit(Request("pl", prompt, max_tokens=200, speculative=SpeculativeRequest(True)), out.sink("pl"))
     scheduler.submit(Request("plain", PLAIN, max_tokens=200, speculative=SpeculativeRequest(False)), out.sink("plain"))
@@ -255,11 +328,12 @@ def test_a_governor_that_turned_off_recovers_when_its_row_starts_copying():
     assert out.done("pl").tokens == plain.tokens
     verifies = [x for r in records for x in r.rows if x.request_id == "pl" and x.action == "verify"]
     failing = [i for i, x in enumerate(verifies) if x.accepted == 0]
-    assert len(failing) >= 4, "the drafts never failed while the row did not copy"
-    probes = [x for x in verifies[failing[-1]:] if x.drafted == config.probe_budget]
-    assert probes, "no probe after the governor turned off"
+    assert len(failing) >= 2, "the drafts never failed while the row did not copy"
+    if turns_off:
+        probes = [x for x in verifies[failing[-1]:] if x.drafted == config.probe_budget]
+        assert probes, "no probe after the governor turned off"
     recovered = [x for x in verifies[failing[-1]:] if x.accepted >= 6]
-    assert recovered, "no full-size accepted run after the probes: the governor never came back on"
+    assert recovered, "no full-size accepted run after the failures: the row never drafted again"
 
 
 def test_proposing_rows_verify_together_in_one_forward():

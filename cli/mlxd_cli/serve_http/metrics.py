@@ -5,7 +5,7 @@ Contract:
       generated tokens, and the decode speed of the last ``RECENT_REQUESTS`` generations.
     * ``render`` adds what the daemons report, one series per daemon (label ``daemon``): up, queued,
       active (the batch being decoded), and from ``Status.totals`` the speculative-decoding counters
-      draft_tokens, draft_accepted, verify_rounds, declined_gate, declined_governor, declined_short.
+      draft_tokens, draft_accepted, verify_rounds, declined_gate, declined_governor, declined_cost, padded_forwards.
     * Endpoint labels are the known routes only (anything else is "other"), so a scan of random
       URLs cannot grow the number of series.
 
@@ -23,7 +23,8 @@ Metric names:
     mlxd_daemon_verify_rounds_total{daemon}    counter
     mlxd_daemon_declined_gate_total{daemon}    counter
     mlxd_daemon_declined_governor_total{daemon} counter
-    mlxd_daemon_declined_short_total{daemon}    counter
+    mlxd_daemon_declined_cost_total{daemon}    counter
+    mlxd_daemon_padded_forwards_total{daemon}  counter
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ DAEMON_TOTALS = {
     "verify_rounds": "verify_rounds_total",
     "declined_gate": "declined_gate_total",
     "declined_governor": "declined_governor_total",
-    "declined_short": "declined_short_total",
+    "declined_cost": "declined_cost_total",
+    "padded_forwards": "padded_forwards_total",
 }
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

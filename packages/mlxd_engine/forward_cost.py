@@ -1,0 +1,161 @@
+"""What one forward costs: milliseconds as a function of its rows, query tokens per row and context.
+
+Why: whether a verify round pays depends on what its extra query tokens cost beside the rows it runs
+with, and that differs by orders of magnitude between machines and models. On a GPU a forward of 8 rows
+x 9 tokens costs little more than 8 x 1 (the weights are read once either way); on this project's CPU a
+4-bit model pays per token, and a float32 one about 2 steps for 9 tokens. So it is measured, not assumed.
+
+Contract:
+- ``ForwardCost.estimate(rows, width, context)``: the expected milliseconds of one forward of ``rows``
+  rows, each ``width`` query tokens (padding included), at a mean of ``context`` tokens in storage;
+  None until the model has seen enough to say (then callers fall back to their bounds).
+- The model is linear in three features: a fixed cost, the forward's query tokens (``rows x width``) and
+  its attention work (query tokens x ``context / 1024``: every query token reads the row's context),
+  fitted by weighted least squares.
+- ``calibrate(points)`` sets measured points (start-up: ``Engine.calibrate_forward_cost``) that keep a
+  constant weight; ``observe(...)`` adds a forward timed while serving, with a weight that decays
+  (``FORGET`` per observation) so the fit follows the machine's present load. A small ridge keeps the fit
+  defined when the observations do not vary a feature (every online step has width 1, say).
+- Estimates never go below ``min_ms`` (the least time observed), so a poorly conditioned fit cannot
+  make a forward look free.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+FORGET = 0.97  # weight kept by each online observation per newer one: about the last 30 count
+CALIBRATION_WEIGHT = 1.0  # each start-up point weighs as much as one fresh online observation
+RIDGE = 1e-6
+
+
+def features(rows: int, width: int, context: float) -> np.ndarray:
+    tokens = float(rows * width)
+    return np.array([1.0, tokens, tokens * float(context) / 1024.0])
+
+
+class ForwardCost:
+    """Forward time model (module docstring)."""
+
+    def __init__(self):
+        self._calibration: list[tuple[np.ndarray, float]] = []
+        self._online_xx = np.zeros((3, 3))
+        self._online_xy = np.zeros(3)
+        self._online_weight = 0.0
+        self._widths: set[int] = set()  # widths seen: a fit needs two to split fixed from per-token cost
+        self._theta: np.ndarray | None = None
+        self.min_ms: float | None = None
+        self.observations = 0
+
+    @property
+    def ready(self) -> bool:
+        return len(self._widths) >= 2
+
+    def calibrate(self, points: list[tuple[int, int, float, float]]) -> None:
+        """Measured (rows, width, context, ms) points that keep their weight (start-up timings)."""
+        self._calibration = [(features(r, w, c), float(ms)) for r, w, c, ms in points]
+        for rows, width, _, ms in points:
+            self._widths.add(width)
+            self.min_ms = ms if self.min_ms is None else min(self.min_ms, ms)
+        self._theta = None
+
+    def observe(self, rows: int, width: int, context: float, ms: float) -> None:
+        """A forward timed while serving."""
+        if rows < 1 or width < 1 or ms <= 0:
+            return
+        x = features(rows, width, context)
+        self._online_xx = FORGET * self._online_xx + np.outer(x, x)
+        self._online_xy = FORGET * self._online_xy + x * ms
+        self._online_weight = FORGET * self._online_weight + 1.0
+        self._widths.add(width)
+        self.min_ms = ms if self.min_ms is None else min(self.min_ms, ms)
+        self.observations += 1
+        self._theta = None
+
+    def coefficients(self) -> np.ndarray | None:
+        """(fixed ms, ms per query token, ms per query token and 1024 context tokens), or None before ``ready``."""
+        if not self.ready:
+            return None
+        if self._theta is None:
+            xx, xy = self._online_xx.copy(), self._online_xy.copy()
+            for x, ms in self._calibration:
+                xx += CALIBRATION_WEIGHT * np.outer(x, x)
+                xy += CALIBRATION_WEIGHT * x * ms
+            scale = max(float(np.trace(xx)), 1.0)
+            theta = np.linalg.solve(xx + RIDGE * scale * np.eye(3), xy)
+            self._theta = np.maximum(theta, 0.0)  # no feature makes a forward cheaper
+        return self._theta
+
+    def estimate(self, rows: int, width: int, context: float) -> float | None:
+        theta = self.coefficients()
+        if theta is None or rows < 1:
+            return None
+        return max(float(features(rows, width, context) @ theta), self.min_ms or 0.0)
+
+    def summary(self) -> dict:
+        theta = self.coefficients()
+        return {"ready": self.ready, "observations": self.observations,
+                "fixed_ms": None if theta is None else round(float(theta[0]), 4),
+                "per_token_ms": None if theta is None else round(float(theta[1]), 4),
+                "per_token_kcontext_ms": None if theta is None else round(float(theta[2]), 6)}
+
+
+def calibrate_forward_cost(engine, batch: int = 4, width: int = 9, context: int = 32, long_context: int = 288,
+                           repeats: int = 2) -> list:
+    """Time plain steps and verify-shaped forwards (1 and ``batch`` rows at ``context`` tokens, one row at
+    ``long_context``; 1 and ``width`` tokens each) on scratch sequences and give the points to
+    ``engine.forward_cost``. Returns the (rows, width, context, ms) points; none where the engine cannot
+    unwind (no verify rounds) or has no free slot. Every scratch sequence is released with nothing kept
+    (no prefix cache entry). About 40 forwards and 416 prompt tokens: 3 s for SmolLM2-135M on 2 cores."""
+    import statistics
+    import time
+
+    import mlx.core as mx
+
+    from .sampling import SamplingParams
+
+    if engine.storage.free_slots < 1 or not engine.can_unwind:
+        return []
+    vocab = engine.loaded.vocab_size
+    budget = width + 2 * (repeats + 1) + 1
+
+    def scratch(length: int, salt: int):
+        prompt = [(7 * i + 3 + salt) % vocab for i in range(length)]
+        if engine.storage.free_slots < 1 or not engine.can_admit(length, budget):
+            return None
+        seq = engine.add_sequence(prompt, SamplingParams(), budget, cache_prompt=False)
+        seqs.append(seq)
+        while engine.prefill(seq) is None:
+            pass
+        return seq
+
+    def timed(group: list, w: int) -> float:
+        times = []
+        for _ in range(repeats + 1):  # the first run warms up
+            started = time.perf_counter()
+            if w == 1:
+                engine.step(group)
+            else:
+                mx.eval(engine.verify_rows(group, [[s.tokens[-1]] * w for s in group]))
+                for s in group:
+                    engine.unwind_appends(s, w)
+            times.append((time.perf_counter() - started) * 1000.0)
+        return statistics.median(times[1:])
+
+    seqs: list = []
+    try:
+        short = [seq for seq in (scratch(context, row) for row in range(batch)) if seq is not None]
+        groups = [short[:1]] + ([short] if len(short) > 1 else [])
+        long = scratch(long_context, batch) if engine.max_kv_size > long_context + budget else None
+        if long is not None:
+            groups.append([long])
+        points = []
+        for group in groups:
+            for w in (1, width):
+                ms = timed(group, w)
+                points.append((len(group), w, sum(s.kv.written for s in group) / len(group), ms))
+        engine.forward_cost.calibrate(points)
+        return points
+    finally:
+        for seq in seqs:
+            engine.release(seq, keep_prefix=False)

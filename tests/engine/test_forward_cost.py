@@ -1,0 +1,63 @@
+"""The forward cost model: fitted from timed forwards, calibrated at start-up."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlxd_engine import Engine, ForwardCost, calibrate_forward_cost
+
+
+def test_not_ready_until_two_widths_are_seen():
+    cost = ForwardCost()
+    assert cost.estimate(1, 1, 10) is None
+    cost.observe(1, 1, 10, 5.0)
+    assert not cost.ready and cost.estimate(1, 9, 10) is None
+    cost.observe(1, 9, 10, 13.0)
+    assert cost.ready and cost.estimate(1, 9, 10) == pytest.approx(13.0, rel=0.05)
+
+
+def test_fits_fixed_and_per_token_cost():
+    cost = ForwardCost()
+    for rows in (1, 2, 4, 8):
+        for width in (1, 5, 9):
+            for context in (50, 500):
+                cost.observe(rows, width, context, 3.0 + 0.5 * rows * width + 0.2 * rows * width * context / 1024)
+    fixed, per_token, per_kcontext = cost.coefficients()
+    assert fixed == pytest.approx(3.0, rel=0.02) and per_token == pytest.approx(0.5, rel=0.02)
+    assert per_kcontext == pytest.approx(0.2, rel=0.1)
+    assert cost.estimate(3, 3, 100) == pytest.approx(3.0 + 4.5 + 0.2 * 9 * 100 / 1024, rel=0.02)
+
+
+def test_online_observations_take_over_from_calibration():
+    cost = ForwardCost()
+    cost.calibrate([(1, 1, 32, 10.0), (1, 9, 32, 90.0)])  # per token, as a 4-bit model on the CPU
+    assert cost.estimate(1, 9, 32) == pytest.approx(90.0, rel=0.05)
+    for _ in range(200):  # the machine turns out to be fixed-cost bound (a GPU, say)
+        cost.observe(1, 1, 32, 10.0)
+        cost.observe(1, 9, 32, 11.0)
+    assert cost.estimate(1, 9, 32) < 20.0
+
+
+def test_estimates_never_drop_below_the_fastest_forward_seen():
+    cost = ForwardCost()
+    cost.observe(1, 1, 10, 5.0)
+    cost.observe(4, 9, 10, 4.0)  # noise: a bigger forward timed faster
+    assert cost.estimate(1, 1, 10) >= 4.0
+
+
+def test_calibration_times_steps_and_verify_forwards_and_leaves_storage_empty(embedded_model):
+    engine = Engine(embedded_model, max_sequences=5, prefix_cache_bytes=1 << 20)
+    points = calibrate_forward_cost(engine)
+    shapes = [(rows, width, "long" if context > 256 else "short") for rows, width, context, _ in points]
+    assert shapes == [(1, 1, "short"), (1, 9, "short"), (4, 1, "short"), (4, 9, "short"),
+                      (1, 1, "long"), (1, 9, "long")]
+    assert all(ms > 0 for *_, ms in points)
+    assert engine.forward_cost.ready and engine.forward_cost.estimate(4, 9, 40) > 0
+    assert engine.storage.free_slots == 5 and len(engine.prefix_cache) == 0  # nothing kept
+
+
+def test_calibration_with_one_free_slot_times_one_row(embedded_model):
+    engine = Engine(embedded_model, max_sequences=1, max_kv_size=128)
+    points = calibrate_forward_cost(engine)
+    assert [(rows, width) for rows, width, _, _ in points] == [(1, 1), (1, 9)]
+    assert engine.storage.free_slots == 1

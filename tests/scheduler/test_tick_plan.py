@@ -1,0 +1,85 @@
+"""The prompt-lookup tick's pure policy: pipelining, and which drafts pay for their forward, in which layout."""
+
+from __future__ import annotations
+
+from mlxd_scheduler.tick_plan import RowView, plan_tick
+
+
+def linear(fixed: float, per_token: float):
+    return lambda rows, width, context: fixed + per_token * rows * width
+
+
+def no_estimate(*args):
+    return None
+
+
+def rows(*drafts, expected=None, forced=(), can_pad=True, pipelines=True):
+    """Row i proposes drafts[i] tokens (0: none) expecting expected[i] accepted."""
+    expected = expected or [0.0] * len(drafts)
+    return [RowView(i, 100, can_pad=can_pad, drafting=True, draft=d, expected=e, forced=i in forced,
+                    pipelines=pipelines) for i, (d, e) in enumerate(zip(drafts, expected))]
+
+
+def synchronous(views, estimate):
+    return plan_tick(views, pipelined=False, max_steps=8, estimate=estimate)
+
+
+def test_pipelined_without_proposals_backs_off_by_the_quietest_row():
+    views = [RowView(0, 10, drafting=True, quiet_ticks=2), RowView(1, 10, drafting=True, quiet_ticks=5),
+             RowView(2, 10)]
+    plan = plan_tick(views, pipelined=True, max_steps=8, estimate=no_estimate)
+    assert plan.mode == "pipelined" and plan.steps == 4
+    assert plan_tick(views[2:], pipelined=True, max_steps=8, estimate=no_estimate).steps == 8  # nobody drafts
+
+
+def test_a_proposal_while_pipelined_reads_the_step_in_flight():
+    plan = plan_tick(rows(0, 8), pipelined=True, max_steps=8, estimate=linear(1, 1))
+    assert plan.mode == "read"
+
+
+def test_synchronous_without_proposals_reprimes_only_when_every_drafter_pipelines():
+    assert synchronous(rows(0, 0), linear(1, 1)).mode == "pipelined"
+    assert synchronous(rows(0, 0, pipelines=False), linear(1, 1)).mode == "synchronous"
+
+
+def test_without_an_estimate_every_candidate_is_verified_beside_the_step():
+    plan = synchronous(rows(8, 2, 0, expected=[0.1, 0.1, 0]), no_estimate)
+    assert plan.mode == "synchronous" and plan.verify == [0, 1] and plan.layout == "beside"
+
+
+def test_per_token_cost_declines_drafts_that_do_not_pay_and_reprimes():
+    # each query token costs a step's worth: a 9-token round must gain 8 tokens to pay, and is expected to gain 3
+    plan = synchronous(rows(8, expected=[3.0]), linear(0, 1))
+    assert plan.verify == [] and plan.declined == [0]
+    assert plan.mode == "pipelined"  # a declined draft does not hold pipelining back
+
+
+def test_at_one_row_a_round_pays_when_the_forward_is_mostly_fixed_cost():
+    assert synchronous(rows(8, expected=[1.0]), linear(10, 0.1)).verify == [0]
+
+
+def test_fixed_cost_pads_every_row_into_one_forward():
+    plan = synchronous(rows(8, 0, 0, 0, expected=[2.0, 0, 0, 0]), linear(10, 0.01))
+    assert plan.verify == [0] and plan.layout == "padded"
+
+
+def test_per_token_cost_keeps_the_plain_rows_in_their_own_step():
+    # padding 3 plain rows to 9 tokens costs 24 tokens more than their step; a second forward costs 2
+    plan = synchronous(rows(8, 0, 0, 0, expected=[7.0, 0, 0, 0]), linear(2, 1))
+    assert plan.verify == [0] and plan.layout == "beside"
+
+
+def test_a_row_that_cannot_pad_rules_the_padded_layout_out():
+    views = rows(8, 0, 0, expected=[2.0, 0, 0]) + [RowView(3, 100, can_pad=False)]
+    assert synchronous(views, linear(10, 0.01)).layout == "beside"
+
+
+def test_the_best_rows_are_chosen_and_the_poor_ones_declined():
+    # two rows expect long accepted runs, two almost nothing: verifying the poor ones costs more than they give
+    plan = synchronous(rows(8, 8, 8, 8, expected=[7.5, 0.05, 7.0, 0.05]), linear(4, 0.5))
+    assert plan.verify == [0, 2] and plan.declined == [1, 3]
+
+
+def test_forced_candidates_are_verified_even_when_they_do_not_pay():
+    plan = synchronous(rows(2, expected=[0.0], forced={0}), linear(0, 1))
+    assert plan.verify == [0] and plan.mode == "synchronous"
