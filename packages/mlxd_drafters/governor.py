@@ -99,7 +99,7 @@ class DraftGovernor:
         """Draft tokens a verify round of ``n_drafted`` is expected to accept: p + p^2 + ... + p^n
         (acceptance stops at the first rejection)."""
         p = self.acceptance_estimate()
-        return sum(p ** k for k in range(1, n_drafted + 1))
+        return p * (1.0 - p ** n_drafted) / (1.0 - p)  # p < 1: the prior keeps a rejection in
 
     def record(self, n_drafted: int, n_accepted: int) -> None:
         """Add the outcome of one verify round to the window.

@@ -137,6 +137,11 @@ class PromptLookupDrafter:
         return len(self._index) + len(self._unindexed)
 
     @property
+    def proposal_from_prediction(self) -> bool:
+        """Whether the outstanding proposal came from the request's predicted output."""
+        return self.prediction is not None and self.prediction.last_proposal_from_prediction
+
+    @property
     def outstanding_draft(self) -> list[int] | None:
         """Copy of the unresolved proposal, or None."""
         return None if self._outstanding is None else list(self._outstanding)

@@ -14,7 +14,9 @@ Contract:
   fitted by weighted least squares.
 - ``calibrate(points)`` sets measured points (start-up: ``Engine.calibrate_forward_cost``) that keep a
   constant weight; ``observe(...)`` adds a forward timed while serving, with a weight that decays
-  (``FORGET`` per observation) so the fit follows the machine's present load. A small ridge keeps the fit
+  (``FORGET`` per observation) so the fit follows the machine's present load; the first forward of each
+  (rows, width) shape is not counted (one-off costs); the fit is redone every ``REFIT_EVERY``
+  observations. A small ridge keeps the fit
   defined when the observations do not vary a feature (every online step has width 1, say).
 - Estimates never go below ``min_ms`` (the least time observed), so a poorly conditioned fit cannot
   make a forward look free.
@@ -27,6 +29,7 @@ import numpy as np
 FORGET = 0.97  # weight kept by each online observation per newer one: about the last 30 count
 CALIBRATION_WEIGHT = 1.0  # each start-up point weighs as much as one fresh online observation
 RIDGE = 1e-6
+REFIT_EVERY = 8  # observations between refits: a fit is a 3x3 solve, estimates are asked every tick
 
 
 def features(rows: int, width: int, context: float) -> np.ndarray:
@@ -43,9 +46,11 @@ class ForwardCost:
         self._online_xy = np.zeros(3)
         self._online_weight = 0.0
         self._widths: set[int] = set()  # widths seen: a fit needs two to split fixed from per-token cost
+        self._shapes: set[tuple[int, int]] = set()  # (rows, width) forwards seen once
         self._theta: np.ndarray | None = None
         self.min_ms: float | None = None
         self.observations = 0
+        self.spent_ms = 0.0  # every observed forward's time, summed (a caller's tick subtracts its share)
 
     @property
     def ready(self) -> bool:
@@ -60,8 +65,12 @@ class ForwardCost:
         self._theta = None
 
     def observe(self, rows: int, width: int, context: float, ms: float) -> None:
-        """A forward timed while serving."""
+        """A forward timed while serving. The first of each (rows, width) shape is left out: it pays
+        one-off costs (graph building, allocation) that would skew a fit of few points."""
         if rows < 1 or width < 1 or ms <= 0:
+            return
+        if (rows, width) not in self._shapes:
+            self._shapes.add((rows, width))
             return
         x = features(rows, width, context)
         self._online_xx = FORGET * self._online_xx + np.outer(x, x)
@@ -70,7 +79,9 @@ class ForwardCost:
         self._widths.add(width)
         self.min_ms = ms if self.min_ms is None else min(self.min_ms, ms)
         self.observations += 1
-        self._theta = None
+        self.spent_ms += ms
+        if self._theta is None or self.observations % REFIT_EVERY == 0:
+            self._theta = None  # refitted on the next estimate
 
     def coefficients(self) -> np.ndarray | None:
         """(fixed ms, ms per query token, ms per query token and 1024 context tokens), or None before ``ready``."""
@@ -84,13 +95,15 @@ class ForwardCost:
             scale = max(float(np.trace(xx)), 1.0)
             theta = np.linalg.solve(xx + RIDGE * scale * np.eye(3), xy)
             self._theta = np.maximum(theta, 0.0)  # no feature makes a forward cheaper
+            self._floats = tuple(float(t) for t in self._theta)
         return self._theta
 
     def estimate(self, rows: int, width: int, context: float) -> float | None:
-        theta = self.coefficients()
-        if theta is None or rows < 1:
+        if self._theta is None and self.coefficients() is None or rows < 1:
             return None
-        return max(float(features(rows, width, context) @ theta), self.min_ms or 0.0)
+        fixed, per_token, per_token_kcontext = self._floats  # plain floats: the gate asks many times a tick
+        tokens = rows * width
+        return max(fixed + tokens * (per_token + per_token_kcontext * context / 1024.0), self.min_ms or 0.0)
 
     def summary(self) -> dict:
         theta = self.coefficients()
@@ -100,13 +113,15 @@ class ForwardCost:
                 "per_token_kcontext_ms": None if theta is None else round(float(theta[2]), 6)}
 
 
-def calibrate_forward_cost(engine, batch: int = 4, width: int = 9, context: int = 32, long_context: int = 288,
+def calibrate_forward_cost(engine, batch: int = 4, width: int = 9, context: int = 32, long_context: int = 192,
                            repeats: int = 2) -> list:
     """Time plain steps and verify-shaped forwards (1 and ``batch`` rows at ``context`` tokens, one row at
     ``long_context``; 1 and ``width`` tokens each) on scratch sequences and give the points to
     ``engine.forward_cost``. Returns the (rows, width, context, ms) points; none where the engine cannot
     unwind (no verify rounds) or has no free slot. Every scratch sequence is released with nothing kept
-    (no prefix cache entry). About 40 forwards and 416 prompt tokens: 3 s for SmolLM2-135M on 2 cores."""
+    (no prefix cache entry). About 40 forwards and 320 prompt tokens: 4 s for SmolLM2-135M on 2 cores.
+    Every scratch row stays within contiguous storage's first growth chunk (256 tokens): growing the
+    slot buffers for a calibration would make every later step of a short-context server copy more."""
     import statistics
     import time
 

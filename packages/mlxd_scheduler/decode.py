@@ -38,7 +38,6 @@ import logging
 import time
 
 from mlxd_engine import Emitted, Engine, StepHandle, release_cached_memory
-from mlxd_engine.engine import mean_context
 
 from .request import RequestState
 
@@ -66,6 +65,8 @@ class DecodeLoop:
         # submitted, unread steps, oldest first: (handle, the rows it was submitted for)
         self.in_flight: list[tuple[StepHandle, list[RequestState]]] = []
         self.step_ms: float | None = None  # moving average of one step's time, from pipelined ticks
+        self.last_step_ms: float | None = None  # the last pipelined tick's time per step
+        self.step_ms_by_rows: dict[int, float] = {}  # step_ms by batch size (the verify gate's plain step)
 
     @property
     def pipelined(self) -> bool:
@@ -96,7 +97,9 @@ class DecodeLoop:
                 # long as the steps it submitted
                 ms = (time.perf_counter() - started) * 1000.0 / len(submitted)
                 self._measure(ms)
-                self.engine.forward_cost.observe(len(seqs), 1, mean_context(seqs), ms)
+                self.last_step_ms = ms
+                known = self.step_ms_by_rows.get(len(seqs))
+                self.step_ms_by_rows[len(seqs)] = ms if known is None else 0.8 * known + 0.2 * ms
             return emitted, []
         except Exception as error:  # noqa: BLE001 - a failed forward must not take the daemon down
             log.warning("batched step failed (%s); retrying rows one by one", error)

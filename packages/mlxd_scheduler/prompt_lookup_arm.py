@@ -21,16 +21,20 @@ The rules, in the order they apply:
 2. While step n is in flight, every drafter is asked for a proposal on its committed tokens.
 3. No proposal anywhere: step n+1 is primed and the tick pipelines exactly as plain decode does,
    chaining steps as the rows' quiet streaks allow (``tick_plan.py``).
-4. Some row proposes: no prime is submitted; step n is read and committed. Each early proposal predicted
-   step n's token as its first: where step n agrees, the rest of the proposal is the row's draft (its
-   first token counts as accepted); where it disagrees, the governor records the rejected token (1
-   drafted, 0 accepted) and the row drafts nothing more this tick.
+4. Some row's proposal pays (the gate, rule 5, would verify it): no prime is submitted; the steps in
+   flight are read and committed. Each early proposal predicted their tokens as its first: where they
+   agree, the rest of the proposal is the row's draft (the agreed tokens count as accepted); where one
+   disagrees, the governor records the rejection (the agreed tokens + 1 drafted) and the row drafts
+   nothing more this tick. Proposals that do not pay are declined and the tick pipelines on.
 5. The verify gate (``tick_plan.plan_verify``) weighs the drafts against the forwards' estimated cost
    (``engine.forward_cost``): verified rows run their rounds in one forward (``verify_rows``, each its
    own draft length), beside one batched step for the other rows or padded into one forward with them,
-   whichever the estimate prefers; a draft that does not pay is declined (retracted, no miss). A probe
-   of a governor that turned off, or a row declined ``probe_interval`` times running (its draft cut to
-   ``probe_draft`` tokens), is verified anyway, so a row that starts copying again is seen to.
+   whichever the estimate prefers; a draft that does not pay is declined (retracted, no miss) and the
+   row drafts again a few tokens later (``DECLINE_PAUSE_TOKENS``). A probe of a governor that turned
+   off, or a row declined ``EXPLORE_AFTER_DECLINES`` times running, is verified anyway, so a row that
+   starts copying again is seen to; so is a proposal from the request's predicted output (the client
+   asked for it, and OpenAI bills rejected prediction tokens for the same reason). This is decided while the steps are in flight: only proposals the
+   gate verifies end the lookahead.
 6. From a synchronous state, a tick re-primes (submits a lookahead step and returns) only when nothing
    was verified and every prompt-lookup row's ``pipelines_plain_rounds()`` is true or its draft was just
    declined; otherwise it stays synchronous with one batched step.
@@ -51,9 +55,15 @@ from mlxd_engine import Emitted, Engine, kv_room, verify_round, verify_rows
 from .decode import DecodeLoop
 from .request import RequestState
 from .trace import TickRecord
-from .tick_plan import RowView, TickPlan, plan_tick
+from .tick_plan import Costs, RowView, TickPlan, plan_tick
 
 log = logging.getLogger("mlxd.scheduler")
+
+# Rule 5: a row whose draft the gate declined drafts again only after 8, 16, then 32 more tokens (asking
+# every row's drafter every tick costs a small model's ticks a tenth of their time), and after this many
+# declines in a row its next proposal is verified anyway (about 90 tokens on).
+DECLINE_PAUSE_TOKENS = (8, 16, 32)
+EXPLORE_AFTER_DECLINES = 4
 
 
 @dataclass
@@ -66,12 +76,69 @@ class TickResult:
     failed: list[tuple[RequestState, str]] = field(default_factory=list)
     carried: dict[RequestState, list[int]] | None = None  # rule 4: proposals to settle after the read
     carried_forced: set[int] = field(default_factory=set)  # ids of the carried proposals rule 5 forces
+    carried_from: dict[int, int] = field(default_factory=dict)  # by id: the row's token count its draft follows
+    carried_steps: int = 1  # the most chained steps the scheduler allowed this tick
+
+
+class TickOverheads:
+    """What prompt-lookup ticks cost beyond their forwards, measured from the scheduler's wall clock
+    (``observe``): a pipelined tick's wall minus its steps' time (the plain alternative's overhead, shared
+    by the tick's chained steps), and a synchronous tick's wall
+    minus the forwards it timed (reading the lookahead step, the finish step of every row, re-priming).
+    On a small model these are most of a tick; on a large one a rounding error."""
+
+    WEIGHT = 0.1  # each tick's share of the moving averages
+
+    def __init__(self):
+        self.plain_ms = 0.0
+        self.sync_ms = 0.0
+        self.plain_ticks = self.sync_ticks = 0
+
+    def observe(self, kind: str, wall_ms: float, forward_ms: float) -> None:
+        """``kind``: "plain" (a pipelined tick) or "sync"; ``forward_ms``: the forwards' time in it."""
+        extra = wall_ms - forward_ms
+        if kind == "plain":
+            self.plain_ms = extra if not self.plain_ticks else (1 - self.WEIGHT) * self.plain_ms + self.WEIGHT * extra
+            self.plain_ticks += 1
+        elif kind == "sync":
+            extra = max(extra, 0.0)
+            self.sync_ms = extra if not self.sync_ticks else (1 - self.WEIGHT) * self.sync_ms + self.WEIGHT * extra
+            self.sync_ticks += 1
+
+
+class MeasuredCosts:
+    """The verify gate's costs as this engine measures them: synchronous forwards from
+    ``engine.forward_cost``, pipelined plain steps from the decode loop (by batch size), and the ticks'
+    overheads (``TickOverheads``, fed by ``observe_tick``)."""
+
+    def __init__(self, engine: Engine, decode_loop: DecodeLoop):
+        self.engine = engine
+        self.decode_loop = decode_loop
+        self.overheads = TickOverheads()
+
+    def costs(self) -> Costs:
+        return Costs(self.engine.forward_cost.estimate, self.overheads.plain_ms, self.overheads.sync_ms,
+                     self.decode_loop.step_ms_by_rows.get)
+
+    def observe_tick(self, rows: int, was_pipelined: bool, steps: int, wall_ms: float, forward_ms: float) -> None:
+        """The scheduler's wall clock of one prompt-lookup decode phase (results applied), and the
+        synchronous forward time ``engine.forward_cost`` timed in it."""
+        if not rows:
+            return
+        if was_pipelined and self.decode_loop.pipelined:
+            step_ms = self.decode_loop.last_step_ms
+            if step_ms is not None:  # the plain alternative: a tick of chained steps
+                self.overheads.observe("plain", wall_ms, step_ms * steps)
+        else:
+            self.overheads.observe("sync", wall_ms, forward_ms)
 
 
 class PromptLookupArm:
     def __init__(self, engine: Engine, decode_loop: DecodeLoop, max_batch: int | None):
         self.engine = engine
         self.decode_loop = decode_loop
+        # what the policy weighs (``costs()``), and what the scheduler reports of each tick (``observe_tick``)
+        self.cost_model = MeasuredCosts(engine, decode_loop)
         self.max_batch = max_batch  # rule 1 (None: no bound; the verify gate decides)
         self.counters = {"verify_rounds": 0, "declined_gate": 0, "declined_governor": 0, "declined_cost": 0,
                          "padded_forwards": 0}
@@ -85,27 +152,30 @@ class PromptLookupArm:
             self.counters["declined_gate"] += len(drafting)
             return self._plain(rows, record, {id(s): "declined-gate" for s in drafting}, steps)
         proposals, forced, held = self._propose(drafting)
-        plan = plan_tick(self._views(rows, proposals, forced), self.decode_loop.pipelined, steps,
-                         self.engine.forward_cost.estimate)
-        return self._execute(plan, rows, proposals, forced, held, record)
+        plan = plan_tick(self._views(rows, proposals, forced), self.decode_loop.pipelined, steps, self.cost_model.costs())
+        return self._execute(plan, rows, proposals, forced, held, record, plan_steps=steps)
 
     def after_read(self, rows: list[RequestState], read: TickResult, record: TickRecord) -> TickResult:
         """The synchronous part of a tick that read its lookahead step (``read``, already applied; rule
         4), over the rows still decoding. No drafter proposes again: each carried proposal is cut by the
-        token step n gave."""
+        tokens the steps read gave."""
         proposals, confirmed = {}, {}
         for state, proposal in read.carried.items():
             if state.phase != "decode":
-                state.drafter.retract_draft()  # the row finished at step n
-            elif proposal[0] != state.seq.tokens[-1]:
-                state.drafter.accept_verified_tokens(1, 0)  # step n rejected the draft's first token
-            elif len(proposal) == 1 or state.request.max_tokens - state.emitted <= 1:
-                state.drafter.accept_verified_tokens(1, 1)  # step n gave the whole draft
+                state.drafter.retract_draft()  # the row finished in the steps read
+                continue
+            given = state.seq.tokens[read.carried_from[id(state)]:]  # what the steps read gave (one or more)
+            agreed = 0
+            while agreed < min(len(given), len(proposal)) and given[agreed] == proposal[agreed]:
+                agreed += 1
+            if agreed < min(len(given), len(proposal)):
+                state.drafter.accept_verified_tokens(agreed + 1, agreed)  # a step rejected a draft token
+            elif agreed == len(proposal) or state.request.max_tokens - state.emitted <= 1:
+                state.drafter.accept_verified_tokens(agreed, agreed)  # the steps gave all the draft checked
             else:
-                proposals[state], confirmed[id(state)] = proposal[1:], 1
+                proposals[state], confirmed[id(state)] = proposal[agreed:], agreed
         rows = [s for s in rows if s.phase == "decode"]
-        plan = plan_tick(self._views(rows, proposals, read.carried_forced), False, 1,
-                         self.engine.forward_cost.estimate)
+        plan = plan_tick(self._views(rows, proposals, read.carried_forced), False, read.carried_steps, self.cost_model.costs())
         return self._execute(plan, rows, proposals, read.carried_forced, {}, record, confirmed)
 
     # -- plan: the tick's inputs, for the pure policy (tick_plan.py) --------------------------------
@@ -114,6 +184,8 @@ class PromptLookupArm:
         of the forced ones (rule 5) and trace details of rows held back by their governor."""
         proposals, forced, held = {}, set(), {}
         for state in drafting:
+            if state.emitted < state.drafts_from:  # rule 5: a row the gate declined drafts again later
+                continue
             governor = state.drafter.governor
             was_off = governor.is_off
             granted = governor.peek_budget()
@@ -131,11 +203,9 @@ class PromptLookupArm:
                 # one token left: the round would check no draft; a plain step gives that token
                 state.drafter.retract_draft()
                 continue
-            if was_off:
-                forced.add(id(state))  # a probe (rule 5)
-            elif state.gate_declines >= state.drafter.config.probe_interval:
-                forced.add(id(state))  # rule 5: a look at a row the gate keeps declining, probe-sized
-                proposal = proposal[: state.drafter.config.probe_draft]
+            if was_off or state.gate_declines >= EXPLORE_AFTER_DECLINES or state.drafter.proposal_from_prediction:
+                # rule 5: a probe, a look at a row the gate keeps declining, or the client's own prediction
+                forced.add(id(state))
             proposals[state] = proposal
         return proposals, forced, held
 
@@ -151,23 +221,20 @@ class PromptLookupArm:
                 id(state), state.seq.kv.written,
                 can_pad=state.seq.params.logprobs is None and kv_room(state.seq) >= widest,
                 drafting=drafter is not None, draft=len(proposal),
-                # a carried draft whose first token step n confirmed: acceptance stops at the first
-                # rejection, so its rest is expected to accept what a draft of the rest's length would
+                # a carried draft whose first tokens the steps read confirmed: acceptance stops at the
+                # first rejection, so its rest is expected to accept what a draft of the rest's length would
                 expected=drafter.governor.expected_accepted(len(proposal)) if proposal else 0.0,
                 forced=id(state) in forced, quiet_ticks=state.quiet_ticks,
-                pipelines=drafter.pipelines_plain_rounds() if drafter is not None and synchronous else True))
+                # a paused row will not propose next tick: it holds no pipelining back
+                pipelines=(drafter.pipelines_plain_rounds() if drafter is not None and synchronous
+                           and state.emitted >= state.drafts_from else True)))
         return views
 
     # -- execute and update ------------------------------------------------------------------------
     def _execute(self, plan: TickPlan, rows: list[RequestState], proposals: dict[RequestState, list[int]],
                  forced: set[int], held: dict[int, str], record: TickRecord,
-                 confirmed: dict[int, int] | None = None) -> TickResult:
+                 confirmed: dict[int, int] | None = None, plan_steps: int = 1) -> TickResult:
         drafting = [s for s in rows if s.drafter is not None]
-        if plan.mode == "read":  # rule 4: read step n instead of priming n+1; settle the proposals after
-            for state in proposals:
-                state.quiet_ticks = 0
-            return TickResult(emitted=self.decode_loop.teardown(), details=held, carried=proposals,
-                              carried_forced=forced)
         details = dict(held)
         declined = set(plan.declined)
         verify = {}
@@ -175,11 +242,19 @@ class PromptLookupArm:
             if id(state) in declined:  # rule 5: not worth its forward this tick; no miss
                 state.drafter.retract_draft()
                 state.gate_declines += 1
+                pause = DECLINE_PAUSE_TOKENS[min(state.gate_declines, len(DECLINE_PAUSE_TOKENS)) - 1]
+                state.drafts_from = state.emitted + pause
                 details[id(state)] = "declined-cost"
                 self.counters["declined_cost"] += 1
             else:
                 verify[state] = proposal
                 state.gate_declines = 0
+        if plan.mode == "read":  # rule 4: read the steps in flight instead of priming; settle the drafts after
+            for state in verify:
+                state.quiet_ticks = 0
+            known = {id(state): len(state.seq.tokens) for state in verify}  # the drafts start here
+            return TickResult(emitted=self.decode_loop.teardown(), details=details, carried=verify,
+                              carried_forced=forced, carried_from=known, carried_steps=plan_steps)
         if plan.mode == "pipelined":
             if self.decode_loop.pipelined:  # rule 3: one more pipelined tick without a proposal
                 for state in drafting:
@@ -245,7 +320,7 @@ class PromptLookupArm:
 
     # -- update ------------------------------------------------------------------------------------
     def _record(self, state: RequestState, outcome, record: TickRecord, confirmed: int) -> None:
-        """A verify round's outcome: the drafter's governor (with the draft token step n confirmed), the
+        """A verify round's outcome: the drafter's governor (with the draft tokens the steps read confirmed), the
         row's timings, the trace."""
         self.counters["verify_rounds"] += 1
         state.drafter.accept_verified_tokens(outcome.drafted + confirmed, outcome.accepted + confirmed)

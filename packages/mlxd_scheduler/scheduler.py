@@ -186,12 +186,17 @@ class BatchScheduler:
         was_pipelined = self.decode_loop.pipelined
         record.pipelined = self.decode_loop.lookahead and was_pipelined and bool(rows)
         if any(s.drafter is not None for s in rows):
+            started, timed = time.perf_counter(), getattr(self.engine.forward_cost, "spent_ms", 0.0)
             result = self.prompt_lookup.tick(rows, record, prefilling=len(self.prefilling),
                                              steps=self._steps_this_tick(rows))
             self._apply(result, record)
             if result.carried is not None:  # the tick read its lookahead step; the rest of it is synchronous
-                rows = [s for s in rows if s.phase == "decode"]
-                self._apply(self.prompt_lookup.after_read(rows, result, record), record)
+                self._apply(self.prompt_lookup.after_read([s for s in rows if s.phase == "decode"], result, record),
+                            record)
+            # what the tick cost beyond its forwards, for the verify gate (prompt_lookup_arm.MeasuredCosts)
+            self.prompt_lookup.cost_model.observe_tick(len(rows), was_pipelined, record.steps,
+                                                       (time.perf_counter() - started) * 1000.0,
+                                                       getattr(self.engine.forward_cost, "spent_ms", 0.0) - timed)
             record.pipelined = record.pipelined and self.decode_loop.pipelined
         else:
             record.steps = self._steps_this_tick(rows)

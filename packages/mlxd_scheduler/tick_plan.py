@@ -6,7 +6,7 @@ Contract: ``plan_tick(rows, pipelined, max_steps, estimate) -> TickPlan``.
   may ride in a padded verify forward (``can_pad``: no logprobs wanted, room in its KV bound for the
   width), and for a prompt-lookup row (``drafting``) its proposal this tick (``draft`` tokens, 0: none),
   the draft tokens its governor expects the round to accept (``expected``), whether it must be verified
-  (``forced``: a probe of a governor that turned off, or a row the gate has declined ``probe_interval``
+  (``forced``: a probe of a governor that turned off, or a row the gate has declined ``EXPLORE_AFTER_DECLINES``
   times running; without it a declined row could never show that it copies now), its pipelined ticks in
   a row without a proposal (``quiet_ticks``) and its drafter's ``pipelines_plain_rounds()``.
 - ``pipelined``: a lookahead step is in flight. ``max_steps``: the most chained steps the scheduler allows.
@@ -19,8 +19,9 @@ The plan (``TickPlan.mode``):
   keeps one step per tick and a row that never matches soon chains as plain decode does). From a
   synchronous state it is the re-prime (one step, submitted, nothing read): chosen when nothing is
   verified and every drafting row either ``pipelines`` or had its draft declined.
-- "read": a step is in flight and some row proposes: read it instead of priming the next; the proposals
-  (made before its token) are settled against it and planned again, synchronously.
+- "read": a step is in flight and the gate would verify some proposal (``verify``; ``declined`` as
+  below): read the steps in flight instead of priming the next; the verified proposals (made before
+  their tokens) are settled against them and planned again, synchronously.
 - "synchronous": verify the rows in ``verify`` (each its own draft length) in ``layout`` ("beside": one
   verify forward for them and one batched step for the others; "padded": one forward for every row, the
   others feeding their one token padded to the same width) or, with nothing to verify, one batched step.
@@ -41,6 +42,29 @@ from typing import Callable, Hashable
 
 Estimate = Callable[[int, int, float], "float | None"]
 MAX_BACKOFF_EXPONENT = 6
+
+
+@dataclass(frozen=True)
+class Costs:
+    """What the policy weighs: one synchronous forward's estimated ms (verify rounds), a pipelined plain
+    step's measured ms, and what a tick costs beyond them (measured by the arm: ``TickOverheads``). A
+    pipelined plain step costs its own time plus its share
+    of ``plain_overhead_ms`` (a tick's, shared by its chained steps; negative where Python overlaps the
+    model); a synchronous tick costs its forwards plus ``sync_overhead_ms`` (reading the lookahead step,
+    the finish step, the re-prime)."""
+
+    forward: Estimate
+    plain_overhead_ms: float = 0.0  # per pipelined tick, shared by its chained steps
+    sync_overhead_ms: float = 0.0  # per synchronous tick
+    plain_step_ms: Callable[[int], "float | None"] = lambda rows: None  # a pipelined step, measured by batch size
+
+    def plain(self, rows: int, context: float, steps: int = 1) -> float | None:
+        """One plain step's cost in a pipelined tick of ``steps`` chained steps: the pipelined step as
+        measured at this batch size (else the forward's estimate) and its share of the tick's overhead."""
+        step = self.plain_step_ms(rows)
+        if step is None:
+            step = self.forward(rows, 1, context)
+        return None if step is None else max(step + self.plain_overhead_ms / steps, 0.25 * step)
 
 
 @dataclass(frozen=True)
@@ -67,16 +91,22 @@ class TickPlan:
     plain_ms: float | None = None  # a plain tick's estimated cost
 
 
-def plan_tick(rows: list[RowView], pipelined: bool, max_steps: int, estimate: Estimate) -> TickPlan:
+def plan_tick(rows: list[RowView], pipelined: bool, max_steps: int, costs: Costs | Estimate) -> TickPlan:
     """The tick's plan (module docstring)."""
-    proposing = [row for row in rows if row.draft > 0]
+    costs = costs if isinstance(costs, Costs) else Costs(costs)
     drafting = [row for row in rows if row.drafting]
+    # the plain alternative is valued as plain decode runs: ``max_steps`` chained a tick (declined rows
+    # count as quiet, so a row whose drafts keep not paying soon chains that many)
+    plan = plan_verify(rows, costs, max_steps)
     if pipelined:
-        if proposing:
-            return TickPlan("read")
-        allowed = min((2 ** min(row.quiet_ticks, MAX_BACKOFF_EXPONENT) for row in drafting), default=max_steps)
-        return TickPlan("pipelined", steps=max(1, min(max_steps, allowed)))
-    plan = plan_verify(rows, estimate)
+        if plan.verify:
+            plan.mode = "read"  # the steps in flight are read; the verified drafts are settled against them
+            return plan
+        # nothing worth reading the steps in flight for: keep pipelining; a declined row counts as quiet
+        chain = min((2 ** min(row.quiet_ticks + (row.draft > 0), MAX_BACKOFF_EXPONENT) for row in drafting),
+                    default=max_steps)
+        plan.mode, plan.steps = "pipelined", max(1, min(max_steps, chain))
+        return plan
     if plan.verify:
         return plan
     declined = set(plan.declined)
@@ -85,41 +115,48 @@ def plan_tick(rows: list[RowView], pipelined: bool, max_steps: int, estimate: Es
     return plan
 
 
-def _mean(values: list[int]) -> float:
-    return sum(values) / len(values) if values else 0.0
-
-
-def plan_verify(rows: list[RowView], estimate: Estimate) -> TickPlan:
-    """The synchronous plan: the verify set and layout with the most expected tokens per millisecond."""
+def plan_verify(rows: list[RowView], costs: Costs, chain: int = 1) -> TickPlan:
+    """The synchronous plan: the verify set and layout with the most expected tokens per millisecond;
+    ``chain``: the steps a plain tick would chain instead. Runs every tick a row proposes: the
+    alternatives are walked with running sums (no per-alternative lists)."""
     candidates = [row for row in rows if row.draft > 0]
     if not candidates:
         return TickPlan("synchronous")
-    all_contexts = [row.context for row in rows]
-    plain_ms = estimate(len(rows), 1, _mean(all_contexts))
-    if plain_ms is None:
+    estimate = costs.forward
+    n_rows = len(rows)
+    total_context = sum(row.context for row in rows)
+    mean_context = total_context / n_rows
+    plain_ms = costs.plain(n_rows, mean_context, chain)
+    if plain_ms is None or estimate(1, 1, mean_context) is None:
         return TickPlan("synchronous", verify=[c.key for c in candidates])
     forced = [c for c in candidates if c.forced]
     optional = sorted((c for c in candidates if not c.forced), key=lambda c: -c.expected)
     can_pad = all(row.can_pad for row in rows)
-    best_value, best = (len(rows) / plain_ms if not forced else -1.0), None
-    for k in range(0, len(optional) + 1):
-        chosen = forced + optional[:k]
-        if not chosen:
-            continue
-        tokens = len(rows) + sum(c.expected for c in chosen)
-        width = 1 + max(c.draft for c in chosen)
-        chosen_keys = {c.key for c in chosen}
-        rest = [row.context for row in rows if row.key not in chosen_keys]
-        verify_ms = estimate(len(chosen), width, _mean([c.context for c in chosen]))
-        options = [("beside", verify_ms + (estimate(len(rest), 1, _mean(rest)) if rest else 0.0))]
+    overhead = costs.sync_overhead_ms
+    best_value, best = (n_rows / plain_ms if not forced else -1.0), None
+    chosen_n = expected = chosen_context = 0
+    widest = 0
+    for k, candidate in enumerate(forced + optional):
+        chosen_n += 1
+        expected += candidate.expected
+        chosen_context += candidate.context
+        widest = max(widest, candidate.draft)
+        if k + 1 < len(forced):
+            continue  # every forced candidate is in every alternative
+        tokens, width, rest = n_rows + expected, 1 + widest, n_rows - chosen_n
+        beside = overhead + estimate(chosen_n, width, chosen_context / chosen_n)
+        if rest:
+            beside += estimate(rest, 1, (total_context - chosen_context) / rest)
+        if tokens / beside > best_value:
+            best_value, best = tokens / beside, (chosen_n, "beside", beside)
         if can_pad and rest:
-            options.append(("padded", estimate(len(rows), width, _mean(all_contexts))))
-        for layout, ms in options:
-            if tokens / ms > best_value:
-                best_value, best = tokens / ms, (chosen_keys, layout, ms)
+            padded = overhead + estimate(n_rows, width, mean_context)
+            if tokens / padded > best_value:
+                best_value, best = tokens / padded, (chosen_n, "padded", padded)
     if best is None:
         return TickPlan("synchronous", declined=[c.key for c in candidates], expected_ms=plain_ms, plain_ms=plain_ms)
-    chosen_keys, layout, ms = best
+    count, layout, ms = best
+    chosen_keys = {c.key for c in (forced + optional)[:count]}
     return TickPlan("synchronous", verify=[c.key for c in candidates if c.key in chosen_keys], layout=layout,
                     declined=[c.key for c in candidates if c.key not in chosen_keys], expected_ms=ms,
                     plain_ms=plain_ms)

@@ -71,12 +71,14 @@ def test_stories_daemon_with_prompt_lookup_returns_the_same_text():
             on = _generate(endpoint, prompt)
             off = _generate(endpoint, prompt, Speculative(kind="none"))
             assert on.tokens == off.tokens and on.text == off.text
-            assert on.timings["draft_kind"] == "prompt-lookup" and on.timings["draft_n_accepted"] > 0
+            # whether a draft is verified is the verify gate's call (stories260K's drafts rarely pay for
+            # their forward); the tokens are the same either way
+            assert on.timings["draft_kind"] == "prompt-lookup"
             assert "draft_kind" not in off.timings
             print(f"stories260K {prompt!r}: accepted {on.timings['draft_n_accepted']} of {on.timings['draft_n']} drafted")
         with Client(endpoint, timeout_s=10) as client:
             status = client.status()
-        assert status.totals["draft_accepted"] > 0 and status.totals["verify_rounds"] > 0
+        assert status.totals["verify_rounds"] + status.totals["declined_cost"] > 0  # the drafter proposed
         assert status.options["speculative"].startswith("speculative=prompt-lookup")
     finally:
         stop_daemon(process, endpoint)

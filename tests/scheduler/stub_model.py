@@ -81,3 +81,27 @@ def as_text(tokens: list[int]) -> str:
 def stub_loaded(eos: int = EOS, period: int | None = None, copy_from: int = 0, sum_mod: int = 250) -> LoadedModel:
     return LoadedModel(model=StubModel(period, copy_from, sum_mod), tokenizer=None, path="<stub>", model_type="stub", n_layers=1,
                        vocab_size=VOCAB, eos_token_ids=frozenset({eos}), context_length=4096)
+
+
+class StubCost:
+    """The verify gate's costs with fixed numbers (a prompt-lookup arm's ``cost_model``): every forward,
+    a plain step included, ``fixed`` ms plus ``per_token`` ms a query token, and no tick overhead.
+    Scheduler tests pin the gate with it, so what they check does not hang on how fast this machine runs
+    the stub."""
+
+    def __init__(self, fixed: float, per_token: float):
+        self.fixed, self.per_token = fixed, per_token
+
+    def estimate(self, rows, width, context):
+        return self.fixed + self.per_token * rows * width
+
+    def costs(self):
+        from mlxd_scheduler.tick_plan import Costs
+
+        return Costs(self.estimate)
+
+    def observe_tick(self, *args):
+        pass
+
+
+VERIFY_PAYS = StubCost(fixed=10.0, per_token=0.01)  # as on a GPU: a forward costs nearly the same at any width

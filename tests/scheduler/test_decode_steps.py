@@ -5,7 +5,7 @@ from __future__ import annotations
 from mlxd_engine import Engine, SamplingParams
 from mlxd_scheduler import BatchScheduler, Request, SchedulerOptions, TextStream
 
-from .stub_model import ByteDetokenizer, as_text, stub_loaded
+from .stub_model import VERIFY_PAYS, ByteDetokenizer, as_text, stub_loaded
 from .test_batch_scheduler import PROMPTS, Collector, assert_poisoned_row_fails_alone, reference
 
 NO_TIME_CAP = 1e9  # the step-time budget would cap steps by wall time; these tests count steps exactly
@@ -16,6 +16,7 @@ def make(loaded, steps: int, **options):
     options.setdefault("tick_budget_ms", NO_TIME_CAP)
     scheduler = BatchScheduler(Engine(loaded, max_sequences=8), SchedulerOptions(max_decode_steps=steps, **options),
                                records.append)
+    scheduler.prompt_lookup.cost_model = VERIFY_PAYS  # the verify gate's costs pinned (stub_model.StubCost)
     return scheduler, records
 
 

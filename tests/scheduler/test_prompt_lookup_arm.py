@@ -8,7 +8,7 @@ from mlxd_drafters import PromptLookupConfig
 from mlxd_engine import Engine
 from mlxd_scheduler import BatchScheduler, Request, SchedulerOptions, SpeculativeRequest
 
-from .stub_model import stub_loaded
+from .stub_model import VERIFY_PAYS, StubCost, stub_loaded
 from .test_batch_scheduler import Collector
 
 REPEATING = [10, 20, 30, 40, 50, 60, 70]  # the repeat stub replies 20 30 40 50 60 70 20 30 ...
@@ -18,7 +18,9 @@ PLAIN = [5, 9, 2, 77]
 def make(loaded, config=PromptLookupConfig(), **options):
     records = []
     engine = Engine(loaded, max_sequences=options.pop("slots", 8))
+    cost = options.pop("cost", VERIFY_PAYS)
     scheduler = BatchScheduler(engine, SchedulerOptions(prompt_lookup=config, **options), records.append)
+    scheduler.prompt_lookup.cost_model = cost  # the verify gate's costs pinned (stub_model.StubCost)
     return scheduler, records
 
 
@@ -191,22 +193,9 @@ def test_rows_still_in_prefill_count_toward_the_gate():
     assert [x for r in records for x in r.rows if x.action == "verify"]  # alone, each row verifies
 
 
-class StubCost:
-    """A forward cost model with fixed numbers: ``fixed`` ms a forward plus ``per_token`` ms a query token."""
-
-    def __init__(self, fixed: float, per_token: float):
-        self.fixed, self.per_token = fixed, per_token
-
-    def estimate(self, rows, width, context):
-        return self.fixed + self.per_token * rows * width
-
-    def observe(self, *args):
-        pass
-
-
 def run_with_cost(loaded, cost, config=PromptLookupConfig(probe_interval=10_000), prompts=None, max_tokens=40):
     scheduler, records = make(loaded, config)
-    scheduler.engine.forward_cost = cost
+    scheduler.prompt_lookup.cost_model = cost
     out = Collector()
     prompts = prompts or {"a": (REPEATING, True), "b": (REPEATING[2:] + REPEATING, True), "plain": (PLAIN, False)}
     for name, (prompt, speculative) in prompts.items():
@@ -237,7 +226,7 @@ def test_the_cost_gate_verifies_where_the_gain_pays_padding_the_plain_row_into_o
     loaded = stub_loaded(period=6)
     forwards = []
     scheduler, records = make(loaded, PromptLookupConfig(probe_interval=10_000))
-    scheduler.engine.forward_cost = StubCost(fixed=10.0, per_token=0.01)
+    scheduler.prompt_lookup.cost_model = StubCost(fixed=10.0, per_token=0.01)
     out = Collector()
     prompts = {"a": REPEATING, "b": REPEATING[2:] + REPEATING, "plain": PLAIN}
     for name, prompt in prompts.items():
@@ -276,15 +265,30 @@ def test_rows_whose_drafts_the_cost_gate_declines_keep_pipelining():
     assert len(both) > 5 and sum(r.pipelined for r in both) >= len(both) - 2
 
 
-def test_a_row_the_cost_gate_keeps_declining_is_verified_now_and_then():
-    """Declines record nothing, so a row the gate turns down could never show it copies: every
-    ``probe_interval``-th declined proposal in a row is verified anyway."""
+def test_a_row_the_cost_gate_keeps_declining_pauses_its_drafter_and_is_looked_at_now_and_then():
+    """Declines record nothing, so a row the gate turns down could never show it copies: after
+    ``EXPLORE_AFTER_DECLINES`` declines in a row its next proposal is checked anyway (by the steps in flight
+    or a verify round: either way its governor learns). Between declines the row's drafter pauses for
+    ``DECLINE_PAUSE_TOKENS`` tokens. Output equals plain decode."""
+    from mlxd_scheduler.prompt_lookup_arm import DECLINE_PAUSE_TOKENS, EXPLORE_AFTER_DECLINES
+
     loaded = stub_loaded(period=6)
     scheduler, records, out = run_with_cost(loaded, StubCost(fixed=0.0, per_token=1.0),
-                                            config=PromptLookupConfig(probe_interval=4),
-                                            prompts={"a": (REPEATING, True)}, max_tokens=60)
+                                            config=PromptLookupConfig(probe_interval=10_000),
+                                            prompts={"a": (REPEATING, True)}, max_tokens=400)
     counters = scheduler.prompt_lookup.counters
-    assert counters["verify_rounds"] >= 1 and counters["declined_cost"] >= 4 * counters["verify_rounds"] - 4
+    assert counters["declined_cost"] >= EXPLORE_AFTER_DECLINES
+    declined_at = []
+    emitted = 0
+    for record in records:
+        for x in record.rows:
+            if x.request_id == "a" and x.action in ("decode", "verify"):
+                if x.detail == "declined-cost":
+                    declined_at.append(emitted)
+                emitted += (x.tokens or 1) if x.action == "decode" else x.accepted + 1
+    gaps = [b - a for a, b in zip(declined_at, declined_at[1:])]
+    assert gaps and min(gaps) >= DECLINE_PAUSE_TOKENS[0]  # a paused drafter proposes nothing in between
+    assert out.done("a").tokens == run_one(loaded, REPEATING, 400, enabled=False)[0].tokens
 
 
 def test_a_logprobs_row_keeps_its_logprobs_beside_a_verifying_row():
@@ -319,21 +323,22 @@ def test_a_row_whose_drafts_failed_recovers_when_it_starts_copying(cost, turns_o
     loaded = stub_loaded(period=6, copy_from=copy_from, sum_mod=13)  # the sum rule's tokens recur: drafts, failing
     config = PromptLookupConfig(probe_interval=4)
     scheduler, records = make(loaded, config)
-    scheduler.engine.forward_cost = cost
+    scheduler.prompt_lookup.cost_model = cost
     out = Collector()
     scheduler.submit(Request("pl", prompt, max_tokens=200, speculative=SpeculativeRequest(True)), out.sink("pl"))
     scheduler.submit(Request("plain", PLAIN, max_tokens=200, speculative=SpeculativeRequest(False)), out.sink("plain"))
     scheduler.run_until_idle()
     plain, _, _ = run_one(loaded, prompt, 200, enabled=False)
     assert out.done("pl").tokens == plain.tokens
-    verifies = [x for r in records for x in r.rows if x.request_id == "pl" and x.action == "verify"]
-    failing = [i for i, x in enumerate(verifies) if x.accepted == 0]
-    assert len(failing) >= 2, "the drafts never failed while the row did not copy"
+    rows = [x for r in records for x in r.rows if x.request_id == "pl"]
+    held = "declined-governor" if turns_off else "declined-cost"
+    failing = [i for i, x in enumerate(rows) if x.detail == held]
+    assert len(failing) >= 4, f"the row was never {held} while it did not copy"
+    verifies = [x for x in rows[failing[0]:] if x.action == "verify"]
     if turns_off:
-        probes = [x for x in verifies[failing[-1]:] if x.drafted == config.probe_budget]
-        assert probes, "no probe after the governor turned off"
-    recovered = [x for x in verifies[failing[-1]:] if x.accepted >= 6]
-    assert recovered, "no full-size accepted run after the failures: the row never drafted again"
+        assert [x for x in verifies if x.drafted == config.probe_budget], "no probe after the governor turned off"
+    recovered = [x for x in rows[failing[0]:] if x.action == "verify" and x.accepted >= 5]
+    assert recovered, "no long accepted run after the failures: the row never drafted again"
 
 
 def test_proposing_rows_verify_together_in_one_forward():

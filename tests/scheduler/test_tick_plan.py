@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mlxd_scheduler.tick_plan import RowView, plan_tick
+from mlxd_scheduler.tick_plan import Costs, RowView, plan_tick
 
 
 def linear(fixed: float, per_token: float):
@@ -20,21 +20,54 @@ def rows(*drafts, expected=None, forced=(), can_pad=True, pipelines=True):
                     pipelines=pipelines) for i, (d, e) in enumerate(zip(drafts, expected))]
 
 
-def synchronous(views, estimate):
-    return plan_tick(views, pipelined=False, max_steps=8, estimate=estimate)
+def synchronous(views, costs):
+    return plan_tick(views, pipelined=False, max_steps=8, costs=costs)
 
 
 def test_pipelined_without_proposals_backs_off_by_the_quietest_row():
     views = [RowView(0, 10, drafting=True, quiet_ticks=2), RowView(1, 10, drafting=True, quiet_ticks=5),
              RowView(2, 10)]
-    plan = plan_tick(views, pipelined=True, max_steps=8, estimate=no_estimate)
+    plan = plan_tick(views, pipelined=True, max_steps=8, costs=no_estimate)
     assert plan.mode == "pipelined" and plan.steps == 4
-    assert plan_tick(views[2:], pipelined=True, max_steps=8, estimate=no_estimate).steps == 8  # nobody drafts
+    assert plan_tick(views[2:], pipelined=True, max_steps=8, costs=no_estimate).steps == 8  # nobody drafts
 
 
-def test_a_proposal_while_pipelined_reads_the_step_in_flight():
-    plan = plan_tick(rows(0, 8), pipelined=True, max_steps=8, estimate=linear(1, 1))
+def test_a_proposal_that_pays_while_pipelined_reads_the_step_in_flight():
+    plan = plan_tick(rows(0, 8, expected=[0, 7.0]), pipelined=True, max_steps=8, costs=linear(10, 0.1))
     assert plan.mode == "read"
+
+
+def test_a_proposal_that_does_not_pay_while_pipelined_keeps_the_pipeline_and_counts_as_quiet():
+    views = [RowView(0, 100, drafting=True, draft=2, expected=0.5, quiet_ticks=0),
+             RowView(1, 100, drafting=True, quiet_ticks=3)]
+    plan = plan_tick(views, pipelined=True, max_steps=8, costs=linear(0, 1))
+    assert plan.mode == "pipelined" and plan.declined == [0] and plan.steps == 2
+
+
+def test_tick_overheads_weigh_against_verifying():
+    # the forward alone would pay (10 ms for 9 tokens against 8 ms for 1), the synchronous tick's own
+    # 20 ms do not: a verify tick costs what reading, settling and re-priming cost as well
+    views = rows(8, expected=[1.0])
+    assert synchronous(views, Costs(linear(8, 0.25))).verify == [0]
+    assert synchronous(views, Costs(linear(8, 0.25), sync_overhead_ms=20.0)).verify == []
+    # and a pipelined plain step whose Python hides behind the model costs less than its forward (8 steps
+    # chained a tick: each step saves an eighth of the tick's -32 ms)
+    assert synchronous(views, Costs(linear(8, 0.25), plain_overhead_ms=-32.0)).verify == []
+
+
+def test_the_plain_alternative_shares_a_ticks_overhead_among_the_steps_it_would_chain():
+    costs = Costs(linear(2, 0.5), plain_overhead_ms=4.0)
+    views = [RowView(0, 100, drafting=True, draft=3, expected=0.3)]  # verify: 1.3 tokens for 4 ms
+    assert plan_tick(views, pipelined=False, max_steps=8, costs=costs).verify == []  # plain: 3 ms a token
+    assert plan_tick(views, pipelined=False, max_steps=2, costs=costs).verify == [0]  # plain: 4.5 ms a token
+
+
+def test_a_measured_pipelined_step_prices_the_plain_alternative():
+    views = rows(8, expected=[1.0])
+    slow_steps = Costs(linear(8, 0.25), plain_step_ms=lambda rows: 30.0)
+    assert synchronous(views, Costs(linear(8, 0.25))).verify == [0]
+    assert synchronous(views, Costs(linear(8, 0.25), plain_step_ms=lambda rows: 4.0)).verify == []
+    assert synchronous(views, slow_steps).verify == [0]
 
 
 def test_synchronous_without_proposals_reprimes_only_when_every_drafter_pipelines():
