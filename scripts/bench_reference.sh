@@ -5,7 +5,8 @@
 #   mlx_lm  mlx_lm.server on the same model, made fair: the same OpenBLAS preload as mlxd on Linux CPU, and a
 #           copy of the checkpoint with mlxd's CPU weight rule applied (float32, dequantized; written by
 #           scripts/write_cpu_weights_copy.py), since mlx_lm.server would compute in float16 on the CPU
-# plain and copy prompts, concurrency 1,4,8, 3 interleaved rounds; ratios vs "off".
+# plain and copy prompts (extra arguments go to mlx-bench: --prompt-style copy runs copy only), concurrency
+# 1,4,8, 3 interleaved rounds; ratios vs "off".
 # Written to docs/benchmark_results/reference/ (results.md, results.json, PNG plots, server logs).
 # Sized to finish in under 20 minutes on 2 CPU cores; override with the environment variables below.
 #
@@ -61,6 +62,11 @@ trap 'stop_daemons; rm -rf "$MLX_LM_DIR"' EXIT
 
 # mlx-bench once the console script is installed (make setup), else the module.
 if [ -x "$BIN/mlx-bench" ]; then BENCH=("$BIN/mlx-bench"); else BENCH=("$PY" -m mlxd_cli.bench.main); fi
+# plain and copy prompts unless the caller names its own styles (mlx-bench adds up repeated --prompt-style)
+STYLE_ARGS=(--prompt-style plain,copy)
+for arg in "$@"; do
+    if [ "$arg" = "--prompt-style" ]; then STYLE_ARGS=(); fi
+done
 
 "${BENCH[@]}" \
     --serve "off=env MLXD_ENDPOINT=$OFF_EP '$ROOT/$BIN/mlx-serve-http' --port {port} -m '$MODEL'" \
@@ -68,7 +74,7 @@ if [ -x "$BIN/mlx-bench" ]; then BENCH=("$BIN/mlx-bench"); else BENCH=("$PY" -m 
     --serve "mlx_lm=env LD_PRELOAD='$PRELOAD' '$PY' -m mlx_lm server --model '$MLX_LM_DIR/model' --port {port}" \
     --target-model mlx_lm=default_model \
     --baseline off \
-    --prompt-style plain,copy \
+    "${STYLE_ARGS[@]}" \
     --concurrency "$CONCURRENCY" \
     --rounds "$ROUNDS" \
     --max-tokens "$MAX_TOKENS" \

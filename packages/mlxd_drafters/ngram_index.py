@@ -74,7 +74,7 @@ class NgramIndex:
         tokens: Optional initial tokens (e.g. the prompt).
     """
 
-    __slots__ = ("_min_ngram", "_max_ngram", "_tokens", "_last_end_by_n")
+    __slots__ = ("_min_ngram", "_max_ngram", "_tokens", "_last_end_by_n", "last_match_length")
 
     def __init__(
         self, min_ngram: int = 1, max_ngram: int = 4, tokens: Iterable[int] = ()
@@ -83,6 +83,7 @@ class NgramIndex:
             raise ValueError("need 1 <= min_ngram <= max_ngram")
         self._min_ngram = min_ngram
         self._max_ngram = max_ngram
+        self.last_match_length = 0  # n of the match the last lookup found (0: none)
         self._tokens: list[int] = []
         # One table per n keeps keys short and lets propose() stop at the
         # longest n without touching the others.
@@ -137,13 +138,15 @@ class NgramIndex:
             self.append(token)
 
     def _match_end(self) -> int | None:
-        """End position of the best earlier match of the suffix, if any."""
+        """End position of the best earlier match of the suffix, if any (its length: ``last_match_length``)."""
         tokens = self._tokens
         length = len(tokens)
         for n in range(min(self._max_ngram, length), self._min_ngram - 1, -1):
             end = self._last_end_by_n[n].get(tuple(tokens[length - n :]))
             if end is not None:
+                self.last_match_length = n
                 return end
+        self.last_match_length = 0
         return None
 
     def has_match(self) -> bool:

@@ -137,6 +137,14 @@ class PromptLookupDrafter:
         return len(self._index) + len(self._unindexed)
 
     @property
+    def last_match_is_long(self) -> bool:
+        """Whether the outstanding context proposal continues a match of ``max_ngram`` tokens (a copy, more
+        often than not; a prediction's proposal counts as one)."""
+        if self.proposal_from_prediction:
+            return True
+        return self._index.last_match_length >= self._config.max_ngram
+
+    @property
     def proposal_from_prediction(self) -> bool:
         """Whether the outstanding proposal came from the request's predicted output."""
         return self.prediction is not None and self.prediction.last_proposal_from_prediction

@@ -33,7 +33,9 @@ The rules, in the order they apply:
    row drafts again a few tokens later (``DECLINE_PAUSE_TOKENS``). A probe of a governor that turned
    off, or a row declined ``EXPLORE_AFTER_DECLINES`` times running, is verified anyway, so a row that
    starts copying again is seen to; so is a proposal from the request's predicted output (the client
-   asked for it, and OpenAI bills rejected prediction tokens for the same reason). This is decided while the steps are in flight: only proposals the
+   asked for it, and OpenAI bills rejected prediction tokens for the same reason). What a draft is
+   expected to accept comes from its governor's window, with a prior that trusts a long match more
+   (``DraftGovernor.expected_accepted``). This is decided while the steps are in flight: only proposals the
    gate verifies end the lookahead.
 6. From a synchronous state, a tick re-primes (submits a lookahead step and returns) only when nothing
    was verified and every prompt-lookup row's ``pipelines_plain_rounds()`` is true or its draft was just
@@ -223,7 +225,8 @@ class PromptLookupArm:
                 drafting=drafter is not None, draft=len(proposal),
                 # a carried draft whose first tokens the steps read confirmed: acceptance stops at the
                 # first rejection, so its rest is expected to accept what a draft of the rest's length would
-                expected=drafter.governor.expected_accepted(len(proposal)) if proposal else 0.0,
+                expected=(drafter.governor.expected_accepted(len(proposal), drafter.last_match_is_long)
+                          if proposal else 0.0),
                 forced=id(state) in forced, quiet_ticks=state.quiet_ticks,
                 # a paused row will not propose next tick: it holds no pipelining back
                 pipelines=(drafter.pipelines_plain_rounds() if drafter is not None and synchronous

@@ -6,8 +6,9 @@ Contract: ``plan_tick(rows, pipelined, max_steps, estimate) -> TickPlan``.
   may ride in a padded verify forward (``can_pad``: no logprobs wanted, room in its KV bound for the
   width), and for a prompt-lookup row (``drafting``) its proposal this tick (``draft`` tokens, 0: none),
   the draft tokens its governor expects the round to accept (``expected``), whether it must be verified
-  (``forced``: a probe of a governor that turned off, or a row the gate has declined ``EXPLORE_AFTER_DECLINES``
-  times running; without it a declined row could never show that it copies now), its pipelined ticks in
+  (``forced``: a probe of a governor that turned off, or a row the gate has declined
+  ``EXPLORE_AFTER_DECLINES`` times running; without it a declined row could never show that it copies
+  now), its pipelined ticks in
   a row without a proposal (``quiet_ticks``) and its drafter's ``pipelines_plain_rounds()``.
 - ``pipelined``: a lookahead step is in flight. ``max_steps``: the most chained steps the scheduler allows.
 - ``estimate(rows, width, context)``: milliseconds of one forward (``ForwardCost.estimate``), or None

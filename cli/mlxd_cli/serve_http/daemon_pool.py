@@ -4,7 +4,7 @@ Contract:
     * ``DaemonPool(endpoints)`` keeps one ``AsyncClient`` per daemon. ``start()`` probes them once,
       then one health task per daemon asks it for its Status every ``health_interval_s`` (at once
       again after a miss). A daemon is *up* after one answer, *down* after ``DOWN_AFTER_MISSES``
-      misses in a row, and *dead* after ``DEAD_AFTER_MISSES``: then its client is closed, which
+      misses in a row, and *dead* after ``DEAD_AFTER_MISSES`` (about 30 s): then its client is closed, which
       fails every request still waiting on it with ``client_closed``, and a fresh client is opened.
       Down only stops new requests (a daemon busy with a long prefill may answer probes late);
       dead means nothing more will come (a daemon that hangs with its socket open).
@@ -40,7 +40,11 @@ from .errors import UNAVAILABLE_CODES, NoDaemonAvailable, from_daemon_failure
 log = logging.getLogger("mlx-serve-http")
 
 DOWN_AFTER_MISSES = 2  # one late answer under load is not an outage
-DEAD_AFTER_MISSES = 5  # ~5 s without any answer on an open connection (a hung daemon): fail its requests
+# ~30 s without any answer on an open connection (a hung daemon): fail its requests. A daemon answers
+# between ticks, and on a CPU one tick of a 135M model (a 512-token prompt chunk at a long context beside
+# verify rounds) can take seconds: at 5 misses, 4 concurrent 1.6K-token chats on SmolLM2 had 2 of 16
+# requests failed by a live, busy daemon (docs/benchmark_results/prefix_cache_smollm2_c4).
+DEAD_AFTER_MISSES = 30
 PROBE_TIMEOUT_S = 1.0
 CALL_TIMEOUT_S = 15.0  # tokenize / detokenize through the pool
 # Per-reply wait on a generation: long enough for a queue plus a long prefill on CPU. A dead daemon
