@@ -3,11 +3,14 @@
 Rows sit at different positions (prompts of different lengths); every round gives each row a proposal
 made from its own plain-decode reference: all correct (accepts all, up to 8), all wrong (accepts none),
 half right, or empty (a plain token), rotating so every row sees every kind; max_tokens ends rows inside
-an accepted block. Storage kinds: contiguous and paged attention, sliding-window rings (gemma3_text),
-recurrent state (qwen3_next, falcon_h1's composite).
+an accepted block, and an EOS or a stop check ends a row inside one. Models: the embedded model,
+stories260K, SmolLM2 (slow); storage kinds: contiguous and paged attention, sliding-window rings
+(gemma3_text), recurrent state (qwen3_next, falcon_h1's composite).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -37,13 +40,20 @@ def _check(engine, prompts, vocab):
         proposals = [_proposal(i + round_number, references[i], len(rows[i].output) - 1, vocab) for i in active]
         remaining = [NEW_TOKENS - len(rows[i].output) for i in active]
         outcomes = verify_rows(engine, [rows[i] for i in active], proposals, remaining)
+        ended = set()
         for i, outcome in zip(active, outcomes):
-            assert rows[i].output == references[i][: len(rows[i].output)], (i, round_number)
+            output = rows[i].output
+            if outcome.finish_reason == "stop":  # an EOS inside the block: plain decode stops before it
+                assert output[-1] in engine.loaded.eos_token_ids
+                output = output[:-1]
+                ended.add(i)
+            assert output == references[i][: len(output)], (i, round_number)
             assert outcome.accepted <= outcome.drafted
-        active = [i for i in active if len(rows[i].output) < NEW_TOKENS]
+        active = [i for i in active if i not in ended and len(rows[i].output) < NEW_TOKENS]
         round_number += 1
     for row, reference in zip(rows, references):
-        assert row.output == reference
+        output = row.output[:-1] if row.output[-1] in engine.loaded.eos_token_ids else row.output
+        assert output == reference
         assert row.kv.pending == 0 and row.kv.written == len(row.tokens) - 1
         engine.release(row)
     return round_number
@@ -69,3 +79,47 @@ def test_architecture_rows_equal_each_alone(name):
     model = loaded(name, model=build(name, seed=3))
     engine = Engine(model, max_sequences=4)
     _check(engine, [prompt(n, seed) for seed, n in enumerate(LENGTHS)], model.vocab_size)
+
+
+def test_a_stop_or_eos_inside_an_accepted_block_ends_only_its_row(stories_model):
+    """Row 0 stops at a token its caller's check flags (a stop string's last token), row 1 at an EOS id,
+    both inside a block of correct drafts; row 2 verifies on. Each ends at that token, as alone."""
+    from dataclasses import replace
+
+    prompts = [stories_model.tokenizer.encode(t) for t in ("Once upon a time", "Lily and Ben went to the park.",
+                                                           "The little dog was")]
+    probe = Engine(stories_model, max_sequences=1)
+    references = [generate_plain(probe, p, 12).tokens for p in prompts]
+    def first_new(reference: list[int], start: int) -> int:  # a position whose token did not come before
+        return next(k for k in range(start, 9) if reference[k] not in reference[:k])
+
+    stop_at, eos_at = first_new(references[0], 2), first_new(references[1], 2)
+    stop_token, eos_token = references[0][stop_at], references[1][eos_at]
+    model = replace(stories_model, eos_token_ids=frozenset(stories_model.eos_token_ids | {eos_token}))
+    engine = Engine(model, max_sequences=4)
+    rows = [engine.add_sequence(p) for p in prompts]
+    for row in rows:
+        engine.prefill(row)
+    drafts = [reference[1:9] for reference in references]  # all correct: the whole block would be accepted
+    stops = [lambda t: t == stop_token, None, None]
+    outcomes = verify_rows(engine, rows, drafts, [12, 12, 12], stops)
+    assert outcomes[0].finish_reason == "stop" and rows[0].output == references[0][: stop_at + 1]
+    assert outcomes[1].finish_reason == "stop" and rows[1].output == references[1][: eos_at + 1]
+    assert outcomes[2].finish_reason is None and rows[2].output == references[2][:10]  # 1 + 8 accepted + its own
+    for row in rows:
+        assert row.kv.pending == 0
+
+
+SMOLLM2 = Path(__file__).resolve().parents[2].parent / "shared" / "models" / "smollm2-135m-instruct-q4"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SMOLLM2.is_dir(), reason=f"{SMOLLM2} is not present")
+def test_smollm2_rows_equal_each_alone():
+    from mlxd_engine import load
+
+    model = load(str(SMOLLM2))
+    engine = Engine(model, max_sequences=4)
+    texts = ["The capital of France is", "def add(a, b):\n    return", "Once upon a time, in a small village,",
+             "List three colours: red,"]
+    _check(engine, [model.tokenizer.encode(t) for t in texts], model.vocab_size)
