@@ -69,6 +69,7 @@ class ForwardCost:
         one-off costs (graph building, allocation) that would skew a fit of few points."""
         if rows < 1 or width < 1 or ms <= 0:
             return
+        self.spent_ms += ms  # every timed forward, counted in the fit or not
         if (rows, width) not in self._shapes:
             self._shapes.add((rows, width))
             return
@@ -79,7 +80,6 @@ class ForwardCost:
         self._widths.add(width)
         self.min_ms = ms if self.min_ms is None else min(self.min_ms, ms)
         self.observations += 1
-        self.spent_ms += ms
         if self._theta is None or self.observations % REFIT_EVERY == 0:
             self._theta = None  # refitted on the next estimate
 

@@ -65,3 +65,10 @@ def test_calibration_with_one_free_slot_times_one_row(embedded_model):
     points = calibrate_forward_cost(engine)
     assert [(rows, width) for rows, width, _, _ in points] == [(1, 1), (1, 9)]
     assert engine.storage.free_slots == 1
+
+
+def test_every_timed_forward_counts_in_spent_ms_the_first_of_a_shape_too():
+    cost = ForwardCost()
+    cost.observe(4, 9, 10, 30.0)  # not fitted (one-off costs), but it was spent
+    cost.observe(4, 9, 10, 20.0)
+    assert cost.spent_ms == 50.0 and cost.observations == 1
