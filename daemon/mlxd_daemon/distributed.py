@@ -183,6 +183,12 @@ class Leader:
         finally:
             self._busy_since = None
 
+    def mark_lost(self, error: BaseException) -> None:
+        """A forward's result could not be read (the collective failed while it was evaluated, outside the
+        operations this class guards): the ranks are out of step, as for any failure mid-forward."""
+        if self.lost is None:
+            self._lose(f"distributed group of {self.info.size} ranks lost: {type(error).__name__}: {error}")
+
     def _lose(self, reason: str) -> None:
         self.lost = reason
         log.error("%s", reason)

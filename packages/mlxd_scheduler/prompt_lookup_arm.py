@@ -289,8 +289,9 @@ class PromptLookupArm:
             outcomes = verify_rows(self.engine, [s.seq for s in states], [drafts[s] for s in states],
                                    [max(s.request.max_tokens - s.emitted, 1) for s in states])
         except Exception as error:  # noqa: BLE001 - retried row by row below
-            if len(states) == 1:
-                self._verify_failed(states[0], error, result)
+            if len(states) == 1 or getattr(self.engine, "lost", None):  # a lost distributed group: no retry
+                for state in states:
+                    self._verify_failed(state, error, result)
                 return
             log.warning("batched verify of %d rows failed (%s); verifying them one by one", len(states), error)
             for state in states:
@@ -314,11 +315,18 @@ class PromptLookupArm:
             result.verified.append((state, outcome.emitted))
 
     def _verify_failed(self, state: RequestState, error: Exception, result: TickResult) -> None:
+        mark_lost = getattr(self.engine, "mark_lost", None)  # a distributed group: the ranks are out of step
+        if mark_lost is not None:
+            mark_lost(error)
+        lost = getattr(self.engine, "lost", None)  # the group's reason, when the ranks parted
+        if state.drafter is not None:
+            state.drafter.retract_draft()
+        if lost:
+            result.failed.append((state, lost))  # nothing can be unwound: the group is gone
+            return
         seq = state.seq
         if seq.kv.pending:
             self.engine.unwind_appends(seq, seq.kv.pending)
-        if state.drafter is not None:
-            state.drafter.retract_draft()
         result.failed.append((state, f"verify failed: {type(error).__name__}: {error}"))
 
     # -- update ------------------------------------------------------------------------------------

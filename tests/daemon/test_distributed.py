@@ -269,7 +269,8 @@ def test_killing_a_rank_fails_the_requests_within_seconds(killed):
             for t in threads:
                 t.join(timeout=10)
             assert len(errors) == 2, errors
-            assert all(at - killed_at < 5.0 and "distributed group of 2 ranks lost" in text for at, text in errors)
+            assert all(at - killed_at < 5.0 and "distributed group of 2 ranks lost" in text for at, text in errors), [
+                (at - killed_at, text) for at, text in errors]
             assert "Traceback" not in group.stderr(0)
     finally:
         group.kill()
