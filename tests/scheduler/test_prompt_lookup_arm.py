@@ -322,7 +322,9 @@ def test_a_row_whose_drafts_failed_recovers_when_it_starts_copying(cost, turns_o
     copy_from = len(prompt) + 70
     loaded = stub_loaded(period=6, copy_from=copy_from, sum_mod=13)  # the sum rule's tokens recur: drafts, failing
     config = PromptLookupConfig(probe_interval=4)
-    scheduler, records = make(loaded, config)
+    # one step a tick: how many steps a tick chains follows the measured step time, and with it where the
+    # drafter looks; pinned, the run is the same on a loaded machine
+    scheduler, records = make(loaded, config, max_decode_steps=1)
     scheduler.prompt_lookup.cost_model = cost
     out = Collector()
     scheduler.submit(Request("pl", prompt, max_tokens=200, speculative=SpeculativeRequest(True)), out.sink("pl"))
