@@ -32,9 +32,14 @@ RIDGE = 1e-6
 REFIT_EVERY = 8  # observations between refits: a fit is a 3x3 solve, estimates are asked every tick
 
 
-def features(rows: int, width: int, context: float) -> np.ndarray:
+def feature_values(rows: int, width: int, context: float) -> tuple[float, float, float]:
+    """The model's three features: a fixed cost, query tokens, query tokens x context / 1024."""
     tokens = float(rows * width)
-    return np.array([1.0, tokens, tokens * float(context) / 1024.0])
+    return 1.0, tokens, tokens * float(context) / 1024.0
+
+
+def features(rows: int, width: int, context: float) -> np.ndarray:
+    return np.array(feature_values(rows, width, context))
 
 
 class ForwardCost:
@@ -101,9 +106,9 @@ class ForwardCost:
     def estimate(self, rows: int, width: int, context: float) -> float | None:
         if self._theta is None and self.coefficients() is None or rows < 1:
             return None
-        fixed, per_token, per_token_kcontext = self._floats  # plain floats: the gate asks many times a tick
-        tokens = rows * width
-        return max(fixed + tokens * (per_token + per_token_kcontext * context / 1024.0), self.min_ms or 0.0)
+        # plain floats, no numpy: the gate asks many times a tick
+        value = sum(t * x for t, x in zip(self._floats, feature_values(rows, width, context)))
+        return max(value, self.min_ms or 0.0)
 
     def summary(self) -> dict:
         theta = self.coefficients()
