@@ -3,7 +3,8 @@
 (a) plain prompt, B=1: decode tok/s with --draft-kind prompt-lookup vs without;
 (b) copy prompt ("Repeat the following paragraph exactly: ..."), B=1: speedup and accepted per verify;
 (c) 2, 4 and 8 concurrent requests, plain, copy and mixed (half copy, half plain requests): aggregate
-    tok/s, flag on (the verify gate weighing each draft against its measured cost) vs off.
+    tok/s, flag on (the verify gate weighing each draft against its measured cost) vs off. A case keeps c
+    requests in flight (c workers, each sending its next request when its previous one finished).
 Daemons run side by side; every round runs each variant once, interleaved, in alternating order. Median [min-max] over rounds.
 A second daemon without the flag ("off, again") is measured like the others: its ratio to "off" is the
 A/A spread, how far two identical daemons differ on this machine in the same rounds.
@@ -61,18 +62,23 @@ def prompt_for(style: str, i: int) -> tuple[str, bool]:
 
 
 async def run_batch(endpoint: str, prompts: list[tuple[str, bool]], max_tokens: int, repeat: int = 1) -> dict:
-    """Run the (prompt, ignore_eos) pairs concurrently, ``repeat`` times in a row (short runs are too noisy alone)."""
+    """Send the (prompt, ignore_eos) pairs ``repeat`` times over, keeping ``len(prompts)`` requests in flight
+    as mlx-bench does: that many workers, each sending the next request of the list when its previous one
+    finished (so a row that finishes early makes room for the next request, as under a server's load).
+    Wall time runs from the first request sent to the last one finished."""
+    queue = [pair for _ in range(repeat) for pair in prompts]
+    dones: list = [None] * len(queue)
+    next_index = iter(range(len(queue)))
     async with AsyncClient(endpoint, timeout_s=600) as client:
-        async def one(pair):
-            prompt, ignore_eos = pair
-            replies = [r async for r in client.generate(Generate(id=new_request_id(), prompt=prompt, max_tokens=max_tokens,
-                                                                  ignore_eos=ignore_eos))]
-            return replies[-1]
+        async def worker():
+            for index in next_index:
+                prompt, ignore_eos = queue[index]
+                replies = [r async for r in client.generate(Generate(id=new_request_id(), prompt=prompt,
+                                                                      max_tokens=max_tokens, ignore_eos=ignore_eos))]
+                dones[index] = replies[-1]
 
         started = time.perf_counter()
-        dones = []
-        for _ in range(repeat):
-            dones += await asyncio.gather(*(one(p) for p in prompts))
+        await asyncio.gather(*(worker() for _ in prompts))
         wall = time.perf_counter() - started
     tokens = sum(d.usage["completion_tokens"] for d in dones)
     drafted = sum(d.timings.get("draft_n", 0) for d in dones)
@@ -87,7 +93,8 @@ def main() -> None:
     parser.add_argument("--model", default=None)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=200)
-    parser.add_argument("--repeat", type=int, default=5, help="batches per measurement")
+    parser.add_argument("--repeat", type=int, default=5,
+                        help="requests per worker and measurement (c workers keep c requests in flight)")
     parser.add_argument("--concurrency", default="1,2,4,8", help="concurrent requests per case (comma list)")
     parser.add_argument("--styles", default="plain,copy,mixed",
                         help="prompt styles to run (plain: little copying expected; mixed: half copy, half plain)")
@@ -142,9 +149,10 @@ def main() -> None:
         f"Command: `{command_line()}`",
         "",
         f"Embedded model unless stated: `{args.model or 'models/mlxd-qwen3-tiny'}`; greedy; {args.max_tokens} max "
-        f"tokens; {args.rounds} interleaved rounds of {args.repeat} batches each; median [min-max]. B=1 rows: "
-        "median decode tok/s of the requests (first token excluded); c>1 rows: aggregate output tok/s (all "
-        "tokens / wall time). Plain prompts "
+        f"tokens; {args.rounds} interleaved rounds; median [min-max]. A case at concurrency c sends {args.repeat} x c "
+        "requests through c workers (each sends its next request when the previous one finished, as mlx-bench "
+        "does). B=1 rows: median decode tok/s of the requests (first token excluded); c>1 rows: aggregate output "
+        "tok/s (all tokens / wall time). Plain prompts "
         "run to max tokens (EOS ignored); copy prompts stop at the end of the copy.",
         "",
     ]
