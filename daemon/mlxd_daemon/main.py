@@ -46,7 +46,7 @@ def _endpoint_option(function):
 @click.option("--min-p", default=0.0, show_default=True, type=click.FloatRange(0, 1), help="default min-p")
 @click.option("--draft-kind", default=None, help="speculative decoding for every request: prompt-lookup or none")
 @click.option("--draft-model", default=None, help="draft model (no supported kind takes one yet)")
-@click.option("--draft-block-size", default=None, type=int, help="prompt lookup: most draft tokens per verify round (default 8)")
+@click.option("--draft-block-size", default=None, type=int, help="prompt lookup: most draft tokens per verify round (default 15)")
 @click.option("--prompt-lookup-max-batch", default=None, type=click.IntRange(0),
               help="prompt lookup: no verify rounds while more rows than this decode or prefill "
                    "(default: no bound; each draft is verified when its expected gain pays its measured cost)")

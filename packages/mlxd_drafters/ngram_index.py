@@ -129,13 +129,18 @@ class NgramIndex:
         tokens.append(token)
 
     def extend(self, tokens: Iterable[int]) -> None:
-        """Add several tokens in order.
+        """Add several tokens in order (the same index as appending them one by one, built table by table).
 
         Args:
             tokens: Token ids to append.
         """
-        for token in tokens:
-            self.append(token)
+        all_tokens = self._tokens
+        start = len(all_tokens)
+        all_tokens.extend(tokens)
+        last = len(all_tokens) - 1  # the newest suffix is not an earlier occurrence yet
+        for n, table in self._last_end_by_n.items():
+            for end in range(max(start - 1, n - 1), last):
+                table[tuple(all_tokens[end - n + 1 : end + 1])] = end
 
     def _match_end(self) -> int | None:
         """End position of the best earlier match of the suffix, if any (its length: ``last_match_length``)."""

@@ -119,12 +119,13 @@ class ForwardCost:
 
 
 def calibrate_forward_cost(engine, batch: int = 4, width: int = 9, context: int = 32, long_context: int = 192,
-                           repeats: int = 2) -> list:
+                           repeats: int = 2, wide: int = 16) -> list:
     """Time plain steps and verify-shaped forwards (1 and ``batch`` rows at ``context`` tokens, one row at
-    ``long_context``; 1 and ``width`` tokens each) on scratch sequences and give the points to
+    ``long_context``; 1 and ``width`` tokens each, and a lone row ``wide`` tokens too: the longest verify
+    forward a lone row's full draft makes) on scratch sequences and give the points to
     ``engine.forward_cost``. Returns the (rows, width, context, ms) points; none where the engine cannot
     unwind (no verify rounds) or has no free slot. Every scratch sequence is released with nothing kept
-    (no prefix cache entry). About 40 forwards and 320 prompt tokens: 4 s for SmolLM2-135M on 2 cores.
+    (no prefix cache entry). About 50 forwards and 320 prompt tokens: 5 s for SmolLM2-135M on 2 cores.
     Every scratch row stays within contiguous storage's first growth chunk (256 tokens): growing the
     slot buffers for a calibration would make every later step of a short-context server copy more."""
     import statistics
@@ -137,7 +138,7 @@ def calibrate_forward_cost(engine, batch: int = 4, width: int = 9, context: int 
     if engine.storage.free_slots < 1 or not engine.can_unwind:
         return []
     vocab = engine.loaded.vocab_size
-    budget = width + 2 * (repeats + 1) + 1
+    budget = max(width, wide) + 2 * (repeats + 1) + 1
 
     def scratch(length: int, salt: int):
         prompt = [(7 * i + 3 + salt) % vocab for i in range(length)]
@@ -171,7 +172,7 @@ def calibrate_forward_cost(engine, batch: int = 4, width: int = 9, context: int 
             groups.append([long])
         points = []
         for group in groups:
-            for w in (1, width):
+            for w in (1, width) + ((wide,) if len(group) == 1 and wide > width else ()):
                 ms = timed(group, w)
                 points.append((len(group), w, sum(s.kv.written for s in group) / len(group), ms))
         engine.forward_cost.calibrate(points)

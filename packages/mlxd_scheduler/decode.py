@@ -94,12 +94,14 @@ class DecodeLoop:
                 emitted.extend(self._pairs(states, self.engine.read_step(handle)))
             if unread:
                 # each submission waits while MLX works off the queue, so a pipelined tick lasts about as
-                # long as the steps it submitted
-                ms = (time.perf_counter() - started) * 1000.0 / len(submitted)
+                # long as the most steps it submitted or read
+                ms = (time.perf_counter() - started) * 1000.0 / max(len(submitted), len(unread))
                 self._measure(ms)
                 self.last_step_ms = ms
-                known = self.step_ms_by_rows.get(len(seqs))
-                self.step_ms_by_rows[len(seqs)] = ms if known is None else 0.8 * known + 0.2 * ms
+                if len(unread) == len(submitted) and all(len(read) == len(seqs) for _, read in unread):
+                    # a steady tick (as many steps read as submitted, of this batch): the gate's plain step
+                    known = self.step_ms_by_rows.get(len(seqs))
+                    self.step_ms_by_rows[len(seqs)] = ms if known is None else 0.8 * known + 0.2 * ms
             return emitted, []
         except Exception as error:  # noqa: BLE001 - a failed forward must not take the daemon down
             log.warning("batched step failed (%s); retrying rows one by one", error)

@@ -31,9 +31,11 @@ The rules, in the order they apply:
    own draft length), beside one batched step for the other rows or padded into one forward with them,
    whichever the estimate prefers; a draft that does not pay is declined (retracted, no miss) and the
    row drafts again a few tokens later (``DECLINE_PAUSE_TOKENS``). A probe of a governor that turned
-   off, or a row declined ``EXPLORE_AFTER_DECLINES`` times running, is verified anyway, so a row that
-   starts copying again is seen to; so is a proposal from the request's predicted output (the client
-   asked for it, and OpenAI bills rejected prediction tokens for the same reason). What a draft is
+   off, or a row declined ``EXPLORE_AFTER_DECLINES`` times running, is verified even at a loss while
+   the exploration budget lasts (``ExplorationBudget``: ``EXPLORE_SHARE`` of the ticks' wall time), so a
+   row that starts copying again is seen to at a bounded cost; a proposal from the request's predicted
+   output is always verified (the client asked for it, and OpenAI bills rejected prediction tokens for
+   the same reason). What a draft is
    expected to accept comes from its governor's window, with a prior that trusts a long match more
    (``DraftGovernor.expected_accepted``). This is decided while the steps are in flight: only proposals the
    gate verifies end the lookahead.
@@ -57,7 +59,7 @@ from mlxd_engine import Emitted, Engine, kv_room, verify_round, verify_rows
 from .decode import DecodeLoop
 from .request import RequestState
 from .trace import TickRecord
-from .tick_plan import Costs, RowView, TickPlan, plan_tick
+from .tick_plan import Costs, RowView, TickPlan, lookahead_steps, plan_tick
 
 log = logging.getLogger("mlxd.scheduler")
 
@@ -66,6 +68,10 @@ log = logging.getLogger("mlxd.scheduler")
 # declines in a row its next proposal is verified anyway (about 90 tokens on).
 DECLINE_PAUSE_TOKENS = (8, 16, 32)
 EXPLORE_AFTER_DECLINES = 4
+# Rule 5: verifying probes and declined rows at a loss may cost this share of the ticks' wall time (the
+# plain-decode goal allows a percent), with at most EXPLORE_SAVED_MS saved up while nobody explores.
+EXPLORE_SHARE = 0.01
+EXPLORE_SAVED_MS = 20.0
 
 
 @dataclass
@@ -77,7 +83,7 @@ class TickResult:
     details: dict[int, str] = field(default_factory=dict)  # trace detail of a plain row, by id
     failed: list[tuple[RequestState, str]] = field(default_factory=list)
     carried: dict[RequestState, list[int]] | None = None  # rule 4: proposals to settle after the read
-    carried_forced: set[int] = field(default_factory=set)  # ids of the carried proposals rule 5 forces
+    carried_forced: set[int] = field(default_factory=set)  # ids of the carried proposals verified whatever they cost
     carried_from: dict[int, int] = field(default_factory=dict)  # by id: the row's token count its draft follows
     carried_steps: int = 1  # the most chained steps the scheduler allowed this tick
 
@@ -108,25 +114,62 @@ class TickOverheads:
             self.sync_ticks += 1
 
 
+class ExplorationBudget:
+    """Milliseconds the gate may lose verifying rows to look at them (rule 5): each tick adds
+    ``EXPLORE_SHARE`` of its wall time, up to ``EXPLORE_SAVED_MS``; each plan's estimated loss is taken
+    off, and may leave it below zero (later ticks pay it back before anyone explores again)."""
+
+    def __init__(self):
+        self.balance_ms = 0.0
+
+    def earn(self, wall_ms: float) -> None:
+        self.balance_ms = min(self.balance_ms + EXPLORE_SHARE * wall_ms, EXPLORE_SAVED_MS)
+
+    def spend(self, ms: float) -> None:
+        self.balance_ms -= ms
+
+
 class MeasuredCosts:
     """The verify gate's costs as this engine measures them: synchronous forwards from
     ``engine.forward_cost``, pipelined plain steps from the decode loop (by batch size), and the ticks'
-    overheads (``TickOverheads``, fed by ``observe_tick``)."""
+    overheads (``TickOverheads``, fed by ``observe_tick``), and what exploring may still lose
+    (``ExplorationBudget``)."""
 
     def __init__(self, engine: Engine, decode_loop: DecodeLoop):
         self.engine = engine
         self.decode_loop = decode_loop
         self.overheads = TickOverheads()
+        self.exploration = ExplorationBudget()
 
     def costs(self) -> Costs:
         return Costs(self.engine.forward_cost.estimate, self.overheads.plain_ms, self.overheads.sync_ms,
-                     self.decode_loop.step_ms_by_rows.get)
+                     self.plain_step_ms, self.exploration.balance_ms)
+
+    def plain_step_ms(self, rows: int) -> float | None:
+        """A pipelined step of ``rows`` rows as the decode loop measured it; for a batch size it has not
+        measured, the forward estimate scaled as the nearest measured size's step was (a pipelined step
+        overlaps Python, so it costs less than a synchronous forward: on a small model about half)."""
+        measured = self.decode_loop.step_ms_by_rows
+        if rows in measured:
+            return measured[rows]
+        if not measured:
+            return None
+        nearest = min(measured, key=lambda n: (abs(n - rows), n))
+        estimate = self.engine.forward_cost.estimate
+        at_nearest, here = estimate(nearest, 1, 0.0), estimate(rows, 1, 0.0)
+        if not at_nearest or here is None:
+            return None
+        return here * measured[nearest] / at_nearest
+
+    def spent_exploring(self, ms: float) -> None:
+        self.exploration.spend(ms)
 
     def observe_tick(self, rows: int, was_pipelined: bool, steps: int, wall_ms: float, forward_ms: float) -> None:
         """The scheduler's wall clock of one prompt-lookup decode phase (results applied), and the
         synchronous forward time ``engine.forward_cost`` timed in it."""
         if not rows:
             return
+        self.exploration.earn(wall_ms)
         if was_pipelined and self.decode_loop.pipelined:
             step_ms = self.decode_loop.last_step_ms
             if step_ms is not None:  # the plain alternative: a tick of chained steps
@@ -153,9 +196,14 @@ class PromptLookupArm:
         if self.max_batch is not None and len(rows) + prefilling > self.max_batch:
             self.counters["declined_gate"] += len(drafting)
             return self._plain(rows, record, {id(s): "declined-gate" for s in drafting}, steps)
-        proposals, forced, held = self._propose(drafting)
-        plan = plan_tick(self._views(rows, proposals, forced), self.decode_loop.pipelined, steps, self.cost_model.costs())
-        return self._execute(plan, rows, proposals, forced, held, record, plan_steps=steps)
+        proposals, forced, explore, held = self._propose(drafting)
+        if not proposals and self.decode_loop.pipelined:  # rule 3, as plan_tick would have it, without the views
+            plan = TickPlan("pipelined", steps=lookahead_steps([s.quiet_ticks for s in drafting], steps))
+        else:
+            plan = plan_tick(self._views(rows, proposals, forced, explore), self.decode_loop.pipelined, steps,
+                             self.cost_model.costs())
+            self.cost_model.spent_exploring(plan.explore_ms)
+        return self._execute(plan, rows, proposals, forced | explore, held, record, plan_steps=steps)
 
     def after_read(self, rows: list[RequestState], read: TickResult, record: TickRecord) -> TickResult:
         """The synchronous part of a tick that read its lookahead step (``read``, already applied; rule
@@ -181,10 +229,12 @@ class PromptLookupArm:
         return self._execute(plan, rows, proposals, read.carried_forced, {}, record, confirmed)
 
     # -- plan: the tick's inputs, for the pure policy (tick_plan.py) --------------------------------
-    def _propose(self, drafting: list[RequestState]) -> tuple[dict[RequestState, list[int]], set[int], dict[int, str]]:
+    def _propose(self, drafting: list[RequestState]) -> tuple[dict[RequestState, list[int]], set[int], set[int],
+                                                              dict[int, str]]:
         """Every drafting row's one ``draft_block()`` of the tick. Returns the proposals to weigh, the ids
-        of the forced ones (rule 5) and trace details of rows held back by their governor."""
-        proposals, forced, held = {}, set(), {}
+        of the forced ones and of those worth a look at a loss (rule 5), and trace details of rows held
+        back by their governor."""
+        proposals, forced, explore, held = {}, set(), set(), {}
         for state in drafting:
             if state.emitted < state.drafts_from:  # rule 5: a row the gate declined drafts again later
                 continue
@@ -205,14 +255,15 @@ class PromptLookupArm:
                 # one token left: the round would check no draft; a plain step gives that token
                 state.drafter.retract_draft()
                 continue
-            if was_off or state.gate_declines >= EXPLORE_AFTER_DECLINES or state.drafter.proposal_from_prediction:
-                # rule 5: a probe, a look at a row the gate keeps declining, or the client's own prediction
-                forced.add(id(state))
+            if state.drafter.proposal_from_prediction:
+                forced.add(id(state))  # rule 5: the client's own prediction
+            elif was_off or state.gate_declines >= EXPLORE_AFTER_DECLINES:
+                explore.add(id(state))  # rule 5: a probe, or a look at a row the gate keeps declining
             proposals[state] = proposal
-        return proposals, forced, held
+        return proposals, forced, explore, held
 
     def _views(self, rows: list[RequestState], proposals: dict[RequestState, list[int]],
-               forced: set[int]) -> list[RowView]:
+               forced: set[int], explore: frozenset[int] | set[int] = frozenset()) -> list[RowView]:
         widest = 1 + max((len(p) for p in proposals.values()), default=0)
         synchronous = not self.decode_loop.pipelined  # pipelines_plain_rounds() matters only then (rule 6)
         views = []
@@ -227,7 +278,8 @@ class PromptLookupArm:
                 # first rejection, so its rest is expected to accept what a draft of the rest's length would
                 expected=(drafter.governor.expected_accepted(len(proposal), drafter.last_match_is_long)
                           if proposal else 0.0),
-                forced=id(state) in forced, quiet_ticks=state.quiet_ticks,
+                acceptance=drafter.governor.acceptance_estimate(drafter.last_match_is_long) if proposal else 0.0,
+                forced=id(state) in forced, explore=id(state) in explore, quiet_ticks=state.quiet_ticks,
                 # a paused row will not propose next tick: it holds no pipelining back
                 pipelines=(drafter.pipelines_plain_rounds() if drafter is not None and synchronous
                            and state.emitted >= state.drafts_from else True)))
@@ -250,7 +302,8 @@ class PromptLookupArm:
                 details[id(state)] = "declined-cost"
                 self.counters["declined_cost"] += 1
             else:
-                verify[state] = proposal
+                # the plan may cut long drafts to a narrower forward (tick_plan.py); the rest is not verified
+                verify[state] = proposal if plan.width is None else proposal[: plan.width - 1]
                 state.gate_declines = 0
         if plan.mode == "read":  # rule 4: read the steps in flight instead of priming; settle the drafts after
             for state in verify:

@@ -6,9 +6,9 @@ Contract: ``plan_tick(rows, pipelined, max_steps, estimate) -> TickPlan``.
   may ride in a padded verify forward (``can_pad``: no logprobs wanted, room in its KV bound for the
   width), and for a prompt-lookup row (``drafting``) its proposal this tick (``draft`` tokens, 0: none),
   the draft tokens its governor expects the round to accept (``expected``), whether it must be verified
-  (``forced``: a probe of a governor that turned off, or a row the gate has declined
-  ``EXPLORE_AFTER_DECLINES`` times running; without it a declined row could never show that it copies
-  now), its pipelined ticks in
+  (``forced``: the client's predicted output), whether it is worth a look at a loss (``explore``: a probe
+  of a governor that turned off, or a row the gate has declined ``EXPLORE_AFTER_DECLINES`` times running;
+  without it a declined row could never show that it copies now), its pipelined ticks in
   a row without a proposal (``quiet_ticks``) and its drafter's ``pipelines_plain_rounds()``.
 - ``pipelined``: a lookahead step is in flight. ``max_steps``: the most chained steps the scheduler allows.
 - ``estimate(rows, width, context)``: milliseconds of one forward (``ForwardCost.estimate``), or None
@@ -30,10 +30,20 @@ The plan (``TickPlan.mode``):
 
 The verify gate (synchronous plans): the alternatives are a plain tick (one token per row) and, for
 k = 1..n, the forced candidates plus the k others expecting the most accepted tokens, in either layout
-(padded only when every row can pad). Each alternative's value is its expected tokens (one per row, plus
+(padded only when every row can pad), with the drafts whole or cut to a narrower forward
+(``TickPlan.width``: each candidate's own width and ``CUT_WIDTHS``; a cut draft is expected to accept
+p + ... + p^k of its first k tokens, p the row's ``acceptance``): a long draft that pays alone may not
+pay beside seven other rows, where every query token costs. Each alternative's value is its expected tokens (one per row, plus
 each verified row's expected accepted drafts) per estimated millisecond; the best wins, the plain tick
 on ties. Without an estimate every candidate is verified beside the step (the layout that needs no
 estimate to be safe).
+
+Exploring at a bounded loss: an ``explore`` row that the best alternative leaves out is added to it while
+``Costs.explore_budget_ms`` (milliseconds the arm sets aside, a small share of the ticks' wall time) is
+above what the additions already lose (the last one may overdraw it): the alternative's estimated ms minus the ms its tokens would take at the
+best alternative's rate. The loss goes back in ``TickPlan.explore_ms``. So looking at rows that might
+copy again costs a bounded share of decode time at any batch size, where verifying every probe beside
+eight plain rows cost a small model a third of its speed.
 """
 
 from __future__ import annotations
@@ -43,6 +53,11 @@ from typing import Callable, Hashable
 
 Estimate = Callable[[int, int, float], "float | None"]
 MAX_BACKOFF_EXPONENT = 6
+CUT_WIDTHS = (3, 5, 9)  # forward widths a long draft may be cut to (besides the candidates' own)
+# The widest verify forward beside other rows: measured on the embedded model (docs/benchmark_results/
+# prompt_lookup.md), 16-token forwards for 4 and 8 copying rows lost to 9-token ones although the cost
+# model preferred them (a copy's last draft runs past its end, which per-token acceptance does not see).
+MAX_BATCHED_WIDTH = 9
 
 
 @dataclass(frozen=True)
@@ -58,6 +73,7 @@ class Costs:
     plain_overhead_ms: float = 0.0  # per pipelined tick, shared by its chained steps
     sync_overhead_ms: float = 0.0  # per synchronous tick
     plain_step_ms: Callable[[int], "float | None"] = lambda rows: None  # a pipelined step, measured by batch size
+    explore_budget_ms: float = float("inf")  # what verifying ``explore`` rows at a loss may cost this tick
 
     def plain(self, rows: int, context: float, steps: int = 1) -> float | None:
         """One plain step's cost in a pipelined tick of ``steps`` chained steps: the pipelined step as
@@ -76,7 +92,9 @@ class RowView:
     drafting: bool = False
     draft: int = 0
     expected: float = 0.0
+    acceptance: float = 0.0  # per-token acceptance estimate (0: unknown; the draft is weighed whole)
     forced: bool = False
+    explore: bool = False
     quiet_ticks: int = 0
     pipelines: bool = True
 
@@ -90,6 +108,8 @@ class TickPlan:
     declined: list[Hashable] = field(default_factory=list)
     expected_ms: float | None = None  # the chosen alternative's estimated cost (None: no estimate)
     plain_ms: float | None = None  # a plain tick's estimated cost
+    explore_ms: float = 0.0  # what the plan's ``explore`` rows are estimated to lose (module docstring)
+    width: int | None = None  # the verify forward's width: longer drafts are cut to ``width - 1`` tokens
 
 
 def plan_tick(rows: list[RowView], pipelined: bool, max_steps: int, costs: Costs | Estimate) -> TickPlan:
@@ -104,9 +124,8 @@ def plan_tick(rows: list[RowView], pipelined: bool, max_steps: int, costs: Costs
             plan.mode = "read"  # the steps in flight are read; the verified drafts are settled against them
             return plan
         # nothing worth reading the steps in flight for: keep pipelining; a declined row counts as quiet
-        chain = min((2 ** min(row.quiet_ticks + (row.draft > 0), MAX_BACKOFF_EXPONENT) for row in drafting),
-                    default=max_steps)
-        plan.mode, plan.steps = "pipelined", max(1, min(max_steps, chain))
+        plan.mode = "pipelined"
+        plan.steps = lookahead_steps([row.quiet_ticks + (row.draft > 0) for row in drafting], max_steps)
         return plan
     if plan.verify:
         return plan
@@ -116,10 +135,19 @@ def plan_tick(rows: list[RowView], pipelined: bool, max_steps: int, costs: Costs
     return plan
 
 
+def lookahead_steps(quiet_ticks: list[int], max_steps: int) -> int:
+    """Chained steps of a pipelined tick whose drafting rows have these quiet streaks: 2**q for the least
+    q, at most ``max_steps``. The plan of a tick with a step in flight and no proposal, which the arm
+    asks for without building the rows' views (most ticks of a long reply)."""
+    if not quiet_ticks:
+        return max(1, max_steps)
+    return max(1, min(max_steps, 2 ** min(min(quiet_ticks), MAX_BACKOFF_EXPONENT)))
+
+
 def plan_verify(rows: list[RowView], costs: Costs, chain: int = 1) -> TickPlan:
-    """The synchronous plan: the verify set and layout with the most expected tokens per millisecond;
-    ``chain``: the steps a plain tick would chain instead. Runs every tick a row proposes: the
-    alternatives are walked with running sums (no per-alternative lists)."""
+    """The synchronous plan: the verify set, the width its drafts are cut to and the layout with the most
+    expected tokens per millisecond; ``chain``: the steps a plain tick would chain instead. Runs every
+    tick a row proposes: for each width, the alternatives are walked with running sums."""
     candidates = [row for row in rows if row.draft > 0]
     if not candidates:
         return TickPlan("synchronous")
@@ -130,34 +158,99 @@ def plan_verify(rows: list[RowView], costs: Costs, chain: int = 1) -> TickPlan:
     plain_ms = costs.plain(n_rows, mean_context, chain)
     if plain_ms is None or estimate(1, 1, mean_context) is None:
         return TickPlan("synchronous", verify=[c.key for c in candidates])
-    forced = [c for c in candidates if c.forced]
-    optional = sorted((c for c in candidates if not c.forced), key=lambda c: -c.expected)
     can_pad = all(row.can_pad for row in rows)
     overhead = costs.sync_overhead_ms
+    forced = [c for c in candidates if c.forced]
     best_value, best = (n_rows / plain_ms if not forced else -1.0), None
-    chosen_n = expected = chosen_context = 0
-    widest = 0
-    for k, candidate in enumerate(forced + optional):
-        chosen_n += 1
-        expected += candidate.expected
-        chosen_context += candidate.context
-        widest = max(widest, candidate.draft)
-        if k + 1 < len(forced):
-            continue  # every forced candidate is in every alternative
-        tokens, width, rest = n_rows + expected, 1 + widest, n_rows - chosen_n
-        beside = overhead + estimate(chosen_n, width, chosen_context / chosen_n)
-        if rest:
-            beside += estimate(rest, 1, (total_context - chosen_context) / rest)
-        if tokens / beside > best_value:
-            best_value, best = tokens / beside, (chosen_n, "beside", beside)
-        if can_pad and rest:
-            padded = overhead + estimate(n_rows, width, mean_context)
-            if tokens / padded > best_value:
-                best_value, best = tokens / padded, (chosen_n, "padded", padded)
-    if best is None:
+    for width in _widths(candidates, n_rows):
+        order = forced + sorted((c for c in candidates if not c.forced), key=lambda c: -_gain(c, width))
+        chosen_n = expected = chosen_context = 0
+        widest = 0
+        for k, candidate in enumerate(order):
+            chosen_n += 1
+            expected += _gain(candidate, width)
+            chosen_context += candidate.context
+            widest = max(widest, _cut(candidate, width))
+            if k + 1 < len(forced):
+                continue  # every forced candidate is in every alternative
+            tokens, fed, rest = n_rows + expected, 1 + widest, n_rows - chosen_n
+            beside = overhead + estimate(chosen_n, fed, chosen_context / chosen_n)
+            if rest:
+                beside += estimate(rest, 1, (total_context - chosen_context) / rest)
+            if tokens / beside > best_value:
+                best_value, best = tokens / beside, (order[:chosen_n], "beside", beside, width)
+            if can_pad and rest:
+                padded = overhead + estimate(n_rows, fed, mean_context)
+                if tokens / padded > best_value:
+                    best_value, best = tokens / padded, (order[:chosen_n], "padded", padded, width)
+    chosen, layout, ms, width = best if best is not None else ([], "beside", plain_ms, None)
+    chosen, ms, layout, explore_ms = _add_explorers(rows, candidates, chosen, ms, layout, best_value, costs, width)
+    if not chosen:
         return TickPlan("synchronous", declined=[c.key for c in candidates], expected_ms=plain_ms, plain_ms=plain_ms)
-    count, layout, ms = best
-    chosen_keys = {c.key for c in (forced + optional)[:count]}
+    chosen_keys = {c.key for c in chosen}
+    if width is not None and max(c.draft for c in chosen) <= width - 1:
+        width = None  # no chosen draft is longer than the cut
     return TickPlan("synchronous", verify=[c.key for c in candidates if c.key in chosen_keys], layout=layout,
                     declined=[c.key for c in candidates if c.key not in chosen_keys], expected_ms=ms,
-                    plain_ms=plain_ms)
+                    plain_ms=plain_ms, explore_ms=explore_ms, width=width)
+
+
+def _widths(candidates: list[RowView], n_rows: int) -> list[int | None]:
+    """The forward widths worth weighing (None: every draft whole). Cutting needs every candidate's
+    per-token acceptance; the widths are the candidates' own and ``CUT_WIDTHS`` below the widest, at most
+    ``MAX_BATCHED_WIDTH`` beside other rows."""
+    if not all(0.0 < c.acceptance < 1.0 for c in candidates):
+        return [None]
+    cap = MAX_BATCHED_WIDTH if n_rows > 1 else None
+    widths = {1 + c.draft for c in candidates} | set(CUT_WIDTHS)
+    widest = min(1 + max(c.draft for c in candidates), cap or 1 << 30)
+    return sorted(w for w in widths if w <= widest)
+
+
+def _cut(row: RowView, width: int | None) -> int:
+    return row.draft if width is None else min(row.draft, width - 1)
+
+
+def _gain(row: RowView, width: int | None) -> float:
+    """Draft tokens ``row`` is expected to accept with its draft cut to ``width`` (acceptance stops at the
+    first rejection: p + p^2 + ... + p^k)."""
+    k = _cut(row, width)
+    if k == row.draft:
+        return row.expected
+    p = row.acceptance
+    return p * (1.0 - p ** k) / (1.0 - p)
+
+
+def _add_explorers(rows: list[RowView], candidates: list[RowView], chosen: list[RowView], ms: float, layout: str,
+                   rate: float, costs: Costs, width: int | None = None) -> tuple[list[RowView], float, str, float]:
+    """The best alternative (``chosen`` rows verified, ``ms``, at ``rate`` tokens a ms) with the ``explore``
+    candidates it leaves out added, most expected first, while the budget covers what they lose."""
+    keys = {c.key for c in chosen}
+    left_out = sorted((c for c in candidates if c.explore and c.key not in keys), key=lambda c: -c.expected)
+    loss = 0.0
+    for candidate in left_out:
+        if costs.explore_budget_ms - loss <= 0:
+            break  # the budget may end below zero: the arm's share of later ticks pays it back
+        trial = chosen + [candidate]
+        trial_ms, trial_layout = _alternative_ms(rows, trial, costs, width)
+        tokens = len(rows) + sum(_gain(c, width) for c in trial)
+        chosen, ms, layout, loss = trial, trial_ms, trial_layout, max(trial_ms - tokens / rate, 0.0)
+    return chosen, ms, layout, loss
+
+
+def _alternative_ms(rows: list[RowView], chosen: list[RowView], costs: Costs,
+                    cut: int | None = None) -> tuple[float, str]:
+    """The estimated ms of verifying ``chosen`` (drafts cut to width ``cut``) and the cheaper layout for it
+    (as ``plan_verify`` weighs them)."""
+    estimate = costs.forward
+    width = 1 + max(_cut(c, cut) for c in chosen)
+    keys = {c.key for c in chosen}
+    rest = [row for row in rows if row.key not in keys]
+    beside = costs.sync_overhead_ms + estimate(len(chosen), width, sum(c.context for c in chosen) / len(chosen))
+    if rest:
+        beside += estimate(len(rest), 1, sum(row.context for row in rest) / len(rest))
+    if rest and all(row.can_pad for row in rows):
+        padded = costs.sync_overhead_ms + estimate(len(rows), width, sum(row.context for row in rows) / len(rows))
+        if padded < beside:
+            return padded, "padded"
+    return beside, "beside"

@@ -21,7 +21,7 @@ def test_prompt_lookup_alone_uses_documented_defaults():
     dispatch = resolve_speculative("prompt-lookup")
     assert dispatch.enabled and dispatch.kind == "prompt-lookup"
     assert dispatch.config == PromptLookupConfig()
-    assert dispatch.summary() == "speculative=prompt-lookup (max_draft=8, policy=graded)"
+    assert dispatch.summary() == "speculative=prompt-lookup (max_draft=15, policy=graded)"
 
 
 def test_prompt_lookup_with_a_draft_model_is_an_error():

@@ -6,7 +6,8 @@ from mlxd_drafters import DraftGovernor, PromptLookupConfig
 
 
 def make_governor(**overrides) -> DraftGovernor:
-    return DraftGovernor(PromptLookupConfig(**overrides))
+    """A governor drafting at most 8 tokens unless told otherwise (the tests' numbers assume it)."""
+    return DraftGovernor(PromptLookupConfig(**{"max_draft": 8, **overrides}))
 
 
 def record_many(governor: DraftGovernor, rounds: int, drafted: int, accepted: int):

@@ -127,3 +127,19 @@ def test_matches_brute_force_on_every_prefix(seed, vocab, min_ngram, max_ngram):
         proposals_seen += has_expected
     # Guard against a vacuous pass where nothing ever matched.
     assert proposals_seen > 20
+
+
+def test_extending_in_pieces_builds_the_index_appending_one_by_one_does():
+    rng = random.Random(7)
+    tokens = [rng.randrange(6) for _ in range(300)]
+    one_by_one, in_pieces = NgramIndex(1, 4), NgramIndex(1, 4)
+    for token in tokens:
+        one_by_one.append(token)
+    position = 0
+    while position < len(tokens):
+        size = rng.randrange(1, 12)
+        in_pieces.extend(tokens[position : position + size])
+        position += size
+        for k in (1, 8):
+            assert in_pieces.propose(k) == NgramIndex(1, 4, tokens[:position]).propose(k)
+    assert in_pieces._last_end_by_n == one_by_one._last_end_by_n

@@ -169,7 +169,7 @@ def test_empty_stats_rates_are_zero():
 
 def test_config_defaults():
     config = PromptLookupConfig()
-    assert (config.max_draft, config.min_ngram, config.max_ngram) == (8, 1, 4)
+    assert (config.max_draft, config.min_ngram, config.max_ngram) == (15, 1, 4)
     assert config.policy == "graded"
     assert (config.governor_window, config.probe_interval, config.min_draft) == (
         8,
@@ -199,7 +199,8 @@ def test_config_rejects_unknown_policy_listing_known_ones():
         {"probe_interval": 0},
         {"probe_draft": 0},
         {"min_draft": 0},
-        {"min_draft": 9},
+        {"min_draft": 16},
+        {"max_draft": 8, "min_draft": 9},
     ],
 )
 def test_config_rejects_invalid_values(overrides):

@@ -85,7 +85,8 @@ def stub_loaded(eos: int = EOS, period: int | None = None, copy_from: int = 0, s
 
 class StubCost:
     """The verify gate's costs with fixed numbers (a prompt-lookup arm's ``cost_model``): every forward,
-    a plain step included, ``fixed`` ms plus ``per_token`` ms a query token, and no tick overhead.
+    a plain step included, ``fixed`` ms plus ``per_token`` ms a query token, no tick overhead, and no
+    bound on what exploring may lose.
     Scheduler tests pin the gate with it, so what they check does not hang on how fast this machine runs
     the stub."""
 
@@ -101,6 +102,9 @@ class StubCost:
         return Costs(self.estimate)
 
     def observe_tick(self, *args):
+        pass
+
+    def spent_exploring(self, ms):
         pass
 
 

@@ -364,6 +364,27 @@ def test_proposing_rows_verify_together_in_one_forward():
         assert out.done(name).tokens == alone.tokens
 
 
+def test_long_drafts_are_cut_beside_other_rows_and_whole_for_a_lone_row():
+    """Drafts of up to ``max_draft`` (15) tokens: a lone copying row verifies them whole; while another row
+    decodes beside it the gate cuts them to ``MAX_BATCHED_WIDTH`` (the rest is not verified, no miss).
+    Output equals plain decode either way."""
+    from mlxd_scheduler.tick_plan import MAX_BATCHED_WIDTH
+
+    loaded = stub_loaded(period=20)  # the reply repeats the prompt's last 20 tokens: matches run 19 tokens
+    prompt = list(range(10, 31))
+    alone, records, _ = run_one(loaded, prompt, 80, enabled=True)
+    assert max(x.drafted for r in records for x in r.rows if x.action == "verify") == 15
+    scheduler, records = make(loaded)
+    out = Collector()
+    scheduler.submit(Request("a", prompt, max_tokens=80), out.sink("a"))
+    scheduler.submit(Request("b", PLAIN, max_tokens=200, speculative=SpeculativeRequest(False)), out.sink("b"))
+    scheduler.run_until_idle()
+    beside = [x.drafted for r in records if any(y.request_id == "b" and y.action == "decode" for y in r.rows)
+              for x in r.rows if x.action == "verify"]
+    assert beside and max(beside) <= MAX_BATCHED_WIDTH - 1
+    assert out.done("a").tokens == alone.tokens == run_one(loaded, prompt, 80, enabled=False)[0].tokens
+
+
 def test_a_predicted_output_drafts_first_and_never_changes_the_output(embedded_model):
     """OpenAI's predicted outputs: the row's drafter looks in the prediction first. With the exact reply as
     prediction nearly every token is an accepted draft; with one line changed the reply still equals plain
@@ -388,3 +409,15 @@ def test_a_predicted_output_drafts_first_and_never_changes_the_output(embedded_m
         assert accepted >= len(plain.tokens) - 12, done.usage
         verifies = [x for r in records for x in r.rows if x.action == "verify"]
         assert len(verifies) < 16
+
+
+def test_the_exploration_budget_is_a_share_of_wall_time_saved_up_to_a_bound():
+    from mlxd_scheduler.prompt_lookup_arm import EXPLORE_SAVED_MS, EXPLORE_SHARE, ExplorationBudget
+
+    budget = ExplorationBudget()
+    budget.earn(100.0)
+    assert budget.balance_ms == pytest.approx(EXPLORE_SHARE * 100.0)
+    budget.earn(1e9)
+    assert budget.balance_ms == EXPLORE_SAVED_MS  # nobody explored for a long time: a bounded burst at most
+    budget.spend(EXPLORE_SAVED_MS + 30.0)
+    assert budget.balance_ms == pytest.approx(-30.0)  # overdrawn: later ticks pay it back first

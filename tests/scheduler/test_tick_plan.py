@@ -116,3 +116,56 @@ def test_the_best_rows_are_chosen_and_the_poor_ones_declined():
 def test_forced_candidates_are_verified_even_when_they_do_not_pay():
     plan = synchronous(rows(2, expected=[0.0], forced={0}), linear(0, 1))
     assert plan.verify == [0] and plan.mode == "synchronous"
+
+
+def explorer_rows(expected=0.5):
+    """Four plain rows and one whose governor turned off, probing with a 2-token draft."""
+    return [RowView(0, 100, drafting=True, draft=2, expected=expected, explore=True)] + [RowView(i, 100) for i in range(1, 5)]
+
+
+def test_an_explorer_that_does_not_pay_is_verified_only_while_the_budget_lasts():
+    costs = dict(forward=linear(1, 0.5))
+    spent = synchronous(explorer_rows(), Costs(**costs, explore_budget_ms=0.0))
+    assert spent.verify == [] and spent.declined == [0] and spent.explore_ms == 0.0
+    saved = synchronous(explorer_rows(), Costs(**costs, explore_budget_ms=5.0))
+    assert saved.verify == [0] and saved.explore_ms > 0.0  # the estimated loss goes back to the arm
+    # the same row, pipelined: the budget decides whether the steps in flight are read for it
+    assert plan_tick(explorer_rows(), pipelined=True, max_steps=1, costs=Costs(**costs, explore_budget_ms=0.0)).mode == "pipelined"
+    assert plan_tick(explorer_rows(), pipelined=True, max_steps=1, costs=Costs(**costs, explore_budget_ms=5.0)).mode == "read"
+
+
+def test_an_explorer_whose_draft_pays_costs_no_budget():
+    plan = synchronous(explorer_rows(expected=1.9), Costs(linear(10, 0.01), explore_budget_ms=0.0))
+    assert plan.verify == [0] and plan.explore_ms == 0.0
+
+
+def test_a_forced_prediction_is_verified_whatever_the_budget():
+    views = [RowView(0, 100, drafting=True, draft=2, expected=0.0, forced=True), RowView(1, 100)]
+    assert synchronous(views, Costs(linear(0, 1), explore_budget_ms=-100.0)).verify == [0]
+
+
+def copying(draft, acceptance, n_plain=0):
+    """A row proposing ``draft`` tokens at per-token acceptance ``acceptance``, beside ``n_plain`` plain rows."""
+    p = acceptance
+    row = RowView(0, 100, drafting=True, draft=draft, expected=p * (1 - p ** draft) / (1 - p), acceptance=p)
+    return [row] + [RowView(i, 100) for i in range(1, n_plain + 1)]
+
+
+def test_a_lone_row_verifies_its_whole_long_draft_when_it_copies():
+    plan = synchronous(copying(15, 0.97), linear(2, 0.05))
+    assert plan.verify == [0] and plan.width is None
+
+
+def test_beside_other_rows_a_long_draft_is_cut_to_the_batched_width():
+    from mlxd_scheduler.tick_plan import MAX_BATCHED_WIDTH
+
+    plan = synchronous(copying(15, 0.97, n_plain=3), linear(2, 0.05))
+    assert plan.verify == [0] and plan.width is not None and plan.width <= MAX_BATCHED_WIDTH
+
+
+def test_where_query_tokens_cost_a_doubtful_draft_is_cut_rather_than_declined():
+    # p = 0.6: the 15th token is accepted with p**15 (0.05%), yet costs as much as the first
+    plan = synchronous(copying(15, 0.6), linear(1, 0.4))
+    assert plan.verify == [0] and plan.width is not None and plan.width < 16
+    whole = synchronous([RowView(0, 100, drafting=True, draft=15, expected=1.5)], linear(1, 0.4))  # no acceptance: whole
+    assert whole.width is None
