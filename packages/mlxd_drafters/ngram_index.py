@@ -10,8 +10,11 @@ Contract:
       occurred *earlier* in the sequence, it returns up to ``k`` tokens that
       followed the most recent earlier occurrence. The suffix itself is
       never its own match. The continuation may run into the suffix region
-      (that is how a repeating pattern extends) and is capped by the tokens
-      that exist.
+      (that is how a repeating pattern extends); where it reaches the end
+      of the sequence, the text since the earlier occurrence is a loop of
+      that period, and the proposal goes on around it (a model stuck
+      repeating one token or a short phrase gets whole drafts, not one or
+      two tokens a round).
     * The proposal is a plain ``list[int]`` owned by the caller.
 
 Worked example::
@@ -20,8 +23,10 @@ Worked example::
     >>> index.extend([1, 2, 3, 4, 1, 2])
     >>> index.propose(3)          # suffix (1, 2) occurred ending at position 1
     [3, 4, 1]
-    >>> index.propose(10)         # capped by the tokens that exist
+    >>> index.propose(4)
     [3, 4, 1, 2]
+    >>> index.propose(6)          # past the end: the period-4 loop goes on
+    [3, 4, 1, 2, 3, 4]
 """
 
 from __future__ import annotations
@@ -169,12 +174,16 @@ class NgramIndex:
             max_tokens: Upper bound on the proposal length.
 
         Returns:
-            Up to ``max_tokens`` tokens; empty if there is no match or
-            ``max_tokens <= 0``.
+            ``max_tokens`` tokens (the loop's continuation past the end of
+            the sequence, see the module docstring); empty if there is no
+            match or ``max_tokens <= 0``.
         """
         if max_tokens <= 0:
             return []
         end = self._match_end()
         if end is None:
             return []
-        return self._tokens[end + 1 : end + 1 + max_tokens]
+        run = self._tokens[end + 1 : end + 1 + max_tokens]
+        if len(run) < max_tokens:  # the match is the previous lap of a loop of len(run) tokens
+            run = (run * (max_tokens // len(run) + 1))[:max_tokens]
+        return run

@@ -19,14 +19,20 @@ def brute_force_propose(
         # Ends strictly before the suffix's own end, newest first.
         for end in range(length - 2, n - 2, -1):
             if tokens[end - n + 1 : end + 1] == suffix:
-                return tokens[end + 1 : end + 1 + max_tokens]
+                # past the end, the loop since the earlier occurrence goes on: position i repeats i - period
+                period = length - 1 - end
+                out = []
+                for i in range(end + 1, end + 1 + max_tokens):
+                    out.append(tokens[i] if i < length else out[i - period - (end + 1)])
+                return out
     return []
 
 
 def test_worked_example_from_docstring():
     index = NgramIndex(1, 4, [1, 2, 3, 4, 1, 2])
     assert index.propose(3) == [3, 4, 1]
-    assert index.propose(10) == [3, 4, 1, 2]
+    assert index.propose(4) == [3, 4, 1, 2]
+    assert index.propose(6) == [3, 4, 1, 2, 3, 4]
 
 
 def test_longest_match_wins_over_more_recent_shorter_match():
@@ -52,9 +58,14 @@ def test_max_tokens_caps_proposal():
 
 def test_proposal_extends_into_suffix_region():
     # A period-2 pattern: the earlier occurrence's continuation overlaps
-    # the suffix itself.
+    # the suffix itself, and past the end the loop goes on.
     index = NgramIndex(1, 4, [3, 4, 3, 4, 3])
-    assert index.propose(8) == [4, 3]
+    assert index.propose(8) == [4, 3, 4, 3, 4, 3, 4, 3]
+
+
+def test_a_model_repeating_one_token_gets_whole_drafts():
+    index = NgramIndex(1, 4, [5, 6, 9, 9, 9])
+    assert index.propose(15) == [9] * 15
 
 
 def test_suffix_is_never_its_own_match():

@@ -48,7 +48,9 @@ def test_shared_prefix_hits_equal_a_cold_run_and_nothing_leaks(embedded_model, s
     engine, cached = _scheduler(embedded_model, storage, 32 * 2**20, records, prompt_lookup)
     _, cold = _scheduler(embedded_model, storage, 0, prompt_lookup=prompt_lookup)
     speculative = SpeculativeRequest(True) if prompt_lookup else SpeculativeRequest()
-    first = [Request(f"a{i}", SYSTEM + [10 + i, 11, 12 + i], max_tokens=20, speculative=speculative) for i in range(3)]
+    # a1 is long enough to be decoding still when it is cancelled (with prompt lookup's drafts too)
+    first = [Request(f"a{i}", SYSTEM + [10 + i, 11, 12 + i], max_tokens=200 if i == 1 else 20, speculative=speculative)
+             for i in range(3)]
     out = _run_with_a_cancel(cached, first, "a1", ticks=6)  # a mixed first wave
     assert out.done("a1").finish_reason == "cancelled"
     assert len(engine.prefix_cache) >= 1

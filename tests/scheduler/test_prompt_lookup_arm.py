@@ -90,7 +90,7 @@ def test_lookahead_rules_with_the_flag_on():
 def test_reprime_after_proposals_stop():
     loaded = stub_loaded(period=6)
     scheduler, records = make(loaded, PromptLookupConfig(policy="always"))
-    scheduler.submit(Request("c", REPEATING, max_tokens=40), Collector().sink("c"))
+    scheduler.submit(Request("c", REPEATING, max_tokens=120), Collector().sink("c"))  # still decoding after 6 ticks
     for _ in range(6):
         scheduler.tick()
     state = scheduler.decoding[0]
