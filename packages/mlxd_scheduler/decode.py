@@ -67,6 +67,9 @@ class DecodeLoop:
         self.step_ms: float | None = None  # moving average of one step's time, from pipelined ticks
         self.last_step_ms: float | None = None  # the last pipelined tick's time per step
         self.step_ms_by_rows: dict[int, float] = {}  # step_ms by batch size (the verify gate's plain step)
+        # time spent waiting on forwards outside pipelined ticks (synchronous steps, teardowns), summed: what
+        # the verify gate's tick overheads leave out (prompt_lookup_arm.TickOverheads)
+        self.waited_ms = 0.0
 
     @property
     def pipelined(self) -> bool:
@@ -114,22 +117,27 @@ class DecodeLoop:
     def step_synchronously(self, rows: list[RequestState]):
         """One unpipelined batched step (nothing may be in flight). Returns (emitted, failed)."""
         assert not self.in_flight, "tear down the in-flight steps first"
+        started = time.perf_counter()
         try:
             return self._pairs(rows, self.engine.step([s.seq for s in rows])), []
         except Exception as error:  # noqa: BLE001
             log.warning("batched step failed (%s); retrying rows one by one", error)
             return self._recover(rows)
+        finally:
+            self.waited_ms += (time.perf_counter() - started) * 1000.0
 
     def teardown(self) -> list[tuple[RequestState, Emitted]]:
         """Read the in-flight steps, if any, so no step is left in flight."""
         unread, self.in_flight = self.in_flight, []
         emitted = []
+        started = time.perf_counter()
         try:
             for handle, states in unread:
                 emitted.extend(self._pairs(states, self.engine.read_step(handle)))
         except Exception as error:  # noqa: BLE001
             log.warning("in-flight step failed at teardown (%s)", error)
             self._unwind_all([s for _, states in unread for s in states])
+        self.waited_ms += (time.perf_counter() - started) * 1000.0
         return emitted
 
     def _pairs(self, states: list[RequestState], emitted: list[Emitted]) -> list[tuple[RequestState, Emitted]]:

@@ -92,7 +92,8 @@ class TickOverheads:
     """What prompt-lookup ticks cost beyond their forwards, measured from the scheduler's wall clock
     (``observe``): a pipelined tick's wall minus its steps' time (the plain alternative's overhead, shared
     by the tick's chained steps), and a synchronous tick's wall
-    minus the forwards it timed (reading the lookahead step, the finish step of every row, re-priming).
+    minus the forwards in it (verify forwards, synchronous steps, the wait for the lookahead steps it read):
+    the finish step of every row, events, re-priming.
     On a small model these are most of a tick; on a large one a rounding error."""
 
     WEIGHT = 0.1  # each tick's share of the moving averages
@@ -166,7 +167,9 @@ class MeasuredCosts:
 
     def observe_tick(self, rows: int, was_pipelined: bool, steps: int, wall_ms: float, forward_ms: float) -> None:
         """The scheduler's wall clock of one prompt-lookup decode phase (results applied), and the
-        synchronous forward time ``engine.forward_cost`` timed in it."""
+        forward time in it (verify forwards, synchronous steps, teardowns: ``BatchScheduler._forward_ms_so_far``).
+        A re-prime (synchronous before, pipelined after) submits a step whose tokens the next tick reads:
+        its wall is the plain alternative's, not a synchronous tick's overhead."""
         if not rows:
             return
         self.exploration.earn(wall_ms)
@@ -174,7 +177,7 @@ class MeasuredCosts:
             step_ms = self.decode_loop.last_step_ms
             if step_ms is not None:  # the plain alternative: a tick of chained steps
                 self.overheads.observe("plain", wall_ms, step_ms * steps)
-        else:
+        elif not self.decode_loop.pipelined:
             self.overheads.observe("sync", wall_ms, forward_ms)
 
 

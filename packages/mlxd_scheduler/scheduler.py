@@ -186,7 +186,7 @@ class BatchScheduler:
         was_pipelined = self.decode_loop.pipelined
         record.pipelined = self.decode_loop.lookahead and was_pipelined and bool(rows)
         if any(s.drafter is not None for s in rows):
-            started, timed = time.perf_counter(), getattr(self.engine.forward_cost, "spent_ms", 0.0)
+            started, timed = time.perf_counter(), self._forward_ms_so_far()
             result = self.prompt_lookup.tick(rows, record, prefilling=len(self.prefilling),
                                              steps=self._steps_this_tick(rows))
             self._apply(result, record)
@@ -196,7 +196,7 @@ class BatchScheduler:
             # what the tick cost beyond its forwards, for the verify gate (prompt_lookup_arm.MeasuredCosts)
             self.prompt_lookup.cost_model.observe_tick(len(rows), was_pipelined, record.steps,
                                                        (time.perf_counter() - started) * 1000.0,
-                                                       getattr(self.engine.forward_cost, "spent_ms", 0.0) - timed)
+                                                       self._forward_ms_so_far() - timed)
             record.pipelined = record.pipelined and self.decode_loop.pipelined
         else:
             record.steps = self._steps_this_tick(rows)
@@ -207,6 +207,11 @@ class BatchScheduler:
         if self.decode_loop.pipelined and not was_pipelined:
             for state in rows:  # a lookahead step was submitted and nothing read: show it in the trace
                 record.add(state.request_id, "prime")
+
+    def _forward_ms_so_far(self) -> float:
+        """Milliseconds of forwards timed so far: verify forwards (``engine.forward_cost``), synchronous steps
+        and teardowns (``decode_loop.waited_ms``); a tick's overhead for the verify gate is its wall minus them."""
+        return getattr(self.engine.forward_cost, "spent_ms", 0.0) + self.decode_loop.waited_ms
 
     def _steps_this_tick(self, rows: list[RequestState]) -> int:
         """How many chained steps this plain decode tick submits (see the module docstring)."""
