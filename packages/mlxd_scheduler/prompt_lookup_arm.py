@@ -65,7 +65,7 @@ log = logging.getLogger("mlxd.scheduler")
 
 # Rule 5: a row whose draft the gate declined drafts again only after 8, 16, then 32 more tokens (asking
 # every row's drafter every tick costs a small model's ticks a tenth of their time), and after this many
-# declines in a row its next proposal is verified anyway (about 90 tokens on).
+# declines in a row its next proposal is worth a look at a loss (about 90 tokens on; ExplorationBudget).
 DECLINE_PAUSE_TOKENS = (8, 16, 32)
 EXPLORE_AFTER_DECLINES = 4
 # Rule 5: verifying probes and declined rows at a loss may cost this share of the ticks' wall time (the

@@ -33,15 +33,15 @@ k = 1..n, the forced candidates plus the k others expecting the most accepted to
 (padded only when every row can pad), with the drafts whole or cut to a narrower forward
 (``TickPlan.width``: each candidate's own width and ``CUT_WIDTHS``; a cut draft is expected to accept
 p + ... + p^k of its first k tokens, p the row's ``acceptance``): a long draft that pays alone may not
-pay beside seven other rows, where every query token costs. Each alternative's value is its expected tokens (one per row, plus
-each verified row's expected accepted drafts) per estimated millisecond; the best wins, the plain tick
-on ties. Without an estimate every candidate is verified beside the step (the layout that needs no
+pay beside seven other rows, where every query token costs. Each alternative's value is its expected
+tokens (one per row, plus each verified row's expected accepted drafts) per estimated millisecond; the
+best wins, the plain tick on ties. Without an estimate every candidate is verified beside the step (the layout that needs no
 estimate to be safe).
 
 Exploring at a bounded loss: an ``explore`` row that the best alternative leaves out is added to it while
 ``Costs.explore_budget_ms`` (milliseconds the arm sets aside, a small share of the ticks' wall time) is
-above what the additions already lose (the last one may overdraw it): the alternative's estimated ms minus the ms its tokens would take at the
-best alternative's rate. The loss goes back in ``TickPlan.explore_ms``. So looking at rows that might
+above what the additions already lose (the last one may overdraw it): the alternative's estimated ms
+minus the ms its tokens would take at the best alternative's rate. The loss goes back in ``TickPlan.explore_ms``. So looking at rows that might
 copy again costs a bounded share of decode time at any batch size, where verifying every probe beside
 eight plain rows cost a small model a third of its speed.
 """
@@ -159,7 +159,6 @@ def plan_verify(rows: list[RowView], costs: Costs, chain: int = 1) -> TickPlan:
     if plain_ms is None or estimate(1, 1, mean_context) is None:
         return TickPlan("synchronous", verify=[c.key for c in candidates])
     can_pad = all(row.can_pad for row in rows)
-    overhead = costs.sync_overhead_ms
     forced = [c for c in candidates if c.forced]
     best_value, best = (n_rows / plain_ms if not forced else -1.0), None
     for width in _widths(candidates, n_rows):
@@ -173,16 +172,10 @@ def plan_verify(rows: list[RowView], costs: Costs, chain: int = 1) -> TickPlan:
             widest = max(widest, _cut(candidate, width))
             if k + 1 < len(forced):
                 continue  # every forced candidate is in every alternative
-            tokens, fed, rest = n_rows + expected, 1 + widest, n_rows - chosen_n
-            beside = overhead + estimate(chosen_n, fed, chosen_context / chosen_n)
-            if rest:
-                beside += estimate(rest, 1, (total_context - chosen_context) / rest)
-            if tokens / beside > best_value:
-                best_value, best = tokens / beside, (order[:chosen_n], "beside", beside, width)
-            if can_pad and rest:
-                padded = overhead + estimate(n_rows, fed, mean_context)
-                if tokens / padded > best_value:
-                    best_value, best = tokens / padded, (order[:chosen_n], "padded", padded, width)
+            tokens = n_rows + expected
+            for layout, ms in _layouts(costs, n_rows, chosen_n, 1 + widest, chosen_context, total_context, can_pad):
+                if tokens / ms > best_value:
+                    best_value, best = tokens / ms, (order[:chosen_n], layout, ms, width)
     chosen, layout, ms, width = best if best is not None else ([], "beside", plain_ms, None)
     chosen, ms, layout, explore_ms = _add_explorers(rows, candidates, chosen, ms, layout, best_value, costs, width)
     if not chosen:
@@ -201,10 +194,10 @@ def _widths(candidates: list[RowView], n_rows: int) -> list[int | None]:
     ``MAX_BATCHED_WIDTH`` beside other rows."""
     if not all(0.0 < c.acceptance < 1.0 for c in candidates):
         return [None]
-    cap = MAX_BATCHED_WIDTH if n_rows > 1 else None
-    widths = {1 + c.draft for c in candidates} | set(CUT_WIDTHS)
-    widest = min(1 + max(c.draft for c in candidates), cap or 1 << 30)
-    return sorted(w for w in widths if w <= widest)
+    widest = 1 + max(c.draft for c in candidates)
+    if n_rows > 1:
+        widest = min(widest, MAX_BATCHED_WIDTH)
+    return sorted(w for w in {1 + c.draft for c in candidates} | set(CUT_WIDTHS) if w <= widest)
 
 
 def _cut(row: RowView, width: int | None) -> int:
@@ -240,17 +233,26 @@ def _add_explorers(rows: list[RowView], candidates: list[RowView], chosen: list[
 
 def _alternative_ms(rows: list[RowView], chosen: list[RowView], costs: Costs,
                     cut: int | None = None) -> tuple[float, str]:
-    """The estimated ms of verifying ``chosen`` (drafts cut to width ``cut``) and the cheaper layout for it
-    (as ``plan_verify`` weighs them)."""
-    estimate = costs.forward
-    width = 1 + max(_cut(c, cut) for c in chosen)
-    keys = {c.key for c in chosen}
-    rest = [row for row in rows if row.key not in keys]
-    beside = costs.sync_overhead_ms + estimate(len(chosen), width, sum(c.context for c in chosen) / len(chosen))
-    if rest:
-        beside += estimate(len(rest), 1, sum(row.context for row in rest) / len(rest))
-    if rest and all(row.can_pad for row in rows):
-        padded = costs.sync_overhead_ms + estimate(len(rows), width, sum(row.context for row in rows) / len(rows))
-        if padded < beside:
-            return padded, "padded"
-    return beside, "beside"
+    """The estimated ms of verifying ``chosen`` (drafts cut to width ``cut``) and the cheaper layout for it."""
+    layouts = _layouts(costs, len(rows), len(chosen), 1 + max(_cut(c, cut) for c in chosen),
+                       sum(c.context for c in chosen), sum(row.context for row in rows),
+                       all(row.can_pad for row in rows))
+    layout, ms = min(layouts, key=lambda pair: pair[1])
+    return ms, layout
+
+
+def _layouts(costs: Costs, n_rows: int, chosen_n: int, fed: int, chosen_context: float, total_context: float,
+             can_pad: bool) -> list[tuple[str, float]]:
+    """The estimated ms of a synchronous tick verifying ``chosen_n`` of ``n_rows`` rows in a forward ``fed``
+    tokens wide: "beside" (that forward and one batched step of the rest), and "padded" (one forward for
+    every row) where every row can pad and some row is not verified."""
+    estimate, overhead = costs.forward, costs.sync_overhead_ms
+    rest = n_rows - chosen_n
+    beside = overhead + estimate(chosen_n, fed, chosen_context / chosen_n)
+    if not rest:
+        return [("beside", beside)]
+    beside += estimate(rest, 1, (total_context - chosen_context) / rest)
+    layouts = [("beside", beside)]
+    if can_pad:
+        layouts.append(("padded", overhead + estimate(n_rows, fed, total_context / n_rows)))
+    return layouts
