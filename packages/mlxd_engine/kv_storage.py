@@ -249,6 +249,20 @@ class RowPlan:
         contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
         return cls(slots, starts, n_tokens, max(starts) + n_tokens, contiguous, len(set(starts)) == 1)
 
+    def slot_runs(self) -> list[tuple[int, int]] | None:
+        """The rows' slots as runs of adjacent slots, [start, end) each, when they ascend (the engine runs a
+        batch in slot order: ``read_order``); None otherwise."""
+        slots = self.slots
+        if any(a >= b for a, b in zip(slots, slots[1:])):
+            return None
+        runs, start = [], slots[0]
+        for previous, slot in zip(slots, slots[1:]):
+            if slot != previous + 1:
+                runs.append((start, previous + 1))
+                start = slot
+        runs.append((start, slots[-1] + 1))
+        return runs
+
     def array(self, name: str) -> mx.array:
         if name not in self._arrays:
             self._arrays[name] = mx.array(getattr(self, name))
@@ -287,6 +301,13 @@ class LayerView:
         if plan.contiguous:
             rows = slice(first, first + len(plan.slots))
             return k_buf[rows, :, :length, :], v_buf[rows, :, :length, :]
+        # rows in ascending slots with gaps (a finished row's slot, rows verified beside the others): the
+        # runs of adjacent slots, sliced and joined; a gather from the strided slice cost 2-3x a step of
+        # adjacent rows, the joined slices about 1.4x (docs/benchmark_results/code_notes.md#slot-gaps)
+        runs = plan.slot_runs()
+        if runs is not None:
+            return (mx.concatenate([k_buf[a:b, :, :length, :] for a, b in runs]),
+                    mx.concatenate([v_buf[a:b, :, :length, :] for a, b in runs]))
         index = plan.array("slots")
         return mx.take(k_buf[:, :, :length, :], index, axis=0), mx.take(v_buf[:, :, :length, :], index, axis=0)
 

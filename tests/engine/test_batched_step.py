@@ -126,3 +126,14 @@ def test_kv_bound_and_slots_are_enforced(tiny_random_model):
     engine.add_sequence([1, 2])
     with pytest.raises(ValueError):
         engine.add_sequence([])
+
+
+def test_rows_with_slot_gaps_are_read_as_runs_of_adjacent_slots():
+    from mlxd_engine.kv_storage import RowPlan, SlotState
+
+    def runs(slots):
+        return RowPlan.make([SlotState(slot=s) for s in slots], 1).slot_runs()
+
+    assert runs([0, 1, 2, 4, 5, 7]) == [(0, 3), (4, 6), (7, 8)]
+    assert runs([3]) == [(3, 4)]
+    assert runs([2, 0]) is None  # not ascending: the gather reads them
