@@ -36,12 +36,15 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 
 from mlxd_engine import Emitted, Engine, StepHandle, release_cached_memory
 
 from .request import RequestState
 
 log = logging.getLogger("mlxd.scheduler")
+STEP_SAMPLES = 9  # steady ticks a batch size's plain step is the median of
+STEP_SAMPLES_NEEDED = 3
 
 
 def runs_by_row(emitted: list[tuple[RequestState, Emitted]]) -> list[tuple[RequestState, list[int], list[dict]]]:
@@ -67,6 +70,11 @@ class DecodeLoop:
         self.step_ms: float | None = None  # moving average of one step's time, from pipelined ticks
         self.last_step_ms: float | None = None  # the last pipelined tick's time per step
         self.step_ms_by_rows: dict[int, float] = {}  # step_ms by batch size (the verify gate's plain step)
+        # whether a steady tick's time is a plain step's: the scheduler clears it while a prompt is prefilled
+        # beside the decode (the admission and the prefill forward land in the steps' wait); the gate's
+        # plain step is then left as it was
+        self.steady_batch = True
+        self._step_samples: dict[int, deque] = {}  # recent steady ticks' step times, by batch size
         # time spent waiting on forwards outside pipelined ticks (synchronous steps, teardowns), summed: what
         # the verify gate's tick overheads leave out (prompt_lookup_arm.TickOverheads)
         self.waited_ms = 0.0
@@ -101,15 +109,27 @@ class DecodeLoop:
                 ms = (time.perf_counter() - started) * 1000.0 / max(len(submitted), len(unread))
                 self._measure(ms)
                 self.last_step_ms = ms
-                if len(unread) == len(submitted) and all(len(read) == len(seqs) for _, read in unread):
-                    # a steady tick (as many steps read as submitted, of this batch): the gate's plain step
-                    known = self.step_ms_by_rows.get(len(seqs))
-                    self.step_ms_by_rows[len(seqs)] = ms if known is None else 0.8 * known + 0.2 * ms
+                if self.steady_batch and len(unread) == len(submitted) and all(len(read) == len(seqs) for _, read in unread):
+                    self._measure_batch(len(seqs), ms)
             return emitted, []
         except Exception as error:  # noqa: BLE001 - a failed forward must not take the daemon down
             log.warning("batched step failed (%s); retrying rows one by one", error)
             recovered, failed = self._recover(rows)
             return emitted + recovered, failed
+
+    def _measure_batch(self, rows: int, ms: float) -> None:
+        """A steady tick's step time (as many steps read as submitted, of this batch): the gate's plain step
+        at this batch size is the lower median of the last ``STEP_SAMPLES`` such ticks, once there are
+        ``STEP_SAMPLES_NEEDED``. The first ticks at a batch size that just changed can take several times a
+        step (a row that finished leaves a gap in the slots until a new request fills it:
+        docs/benchmark_results/code_notes.md#slot-gaps); a moving average kept such a figure for many ticks
+        and priced plain decode far above what it costs."""
+        samples = self._step_samples.setdefault(rows, deque(maxlen=STEP_SAMPLES))
+        samples.append(ms)
+        if len(samples) < STEP_SAMPLES_NEEDED:
+            return  # the gate prices this size from the nearest measured one meanwhile
+        ordered = sorted(samples)
+        self.step_ms_by_rows[rows] = ordered[(len(ordered) - 1) // 2]
 
     def _measure(self, ms: float) -> None:
         self.step_ms = ms if self.step_ms is None else 0.8 * self.step_ms + 0.2 * ms

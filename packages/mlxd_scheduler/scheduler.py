@@ -184,6 +184,7 @@ class BatchScheduler:
             self._emit_decoded(self.decode_loop.teardown(), record)
             rows = [s for s in rows if s.phase == "decode"]
         was_pipelined = self.decode_loop.pipelined
+        self.decode_loop.steady_batch = not self.prefilling  # a prefill beside the steps skews their time
         record.pipelined = self.decode_loop.lookahead and was_pipelined and bool(rows)
         if any(s.drafter is not None for s in rows):
             started, timed = time.perf_counter(), self._forward_ms_so_far()

@@ -53,6 +53,7 @@ from typing import Callable, Hashable
 
 Estimate = Callable[[int, int, float], "float | None"]
 MAX_BACKOFF_EXPONENT = 6
+VERIFY_MARGIN = 1.1  # a verify's expected tokens per ms must beat the plain tick's by this factor
 CUT_WIDTHS = (3, 5, 9)  # forward widths a long draft may be cut to (besides the candidates' own)
 # The widest verify forward beside other rows: measured on the embedded model (docs/benchmark_results/
 # prompt_lookup.md), 16-token forwards for 4 and 8 copying rows lost to 9-token ones although the cost
@@ -160,7 +161,10 @@ def plan_verify(rows: list[RowView], costs: Costs, chain: int = 1) -> TickPlan:
         return TickPlan("synchronous", verify=[c.key for c in candidates])
     can_pad = all(row.can_pad for row in rows)
     forced = [c for c in candidates if c.forced]
-    best_value, best = (n_rows / plain_ms if not forced else -1.0), None
+    plain_value = n_rows / plain_ms
+    # a verify must beat the plain tick by VERIFY_MARGIN: the estimates err by about that much, and a
+    # marginal verify that loses costs plain decode while one that wins gains next to nothing
+    best_value, best = (plain_value * VERIFY_MARGIN if not forced else -1.0), None
     for width in _widths(candidates, n_rows):
         order = forced + sorted((c for c in candidates if not c.forced), key=lambda c: -_gain(c, width))
         chosen_n = expected = chosen_context = 0
@@ -177,7 +181,8 @@ def plan_verify(rows: list[RowView], costs: Costs, chain: int = 1) -> TickPlan:
                 if tokens / ms > best_value:
                     best_value, best = tokens / ms, (order[:chosen_n], layout, ms, width)
     chosen, layout, ms, width = best if best is not None else ([], "beside", plain_ms, None)
-    chosen, ms, layout, explore_ms = _add_explorers(rows, candidates, chosen, ms, layout, best_value, costs, width)
+    rate = best_value if best is not None else plain_value
+    chosen, ms, layout, explore_ms = _add_explorers(rows, candidates, chosen, ms, layout, rate, costs, width)
     if not chosen:
         return TickPlan("synchronous", declined=[c.key for c in candidates], expected_ms=plain_ms, plain_ms=plain_ms)
     chosen_keys = {c.key for c in chosen}

@@ -195,3 +195,35 @@ def test_logit_bias_and_seeded_sampling_chain_steps_with_the_same_tokens():
         assert outputs[8] == outputs[1]
         if params.logit_bias:
             assert banned not in outputs[1]  # the bias acted (the plain greedy reply has it)
+
+
+def test_plain_step_by_batch_size_is_a_median_of_steady_ticks():
+    """The verify gate's plain step per batch size: nothing before three steady ticks, then the lower median
+    of the recent ones, so a few slow ticks after the batch changed do not price plain decode."""
+    from mlxd_scheduler.decode import DecodeLoop
+
+    loop = DecodeLoop(engine=None)
+    loop._measure_batch(7, 6.0)  # a batch size's first ticks after a row left (a gap in the slots)
+    loop._measure_batch(7, 5.0)
+    assert 7 not in loop.step_ms_by_rows  # the gate prices 7 rows from the nearest measured size meanwhile
+    for ms in (1.2, 1.1, 1.3):
+        loop._measure_batch(7, ms)
+    assert loop.step_ms_by_rows[7] == 1.3
+
+
+def test_ticks_beside_a_prefill_do_not_measure_the_plain_step():
+    """A request prefilled while others decode: the steps' time includes the prefill, so the scheduler keeps
+    those ticks out of the gate's plain step by batch size."""
+    loaded = stub_loaded()
+    scheduler, _ = make(loaded, 1)
+    out = Collector()
+    scheduler.submit(Request("a", PROMPTS[0], max_tokens=30), out.sink("a"))
+    measured = []
+    real = scheduler.decode_loop._measure_batch
+    scheduler.decode_loop._measure_batch = lambda rows, ms: (measured.append((rows, bool(scheduler.prefilling))),
+                                                             real(rows, ms))
+    for _ in range(8):
+        scheduler.tick()
+    scheduler.submit(Request("b", PROMPTS[1], max_tokens=30), out.sink("b"))
+    scheduler.run_until_idle()
+    assert measured and not any(prefilling for _, prefilling in measured)

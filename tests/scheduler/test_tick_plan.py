@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mlxd_scheduler.tick_plan import Costs, RowView, plan_tick
+from mlxd_scheduler.tick_plan import VERIFY_MARGIN, Costs, RowView, plan_tick
 
 
 def linear(fixed: float, per_token: float):
@@ -87,6 +87,14 @@ def test_per_token_cost_declines_drafts_that_do_not_pay_and_reprimes():
     assert plan.mode == "pipelined"  # a declined draft does not hold pipelining back
 
 
+def test_a_verify_must_beat_the_plain_tick_by_the_margin():
+    # plain: 1 token in 10.1 ms; a 9-token round costs 10.9 ms: 1.15 tokens beat plain by 6.5% (declined),
+    # 1.3 tokens by 20% (verified)
+    assert VERIFY_MARGIN == 1.1
+    assert synchronous(rows(8, expected=[0.15]), linear(10, 0.1)).verify == []
+    assert synchronous(rows(8, expected=[0.3]), linear(10, 0.1)).verify == [0]
+
+
 def test_at_one_row_a_round_pays_when_the_forward_is_mostly_fixed_cost():
     assert synchronous(rows(8, expected=[1.0]), linear(10, 0.1)).verify == [0]
 
@@ -97,8 +105,8 @@ def test_fixed_cost_pads_every_row_into_one_forward():
 
 
 def test_per_token_cost_keeps_the_plain_rows_in_their_own_step():
-    # padding 3 plain rows to 9 tokens costs 24 tokens more than their step; a second forward costs 2
-    plan = synchronous(rows(8, 0, 0, 0, expected=[7.0, 0, 0, 0]), linear(2, 1))
+    # padding 3 plain rows to 9 tokens costs 12 ms more than their step; a second forward costs 4
+    plan = synchronous(rows(8, 0, 0, 0, expected=[7.0, 0, 0, 0]), linear(4, 0.5))
     assert plan.verify == [0] and plan.layout == "beside"
 
 
