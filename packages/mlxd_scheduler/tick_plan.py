@@ -35,15 +35,20 @@ k = 1..n, the forced candidates plus the k others expecting the most accepted to
 p + ... + p^k of its first k tokens, p the row's ``acceptance``): a long draft that pays alone may not
 pay beside seven other rows, where every query token costs. Each alternative's value is its expected
 tokens (one per row, plus each verified row's expected accepted drafts) per estimated millisecond; the
-best wins, the plain tick on ties. Without an estimate every candidate is verified beside the step (the layout that needs no
+best wins, and a verify must beat the plain tick by ``VERIFY_MARGIN`` (the estimates err by several
+percent either way: a marginal verify that loses slows plain decode, one that wins gains next to
+nothing). Without an estimate every candidate is verified beside the step (the layout that needs no
 estimate to be safe).
 
 Exploring at a bounded loss: an ``explore`` row that the best alternative leaves out is added to it while
 ``Costs.explore_budget_ms`` (milliseconds the arm sets aside, a small share of the ticks' wall time) is
 above what the additions already lose (the last one may overdraw it): the alternative's estimated ms
-minus the ms its tokens would take at the best alternative's rate. The loss goes back in ``TickPlan.explore_ms``. So looking at rows that might
-copy again costs a bounded share of decode time at any batch size, where verifying every probe beside
-eight plain rows cost a small model a third of its speed.
+minus the ms its tokens would take at the best alternative's rate. Where the best alternative is the
+plain tick, explorers' drafts are cut to the narrowest width (``CUT_WIDTHS[0]``): a look needs only the
+first tokens, and a whole 15-token draft beside three SmolLM2 rows lost a step's worth. The loss goes back
+in ``TickPlan.explore_ms``. So looking at rows that might copy again costs a bounded share of decode
+time at any batch size, where verifying every probe beside eight plain rows cost a small model a third of
+its speed.
 """
 
 from __future__ import annotations
@@ -162,8 +167,7 @@ def plan_verify(rows: list[RowView], costs: Costs, chain: int = 1) -> TickPlan:
     can_pad = all(row.can_pad for row in rows)
     forced = [c for c in candidates if c.forced]
     plain_value = n_rows / plain_ms
-    # a verify must beat the plain tick by VERIFY_MARGIN: the estimates err by about that much, and a
-    # marginal verify that loses costs plain decode while one that wins gains next to nothing
+    # a verify must beat the plain tick by VERIFY_MARGIN (module docstring)
     best_value, best = (plain_value * VERIFY_MARGIN if not forced else -1.0), None
     for width in _widths(candidates, n_rows):
         order = forced + sorted((c for c in candidates if not c.forced), key=lambda c: -_gain(c, width))
@@ -181,7 +185,10 @@ def plan_verify(rows: list[RowView], costs: Costs, chain: int = 1) -> TickPlan:
                 if tokens / ms > best_value:
                     best_value, best = tokens / ms, (order[:chosen_n], layout, ms, width)
     chosen, layout, ms, width = best if best is not None else ([], "beside", plain_ms, None)
-    rate = best_value if best is not None else plain_value
+    if best is None:  # nothing pays: a look at an explorer needs only its first tokens
+        rate, width = plain_value, (CUT_WIDTHS[0] if all(0.0 < c.acceptance < 1.0 for c in candidates) else None)
+    else:
+        rate = best_value
     chosen, ms, layout, explore_ms = _add_explorers(rows, candidates, chosen, ms, layout, rate, costs, width)
     if not chosen:
         return TickPlan("synchronous", declined=[c.key for c in candidates], expected_ms=plain_ms, plain_ms=plain_ms)

@@ -142,6 +142,13 @@ def test_an_explorer_that_does_not_pay_is_verified_only_while_the_budget_lasts()
     assert plan_tick(explorer_rows(), pipelined=True, max_steps=1, costs=Costs(**costs, explore_budget_ms=5.0)).mode == "read"
 
 
+def test_an_explorer_beside_a_plain_tick_is_looked_at_through_its_first_tokens():
+    views = [RowView(0, 100, drafting=True, draft=15, expected=0.6, acceptance=0.4, explore=True)] + \
+        [RowView(i, 100) for i in range(1, 4)]
+    plan = synchronous(views, Costs(linear(1, 0.5), explore_budget_ms=5.0))
+    assert plan.verify == [0] and plan.width == 3  # a 3-token forward, not the whole 15-token draft
+
+
 def test_an_explorer_whose_draft_pays_costs_no_budget():
     plan = synchronous(explorer_rows(expected=1.9), Costs(linear(10, 0.01), explore_budget_ms=0.0))
     assert plan.verify == [0] and plan.explore_ms == 0.0
