@@ -163,7 +163,7 @@ def test_a_retracted_probe_is_offered_again():
 def test_expected_accepted_trusts_a_long_match_more_until_rounds_say_otherwise():
     governor = DraftGovernor(PromptLookupConfig())
     short, long = governor.expected_accepted(8), governor.expected_accepted(8, long_match=True)
-    assert 0.9 < short < 1.0 and 5.0 < long < 6.0  # p = 1/2 and 0.9 before any round
+    assert 1.5 < short < 2.0 and 5.0 < long < 6.0  # p = 2/3 and 0.9 before any round
     for _ in range(8):
         governor.record(8, 0)  # every draft rejected at once
     assert governor.expected_accepted(8, long_match=True) < 1.0
