@@ -76,3 +76,18 @@ def machine_facts() -> dict:
 
 def command_line() -> str:
     return " ".join([Path(sys.argv[0]).relative_to(ROOT).as_posix() if Path(sys.argv[0]).is_absolute() else sys.argv[0], *sys.argv[1:]])
+
+
+def prefilled_rows(engine, lengths: list[int], max_kv: int) -> list:
+    """One prefilled sequence per length (row i's prompt: token ids (13 k + i) mod vocab), each with room to
+    grow to ``max_kv`` tokens: the rows the in-process forward benchmarks time."""
+    from mlxd_engine import SamplingParams
+
+    vocab = engine.loaded.vocab_size
+    seqs = []
+    for row, length in enumerate(lengths):
+        seq = engine.add_sequence([(13 * i + row) % vocab for i in range(length)], SamplingParams(), max_kv - length)
+        while engine.prefill(seq) is None:
+            pass
+        seqs.append(seq)
+    return seqs

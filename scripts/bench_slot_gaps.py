@@ -26,11 +26,11 @@ from mlxd_fast_blas import ensure_fast_blas  # noqa: E402
 
 ensure_fast_blas()
 
-from bench_common import command_line, machine_facts, ratio_spread, spread  # noqa: E402
+from bench_common import command_line, machine_facts, prefilled_rows, ratio_spread, spread  # noqa: E402
 from mlxd_daemon.model_setup import load_for_serving  # noqa: E402
 from mlxd_daemon.options import DaemonOptions  # noqa: E402
 from mlxd_daemon.step_tuning import tune_steps  # noqa: E402
-from mlxd_engine import Engine, SamplingParams  # noqa: E402
+from mlxd_engine import Engine  # noqa: E402
 from mlxd_engine.kv_storage import RowPlan  # noqa: E402
 
 SHAPES = {"8 adjacent": list(range(8)), "7 adjacent": list(range(7)), "7, one gap": [0, 1, 2, 4, 5, 6, 7],
@@ -47,16 +47,9 @@ def main() -> None:
     loaded = load_for_serving(DaemonOptions(model=args.model, max_batch=8))
     engine = Engine(loaded, max_sequences=8, max_kv_size=4096)
     tune_steps(engine)
-    vocab = loaded.vocab_size
-    seqs = []
-    for row in range(8):
-        # rows at different positions, as under load (a batch whose rows all start at one position writes
-        # its appends as one slice, which no gap allows)
-        length = args.context + 7 * row
-        seq = engine.add_sequence([(13 * i + row) % vocab for i in range(length)], SamplingParams(), 4096 - length)
-        while engine.prefill(seq) is None:
-            pass
-        seqs.append(seq)
+    # rows at different positions, as under load (a batch whose rows all start at one position writes its
+    # appends as one slice, which no gap allows)
+    seqs = prefilled_rows(engine, [args.context + 7 * row for row in range(8)], 4096)
     runs = RowPlan.slot_runs
 
     def step_ms(slots: list[int], read: str) -> float:

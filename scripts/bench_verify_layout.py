@@ -25,11 +25,11 @@ from mlxd_fast_blas import ensure_fast_blas  # noqa: E402
 
 ensure_fast_blas()
 
-from bench_common import machine_facts, ratio_spread, spread  # noqa: E402
+from bench_common import machine_facts, prefilled_rows, ratio_spread, spread  # noqa: E402
 from mlxd_daemon.model_setup import load_for_serving  # noqa: E402
 from mlxd_daemon.options import DaemonOptions  # noqa: E402
 from mlxd_daemon.step_tuning import tune_steps  # noqa: E402
-from mlxd_engine import Engine, SamplingParams, calibrate_forward_cost, verify_rows  # noqa: E402
+from mlxd_engine import Engine, calibrate_forward_cost, verify_rows  # noqa: E402
 
 SHAPES = [(2, 1), (4, 1), (4, 2), (8, 1), (8, 4)]  # (rows, proposing rows)
 
@@ -52,12 +52,7 @@ def main() -> None:
     tune_steps(engine)
     calibrate_forward_cost(engine)
     vocab = loaded.vocab_size
-    seqs = []
-    for row in range(8):
-        seq = engine.add_sequence([(13 * i + row) % vocab for i in range(args.context)], SamplingParams(), 4096 - args.context)
-        while engine.prefill(seq) is None:
-            pass
-        seqs.append(seq)
+    seqs = prefilled_rows(engine, [args.context] * 8, 4096)
     draft = [[(s.tokens[-1] + 1 + k) % vocab for k in range(args.draft)] for s in seqs]  # drafts that fail
 
     def plain(rows):

@@ -238,6 +238,7 @@ class RowPlan:
     contiguous: bool  # rows are slots a, a+1, ... (read is a slice, no gather)
     uniform: bool  # every row starts at the same position
     _arrays: dict = field(default_factory=dict)
+    _derived: dict = field(default_factory=dict)  # what the views of every layer share (``slot_runs``)
 
     @classmethod
     def make(cls, states: list[SlotState], n_tokens: int) -> "RowPlan":
@@ -251,16 +252,18 @@ class RowPlan:
 
     def slot_runs(self) -> list[tuple[int, int]] | None:
         """The rows' slots as runs of adjacent slots, [start, end) each, when they ascend (the engine runs a
-        batch in slot order: ``read_order``); None otherwise."""
-        slots = self.slots
-        if any(a >= b for a, b in zip(slots, slots[1:])):
-            return None
-        runs, start = [], slots[0]
-        for previous, slot in zip(slots, slots[1:]):
-            if slot != previous + 1:
-                runs.append((start, previous + 1))
-                start = slot
-        runs.append((start, slots[-1] + 1))
+        batch in slot order: ``read_order``); None otherwise. Worked out once for every layer's view."""
+        if "slot_runs" in self._derived:
+            return self._derived["slot_runs"]
+        slots, runs = self.slots, None
+        if all(a < b for a, b in zip(slots, slots[1:])):
+            runs, start = [], slots[0]
+            for previous, slot in zip(slots, slots[1:]):
+                if slot != previous + 1:
+                    runs.append((start, previous + 1))
+                    start = slot
+            runs.append((start, slots[-1] + 1))
+        self._derived["slot_runs"] = runs
         return runs
 
     def array(self, name: str) -> mx.array:

@@ -186,7 +186,7 @@ def plan_verify(rows: list[RowView], costs: Costs, chain: int = 1) -> TickPlan:
                     best_value, best = tokens / ms, (order[:chosen_n], layout, ms, width)
     chosen, layout, ms, width = best if best is not None else ([], "beside", plain_ms, None)
     if best is None:  # nothing pays: a look at an explorer needs only its first tokens
-        rate, width = plain_value, (CUT_WIDTHS[0] if all(0.0 < c.acceptance < 1.0 for c in candidates) else None)
+        rate, width = plain_value, (CUT_WIDTHS[0] if _can_cut(candidates) else None)
     else:
         rate = best_value
     chosen, ms, layout, explore_ms = _add_explorers(rows, candidates, chosen, ms, layout, rate, costs, width)
@@ -204,12 +204,17 @@ def _widths(candidates: list[RowView], n_rows: int) -> list[int | None]:
     """The forward widths worth weighing (None: every draft whole). Cutting needs every candidate's
     per-token acceptance; the widths are the candidates' own and ``CUT_WIDTHS`` below the widest, at most
     ``MAX_BATCHED_WIDTH`` beside other rows."""
-    if not all(0.0 < c.acceptance < 1.0 for c in candidates):
+    if not _can_cut(candidates):
         return [None]
     widest = 1 + max(c.draft for c in candidates)
     if n_rows > 1:
         widest = min(widest, MAX_BATCHED_WIDTH)
     return sorted(w for w in {1 + c.draft for c in candidates} | set(CUT_WIDTHS) if w <= widest)
+
+
+def _can_cut(candidates: list[RowView]) -> bool:
+    """Whether the drafts may be cut: cutting needs every candidate's per-token acceptance."""
+    return all(0.0 < c.acceptance < 1.0 for c in candidates)
 
 
 def _cut(row: RowView, width: int | None) -> int:
