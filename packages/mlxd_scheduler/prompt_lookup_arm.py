@@ -30,8 +30,9 @@ The rules, in the order they apply:
    (``engine.forward_cost``): verified rows run their rounds in one forward (``verify_rows``, each its
    own draft length), beside one batched step for the other rows or padded into one forward with them,
    whichever the estimate prefers; a draft that does not pay is declined (retracted, no miss) and the
-   row drafts again a few tokens later (``DECLINE_PAUSE_TOKENS``). A probe of a governor that turned
-   off, or a row declined ``EXPLORE_AFTER_DECLINES`` times running, is verified even at a loss while
+   row drafts again a few tokens later (``DECLINE_PAUSE_TOKENS``; a long match on the next token, so
+   copying rows meet in one verify forward). A probe of a governor that turned off, or a row the gate
+   has declined for ``EXPLORE_AFTER_DECLINED_TOKENS`` tokens running, is verified even at a loss while
    the exploration budget lasts (``ExplorationBudget``: ``EXPLORE_SHARE`` of the ticks' wall time), so a
    row that starts copying again is seen to at a bounded cost; a proposal from the request's predicted
    output is always verified (the client asked for it, and OpenAI bills rejected prediction tokens for
@@ -64,10 +65,15 @@ from .tick_plan import Costs, RowView, TickPlan, lookahead_steps, plan_tick
 log = logging.getLogger("mlxd.scheduler")
 
 # Rule 5: a row whose draft the gate declined drafts again only after 8, 16, then 32 more tokens (asking
-# every row's drafter every tick costs a small model's ticks a tenth of their time), and after this many
-# declines in a row its next proposal is worth a look at a loss (about 90 tokens on; ExplorationBudget).
+# every row's drafter every tick costs a small model's ticks a tenth of their time) ...
 DECLINE_PAUSE_TOKENS = (8, 16, 32)
-EXPLORE_AFTER_DECLINES = 4
+# ... but a declined draft that continues a long match (a copy, more often than not) is asked for again
+# on the next token: copying rows that pause apart rarely propose in the same tick, where verifying them
+# together pays and one of them alone beside plain rows does not (docs/benchmark_results/code_notes.md#decline-pause).
+LONG_MATCH_DECLINE_PAUSE = 1
+# Rule 5: a row whose drafts the gate has declined for this many output tokens running is worth a look at
+# a loss (ExplorationBudget): the fifth proposal of a row paused 8, 16, 32 and 32 tokens.
+EXPLORE_AFTER_DECLINED_TOKENS = 88
 # Rule 5: verifying probes and declined rows at a loss may cost this share of the ticks' wall time (the
 # plain-decode goal allows a percent), with at most EXPLORE_SAVED_MS saved up while nobody explores.
 EXPLORE_SHARE = 0.01
@@ -260,7 +266,7 @@ class PromptLookupArm:
                 continue
             if state.drafter.proposal_from_prediction:
                 forced.add(id(state))  # rule 5: the client's own prediction
-            elif was_off or state.gate_declines >= EXPLORE_AFTER_DECLINES:
+            elif was_off or (state.gate_declines and state.emitted - state.declined_since >= EXPLORE_AFTER_DECLINED_TOKENS):
                 explore.add(id(state))  # rule 5: a probe, or a look at a row the gate keeps declining
             proposals[state] = proposal
         return proposals, forced, explore, held
@@ -298,9 +304,13 @@ class PromptLookupArm:
         verify = {}
         for state, proposal in proposals.items():
             if id(state) in declined:  # rule 5: not worth its forward this tick; no miss
+                long_match = state.drafter.last_match_is_long  # of the proposal being retracted
                 state.drafter.retract_draft()
+                if not state.gate_declines:
+                    state.declined_since = state.emitted
                 state.gate_declines += 1
-                pause = DECLINE_PAUSE_TOKENS[min(state.gate_declines, len(DECLINE_PAUSE_TOKENS)) - 1]
+                pause = (LONG_MATCH_DECLINE_PAUSE if long_match else
+                         DECLINE_PAUSE_TOKENS[min(state.gate_declines, len(DECLINE_PAUSE_TOKENS)) - 1])
                 state.drafts_from = state.emitted + pause
                 details[id(state)] = "declined-cost"
                 self.counters["declined_cost"] += 1

@@ -111,6 +111,7 @@ class RequestState:
     drafter: Any = None  # PromptLookupDrafter when prompt lookup runs for this request
     quiet_ticks: int = 0  # prompt lookup: pipelined ticks in a row without a proposal from this row
     gate_declines: int = 0  # prompt lookup: proposals in a row the verify gate declined
+    declined_since: int = 0  # prompt lookup: the output count at the first of those declines
     drafts_from: int = 0  # prompt lookup: the output count at which a declined row drafts again
     cancel_requested: bool = False
     finish_reason: str | None = None

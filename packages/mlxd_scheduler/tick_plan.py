@@ -7,8 +7,8 @@ Contract: ``plan_tick(rows, pipelined, max_steps, estimate) -> TickPlan``.
   width), and for a prompt-lookup row (``drafting``) its proposal this tick (``draft`` tokens, 0: none),
   the draft tokens its governor expects the round to accept (``expected``), whether it must be verified
   (``forced``: the client's predicted output), whether it is worth a look at a loss (``explore``: a probe
-  of a governor that turned off, or a row the gate has declined ``EXPLORE_AFTER_DECLINES`` times running;
-  without it a declined row could never show that it copies now), its pipelined ticks in
+  of a governor that turned off, or a row the gate has declined for ``EXPLORE_AFTER_DECLINED_TOKENS``
+  tokens running; without it a declined row could never show that it copies now), its pipelined ticks in
   a row without a proposal (``quiet_ticks``) and its drafter's ``pipelines_plain_rounds()``.
 - ``pipelined``: a lookahead step is in flight. ``max_steps``: the most chained steps the scheduler allows.
 - ``estimate(rows, width, context)``: milliseconds of one forward (``ForwardCost.estimate``), or None

@@ -265,29 +265,39 @@ def test_rows_whose_drafts_the_cost_gate_declines_keep_pipelining():
     assert len(both) > 5 and sum(r.pipelined for r in both) >= len(both) - 2
 
 
-def test_a_row_the_cost_gate_keeps_declining_pauses_its_drafter_and_is_looked_at_now_and_then():
-    """Declines record nothing, so a row the gate turns down could never show it copies: after
-    ``EXPLORE_AFTER_DECLINES`` declines in a row its next proposal is checked anyway (by the steps in flight
-    or a verify round: either way its governor learns). Between declines the row's drafter pauses for
-    ``DECLINE_PAUSE_TOKENS`` tokens. Output equals plain decode."""
-    from mlxd_scheduler.prompt_lookup_arm import DECLINE_PAUSE_TOKENS, EXPLORE_AFTER_DECLINES
+@pytest.mark.parametrize("long_match", [False, True], ids=["short-match", "long-match"])
+def test_a_row_the_cost_gate_keeps_declining_pauses_its_drafter_and_is_looked_at_now_and_then(long_match, monkeypatch):
+    """Declines record nothing, so a row the gate turns down could never show it copies: once the gate has
+    declined it for ``EXPLORE_AFTER_DECLINED_TOKENS`` tokens running its next proposal is checked anyway (by
+    the steps in flight or a verify round: either way its governor learns). Between declines the row's
+    drafter pauses for ``DECLINE_PAUSE_TOKENS`` tokens, or, where its draft continued a long match, is
+    asked again at the next token (copying rows then meet in one verify). Output equals plain decode."""
+    from mlxd_drafters import PromptLookupDrafter
+    from mlxd_scheduler.prompt_lookup_arm import DECLINE_PAUSE_TOKENS, EXPLORE_AFTER_DECLINED_TOKENS
 
+    monkeypatch.setattr(PromptLookupDrafter, "last_match_is_long", property(lambda self: long_match))
     loaded = stub_loaded(period=6)
     scheduler, records, out = run_with_cost(loaded, StubCost(fixed=0.0, per_token=1.0),
                                             config=PromptLookupConfig(probe_interval=10_000),
                                             prompts={"a": (REPEATING, True)}, max_tokens=400)
-    counters = scheduler.prompt_lookup.counters
-    assert counters["declined_cost"] >= EXPLORE_AFTER_DECLINES
-    declined_at = []
+    assert scheduler.prompt_lookup.counters["declined_cost"] >= 4
+    declined_at, looked_at = [], []  # looks: the row's ticks that left the pipeline after its first decline
     emitted = 0
     for record in records:
         for x in record.rows:
             if x.request_id == "a" and x.action in ("decode", "verify"):
                 if x.detail == "declined-cost":
                     declined_at.append(emitted)
+                elif declined_at and not record.pipelined:
+                    looked_at.append(emitted)
                 emitted += (x.tokens or 1) if x.action == "decode" else x.accepted + 1
     gaps = [b - a for a, b in zip(declined_at, declined_at[1:])]
-    assert gaps and min(gaps) >= DECLINE_PAUSE_TOKENS[0]  # a paused drafter proposes nothing in between
+    if long_match:
+        assert gaps and min(gaps) <= 2  # asked again at once (a pipelined tick may chain a second step)
+    else:
+        assert gaps and min(gaps) >= DECLINE_PAUSE_TOKENS[0]  # a paused drafter proposes nothing in between
+    # the look at a loss once the row has been declined long enough (less a tick's chained steps), not before
+    assert looked_at and looked_at[0] - declined_at[0] >= EXPLORE_AFTER_DECLINED_TOKENS - 8
     assert out.done("a").tokens == run_one(loaded, REPEATING, 400, enabled=False)[0].tokens
 
 
