@@ -1,0 +1,157 @@
+"""Response bodies of mlx-serve-http, as pydantic models: they mirror OpenAI's (``chat.completion``,
+``chat.completion.chunk``, ``text_completion``) and llama-server's (``/completion``); ``timings`` is an
+extension. Fields left unset by the server are left out of the JSON (``exclude_none``)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+
+
+def _exclude_none(value: Any) -> bool:
+    return value is None
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0  # prompt tokens taken from the prefix cache
+
+
+class CompletionTokensDetails(BaseModel):
+    accepted_prediction_tokens: int = 0  # prediction tokens the reply took (as verified drafts)
+    rejected_prediction_tokens: int = 0  # the prediction's other tokens
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
+    completion_tokens_details: CompletionTokensDetails | None = None
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: dict  # {"name": str, "arguments": JSON text}
+
+
+class ChatMessageOut(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    tool_calls: list[ToolCallOut] | None = Field(None, exclude_if=_exclude_none)
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: ChatMessageOut
+    logprobs: dict | None = None
+    finish_reason: str
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    timings: dict = Field(default_factory=dict, description="the daemon's timings (extension)")
+
+
+class ChatDelta(BaseModel):
+    role: str | None = Field(None, exclude_if=_exclude_none)
+    content: str | None = Field(None, exclude_if=_exclude_none)
+    tool_calls: list[dict] | None = Field(None, exclude_if=_exclude_none)  # each with its "index"
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChatDelta
+    logprobs: dict | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = Field(None, exclude_if=_exclude_none)
+    timings: dict | None = Field(None, exclude_if=_exclude_none)
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: dict | None = None
+    finish_reason: str | None = None
+
+
+class Completion(BaseModel):
+    """A text_completion body; also each streamed chunk (then finish_reason is null until the end)."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = Field(None, exclude_if=_exclude_none)
+    timings: dict | None = Field(None, exclude_if=_exclude_none)
+
+
+class LlamaCompletion(BaseModel):
+    """llama-server's /completion answer (also the last streamed event, with empty content)."""
+
+    content: str
+    stop: bool = True
+    model: str
+    tokens_predicted: int
+    tokens_evaluated: int
+    tokens_cached: int = 0  # prompt tokens taken from the prefix cache
+    stop_type: Literal["eos", "word", "limit", "none"]
+    stopping_word: str
+    truncated: bool = False
+    timings: dict
+
+
+class LlamaStreamChunk(BaseModel):
+    content: str
+    stop: bool = False
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "mlxd"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class Health(BaseModel):
+    status: str
+
+
+class TokenizeResponse(BaseModel):
+    tokens: list[int]
+
+
+class DetokenizeResponse(BaseModel):
+    content: str
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
