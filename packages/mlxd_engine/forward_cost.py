@@ -18,11 +18,20 @@ Contract:
   (rows, width) shape is not counted (one-off costs); the fit is redone every ``REFIT_EVERY``
   observations. A small ridge keeps the fit
   defined when the observations do not vary a feature (every online step has width 1, say).
+- A shape (rows, width) timed ``MIN_SHAPE_SAMPLES`` times while serving is estimated from its own
+  timings instead: the median of its last ``SHAPE_SAMPLES``, moved to the asked context by the fit's
+  context term. The fit is a line through shapes that do not lie on one: SmolLM2 on 2 cores times 4 rows x
+  3 tokens at 175 ms where 8 x 1 takes 128 and 1 x 9 121, and a fit through them said 136 ms, so the gate
+  verified 4 x 3 forwards that lost (docs/benchmark_results/code_notes.md#forward-shapes). A shape not
+  timed for ``STALE_AFTER`` observations falls back to the fit (the machine's load moves on).
 - Estimates never go below ``min_ms`` (the least time observed), so a poorly conditioned fit cannot
   make a forward look free.
 """
 
 from __future__ import annotations
+
+import statistics
+from collections import deque
 
 import numpy as np
 
@@ -30,6 +39,9 @@ FORGET = 0.97  # weight kept by each online observation per newer one: about the
 CALIBRATION_WEIGHT = 1.0  # each start-up point weighs as much as one fresh online observation
 RIDGE = 1e-6
 REFIT_EVERY = 8  # observations between refits: a fit is a 3x3 solve, estimates are asked every tick
+SHAPE_SAMPLES = 9  # a shape's last timings kept; its estimate is their median ...
+MIN_SHAPE_SAMPLES = 2  # ... once this many are in (the first of each shape is never counted)
+STALE_AFTER = 400  # observations after a shape's last timing when the fit stands in for it again
 
 
 def feature_values(rows: int, width: int, context: float) -> tuple[float, float, float]:
@@ -42,6 +54,21 @@ def features(rows: int, width: int, context: float) -> np.ndarray:
     return np.array(feature_values(rows, width, context))
 
 
+class ShapeTimings:
+    """One (rows, width) shape's last timings: their median ms and mean context, worked out once per new one."""
+
+    def __init__(self):
+        self.samples: deque[tuple[float, float]] = deque(maxlen=SHAPE_SAMPLES)  # (ms, context)
+        self.median_ms = self.mean_context = 0.0
+        self.last_seen = 0  # the model's observation count at the newest timing
+
+    def add(self, ms: float, context: float, observation: int) -> None:
+        self.samples.append((ms, context))
+        self.median_ms = statistics.median(ms for ms, _ in self.samples)
+        self.mean_context = sum(c for _, c in self.samples) / len(self.samples)
+        self.last_seen = observation
+
+
 class ForwardCost:
     """Forward time model (module docstring)."""
 
@@ -52,6 +79,7 @@ class ForwardCost:
         self._online_weight = 0.0
         self._widths: set[int] = set()  # widths seen: a fit needs two to split fixed from per-token cost
         self._shapes: set[tuple[int, int]] = set()  # (rows, width) forwards seen once
+        self._timings: dict[tuple[int, int], ShapeTimings] = {}  # the shapes' own timings while serving
         self._theta: np.ndarray | None = None
         self.min_ms: float | None = None
         self.observations = 0
@@ -85,6 +113,7 @@ class ForwardCost:
         self._widths.add(width)
         self.min_ms = ms if self.min_ms is None else min(self.min_ms, ms)
         self.observations += 1
+        self._timings.setdefault((rows, width), ShapeTimings()).add(ms, context, self.observations)
         if self._theta is None or self.observations % REFIT_EVERY == 0:
             self._theta = None  # refitted on the next estimate
 
@@ -106,8 +135,13 @@ class ForwardCost:
     def estimate(self, rows: int, width: int, context: float) -> float | None:
         if self._theta is None and self.coefficients() is None or rows < 1:
             return None
-        # plain floats, no numpy: the gate asks many times a tick
-        value = sum(t * x for t, x in zip(self._floats, feature_values(rows, width, context)))
+        timings = self._timings.get((rows, width))
+        if (timings is not None and len(timings.samples) >= MIN_SHAPE_SAMPLES
+                and self.observations - timings.last_seen <= STALE_AFTER):
+            # this shape's own timings, moved to the asked context by the fit's context term
+            value = timings.median_ms + self._floats[2] * rows * width * (context - timings.mean_context) / 1024.0
+        else:  # plain floats, no numpy: the gate asks many times a tick
+            value = sum(t * x for t, x in zip(self._floats, feature_values(rows, width, context)))
         return max(value, self.min_ms or 0.0)
 
     def summary(self) -> dict:
@@ -115,7 +149,8 @@ class ForwardCost:
         return {"ready": self.ready, "observations": self.observations,
                 "fixed_ms": None if theta is None else round(float(theta[0]), 4),
                 "per_token_ms": None if theta is None else round(float(theta[1]), 4),
-                "per_token_kcontext_ms": None if theta is None else round(float(theta[2]), 6)}
+                "per_token_kcontext_ms": None if theta is None else round(float(theta[2]), 6),
+                "shapes_timed": sum(len(t.samples) >= MIN_SHAPE_SAMPLES for t in self._timings.values())}
 
 
 def calibrate_forward_cost(engine, batch: int = 4, width: int = 9, context: int = 32, long_context: int = 192,

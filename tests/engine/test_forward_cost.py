@@ -72,3 +72,35 @@ def test_every_timed_forward_counts_in_spent_ms_the_first_of_a_shape_too():
     cost.observe(4, 9, 10, 30.0)  # not fitted (one-off costs), but it was spent
     cost.observe(4, 9, 10, 20.0)
     assert cost.spent_ms == 50.0 and cost.observations == 1
+
+
+def test_a_shape_timed_while_serving_is_estimated_from_its_own_timings():
+    """The linear fit cannot follow shapes off its line (a 4 x 3 forward dearer than 8 x 1 and 1 x 9, as
+    SmolLM2 times them on 2 cores): once a shape has its own timings, its median is the estimate, moved to
+    the asked context by the fit's context term; other shapes still come from the fit."""
+    cost = ForwardCost()
+    for _ in range(12):
+        for rows, width, ms in ((1, 1, 62.0), (1, 9, 121.0), (8, 1, 128.0), (4, 1, 107.0)):
+            cost.observe(rows, width, 100, ms)
+    fitted = cost.estimate(4, 3, 100)
+    assert fitted < 160.0  # the line through the others
+    cost.observe(4, 3, 100, 400.0)  # the first of a shape: one-off costs, not counted
+    for ms in (175.0, 170.0, 240.0):  # the last: noise the median leaves out
+        cost.observe(4, 3, 100, ms)
+    assert cost.estimate(4, 3, 100) == pytest.approx(175.0)
+    theta = cost.coefficients()
+    assert cost.estimate(4, 3, 1124) == pytest.approx(175.0 + theta[2] * 12, rel=1e-6)
+    assert cost.estimate(4, 5, 100) == pytest.approx(sum(t * x for t, x in zip(theta, (1.0, 20.0, 20 * 100 / 1024))))
+    assert cost.summary()["shapes_timed"] == 5
+
+
+def test_a_shape_not_timed_for_long_falls_back_to_the_fit():
+    from mlxd_engine.forward_cost import STALE_AFTER
+
+    cost = ForwardCost()
+    for ms in (1.0, 300.0, 300.0, 300.0):
+        cost.observe(4, 3, 10, ms)
+    for _ in range(STALE_AFTER + 2):
+        cost.observe(1, 1, 10, 10.0)
+        cost.observe(1, 9, 10, 30.0)
+    assert cost.estimate(4, 3, 10) < 100.0

@@ -1,0 +1,63 @@
+"""What one verify round costs by shape: rows x query tokens, timed in-process on the loaded model.
+
+For each (rows, width) shape: the median ms of ``verify_rows`` (forward, acceptance, unwind) over rows at
+``--context`` tokens with drafts that fail, and what the forward cost model's line (calibrated as mlxd
+does at start-up, no serving timings yet) says of it. Shapes off the line are what the model's per-shape
+timings are for (docs/benchmark_results/code_notes.md#forward-shapes).
+
+Run: .venv/bin/python scripts/bench_forward_shapes.py --model ../shared/models/smollm2-135m-instruct-q4
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from mlxd_fast_blas import ensure_fast_blas  # noqa: E402
+
+ensure_fast_blas()
+
+from bench_common import machine_facts, prefilled_rows  # noqa: E402
+from mlxd_daemon.model_setup import load_for_serving  # noqa: E402
+from mlxd_daemon.options import DaemonOptions  # noqa: E402
+from mlxd_daemon.step_tuning import tune_steps  # noqa: E402
+from mlxd_engine import Engine, calibrate_forward_cost, verify_rows  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="embedded")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--context", type=int, default=120)
+    parser.add_argument("--rows", default="1,4,8")
+    parser.add_argument("--widths", default="1,3,5,9")
+    args = parser.parse_args()
+    loaded = load_for_serving(DaemonOptions(model=args.model, max_batch=8))
+    engine = Engine(loaded, max_sequences=8, max_kv_size=4096)
+    tune_steps(engine)
+    calibrate_forward_cost(engine)
+    shapes = [(int(r), int(w)) for r in args.rows.split(",") for w in args.widths.split(",")]
+    line = {shape: engine.forward_cost.estimate(*shape, args.context) for shape in shapes}  # before any is timed
+    seqs = prefilled_rows(engine, [args.context] * 8, 4096)
+    vocab = loaded.vocab_size
+    print(f"Machine: {machine_facts()}\nModel: {args.model}; context {args.context}; median of {args.repeats}\n")
+    print("| rows x width | verify_rows ms | the line's estimate | measured / line |\n|---|---|---|---|")
+    for rows, width in shapes:
+        group = seqs[:rows]
+        times = []
+        for _ in range(args.repeats + 1):  # the first warms the shape up
+            drafts = [[(s.tokens[-1] + 1 + k) % vocab for k in range(width - 1)] for s in group]
+            started = time.perf_counter()
+            verify_rows(engine, group, drafts, [4096] * rows)
+            times.append((time.perf_counter() - started) * 1000.0)
+        ms = statistics.median(times[1:])
+        print(f"| {rows} x {width} | {ms:.1f} | {line[rows, width]:.1f} | {ms / line[rows, width]:.2f} |", flush=True)
+    print(f"\n(each round keeps one token per row: the first row ends at {seqs[0].kv.written} tokens of context)")
+
+
+if __name__ == "__main__":
+    main()
