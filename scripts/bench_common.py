@@ -78,6 +78,21 @@ def command_line() -> str:
     return " ".join([Path(sys.argv[0]).relative_to(ROOT).as_posix() if Path(sys.argv[0]).is_absolute() else sys.argv[0], *sys.argv[1:]])
 
 
+def serving_engine(model: str, rows: int = 8, max_kv: int = 4096):
+    """The model loaded as mlxd serves it (the CPU weight rule) in an engine of ``rows`` slots and a
+    ``max_kv``-token bound, its step settings tuned as mlxd does at start-up: the in-process benchmarks'
+    engine. Returns (loaded, engine)."""
+    from mlxd_daemon.model_setup import load_for_serving
+    from mlxd_daemon.options import DaemonOptions
+    from mlxd_daemon.step_tuning import tune_steps
+    from mlxd_engine import Engine
+
+    loaded = load_for_serving(DaemonOptions(model=model, max_batch=rows))
+    engine = Engine(loaded, max_sequences=rows, max_kv_size=max_kv)
+    tune_steps(engine)
+    return loaded, engine
+
+
 def prefilled_rows(engine, lengths: list[int], max_kv: int) -> list:
     """One prefilled sequence per length (row i's prompt: token ids (13 k + i) mod vocab), each with room to
     grow to ``max_kv`` tokens: the rows the in-process forward benchmarks time."""

@@ -21,11 +21,8 @@ from mlxd_fast_blas import ensure_fast_blas  # noqa: E402
 
 ensure_fast_blas()
 
-from bench_common import machine_facts, prefilled_rows  # noqa: E402
-from mlxd_daemon.model_setup import load_for_serving  # noqa: E402
-from mlxd_daemon.options import DaemonOptions  # noqa: E402
-from mlxd_daemon.step_tuning import tune_steps  # noqa: E402
-from mlxd_engine import Engine, calibrate_forward_cost, verify_rows  # noqa: E402
+from bench_common import machine_facts, prefilled_rows, serving_engine  # noqa: E402
+from mlxd_engine import calibrate_forward_cost, verify_rows  # noqa: E402
 
 
 def main() -> None:
@@ -36,9 +33,7 @@ def main() -> None:
     parser.add_argument("--rows", default="1,4,8")
     parser.add_argument("--widths", default="1,3,5,9")
     args = parser.parse_args()
-    loaded = load_for_serving(DaemonOptions(model=args.model, max_batch=8))
-    engine = Engine(loaded, max_sequences=8, max_kv_size=4096)
-    tune_steps(engine)
+    loaded, engine = serving_engine(args.model)
     calibrate_forward_cost(engine)
     shapes = [(int(r), int(w)) for r in args.rows.split(",") for w in args.widths.split(",")]
     line = {shape: engine.forward_cost.estimate(*shape, args.context) for shape in shapes}  # before any is timed

@@ -25,11 +25,8 @@ ensure_fast_blas()
 
 import mlx.core as mx  # noqa: E402
 
-from bench_common import machine_facts, spread  # noqa: E402
-from mlxd_daemon.model_setup import load_for_serving  # noqa: E402
-from mlxd_daemon.options import DaemonOptions  # noqa: E402
-from mlxd_daemon.step_tuning import tune_steps  # noqa: E402
-from mlxd_engine import Engine, SamplingParams  # noqa: E402
+from bench_common import machine_facts, serving_engine, spread  # noqa: E402
+from mlxd_engine import SamplingParams  # noqa: E402
 
 
 def main() -> None:
@@ -39,9 +36,7 @@ def main() -> None:
     parser.add_argument("--lengths", default="512,1536")
     args = parser.parse_args()
     lengths = [int(n) for n in args.lengths.split(",")]
-    loaded = load_for_serving(DaemonOptions(model=args.model, max_batch=2))
-    engine = Engine(loaded, max_sequences=2, max_kv_size=max(lengths) + 64)
-    tune_steps(engine)
+    loaded, engine = serving_engine(args.model, rows=2, max_kv=max(lengths) + 64)
     vocab = loaded.vocab_size
     storage = engine.storage
     results = {n: {"prefill": [], "copy": []} for n in lengths}

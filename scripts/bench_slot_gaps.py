@@ -26,11 +26,7 @@ from mlxd_fast_blas import ensure_fast_blas  # noqa: E402
 
 ensure_fast_blas()
 
-from bench_common import command_line, machine_facts, prefilled_rows, ratio_spread, spread  # noqa: E402
-from mlxd_daemon.model_setup import load_for_serving  # noqa: E402
-from mlxd_daemon.options import DaemonOptions  # noqa: E402
-from mlxd_daemon.step_tuning import tune_steps  # noqa: E402
-from mlxd_engine import Engine  # noqa: E402
+from bench_common import command_line, machine_facts, prefilled_rows, ratio_spread, serving_engine, spread  # noqa: E402
 from mlxd_engine.kv_storage import RowPlan  # noqa: E402
 
 SHAPES = {"8 adjacent": list(range(8)), "7 adjacent": list(range(7)), "7, one gap": [0, 1, 2, 4, 5, 6, 7],
@@ -44,9 +40,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--context", type=int, default=256)
     args = parser.parse_args()
-    loaded = load_for_serving(DaemonOptions(model=args.model, max_batch=8))
-    engine = Engine(loaded, max_sequences=8, max_kv_size=4096)
-    tune_steps(engine)
+    _, engine = serving_engine(args.model)
     # rows at different positions, as under load (a batch whose rows all start at one position writes its
     # appends as one slice, which no gap allows)
     seqs = prefilled_rows(engine, [args.context + 7 * row for row in range(8)], 4096)

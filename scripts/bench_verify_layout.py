@@ -25,11 +25,8 @@ from mlxd_fast_blas import ensure_fast_blas  # noqa: E402
 
 ensure_fast_blas()
 
-from bench_common import machine_facts, prefilled_rows, ratio_spread, spread  # noqa: E402
-from mlxd_daemon.model_setup import load_for_serving  # noqa: E402
-from mlxd_daemon.options import DaemonOptions  # noqa: E402
-from mlxd_daemon.step_tuning import tune_steps  # noqa: E402
-from mlxd_engine import Engine, calibrate_forward_cost, verify_rows  # noqa: E402
+from bench_common import machine_facts, prefilled_rows, ratio_spread, serving_engine, spread  # noqa: E402
+from mlxd_engine import calibrate_forward_cost, verify_rows  # noqa: E402
 
 SHAPES = [(2, 1), (4, 1), (4, 2), (8, 1), (8, 4)]  # (rows, proposing rows)
 
@@ -47,9 +44,7 @@ def main() -> None:
     parser.add_argument("--draft", type=int, default=8)
     parser.add_argument("--context", type=int, default=256)
     args = parser.parse_args()
-    loaded = load_for_serving(DaemonOptions(model=args.model, max_batch=8))
-    engine = Engine(loaded, max_sequences=8, max_kv_size=4096)
-    tune_steps(engine)
+    loaded, engine = serving_engine(args.model)
     calibrate_forward_cost(engine)
     vocab = loaded.vocab_size
     seqs = prefilled_rows(engine, [args.context] * 8, 4096)
