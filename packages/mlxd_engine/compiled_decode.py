@@ -20,7 +20,7 @@ Contract:
   window). Each (first slot, batch size, T, capacity) has its own trace, made on first use (a few ms
   for the embedded model); the ``MAX_TRACES`` most recently used are kept.
 - The new tokens' keys and values are written into the layer buffers (one row: a slice update; several:
-  a scatter per token), which are passed in and returned;
+  one scatter of every row's tokens), which are passed in and returned;
   MLX updates them in place when nothing else holds the old buffers (the storage swaps in the returned
   ones at once).
 - Results equal the ordinary forward's within float tolerance (attention sums over more, masked,
@@ -38,6 +38,7 @@ from typing import Callable
 import mlx.core as mx
 
 from .cache_layout import shape_mask
+from .kv_storage import scatter_tokens
 
 log = logging.getLogger("mlxd.engine")
 
@@ -75,9 +76,9 @@ class _TracedView:
             self.values = mx.slice_update(self.values, values, start, axes=(0, 2))
         else:
             slots = mx.arange(self.first, self.first + self.rows)
-            for i in range(keys.shape[2]):
-                self.keys[slots, :, self.offset + i] = keys[:, :, i]
-                self.values[slots, :, self.offset + i] = values[:, :, i]
+            positions = self.offset[:, None] + mx.arange(keys.shape[2])[None, :]
+            self.keys = scatter_tokens(self.keys, slots, positions, keys)
+            self.values = scatter_tokens(self.values, slots, positions, values)
         rows = slice(self.first, self.first + self.rows)
         return self.keys[rows], self.values[rows]
 

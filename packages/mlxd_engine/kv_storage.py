@@ -84,6 +84,14 @@ def row_mask(starts: list[int], read_length: int, n: int, return_array: bool, wi
     return shape_mask(mask, mask_axes)
 
 
+def scatter_tokens(buffer: mx.array, rows: mx.array, positions: mx.array, new: mx.array) -> mx.array:
+    """``buffer`` [rows, heads, positions, dim] with ``new`` [B, heads, n, dim] written at row ``rows[b]``,
+    position ``positions[b, i]`` (distinct within a row): one scatter for the whole forward, where a scatter
+    per token cost 4x as much (docs/benchmark_results/code_notes.md#one-scatter)."""
+    buffer[rows[:, None], :, positions] = new.transpose(0, 2, 1, 3)
+    return buffer
+
+
 class SlotKVStorage:
     """Per-layer slot buffers shared by all sequences of one engine."""
 
@@ -293,12 +301,10 @@ class LayerView:
             start = plan.starts[0]
             k_buf[first : first + len(plan.slots), :, start : start + n, :] = keys
             v_buf[first : first + len(plan.slots), :, start : start + n, :] = values
-        else:
-            for i in range(n):
-                # rows at different positions: scatter token i of every row at (slot, start + i)
-                positions = plan.array("starts") + i
-                k_buf[plan.array("slots"), :, positions] = keys[:, :, i]
-                v_buf[plan.array("slots"), :, positions] = values[:, :, i]
+        else:  # rows at different positions: every row's tokens at (slot, start + i), one scatter each
+            positions = plan.array("starts")[:, None] + mx.arange(n)[None, :]
+            k_buf = scatter_tokens(k_buf, plan.array("slots"), positions, keys)
+            v_buf = scatter_tokens(v_buf, plan.array("slots"), positions, values)
         s.keys[layer], s.values[layer] = k_buf, v_buf
         length = plan.read_length
         if plan.contiguous:

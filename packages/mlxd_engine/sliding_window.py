@@ -19,6 +19,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from .cache_layout import shape_mask
+from .kv_storage import scatter_tokens
 
 
 class WindowRing:
@@ -74,10 +75,10 @@ class RingView:
             v_buf[row : row + 1, :, first_cell : first_cell + n] = values
         else:
             rows, starts = mx.array(self.rows), mx.array(self.starts)
-            for i in range(n):  # token i of every row into its row's cell
-                cells = (starts + i) % ring.size
-                k_buf[rows, :, cells] = keys[:, :, i]
-                v_buf[rows, :, cells] = values[:, :, i]
+            # token i of every row into its row's cell (a forward's appends fit the ring's slack: distinct)
+            cells = (starts[:, None] + mx.arange(n)[None, :]) % ring.size
+            k_buf = scatter_tokens(k_buf, rows, cells, keys)
+            v_buf = scatter_tokens(v_buf, rows, cells, values)
         ring.keys, ring.values = k_buf, v_buf
         if len(self.rows) == 1:
             row = self.rows[0]
