@@ -38,7 +38,8 @@ def main() -> None:
     loaded, engine = serving_engine(args.model)
     calibrate_forward_cost(engine)
     shapes = [(int(r), int(w)) for r in args.rows.split(",") for w in args.widths.split(",")]
-    line = {shape: engine.forward_cost.estimate(*shape, args.context) for shape in shapes}  # before any is timed
+    # before any shape is timed; at the mean context of the rows each shape runs (row i: context + spread x i)
+    line = {(r, w): engine.forward_cost.estimate(r, w, args.context + args.spread * (r - 1) / 2) for r, w in shapes}
     seqs = prefilled_rows(engine, [args.context + args.spread * i for i in range(8)], 4096)
     vocab = loaded.vocab_size
     print(f"Machine: {machine_facts()}\nModel: {args.model}; context {args.context} (+ {args.spread} x row); median of {args.repeats}\n")
