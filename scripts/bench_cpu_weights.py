@@ -1,7 +1,8 @@
 """The CPU weight rule, measured: a model's decode step, 9-token verify and B=1 decode speed per weight form.
 
 Forms (``MLXD_CPU_WEIGHTS``): ``stored`` (the checkpoint as stored: float16 scales and norms), ``quantized``
-(float32, quantized layers kept quantized with float32 scales), ``dequantized`` (float32 throughout: the
+(float32, quantized layers kept quantized with float32 scales, MLX's own kernel), ``kernel`` (the same on mlxd's CPU
+quantized-matmul kernel, mlxd_qmatmul), ``dequantized`` (float32 throughout: the
 default where it fits the memory budget). Each form runs in its own child process, the forms alternating
 over rounds; every child uses the library's BLAS threads. Measured in each child, through the engine, at a
 200-token context: the median 1-token step and 9-token (current + 8 drafts) verify forward, and greedy
@@ -68,7 +69,7 @@ def child(model: str, form: str, tokens: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="../shared/models/smollm2-135m-instruct-q4")
-    parser.add_argument("--forms", default="stored,quantized,dequantized")
+    parser.add_argument("--forms", default="stored,quantized,kernel,dequantized")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)

@@ -9,29 +9,36 @@ Contract: ``apply_cpu_weight_rule(model, budget_bytes)`` changes the model in pl
 ``WeightForm`` saying what it did, for the log and the daemon's status:
 - On Metal and CUDA nothing changes (the checkpoint runs as stored).
 - On the CPU every float16 / bfloat16 parameter is cast to float32 (exact: every such value is a
-  float32 value). Quantized layers are then dequantized to float32 (with float32 scales, so the values
+  float32 value). When mlxd's CPU quantized-matmul kernel is built (``mlxd_qmatmul``) and takes every
+  quantized layer, the layers stay quantized and run on it (``kernel_layers.py``) if the timing at load
+  says it beats float32 weights on decode's shapes (both timings are logged). Otherwise quantized layers
+  are dequantized to float32 (with float32 scales, so the values
   are exactly ``scale * q + bias`` computed in float32) when the whole model fits ``budget_bytes``
   dequantized; above it they stay quantized with float32 scales.
 - ``MLXD_CPU_WEIGHTS`` chooses otherwise: ``stored`` keeps the checkpoint as stored, ``quantized`` casts
-  but never dequantizes, ``dequantized`` dequantizes whatever the budget; ``auto`` (default) as above.
+  but never dequantizes (MLX's own quantized matmul), ``kernel`` runs the kernel without timing it,
+  ``dequantized`` dequantizes whatever the budget; ``auto`` (default) as above.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
 
+log = logging.getLogger("mlxd.engine")
+
 ENV = "MLXD_CPU_WEIGHTS"
-CHOICES = ("auto", "stored", "quantized", "dequantized")
+CHOICES = ("auto", "stored", "quantized", "kernel", "dequantized")
 DEFAULT_BUDGET_FRACTION = 0.4  # of the machine's memory, for the float32 weights
 
 
 @dataclass(frozen=True)
 class WeightForm:
-    form: str  # "stored", "float32", "float32 quantized", "float32 dequantized"
+    form: str  # "stored", "float32", "float32 quantized", "kernel quantized", "float32 dequantized"
     detail: str  # one line for the log
 
     def __str__(self) -> str:
@@ -91,6 +98,9 @@ def apply_cpu_weight_rule(model: nn.Module, budget_bytes: int | None = None, cho
     if not layers:
         mx.eval(model.parameters())
         return WeightForm("float32", f"weights: {cast}")
+    kernel_form = _try_kernel(model, layers, choice, cast)
+    if kernel_form is not None:
+        return kernel_form
     needed = dequantized_bytes(model)
     budget = default_budget_bytes() if budget_bytes is None else budget_bytes
     if choice == "quantized" or (choice == "auto" and needed > budget):
@@ -107,3 +117,38 @@ def apply_cpu_weight_rule(model: nn.Module, budget_bytes: int | None = None, cho
     return WeightForm("float32 dequantized",
                       f"weights: {cast}; {len(layers)} quantized layers dequantized to float32 "
                       f"({needed / 2**30:.2f} GiB of a {budget / 2**30:.2f} GiB budget)")
+
+
+def _try_kernel(model: nn.Module, layers: list, choice: str, cast: str) -> WeightForm | None:
+    """Run the quantized layers on the CPU kernel when it is built, takes them all, and (auto) is faster."""
+    if choice not in ("auto", "kernel"):
+        return None
+    import mlxd_qmatmul
+
+    from .kernel_layers import kernel_layers, measure, use_kernel
+
+    if not mlxd_qmatmul.available():
+        if choice == "kernel":
+            raise ValueError(f"{ENV}=kernel: {mlxd_qmatmul.unavailable_reason()}")
+        log.info("%s; quantized layers are dequantized to float32 instead", mlxd_qmatmul.unavailable_reason())
+        return None
+    capable = kernel_layers(model)
+    if len(capable) != len(layers):
+        log.info("the CPU quantized-matmul kernel takes %d of %d quantized layers (affine, 4 or 8 bits, groups "
+                 "of 32/64/128); the float32 rule applies", len(capable), len(layers))
+        if choice == "kernel":
+            raise ValueError(f"{ENV}=kernel: the kernel takes {len(capable)} of {len(layers)} quantized layers")
+        return None
+    mx.eval(model.parameters())
+    timing = measure(model)
+    log.info("CPU quantized-matmul kernel (%s, %d threads) at load: %s", mlxd_qmatmul.kernel_isa(),
+             mlxd_qmatmul.kernel_threads(), timing.describe())
+    if choice == "auto" and not timing.faster:
+        log.info("the kernel is not faster than float32 weights here; quantized layers are dequantized")
+        return None
+    switched = use_kernel(model, timing.max_rows)
+    packed = sum(layer["weight"].nbytes + layer["scales"].nbytes + layer["biases"].nbytes for layer in capable)
+    return WeightForm("kernel quantized",
+                      f"weights: {cast}; {switched} quantized layers ({packed / 2**20:.0f} MiB) kept {layers[0].bits}-bit on "
+                      f"the CPU quantized-matmul kernel ({mlxd_qmatmul.kernel_isa()}, {mlxd_qmatmul.kernel_threads()} "
+                      f"threads; up to {timing.max_rows} rows, then dequantize + BLAS; {timing.describe()})")

@@ -1,0 +1,130 @@
+"""Quantized layers that run on mlxd's CPU quantized-matmul kernel (``mlxd_qmatmul``), chosen at load.
+
+Contract: ``use_kernel(model)`` turns every mlx ``QuantizedLinear`` / ``QuantizedEmbedding`` whose format
+the kernel takes (affine, 4 or 8 bits, group 32/64/128, with biases) into the subclasses here, in place:
+same parameters, same results within float32 rounding, the weights staying quantized in memory. Up to
+``max_rows`` input rows go through the kernel; more rows (prompt chunks) are dequantized for that call
+and go through BLAS, which wins there. ``measure(model)`` times the model's largest layer both ways at
+load (kernel, float32 weights, the dequantize-then-BLAS path) and returns the figures the rule decides
+by (``cpu_weights.py``); nothing here runs on a GPU backend.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+
+import mlxd_qmatmul
+
+DEFAULT_MAX_ROWS = 32
+
+
+def _kernel_or_blas(x, layer, max_rows: int):
+    rows = x.size // x.shape[-1] if x.ndim else 1
+    if rows <= max_rows:
+        return mlxd_qmatmul.quantized_matmul(x, layer["weight"], layer["scales"], layer["biases"],
+                                             layer.group_size, layer.bits)
+    weight = mx.dequantize(layer["weight"], layer["scales"], layer["biases"], group_size=layer.group_size,
+                           bits=layer.bits)
+    return x @ weight.T
+
+
+class KernelQuantizedLinear(nn.QuantizedLinear):
+    kernel_max_rows = DEFAULT_MAX_ROWS
+
+    def __call__(self, x):
+        y = _kernel_or_blas(x, self, self.kernel_max_rows)
+        return y + self["bias"] if "bias" in self else y
+
+
+class KernelQuantizedEmbedding(nn.QuantizedEmbedding):
+    kernel_max_rows = DEFAULT_MAX_ROWS
+
+    def as_linear(self, x):
+        return _kernel_or_blas(x, self, self.kernel_max_rows)
+
+
+def _takes(layer) -> bool:
+    return (mlxd_qmatmul.supports(layer.bits, layer.group_size, getattr(layer, "mode", "affine"))
+            and "biases" in layer and layer["weight"].dtype == mx.uint32)
+
+
+def kernel_layers(model: nn.Module) -> list:
+    """The model's quantized layers the kernel can run (before or after ``use_kernel``)."""
+    kinds = (nn.QuantizedLinear, nn.QuantizedEmbedding)
+    return [m for _, m in model.named_modules() if isinstance(m, kinds) and _takes(m)]
+
+
+def use_kernel(model: nn.Module, max_rows: int = DEFAULT_MAX_ROWS) -> int:
+    """Switch the layers the kernel takes to it; returns how many were switched."""
+    count = 0
+    for layer in kernel_layers(model):
+        if type(layer) is nn.QuantizedLinear:
+            layer.__class__ = KernelQuantizedLinear
+        elif type(layer) is nn.QuantizedEmbedding:
+            layer.__class__ = KernelQuantizedEmbedding
+        else:
+            continue
+        layer.kernel_max_rows = max_rows
+        count += 1
+    return count
+
+
+@dataclass(frozen=True)
+class KernelTiming:
+    shape: tuple[int, int]  # (output, input) of the layer timed
+    kernel_ms: dict  # rows -> ms
+    float32_ms: dict  # rows -> ms with float32 weights
+    dequantize_ms: dict  # rows -> ms dequantizing for the call, then BLAS
+    max_rows: int  # the most rows the kernel takes (beyond: dequantize, then BLAS)
+
+    @property
+    def faster(self) -> bool:
+        """The kernel beats float32 weights on one row and on a batch of 8 (decode's shapes)."""
+        return all(self.kernel_ms[r] < self.float32_ms[r] for r in (1, 8))
+
+    def describe(self) -> str:
+        def row(d):
+            return ", ".join(f"{r} rows {ms:.3f}" for r, ms in sorted(d.items()))
+
+        return (f"{self.shape[0]}x{self.shape[1]} layer, ms: kernel {row(self.kernel_ms)}; float32 "
+                f"{row(self.float32_ms)}; dequantize+BLAS {row(self.dequantize_ms)}; kernel up to {self.max_rows} rows")
+
+
+def _time(fn, repeats: int) -> float:
+    mx.eval(fn())
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        mx.eval(fn())
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3
+
+
+def measure(model: nn.Module, rows=(1, 8, 16, 32, 64, 128), repeats: int = 3) -> KernelTiming | None:
+    """Time the largest kernel-capable layer (copies of it, so that they do not all sit in cache)."""
+    layers = kernel_layers(model)
+    if not layers:
+        return None
+    layer = max(layers, key=lambda m: m["weight"].size)
+    w, s, b = layer["weight"], layer["scales"].astype(mx.float32), layer["biases"].astype(mx.float32)
+    gs, bits = layer.group_size, layer.bits
+    copies = max(1, min(8, (64 << 20) // max(1, w.nbytes)))  # ~64 MB of packed weights per pass
+    packed = [(w + 0, s + 0, b + 0) for _ in range(copies)]
+    dense = [mx.dequantize(pw, ps, pb, group_size=gs, bits=bits) for pw, ps, pb in packed[:2]]
+    mx.eval(packed, dense)
+    out_dims, in_dims = dense[0].shape
+    kernel, float32, dequant = {}, {}, {}
+    for n in rows:
+        x = mx.random.normal((n, in_dims), key=mx.random.key(n))
+        mx.eval(x)
+        kernel[n] = _time(lambda: [mlxd_qmatmul.quantized_matmul(x, pw, ps, pb, gs, bits) for pw, ps, pb in packed],
+                          repeats) / copies
+        float32[n] = _time(lambda: [x @ d.T for d in dense], repeats) / len(dense)
+        dequant[n] = _time(lambda: [x @ mx.dequantize(pw, ps, pb, group_size=gs, bits=bits).T
+                                    for pw, ps, pb in packed[:2]], repeats) / 2
+    max_rows = max([r for r in rows if kernel[r] <= dequant[r]], default=1)
+    return KernelTiming((int(out_dims), int(in_dims)), kernel, float32, dequant, max_rows)

@@ -1,0 +1,18 @@
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/variant.h>
+
+#include "qmatmul.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+NB_MODULE(_ext, m) {
+  m.doc() = "mlxd's CPU quantized matmul for MLX's affine format (4 and 8 bits)";
+  m.def("quantized_matmul", &mlxd_qmm::quantized_matmul, "x"_a, "w"_a, "scales"_a, "biases"_a,
+        "group_size"_a, "bits"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "x @ dequantize(w, scales, biases).T on the CPU kernels (transpose=True semantics of "
+        "mx.quantized_matmul); float32 math, the result in x's dtype.");
+  m.def("kernel_isa", &mlxd_qmm::kernel_isa, "The instruction set the kernels use on this CPU.");
+  m.def("kernel_threads", &mlxd_qmm::kernel_threads, "Threads that share one matmul's output columns.");
+}

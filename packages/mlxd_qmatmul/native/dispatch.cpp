@@ -1,0 +1,201 @@
+// Choosing a kernel for this CPU, the split order of x, and the threads that share the output columns.
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#if defined(__linux__)
+#include <sched.h>
+#endif
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#endif
+
+#include "dispatch.h"
+#include "kernel.h"
+
+namespace mlxd_qmm {
+
+namespace {
+
+bool cpu_has(const char* isa) {
+#if defined(__x86_64__) || defined(_M_X64)
+  __builtin_cpu_init();
+  if (std::strcmp(isa, "avx512") == 0) {
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma");
+  }
+  if (std::strcmp(isa, "avx2") == 0) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  (void)isa;
+#endif
+  return false;
+}
+
+const char* portable_name() {
+#if defined(__aarch64__)
+  return "neon";
+#elif defined(__x86_64__) || defined(_M_X64)
+  return "sse2";
+#else
+  return "portable";
+#endif
+}
+
+}  // namespace
+
+const Isa& select_isa() {
+  static const Isa chosen = [] {
+    std::vector<Isa> usable;
+#if defined(__x86_64__) || defined(_M_X64)
+    if (cpu_has("avx512")) usable.push_back({"avx512", 16, kernel_avx512});
+    if (cpu_has("avx2")) usable.push_back({"avx2", 8, kernel_avx2});
+#endif
+    usable.push_back({portable_name(), lanes_portable(), kernel_portable});
+    const char* wanted = std::getenv("MLXD_QMM_ISA");
+    if (wanted != nullptr && *wanted != '\0') {
+      for (const Isa& isa : usable) {
+        if (std::strcmp(isa.name, wanted) == 0) return isa;
+      }
+    }
+    return usable.front();
+  }();
+  return chosen;
+}
+
+void split_rows(const float* x, float* out, int M, int K, int block) {
+  const int half = block / 2;
+  for (int m = 0; m < M; ++m) {
+    const float* src = x + static_cast<int64_t>(m) * K;
+    float* dst = out + static_cast<int64_t>(m) * K;
+    for (int k0 = 0; k0 < K; k0 += block) {
+      for (int i = 0; i < half; ++i) {
+        dst[k0 + i] = src[k0 + 2 * i];
+        dst[k0 + half + i] = src[k0 + 2 * i + 1];
+      }
+    }
+  }
+}
+
+// A small pool: the calling thread takes part 0, each worker one other part. Workers spin for a short
+// while after a job (the next matmul of a forward follows within microseconds), then sleep.
+class Pool {
+ public:
+  static Pool& instance() {
+    static Pool* pool = new Pool();  // never destroyed: workers may still be asleep at exit
+    return *pool;
+  }
+
+  int threads() const {
+    return static_cast<int>(workers_.size()) + 1;
+  }
+
+  void run(int parts, const std::function<void(int)>& job) {
+    if (parts <= 1 || workers_.empty()) {
+      for (int i = 0; i < parts; ++i) job(i);
+      return;
+    }
+    parts = std::min(parts, threads());
+    std::lock_guard<std::mutex> one_caller(run_mutex_);
+    job_ = &job;
+    parts_ = parts;
+    pending_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);  // every worker checks in
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      generation_.fetch_add(1, std::memory_order_release);
+    }
+    if (sleepers_.load(std::memory_order_acquire) > 0) wake_.notify_all();
+    job(0);
+    while (pending_.load(std::memory_order_acquire) > 0) pause();
+  }
+
+ private:
+  Pool() {
+    int count = configured_threads();
+    for (int i = 1; i < count; ++i) workers_.emplace_back([this, i] { work(i); });
+    for (auto& worker : workers_) worker.detach();
+  }
+
+  static int configured_threads() {
+    if (const char* env = std::getenv("MLXD_QMM_THREADS")) {
+      int n = std::atoi(env);
+      if (n >= 1) return std::min(n, 256);
+    }
+#if defined(__linux__)
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+#endif
+    return std::max(1u, std::thread::hardware_concurrency());
+  }
+
+  static void pause() {
+#if defined(__x86_64__) || defined(_M_X64)
+    _mm_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+  }
+
+  void work(int index) {
+    uint64_t seen = 0;
+    for (;;) {
+      auto start = std::chrono::steady_clock::now();
+      int spins = 0;
+      while (generation_.load(std::memory_order_acquire) == seen) {
+        pause();
+        if (++spins % 256 == 0 &&
+            std::chrono::steady_clock::now() - start > std::chrono::microseconds(kSpinMicros)) {
+          std::unique_lock<std::mutex> lock(mutex_);
+          sleepers_.fetch_add(1, std::memory_order_acq_rel);
+          wake_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
+          sleepers_.fetch_sub(1, std::memory_order_acq_rel);
+          break;
+        }
+      }
+      seen = generation_.load(std::memory_order_acquire);
+      if (index < parts_) (*job_)(index);
+      pending_.fetch_sub(1, std::memory_order_acq_rel);
+    }
+  }
+
+  static constexpr int kSpinMicros = 300;
+  std::vector<std::thread> workers_;
+  std::mutex run_mutex_, mutex_;
+  std::condition_variable wake_;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  std::atomic<int> sleepers_{0};
+  const std::function<void(int)>* job_ = nullptr;
+  int parts_ = 0;
+};
+
+int pool_threads() {
+  return Pool::instance().threads();
+}
+
+void run_problem(const Problem& problem, const Isa& isa) {
+  // Small problems stay on one thread: waking a worker costs more than it saves.
+  const int64_t weight_bytes = static_cast<int64_t>(problem.N) * problem.K * problem.bits / 8;
+  const int64_t work = weight_bytes * (1 + problem.M / 4);
+  Pool& pool = Pool::instance();
+  int parts = work < (1 << 16) ? 1 : pool.threads();
+  parts = std::min(parts, std::max(1, problem.N / 8));
+  if (parts == 1) {
+    isa.kernel(problem, 0, problem.N);
+    return;
+  }
+  const int per_part = ((problem.N + parts - 1) / parts + 7) / 8 * 8;
+  std::function<void(int)> job = [&](int part) {
+    const int n0 = part * per_part;
+    const int n1 = std::min(problem.N, n0 + per_part);
+    if (n0 < n1) isa.kernel(problem, n0, n1);
+  };
+  pool.run(parts, job);
+}
+
+}  // namespace mlxd_qmm

@@ -1,0 +1,46 @@
+// AVX-512 kernel (16 float lanes); this file alone is compiled with -mavx512f -mavx512bw -mavx512vl -mfma.
+#include <immintrin.h>
+
+#include "kernel.h"
+
+namespace {
+
+struct Ops {
+  using F = __m512;
+  static constexpr int V = 16;
+  static F zero() { return _mm512_setzero_ps(); }
+  static F load(const float* p) { return _mm512_loadu_ps(p); }
+  static F splat(float s) { return _mm512_set1_ps(s); }
+  static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  static float hsum(F v) { return _mm512_reduce_add_ps(v); }
+  // A group's 16 possible 4-bit weights (q * scale + bias for q = 0..15) sit in one register: a nibble
+  // decodes with one permute, which reads only the low 4 bits of each lane (no mask, no conversion).
+  struct Group {
+    F table, scale, bias;
+  };
+  static Group group(float s, float b) {
+    const F scale = splat(s), bias = splat(b);
+    const F q = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    return {_mm512_fmadd_ps(q, scale, bias), scale, bias};
+  }
+  static void nibbles(const Group& g, const uint8_t* p, F& lo, F& hi) {
+    const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    lo = _mm512_permutexvar_ps(q, g.table);
+    hi = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), g.table);
+  }
+  static F bytes(const Group& g, const uint8_t* p) {
+    const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), g.scale, g.bias);
+  }
+};
+
+#include "kernel_tiles.inc"
+
+}  // namespace
+
+namespace mlxd_qmm {
+void kernel_avx512(const Problem& p, int n0, int n1) {
+  kernel_entry(p, n0, n1);
+}
+}  // namespace mlxd_qmm

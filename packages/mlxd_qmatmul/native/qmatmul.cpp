@@ -1,0 +1,133 @@
+#include "qmatmul.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "dispatch.h"
+#include "kernel.h"
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+
+namespace mlxd_qmm {
+
+namespace {
+
+// A growing 64-byte aligned buffer, one per thread that evaluates these matmuls.
+class AlignedFloats {
+ public:
+  ~AlignedFloats() { std::free(data_); }
+  float* reserve(size_t count) {
+    if (count > capacity_) {
+      std::free(data_);
+      capacity_ = std::max(count, 2 * capacity_);
+      data_ = static_cast<float*>(std::aligned_alloc(64, (capacity_ * sizeof(float) + 63) / 64 * 64));
+      if (data_ == nullptr) throw std::bad_alloc();
+    }
+    return data_;
+  }
+
+ private:
+  float* data_ = nullptr;
+  size_t capacity_ = 0;
+};
+
+void check(bool ok, const std::string& what) {
+  if (!ok) throw std::invalid_argument("mlxd quantized_matmul: " + what);
+}
+
+}  // namespace
+
+mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
+                           const mx::array& biases, int group_size, int bits, mx::StreamOrDevice s) {
+  check(bits == 4 || bits == 8, "bits must be 4 or 8, got " + std::to_string(bits));
+  check(group_size == 32 || group_size == 64 || group_size == 128,
+        "group size must be 32, 64 or 128, got " + std::to_string(group_size));
+  check(w.dtype() == mx::uint32 && w.ndim() == 2, "weights must be a 2-D uint32 array");
+  check(x.ndim() >= 1, "x must have at least one dimension");
+  check(mx::issubdtype(x.dtype(), mx::floating), "x must be floating point");
+  const int N = w.shape(0);
+  const int K = w.shape(1) * 32 / bits;
+  check(x.shape(-1) == K, "x has " + std::to_string(x.shape(-1)) + " features, the weights take " +
+                              std::to_string(K));
+  check(K % group_size == 0, "the input size is not a multiple of the group size");
+  const mx::Shape groups{N, K / group_size};
+  check(scales.shape() == groups && biases.shape() == groups, "scales and biases must be [N, K / group_size]");
+  auto stream = mx::to_stream(s, mx::Device::cpu);
+  check(stream.device == mx::Device::cpu, "runs on the CPU only");
+  auto x32 = mx::contiguous(mx::astype(x, mx::float32, stream), false, stream);
+  auto s32 = mx::contiguous(mx::astype(scales, mx::float32, stream), false, stream);
+  auto b32 = mx::contiguous(mx::astype(biases, mx::float32, stream), false, stream);
+  auto wc = mx::contiguous(w, false, stream);
+  mx::Shape out_shape = x.shape();
+  out_shape.back() = N;
+  mx::array out(out_shape, mx::float32, std::make_shared<CpuQuantizedMatmul>(stream, group_size, bits),
+                {x32, wc, s32, b32});
+  return x.dtype() == mx::float32 ? out : mx::astype(out, x.dtype(), stream);
+}
+
+std::string kernel_isa() {
+  return select_isa().name;
+}
+
+int kernel_threads() {
+  return pool_threads();
+}
+
+void CpuQuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  const auto& x = inputs[0];
+  const auto& w = inputs[1];
+  const auto& scales = inputs[2];
+  const auto& biases = inputs[3];
+  for (const auto& a : inputs) {
+    if (!a.flags().row_contiguous) throw std::runtime_error("CpuQuantizedMatmul: inputs must be row-contiguous");
+  }
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  encoder.set_input_array(x);
+  encoder.set_input_array(w);
+  encoder.set_input_array(scales);
+  encoder.set_input_array(biases);
+  encoder.set_output_array(out);
+  const int K = x.shape(-1);
+  const int M = K == 0 ? 0 : static_cast<int>(x.size() / K);
+  const int N = w.shape(0);
+  Problem problem{x.data<float>(), reinterpret_cast<const uint8_t*>(w.data<uint32_t>()), scales.data<float>(),
+                  biases.data<float>(), out.data<float>(), M, N, K, group_size_, bits_};
+  encoder.dispatch([problem, bits = bits_]() mutable {
+    if (problem.M == 0 || problem.N == 0) return;
+    const Isa& isa = select_isa();
+    // x goes into a 64-byte aligned copy (split order for 4 bits): every vector load then stays within
+    // one cache line.
+    thread_local AlignedFloats copy;
+    float* rows = copy.reserve(static_cast<size_t>(problem.M) * problem.K);
+    if (bits == 4) {
+      split_rows(problem.x, rows, problem.M, problem.K, 2 * isa.lanes);
+    } else {
+      std::memcpy(rows, problem.x, sizeof(float) * problem.M * problem.K);
+    }
+    problem.x = rows;
+    run_problem(problem, isa);
+  });
+}
+
+void CpuQuantizedMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("CpuQuantizedMatmul runs on the CPU only; on a GPU use mx.quantized_matmul");
+}
+
+bool CpuQuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const CpuQuantizedMatmul&>(other);
+  return group_size_ == o.group_size_ && bits_ == o.bits_;
+}
+
+std::vector<mx::Shape> CpuQuantizedMatmul::output_shapes(const std::vector<mx::array>& inputs) {
+  mx::Shape shape = inputs[0].shape();
+  shape.back() = inputs[1].shape(0);
+  return {shape};
+}
+
+}  // namespace mlxd_qmm

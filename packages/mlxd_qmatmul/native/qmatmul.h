@@ -1,0 +1,40 @@
+// The MLX primitive: a quantized matmul for MLX's affine format that runs on the CPU kernels here.
+#pragma once
+
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+
+namespace mx = mlx::core;
+
+namespace mlxd_qmm {
+
+// x[..., K] @ dequantize(w, scales, biases)^T -> [..., N], float32 (x is cast to float32 and back).
+// Raises std::invalid_argument for a layout the kernels do not take (bits other than 4 and 8, a group
+// size other than 32, 64 or 128, shapes that do not match).
+mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
+                           const mx::array& biases, int group_size, int bits, mx::StreamOrDevice s = {});
+
+// The instruction set the kernels run with here and the number of threads they use.
+std::string kernel_isa();
+int kernel_threads();
+
+class CpuQuantizedMatmul : public mx::UnaryPrimitive {
+ public:
+  CpuQuantizedMatmul(mx::Stream stream, int group_size, int bits)
+      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+
+  const char* name() const override {
+    return "CpuQuantizedMatmul";
+  }
+  bool is_equivalent(const mx::Primitive& other) const override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
+
+ private:
+  int group_size_;
+  int bits_;
+};
+
+}  // namespace mlxd_qmm

@@ -1,0 +1,136 @@
+"""The CPU quantized-matmul kernel against MLX's own quantized matmul, and the engine's use of it.
+
+Skipped as a whole where the extension is not built (the engine then keeps its float32 rule, which the
+other tests cover).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+
+import mlxd_qmatmul
+
+pytestmark = pytest.mark.skipif(not mlxd_qmatmul.available(), reason=mlxd_qmatmul.unavailable_reason())
+
+
+def _reference(x, w, s, b, gs, bits):
+    return mx.quantized_matmul(x, w, s, b, transpose=True, group_size=gs, bits=bits)
+
+
+def _close(got, want, K):
+    got, want = np.array(got), np.array(want)
+    # float32 rounding of a K-term dot product in another summation order
+    bound = 4 * K * np.finfo(np.float32).eps * (np.abs(want).max() + 1)
+    assert np.abs(got - want).max() <= bound, (np.abs(got - want).max(), bound)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+def test_matches_mlx_over_random_shapes_and_rows(bits, group_size):
+    rng = np.random.default_rng(bits * 1000 + group_size)
+    for _ in range(4):
+        N = int(rng.integers(1, 300))
+        K = group_size * int(rng.integers(1, 12))
+        w = mx.array(rng.normal(size=(N, K)).astype(np.float32))
+        wq, s, b = mx.quantize(w, group_size=group_size, bits=bits)
+        for rows in (1, 2, 3, 5, 8, 9, 16, 17, 72):
+            x = mx.array(rng.normal(size=(rows, K)).astype(np.float32))
+            _close(mlxd_qmatmul.quantized_matmul(x, wq, s, b, group_size, bits),
+                   _reference(x, wq, s, b, group_size, bits), K)
+
+
+def test_batched_inputs_float16_scales_and_a_strided_x():
+    w = mx.random.normal((96, 256), key=mx.random.key(1))
+    wq, s, b = mx.quantize(w, group_size=64, bits=4)
+    x = mx.random.normal((3, 5, 512), key=mx.random.key(2))[..., ::2]  # not contiguous
+    got = mlxd_qmatmul.quantized_matmul(x, wq, s.astype(mx.float16), b.astype(mx.float16), 64, 4)
+    assert got.shape == (3, 5, 96) and got.dtype == mx.float32
+    _close(got, _reference(x, wq, s.astype(mx.float16).astype(mx.float32),
+                           b.astype(mx.float16).astype(mx.float32), 64, 4), 256)
+    half = mlxd_qmatmul.quantized_matmul(x.astype(mx.float16), wq, s, b, 64, 4)
+    assert half.dtype == mx.float16
+
+
+def test_every_instruction_set_agrees(tmp_path):
+    """The narrower paths (forced with MLXD_QMM_ISA) give the same results as the chosen one."""
+    import subprocess
+    import sys
+
+    script = (
+        "import mlx.core as mx, numpy as np, mlxd_qmatmul as q\n"
+        "w = mx.random.normal((70, 384), key=mx.random.key(3)); x = mx.random.normal((11, 384), key=mx.random.key(4))\n"
+        "out = []\n"
+        "for bits in (4, 8):\n"
+        "    wq, s, b = mx.quantize(w, group_size=128, bits=bits)\n"
+        "    out.append(np.array(q.quantized_matmul(x, wq, s, b, 128, bits)))\n"
+        "print(q.kernel_isa()); np.save(sys.argv[1], np.stack(out))\n"
+    )
+    results = {}
+    for isa in ("avx512", "avx2", "sse2", "neon"):
+        path = tmp_path / f"{isa}.npy"
+        done = subprocess.run([sys.executable, "-c", "import sys\n" + script, str(path)], capture_output=True,
+                              text=True, env={**__import__("os").environ, "MLXD_QMM_ISA": isa}, check=True)
+        results[done.stdout.strip()] = np.load(path)
+    assert len(results) >= 2  # the chosen path and the portable one at least
+    first = next(iter(results.values()))
+    for isa, got in results.items():
+        np.testing.assert_allclose(got, first, rtol=1e-5, atol=1e-4, err_msg=isa)
+
+
+def test_refuses_formats_it_does_not_take():
+    w = mx.random.normal((32, 256), key=mx.random.key(5))
+    wq, s, b = mx.quantize(w, group_size=64, bits=3)
+    with pytest.raises(ValueError, match="bits must be 4 or 8"):
+        mlxd_qmatmul.quantized_matmul(mx.zeros((1, 256)), wq, s, b, 64, 3)
+    wq, s, b = mx.quantize(w, group_size=64, bits=4)
+    with pytest.raises(ValueError, match="features"):
+        mlxd_qmatmul.quantized_matmul(mx.zeros((1, 128)), wq, s, b, 64, 4)
+
+
+def _tiny_quantized_model(bits):
+    from mlx_lm.models import llama
+
+    args = llama.ModelArgs(model_type="llama", hidden_size=128, num_hidden_layers=2, intermediate_size=256,
+                           num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=300,
+                           tie_word_embeddings=True)
+    mx.random.seed(7)
+    model = llama.Model(args)
+    nn.quantize(model, group_size=64, bits=bits)
+    model.set_dtype(mx.float32)
+    mx.eval(model.parameters())
+    return model
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_engine_layers_give_mlx_results_and_keep_weights_quantized(bits):
+    from mlxd_engine.kernel_layers import KernelQuantizedEmbedding, KernelQuantizedLinear, use_kernel
+
+    model = _tiny_quantized_model(bits)
+    tokens = mx.array([[1, 5, 9, 20, 33, 7, 2, 250]])
+    want = model(tokens)
+    switched = use_kernel(model, max_rows=4)  # 8 rows: the dequantize + BLAS path; 1 row: the kernel
+    assert switched == 2 * 7 + 1
+    assert isinstance(model.model.embed_tokens, KernelQuantizedEmbedding)
+    assert isinstance(model.model.layers[0].self_attn.q_proj, KernelQuantizedLinear)
+    assert model.model.layers[0].mlp.up_proj["weight"].dtype == mx.uint32
+    np.testing.assert_allclose(np.array(model(tokens)), np.array(want), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.array(model(tokens[:, :1])), np.array(want[:, :1]), rtol=1e-4, atol=1e-4)
+    for layer in (model.model.embed_tokens, model.model.layers[1].mlp.down_proj):
+        layer.kernel_max_rows = 64
+    np.testing.assert_allclose(np.array(model(tokens)), np.array(want), rtol=1e-4, atol=1e-4)
+
+
+def test_weight_rule_uses_the_kernel_and_logs_both_timings(caplog):
+    from mlxd_engine.cpu_weights import apply_cpu_weight_rule
+    from mlxd_engine.kernel_layers import KernelQuantizedLinear
+
+    model = _tiny_quantized_model(4)
+    form = apply_cpu_weight_rule(model, choice="kernel")
+    assert form.form == "kernel quantized"
+    assert isinstance(model.model.layers[0].mlp.gate_proj, KernelQuantizedLinear)
+    assert "kernel 1 rows" in form.detail and "float32 1 rows" in form.detail
+    model = _tiny_quantized_model(4)
+    assert apply_cpu_weight_rule(model, choice="dequantized").form == "float32 dequantized"
