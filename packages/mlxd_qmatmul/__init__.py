@@ -22,13 +22,32 @@ from __future__ import annotations
 BITS = (4, 8)
 GROUP_SIZES = (32, 64, 128)
 
-try:
-    from . import _ext  # built by scripts/build_qmatmul.sh
-except ImportError as error:  # not built, or built against another mlx
-    _ext = None
-    _REASON = f"the CPU quantized-matmul extension is not built or does not load ({error}); run make setup"
-else:
-    _REASON = ""
+def _load():
+    """The extension module and "" when it loads and computes one small product right, else None and why."""
+    from pathlib import Path
+
+    if not any(Path(__file__).parent.glob("_ext*")):
+        return None, "the CPU quantized-matmul extension is not built (make setup builds it: cmake and a C++ compiler)"
+    try:
+        from . import _ext  # built by scripts/build_qmatmul.sh
+    except ImportError as error:  # not built, or built against another mlx
+        return None, f"the CPU quantized-matmul extension is not built or does not load ({error}); run make setup"
+    try:  # a module built with another nanobind ABI than mlx's imports, then refuses mlx arrays
+        import mlx.core as mx
+
+        w = mx.arange(64 * 32, dtype=mx.float32).reshape(32, 64) / 1000
+        wq, s, b = mx.quantize(w, group_size=32, bits=4)
+        x = mx.ones((1, 64))
+        got = _ext.quantized_matmul(x, wq, s, b, 32, 4)
+        want = mx.quantized_matmul(x, wq, s, b, transpose=True, group_size=32, bits=4)
+        if not mx.allclose(got, want, rtol=1e-4, atol=1e-4).item():
+            return None, "the CPU quantized-matmul extension gives wrong results here; not used"
+    except Exception as error:  # noqa: BLE001 - any failure means: run without it
+        return None, f"the CPU quantized-matmul extension does not run with this mlx ({type(error).__name__}: {error})"
+    return _ext, ""
+
+
+_ext, _REASON = _load()
 
 
 def available() -> bool:
