@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import platform
-import time
 from pathlib import Path
 
 from mlxd_fast_blas import ensure_fast_blas
@@ -19,18 +18,9 @@ ensure_fast_blas()
 import mlx.core as mx  # noqa: E402
 
 import mlxd_qmatmul  # noqa: E402
+from mlxd_engine.kernel_layers import best_ms  # noqa: E402  (the same timing the load-time rule uses)
 
 SHAPES = ((576, 1536), (1536, 576), (192, 576), (49152, 576))  # SmolLM2's projections and its tied head
-
-
-def best_ms(fn, repeats: int) -> float:
-    mx.eval(fn())
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        mx.eval(fn())
-        best = min(best, time.perf_counter() - start)
-    return best * 1e3
 
 
 def main() -> None:

@@ -140,7 +140,7 @@ def _try_kernel(model: nn.Module, layers: list, choice: str, cast: str) -> Weigh
             raise ValueError(f"{ENV}=kernel: the kernel takes {len(capable)} of {len(layers)} quantized layers")
         return None
     mx.eval(model.parameters())
-    timing = measure(model)
+    timing = measure(capable)
     log.info("CPU quantized-matmul kernel (%s, %d threads) at load: %s", mlxd_qmatmul.kernel_isa(),
              mlxd_qmatmul.kernel_threads(), timing.describe())
     if choice == "auto" and not timing.faster:

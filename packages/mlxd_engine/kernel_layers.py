@@ -4,7 +4,7 @@ Contract: ``use_kernel(model)`` turns every mlx ``QuantizedLinear`` / ``Quantize
 the kernel takes (affine, 4 or 8 bits, group 32/64/128, with biases) into the subclasses here, in place:
 same parameters, same results within float32 rounding, the weights staying quantized in memory. Up to
 ``max_rows`` input rows go through the kernel; more rows (prompt chunks) are dequantized for that call
-and go through BLAS, which wins there. ``measure(model)`` times the model's largest layer both ways at
+and go through BLAS, which wins there. ``measure(kernel_layers(model))`` times the model's largest layer both ways at
 load (kernel, float32 weights, the dequantize-then-BLAS path) and returns the figures the rule decides
 by (``cpu_weights.py``); nothing here runs on a GPU backend.
 """
@@ -94,7 +94,8 @@ class KernelTiming:
                 f"{row(self.float32_ms)}; dequantize+BLAS {row(self.dequantize_ms)}; kernel up to {self.max_rows} rows")
 
 
-def _time(fn, repeats: int) -> float:
+def best_ms(fn, repeats: int) -> float:
+    """The fastest of ``repeats`` evaluations of ``fn()`` after one warm-up, in ms."""
     mx.eval(fn())
     best = float("inf")
     for _ in range(repeats):
@@ -104,9 +105,8 @@ def _time(fn, repeats: int) -> float:
     return best * 1e3
 
 
-def measure(model: nn.Module, rows=(1, 8, 16, 32, 64, 128), repeats: int = 3) -> KernelTiming | None:
-    """Time the largest kernel-capable layer (copies of it, so that they do not all sit in cache)."""
-    layers = kernel_layers(model)
+def measure(layers: list, rows=(1, 8, 16, 32, 64, 128), repeats: int = 3) -> KernelTiming | None:
+    """Time the largest of ``layers`` (``kernel_layers(model)``) on copies, so that they do not all sit in cache."""
     if not layers:
         return None
     layer = max(layers, key=lambda m: m["weight"].size)
@@ -121,10 +121,10 @@ def measure(model: nn.Module, rows=(1, 8, 16, 32, 64, 128), repeats: int = 3) ->
     for n in rows:
         x = mx.random.normal((n, in_dims), key=mx.random.key(n))
         mx.eval(x)
-        kernel[n] = _time(lambda: [mlxd_qmatmul.quantized_matmul(x, pw, ps, pb, gs, bits) for pw, ps, pb in packed],
+        kernel[n] = best_ms(lambda: [mlxd_qmatmul.quantized_matmul(x, pw, ps, pb, gs, bits) for pw, ps, pb in packed],
                           repeats) / copies
-        float32[n] = _time(lambda: [x @ d.T for d in dense], repeats) / len(dense)
-        dequant[n] = _time(lambda: [x @ mx.dequantize(pw, ps, pb, group_size=gs, bits=bits).T
+        float32[n] = best_ms(lambda: [x @ d.T for d in dense], repeats) / len(dense)
+        dequant[n] = best_ms(lambda: [x @ mx.dequantize(pw, ps, pb, group_size=gs, bits=bits).T
                                     for pw, ps, pb in packed[:2]], repeats) / 2
     max_rows = max([r for r in rows if kernel[r] <= dequant[r]], default=1)
     return KernelTiming((int(out_dims), int(in_dims)), kernel, float32, dequant, max_rows)
