@@ -1,8 +1,10 @@
 """Draft-budget governor: turns recent verify outcomes into a draft size.
 
 Contract:
-    * ``record(n_drafted, n_accepted)`` is called once per verify round;
-      only the last ``config.governor_window`` rounds are kept.
+    * ``record(n_drafted, n_accepted)`` is called once per verify round, and
+      once per declined draft the drafter scored against the tokens that
+      followed it (the round a verify would have run); only the last
+      ``config.governor_window`` rounds are kept.
     * ``budget()`` returns how many tokens the next proposal may have
       (0 = do not draft). It is cheap and advances only the probe counter.
       ``peek_budget()`` returns the same value without advancing anything.

@@ -12,8 +12,17 @@ Contract (one drafter per generation request, single-threaded):
         verified it; the governor learns from the outcome. The caller then
         calls ``observe()`` with the committed tokens.
       - ``retract_draft()``: it was never verified (e.g. the scheduler's
-        gate declined); stats are rolled back and the governor learns
-        nothing, because an unverified draft says nothing about acceptance.
+        gate declined); stats are rolled back and no miss is recorded. The
+        retracted draft is then *scored* against the tokens ``observe()``
+        commits next: its first token that differs is where a verify would
+        have rejected it (greedy decode gives the very tokens a verify
+        accepts; sampled decode draws them from the same distribution), so
+        the governor records that outcome as it would a verified round's.
+        A draft the gate keeps declining still teaches the governor what it
+        would accept, and the gate's estimate follows the row's real
+        acceptance instead of staying at its prior. A score still open when
+        the next ``draft_block()`` runs is recorded as far as it got (the
+        tokens matched so far, no rejection seen).
 
     * ``pipelines_plain_rounds()`` tells a caller whether the next round is
       unlikely to carry a proposal, so a lookahead plain decode step can be
@@ -55,6 +64,8 @@ class PromptLookupStats:
         verify_rounds: Calls to ``accept_verified_tokens``.
         misses: Verify rounds that accepted nothing.
         retracted: Proposals withdrawn before verification.
+        scored_rounds: Retracted proposals scored against the tokens that
+            followed them (recorded by the governor as verify rounds are).
     """
 
     proposals: int = 0
@@ -63,6 +74,7 @@ class PromptLookupStats:
     verify_rounds: int = 0
     misses: int = 0
     retracted: int = 0
+    scored_rounds: int = 0
 
     @property
     def accepted_per_verify(self) -> float:
@@ -110,6 +122,8 @@ class PromptLookupDrafter:
         self._governor = DraftGovernor(self._config)
         self._stats = PromptLookupStats()
         self._outstanding: list[int] | None = None
+        self._scoring: list[int] | None = None  # a retracted draft, compared with the tokens that follow it
+        self._scored_matches = 0  # ... its tokens matched so far
 
     @property
     def config(self) -> PromptLookupConfig:
@@ -160,7 +174,36 @@ class PromptLookupDrafter:
         Args:
             tokens: Prompt tokens, or tokens committed by a decode step.
         """
+        tokens = list(tokens)
+        if self._scoring is not None:
+            self._score(tokens)
         self._unindexed.extend(tokens)
+
+    def _score(self, tokens: list[int]) -> None:
+        """Compare a retracted draft with the committed tokens that follow it; at its first mismatch (or
+        its end) the governor records the round a verify would have run."""
+        draft = self._scoring
+        for token in tokens:
+            if token != draft[self._scored_matches]:
+                self._record_score(self._scored_matches + 1, self._scored_matches)
+                return
+            self._scored_matches += 1
+            if self._scored_matches == len(draft):
+                self._record_score(len(draft), len(draft))
+                return
+
+    def _settle_score(self) -> None:
+        """A score still open: what matched so far is a round that saw no rejection."""
+        if self._scoring is not None:
+            matched = self._scored_matches
+            self._scoring = None
+            if matched:
+                self._record_score(matched, matched)
+
+    def _record_score(self, n_drafted: int, n_accepted: int) -> None:
+        self._scoring = None
+        self._stats.scored_rounds += 1
+        self._governor.record(n_drafted, n_accepted)
 
     def _indexed(self) -> NgramIndex:
         """The index, with every observed token in it."""
@@ -181,6 +224,7 @@ class PromptLookupDrafter:
         """
         if self._outstanding is not None:
             self.retract_draft()
+        self._settle_score()
         budget = min(self._governor.budget(), self._config.max_draft)
         if budget <= 0:
             return []
@@ -203,7 +247,8 @@ class PromptLookupDrafter:
 
         Rolls back its ``proposals``/``drafted_tokens`` counts and counts it
         in ``retracted``. Records no miss; a probe budget it used goes back to
-        the governor (``return_probe``), so the probe is offered again.
+        the governor (``return_probe``), so the probe is offered again. The
+        draft is scored against the tokens observed next (module docstring).
         No-op when nothing is outstanding.
         """
         if self._outstanding is None:
@@ -214,6 +259,7 @@ class PromptLookupDrafter:
         self._stats.proposals -= 1
         self._stats.drafted_tokens -= len(self._outstanding)
         self._stats.retracted += 1
+        self._scoring, self._scored_matches = self._outstanding, 0
         self._outstanding = None
 
     def accept_verified_tokens(self, n_drafted: int, n_accepted: int) -> None:

@@ -2,7 +2,8 @@
 
 Contract: ``PromptLookupArm.tick(rows, record, prefilling, steps)`` replaces the plain decode tick
 whenever a decoding row has a drafter, as plan, execute, update:
-- plan: each drafting row's ``draft_block()`` is called at most once per tick; the proposals and what
+- plan: each drafting row's ``draft_block()`` is called once per tick (once more after a read, rule 4, for a
+  row the steps read agreed with throughout); the proposals and what
   the rows' governors expect of them go to the pure policy ``tick_plan.plan_tick``, which returns the
   tick's plan (pipelined with n chained steps, read the lookahead step, or synchronous with the rows to
   verify and the layout);
@@ -11,7 +12,7 @@ whenever a decoding row has a drafter, as plan, execute, update:
   row, failures) goes back to the scheduler, which applies it through the finish step. The arm holds no
   callbacks into the scheduler. A tick that reads its lookahead step returns ``carried`` proposals: the
   scheduler applies that result (step n's tokens may finish a row) and calls ``after_read`` for the
-  synchronous part of the same tick, which plans again without asking any drafter.
+  synchronous part of the same tick, which plans again.
 
 The rules, in the order they apply:
 1. Bound: when ``max_batch`` is set and the active batch (decoding rows plus rows still in prefill,
@@ -23,9 +24,11 @@ The rules, in the order they apply:
    chaining steps as the rows' quiet streaks allow (``tick_plan.py``).
 4. Some row's proposal pays (the gate, rule 5, would verify it): no prime is submitted; the steps in
    flight are read and committed. Each early proposal predicted their tokens as its first: where they
-   agree, the rest of the proposal is the row's draft (the agreed tokens count as accepted); where one
-   disagrees, the governor records the rejection (the agreed tokens + 1 drafted) and the row drafts
-   nothing more this tick. Proposals that do not pay are declined and the tick pipelines on.
+   agree throughout, the governor records the agreed tokens as an accepted round and the row proposes
+   again from there, a whole draft (the rest of the old one is a short draft, which seldom pays for its
+   forward where steps are fast); where one disagrees, the governor records the rejection (the agreed
+   tokens + 1 drafted) and the row drafts nothing more this tick. Proposals that do not pay are declined
+   and the tick pipelines on.
 5. The verify gate (``tick_plan.plan_verify``) weighs the drafts against the forwards' estimated cost
    (``engine.forward_cost``): verified rows run their rounds in one forward (``verify_rows``, each its
    own draft length), beside one batched step for the other rows or padded into one forward with them,
@@ -216,9 +219,11 @@ class PromptLookupArm:
 
     def after_read(self, rows: list[RequestState], read: TickResult, record: TickRecord) -> TickResult:
         """The synchronous part of a tick that read its lookahead step (``read``, already applied; rule
-        4), over the rows still decoding. No drafter proposes again: each carried proposal is cut by the
-        tokens the steps read gave."""
-        proposals, confirmed = {}, {}
+        4), over the rows still decoding. Each carried proposal is settled against the tokens the steps
+        read gave: a step that disagreed is the round's rejection; a proposal they agreed with throughout
+        is a round accepted so far, and its row proposes again from where the steps left it (a whole
+        draft, where the rest of the old one would be a short one that seldom pays for its forward)."""
+        again = []
         for state, proposal in read.carried.items():
             if state.phase != "decode":
                 state.drafter.retract_draft()  # the row finished in the steps read
@@ -229,13 +234,16 @@ class PromptLookupArm:
                 agreed += 1
             if agreed < min(len(given), len(proposal)):
                 state.drafter.accept_verified_tokens(agreed + 1, agreed)  # a step rejected a draft token
-            elif agreed == len(proposal) or state.request.max_tokens - state.emitted <= 1:
-                state.drafter.accept_verified_tokens(agreed, agreed)  # the steps gave all the draft checked
             else:
-                proposals[state], confirmed[id(state)] = proposal[agreed:], agreed
+                state.drafter.accept_verified_tokens(agreed, agreed)  # the steps gave all the draft checked
+                again.append(state)
+        proposals, forced, explore, held = self._propose(again)
+        forced |= {id(state) for state in proposals if id(state) in read.carried_forced}
         rows = [s for s in rows if s.phase == "decode"]
-        plan = plan_tick(self._views(rows, proposals, read.carried_forced), False, read.carried_steps, self.cost_model.costs())
-        return self._execute(plan, rows, proposals, read.carried_forced, {}, record, confirmed)
+        plan = plan_tick(self._views(rows, proposals, forced, explore), False, read.carried_steps,
+                         self.cost_model.costs())
+        self.cost_model.spent_exploring(plan.explore_ms)
+        return self._execute(plan, rows, proposals, forced | explore, held, record)
 
     # -- plan: the tick's inputs, for the pure policy (tick_plan.py) --------------------------------
     def _propose(self, drafting: list[RequestState]) -> tuple[dict[RequestState, list[int]], set[int], set[int],
@@ -283,8 +291,6 @@ class PromptLookupArm:
                 id(state), state.seq.kv.written,
                 can_pad=state.seq.params.logprobs is None and kv_room(state.seq) >= widest,
                 drafting=drafter is not None, draft=len(proposal),
-                # a carried draft whose first tokens the steps read confirmed: acceptance stops at the
-                # first rejection, so its rest is expected to accept what a draft of the rest's length would
                 expected=(drafter.governor.expected_accepted(len(proposal), drafter.last_match_is_long)
                           if proposal else 0.0),
                 acceptance=drafter.governor.acceptance_estimate(drafter.last_match_is_long) if proposal else 0.0,
@@ -297,7 +303,7 @@ class PromptLookupArm:
     # -- execute and update ------------------------------------------------------------------------
     def _execute(self, plan: TickPlan, rows: list[RequestState], proposals: dict[RequestState, list[int]],
                  forced: set[int], held: dict[int, str], record: TickRecord,
-                 confirmed: dict[int, int] | None = None, plan_steps: int = 1) -> TickResult:
+                 plan_steps: int = 1) -> TickResult:
         drafting = [s for s in rows if s.drafter is not None]
         details = dict(held)
         declined = set(plan.declined)
@@ -333,10 +339,10 @@ class PromptLookupArm:
         rest = [s for s in rows if s not in verify]
         if verify and plan.layout == "padded":
             self.counters["padded_forwards"] += 1
-            self._verify_all({**verify, **{s: [] for s in rest}}, record, result, confirmed or {})
+            self._verify_all({**verify, **{s: [] for s in rest}}, record, result)
             return result
         if verify:
-            self._verify_all(verify, record, result, confirmed or {})
+            self._verify_all(verify, record, result)
         rest = [s for s in rest if s.phase == "decode"]
         if rest:
             emitted, failed = self.decode_loop.step_synchronously(rest)
@@ -344,8 +350,7 @@ class PromptLookupArm:
             result.failed.extend(failed)
         return result
 
-    def _verify_all(self, drafts: dict[RequestState, list[int]], record: TickRecord, result: TickResult,
-                    confirmed: dict[int, int]) -> None:
+    def _verify_all(self, drafts: dict[RequestState, list[int]], record: TickRecord, result: TickResult) -> None:
         """The rows' verify rounds in one forward (``verify_rows``; rows with an empty draft take their one
         token in it); if that forward fails, each row is retried alone, so a failure fails only its row."""
         states = list(drafts)
@@ -377,7 +382,7 @@ class PromptLookupArm:
             if not drafts[state]:  # a plain row of a padded forward: its one token, as a step gives it
                 result.emitted.append((state, Emitted(outcome.emitted[0])))
                 continue
-            self._record(state, outcome, record, confirmed.get(id(state), 0))
+            self._record(state, outcome, record)
             result.verified.append((state, outcome.emitted))
 
     def _verify_failed(self, state: RequestState, error: Exception, result: TickResult) -> None:
@@ -396,11 +401,10 @@ class PromptLookupArm:
         result.failed.append((state, f"verify failed: {type(error).__name__}: {error}"))
 
     # -- update ------------------------------------------------------------------------------------
-    def _record(self, state: RequestState, outcome, record: TickRecord, confirmed: int) -> None:
-        """A verify round's outcome: the drafter's governor (with the draft tokens the steps read confirmed), the
-        row's timings, the trace."""
+    def _record(self, state: RequestState, outcome, record: TickRecord) -> None:
+        """A verify round's outcome: the drafter's governor, the row's timings, the trace."""
         self.counters["verify_rounds"] += 1
-        state.drafter.accept_verified_tokens(outcome.drafted + confirmed, outcome.accepted + confirmed)
+        state.drafter.accept_verified_tokens(outcome.drafted, outcome.accepted)
         state.timings.draft_n += outcome.drafted
         state.timings.draft_n_accepted += outcome.accepted
         state.timings.draft_verify_n += 1

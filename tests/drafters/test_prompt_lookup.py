@@ -79,6 +79,37 @@ def test_retract_records_no_miss_and_leaves_governor_unchanged():
     assert drafter.stats.retracted == 1
 
 
+def test_a_retracted_draft_is_scored_against_the_tokens_that_follow_it():
+    """A declined draft teaches the governor what a verify would have accepted: it is compared with the
+    committed tokens that follow it, and the round ends at its first mismatch or at its end."""
+    drafter = make_drafter(max_draft=4)
+    assert drafter.draft_block() == [12, 13, 14, 15]
+    drafter.retract_draft()
+    drafter.observe([12, 13])
+    assert drafter.governor.history == ()  # still open: no mismatch yet, not at its end
+    drafter.observe([99, 5])
+    assert drafter.governor.history == ((3, 2),)  # rejected at its third token
+    assert drafter.stats.scored_rounds == 1 and drafter.stats.misses == 0 and drafter.stats.verify_rounds == 0
+
+    drafter = make_drafter(max_draft=4)
+    drafter.draft_block()
+    drafter.retract_draft()
+    drafter.observe([12, 13, 14, 15, 16])
+    assert drafter.governor.history == ((4, 4),)  # all of it matched
+
+
+def test_a_score_still_open_at_the_next_draft_counts_what_matched_so_far():
+    drafter = make_drafter(max_draft=4)
+    drafter.draft_block()
+    drafter.retract_draft()
+    drafter.observe([12])
+    drafter.draft_block()  # the next proposal settles the open score: one token matched, no rejection seen
+    assert drafter.governor.history == ((1, 1),)
+    drafter.retract_draft()
+    drafter.draft_block()  # nothing observed in between: nothing to record
+    assert drafter.governor.history == ((1, 1),)
+
+
 def test_second_draft_block_retracts_unresolved_proposal():
     drafter = make_drafter(max_draft=2)
     drafter.draft_block()
@@ -156,6 +187,7 @@ def test_stats_as_dict():
         "verify_rounds": 1,
         "misses": 0,
         "retracted": 0,
+        "scored_rounds": 0,
         "accepted_per_verify": 1.0,
         "acceptance_rate": 0.5,
     }

@@ -109,3 +109,21 @@ class StubCost:
 
 
 VERIFY_PAYS = StubCost(fixed=10.0, per_token=0.01)  # as on a GPU: a forward costs nearly the same at any width
+
+
+class FastStepCost(StubCost):
+    """The fast-step regime of a small model on a CPU: a pipelined plain step costs ``step`` ms (chained,
+    overlapping Python), a synchronous forward ``fixed`` ms plus ``per_token`` a query token, and every
+    synchronous tick ``sync_overhead`` ms more (reading the lookahead step, the finish step, re-priming);
+    nothing may be lost exploring. A fresh draft's prior alone does not pay for a verify here; what the
+    row really accepts does."""
+
+    def __init__(self, step: float = 0.4, fixed: float = 0.8, per_token: float = 0.05, sync_overhead: float = 2.0):
+        super().__init__(fixed, per_token)
+        self.step, self.sync_overhead = step, sync_overhead
+
+    def costs(self):
+        from mlxd_scheduler.tick_plan import Costs
+
+        return Costs(self.estimate, sync_overhead_ms=self.sync_overhead, plain_step_ms=lambda rows: self.step * rows,
+                     explore_budget_ms=0.0)

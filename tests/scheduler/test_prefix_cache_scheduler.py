@@ -180,3 +180,25 @@ def test_paged_sharing_mixed_run_with_cancels_and_evictions_leaks_no_block(embed
     assert shared_seen > 0 and cached_seen > 0 and decoding_cancels > 0
     assert engine.prefix_cache.evictions > 0  # the pool was tight enough to evict for admissions
     assert_idle(engine)
+
+
+@pytest.mark.parametrize("storage", ["contiguous", "paged"])
+def test_a_copy_whose_prompt_comes_from_the_prefix_cache_still_drafts_and_accepts(storage):
+    """The drafter is primed from the whole prompt, prefilled or taken from the cache: the same copy request
+    run again (a cache hit of all but its last token) drafts and accepts as the first run did."""
+    from .stub_model import VERIFY_PAYS, stub_loaded
+
+    prompt = [10 + 3 * i for i in range(40)]  # distinct tokens: the reply repeats them, never itself
+    loaded = stub_loaded(period=len(prompt))
+    records = []
+    engine = Engine(loaded, max_sequences=4, storage=storage, prefix_cache_bytes=32 * 2**20,
+                    kv_pool_tokens=4096 if storage == "paged" else None)
+    scheduler = BatchScheduler(engine, SchedulerOptions(max_batch=4, prompt_lookup=PromptLookupConfig()), records.append)
+    scheduler.prompt_lookup.cost_model = VERIFY_PAYS
+    runs = [_run(scheduler, [Request(f"r{i}", prompt, max_tokens=36)]).done(f"r{i}") for i in range(3)]
+    assert runs[0].timings["cache_n"] == 0
+    for done in runs[1:]:
+        assert done.timings["cache_n"] == len(prompt) - 1  # the hit: every prompt token but the last
+        assert done.tokens == runs[0].tokens
+        # every draft comes from the prompt: an index without the cached tokens has nothing to copy
+        assert done.timings["draft_n_accepted"] >= 24, done.timings

@@ -8,7 +8,7 @@ from mlxd_drafters import PromptLookupConfig
 from mlxd_engine import Engine
 from mlxd_scheduler import BatchScheduler, Request, SchedulerOptions, SpeculativeRequest
 
-from .stub_model import VERIFY_PAYS, StubCost, stub_loaded
+from .stub_model import VERIFY_PAYS, FastStepCost, StubCost, stub_loaded
 from .test_batch_scheduler import Collector
 
 REPEATING = [10, 20, 30, 40, 50, 60, 70]  # the repeat stub replies 20 30 40 50 60 70 20 30 ...
@@ -419,6 +419,20 @@ def test_a_predicted_output_drafts_first_and_never_changes_the_output(embedded_m
         assert accepted >= len(plain.tokens) - 12, done.usage
         verifies = [x for r in records for x in r.rows if x.action == "verify"]
         assert len(verifies) < 16
+
+
+def test_in_the_fast_step_regime_a_long_exact_copy_is_verified():
+    """Plain steps are cheap and chained, a verify tick pays a synchronous overhead of five of them: the
+    prior a fresh draft gets does not pay for a verify, so the gate declines the first drafts. Each declined
+    draft is scored against the tokens that follow it (all of them match: the reply copies), the governor's
+    estimate rises to what the row accepts, and the rest of the reply is verified in long rounds. Output
+    equals plain decode."""
+    loaded = stub_loaded(period=6)
+    scheduler, records, out = run_with_cost(loaded, FastStepCost(), prompts={"a": (REPEATING, True)}, max_tokens=120)
+    verifies = [x for r in records for x in r.rows if x.action == "verify"]
+    assert scheduler.prompt_lookup.counters["declined_cost"] >= 1  # the prior alone did not pay
+    assert sum(x.accepted for x in verifies) >= 80, verifies  # most of the reply came from verified drafts
+    assert out.done("a").tokens == run_one(loaded, REPEATING, 120, enabled=False)[0].tokens
 
 
 def test_the_exploration_budget_is_a_share_of_wall_time_saved_up_to_a_bound():
