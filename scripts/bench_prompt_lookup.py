@@ -53,16 +53,18 @@ def copy_prompt(i: int) -> str:
     return f"Repeat the following paragraph exactly: {PARAGRAPHS[i % len(PARAGRAPHS)]}"
 
 
-def prompt_for(style: str, i: int) -> tuple[str, bool]:
-    """Request i of a case: (prompt, ignore_eos). Plain prompts run to max tokens; copies stop at their end;
-    "mixed" alternates a copy and a plain request."""
-    if style == "copy" or (style == "mixed" and i % 2 == 0):
-        return copy_prompt(i), False
-    return PLAIN_PROMPTS[i % 4], True
+def prompt_for(style: str, i: int) -> tuple[str, bool, bool]:
+    """Request i of a case: (prompt, ignore_eos, cache_prompt). Plain prompts run to max tokens; copies stop at
+    their end; "mixed" alternates a copy and a plain request. A case repeats its requests, so after the first
+    a copy's prompt comes from the prefix cache; "copy-uncached" sends the same copies with ``cache_prompt``
+    off (every request is a first one, its prompt prefilled whole)."""
+    if style in ("copy", "copy-uncached") or (style == "mixed" and i % 2 == 0):
+        return copy_prompt(i), False, style != "copy-uncached"
+    return PLAIN_PROMPTS[i % 4], True, True
 
 
-async def run_batch(endpoint: str, prompts: list[tuple[str, bool]], max_tokens: int, repeat: int = 1) -> dict:
-    """Send the (prompt, ignore_eos) pairs ``repeat`` times over, keeping ``len(prompts)`` requests in flight
+async def run_batch(endpoint: str, prompts: list[tuple[str, bool, bool]], max_tokens: int, repeat: int = 1) -> dict:
+    """Send the (prompt, ignore_eos, cache_prompt) requests ``repeat`` times over, keeping ``len(prompts)`` requests in flight
     as mlx-bench does: that many workers, each sending the next request of the list when its previous one
     finished (so a row that finishes early makes room for the next request, as under a server's load).
     Wall time runs from the first request sent to the last one finished."""
@@ -72,9 +74,10 @@ async def run_batch(endpoint: str, prompts: list[tuple[str, bool]], max_tokens: 
     async with AsyncClient(endpoint, timeout_s=600) as client:
         async def worker():
             for index in next_index:
-                prompt, ignore_eos = queue[index]
+                prompt, ignore_eos, cache_prompt = queue[index]
                 replies = [r async for r in client.generate(Generate(id=new_request_id(), prompt=prompt,
-                                                                      max_tokens=max_tokens, ignore_eos=ignore_eos))]
+                                                                      max_tokens=max_tokens, ignore_eos=ignore_eos,
+                                                                      cache_prompt=cache_prompt))]
                 dones[index] = replies[-1]
 
         started = time.perf_counter()
@@ -96,8 +99,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5,
                         help="requests per worker and measurement (c workers keep c requests in flight)")
     parser.add_argument("--concurrency", default="1,2,4,8", help="concurrent requests per case (comma list)")
-    parser.add_argument("--styles", default="plain,copy,mixed",
-                        help="prompt styles to run (plain: little copying expected; mixed: half copy, half plain)")
+    parser.add_argument("--styles", default="plain,copy,copy-uncached,mixed",
+                        help="prompt styles to run (plain: little copying expected; copy: prompts from the prefix "
+                             "cache after the first; copy-uncached: the copies prefilled whole every time; mixed: "
+                             "half copy, half plain)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmark_results" / "prompt_lookup.md")
     args = parser.parse_args()
     model_args = ["-m", args.model or "embedded"]
@@ -112,7 +117,7 @@ def main() -> None:
     mismatches = 0
     try:
         for name, (_, endpoint) in daemons.items():  # warm-up
-            asyncio.run(run_batch(endpoint, [(copy_prompt(0), False)], 32))
+            asyncio.run(run_batch(endpoint, [(copy_prompt(0), False, True)], 32))
         for round_number in range(args.rounds):
             for style, concurrency in cases:
                 key = f"{style} c={concurrency}"

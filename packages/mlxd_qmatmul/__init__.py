@@ -14,7 +14,8 @@ Contract:
   within float32 rounding, for bits 4 and 8 and group sizes 32, 64, 128; CPU only; float32 math.
 - ``supports(bits, group_size, mode)`` says whether a layer's format is one the kernel takes.
 - ``kernel_isa()`` / ``kernel_threads()``: what it runs with here. ``MLXD_QMM_ISA`` (avx512, avx2, sse2,
-  neon) forces a narrower instruction set, ``MLXD_QMM_THREADS`` the thread count.
+  neon) forces a narrower instruction set, ``MLXD_QMM_THREADS`` the thread count (default: every core but
+  one, which the serving process's own thread needs beside the model).
 """
 
 from __future__ import annotations

@@ -121,16 +121,19 @@ class Pool {
     for (auto& worker : workers_) worker.detach();
   }
 
+  // Every core but one: a serving process's own thread runs beside the model (the scheduler prepares the
+  // next tick while a pipelined step computes), and a worker spinning on its core slows both.
   static int configured_threads() {
     if (const char* env = std::getenv("MLXD_QMM_THREADS")) {
       int n = std::atoi(env);
       if (n >= 1) return std::min(n, 256);
     }
+    int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 #if defined(__linux__)
     cpu_set_t set;
-    if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+    if (sched_getaffinity(0, sizeof(set), &set) == 0) cores = std::max(1, CPU_COUNT(&set));
 #endif
-    return std::max(1u, std::thread::hardware_concurrency());
+    return std::max(1, cores - 1);
   }
 
   static void pause() {
