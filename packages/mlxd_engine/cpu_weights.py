@@ -11,7 +11,8 @@ Contract: ``apply_cpu_weight_rule(model, budget_bytes)`` changes the model in pl
 - On the CPU every float16 / bfloat16 parameter is cast to float32 (exact: every such value is a
   float32 value). When mlxd's CPU quantized-matmul kernel is built (``mlxd_qmatmul``) and takes every
   quantized layer, the layers stay quantized and run on it (``kernel_layers.py``) if the timing at load
-  says it beats float32 weights on decode's shapes (both timings are logged). Otherwise quantized layers
+  says it beats float32 weights on decode's shapes (both timings are logged); their scales and biases then
+  stay as stored (float16 or bfloat16 read by the kernel: fewer bytes a step, the same values). Otherwise quantized layers
   are dequantized to float32 (with float32 scales, so the values
   are exactly ``scale * q + bias`` computed in float32) when the whole model fits ``budget_bytes``
   dequantized; above it they stay quantized with float32 scales.
@@ -92,13 +93,15 @@ def apply_cpu_weight_rule(model: nn.Module, budget_bytes: int | None = None, cho
     if choice == "stored":
         return WeightForm("stored", f"weights as stored ({ENV}=stored; float16 math on the CPU is slow)")
     low_precision = [a for _, a in _flat_parameters(model) if _floating(a.dtype) and a.dtype != mx.float32]
+    stored_scales = {id(layer): (layer["scales"], layer["biases"]) for layer in quantized_layers(model)
+                     if "biases" in layer}  # the kernel reads them as stored
     model.set_dtype(mx.float32)  # casts floating parameters only (scales and biases included)
     cast = f"cast {len(low_precision)} float16/bfloat16 tensors to float32" if low_precision else "float32"
     layers = quantized_layers(model)
     if not layers:
         mx.eval(model.parameters())
         return WeightForm("float32", f"weights: {cast}")
-    kernel_form = _try_kernel(model, layers, choice, cast)
+    kernel_form = _try_kernel(model, layers, choice, cast, stored_scales)
     if kernel_form is not None:
         return kernel_form
     needed = dequantized_bytes(model)
@@ -119,8 +122,15 @@ def apply_cpu_weight_rule(model: nn.Module, budget_bytes: int | None = None, cho
                       f"({needed / 2**30:.2f} GiB of a {budget / 2**30:.2f} GiB budget)")
 
 
-def _try_kernel(model: nn.Module, layers: list, choice: str, cast: str) -> WeightForm | None:
-    """Run the quantized layers on the CPU kernel when it is built, takes them all, and (auto) is faster."""
+def _set_scales(layers: list, scales: dict) -> None:
+    for layer in layers:
+        if id(layer) in scales:
+            layer["scales"], layer["biases"] = scales[id(layer)]
+
+
+def _try_kernel(model: nn.Module, layers: list, choice: str, cast: str, stored_scales: dict) -> WeightForm | None:
+    """Run the quantized layers on the CPU kernel when it is built, takes them all, and (auto) is faster;
+    ``stored_scales``: each layer's scales and biases as the checkpoint had them (by layer id)."""
     if choice not in ("auto", "kernel"):
         return None
     import mlxd_qmatmul
@@ -139,16 +149,21 @@ def _try_kernel(model: nn.Module, layers: list, choice: str, cast: str) -> Weigh
         if choice == "kernel":
             raise ValueError(f"{ENV}=kernel: the kernel takes {len(capable)} of {len(layers)} quantized layers")
         return None
+    wide = {id(layer): (layer["scales"], layer["biases"]) for layer in capable}
+    _set_scales(capable, stored_scales)
     mx.eval(model.parameters())
     timing = measure(capable)
     log.info("CPU quantized-matmul kernel (%s, %d threads) at load: %s", mlxd_qmatmul.kernel_isa(),
              mlxd_qmatmul.kernel_threads(), timing.describe())
     if choice == "auto" and not timing.faster:
+        _set_scales(capable, wide)
         log.info("the kernel is not faster than float32 weights here; quantized layers are dequantized")
         return None
     switched = use_kernel(model, timing.max_rows)
     packed = sum(layer["weight"].nbytes + layer["scales"].nbytes + layer["biases"].nbytes for layer in capable)
+    scale_types = sorted({str(layer["scales"].dtype).removeprefix("mlx.core.") for layer in capable})
     return WeightForm("kernel quantized",
-                      f"weights: {cast}; {switched} quantized layers ({packed / 2**20:.0f} MiB) kept {layers[0].bits}-bit on "
+                      f"weights: {cast} (quantized layers' scales kept {'/'.join(scale_types)}); {switched} quantized "
+                      f"layers ({packed / 2**20:.0f} MiB) kept {layers[0].bits}-bit on "
                       f"the CPU quantized-matmul kernel ({mlxd_qmatmul.kernel_isa()}, {mlxd_qmatmul.kernel_threads()} "
                       f"threads; up to {timing.max_rows} rows, then dequantize + BLAS; {timing.describe()})")

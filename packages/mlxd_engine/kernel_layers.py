@@ -2,7 +2,9 @@
 
 Contract: ``use_kernel(model)`` turns every mlx ``QuantizedLinear`` / ``QuantizedEmbedding`` whose format
 the kernel takes (affine, 4 or 8 bits, group 32/64/128, with biases) into the subclasses here, in place:
-same parameters, same results within float32 rounding, the weights staying quantized in memory. Up to
+same parameters, same results within float32 rounding, the weights staying quantized in memory (their scales
+and biases too may stay float16 or bfloat16 as stored: the kernel widens them as it reads, and every other use
+here widens them first, so the values are those of a float32 copy). Up to
 ``max_rows`` input rows go through the kernel; more rows (prompt chunks) are dequantized for that call
 and go through BLAS, which wins there. ``measure(kernel_layers(model))`` times the model's largest layer both ways at
 load (kernel, float32 weights, the dequantize-then-BLAS path) and returns the figures the rule decides
@@ -27,9 +29,13 @@ def _kernel_or_blas(x, layer, max_rows: int):
     if rows <= max_rows:
         return mlxd_qmatmul.quantized_matmul(x, layer["weight"], layer["scales"], layer["biases"],
                                              layer.group_size, layer.bits)
-    weight = mx.dequantize(layer["weight"], layer["scales"], layer["biases"], group_size=layer.group_size,
-                           bits=layer.bits)
+    weight = mx.dequantize(layer["weight"], _wide(layer["scales"]), _wide(layer["biases"]),
+                           group_size=layer.group_size, bits=layer.bits)
     return x @ weight.T
+
+
+def _wide(array):
+    return array if array.dtype == mx.float32 else array.astype(mx.float32)
 
 
 class KernelQuantizedLinear(nn.QuantizedLinear):
@@ -42,6 +48,10 @@ class KernelQuantizedLinear(nn.QuantizedLinear):
 
 class KernelQuantizedEmbedding(nn.QuantizedEmbedding):
     kernel_max_rows = DEFAULT_MAX_ROWS
+
+    def __call__(self, x):
+        return mx.dequantize(self["weight"][x], _wide(self["scales"][x]), _wide(self["biases"][x]),
+                             group_size=self.group_size, bits=self.bits)
 
     def as_linear(self, x):
         return _kernel_or_blas(x, self, self.kernel_max_rows)
@@ -110,11 +120,11 @@ def measure(layers: list, rows=(1, 8, 16, 32, 64, 128), repeats: int = 3) -> Ker
     if not layers:
         return None
     layer = max(layers, key=lambda m: m["weight"].size)
-    w, s, b = layer["weight"], layer["scales"].astype(mx.float32), layer["biases"].astype(mx.float32)
+    w, s, b = layer["weight"], layer["scales"], layer["biases"]  # the kernel reads them as they are stored
     gs, bits = layer.group_size, layer.bits
     copies = max(1, min(8, (64 << 20) // max(1, w.nbytes)))  # ~64 MB of packed weights per pass
     packed = [(w + 0, s + 0, b + 0) for _ in range(copies)]
-    dense = [mx.dequantize(pw, ps, pb, group_size=gs, bits=bits) for pw, ps, pb in packed[:2]]
+    dense = [mx.dequantize(pw, _wide(ps), _wide(pb), group_size=gs, bits=bits) for pw, ps, pb in packed[:2]]
     mx.eval(packed, dense)
     out_dims, in_dims = dense[0].shape
     kernel, float32, dequant = {}, {}, {}
@@ -124,7 +134,7 @@ def measure(layers: list, rows=(1, 8, 16, 32, 64, 128), repeats: int = 3) -> Ker
         kernel[n] = best_ms(lambda: [mlxd_qmatmul.quantized_matmul(x, pw, ps, pb, gs, bits) for pw, ps, pb in packed],
                           repeats) / copies
         float32[n] = best_ms(lambda: [x @ d.T for d in dense], repeats) / len(dense)
-        dequant[n] = best_ms(lambda: [x @ mx.dequantize(pw, ps, pb, group_size=gs, bits=bits).T
+        dequant[n] = best_ms(lambda: [x @ mx.dequantize(pw, _wide(ps), _wide(pb), group_size=gs, bits=bits).T
                                     for pw, ps, pb in packed[:2]], repeats) / 2
     max_rows = max([r for r in rows if kernel[r] <= dequant[r]], default=1)
     return KernelTiming((int(out_dims), int(in_dims)), kernel, float32, dequant, max_rows)

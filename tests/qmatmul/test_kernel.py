@@ -54,6 +54,22 @@ def test_batched_inputs_float16_scales_and_a_strided_x():
     assert half.dtype == mx.float16
 
 
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_half_precision_scales_are_read_as_stored(dtype, bits):
+    """Scales and biases in float16 or bfloat16 are widened in the kernel (no float32 copy): the result is
+    the product with the same values in float32, over normal, subnormal, zero and negative scales."""
+    rng = np.random.default_rng(bits)
+    w = mx.array(rng.normal(size=(40, 256)).astype(np.float32))
+    wq, s, b = mx.quantize(w, group_size=32, bits=bits)
+    magnitudes = np.array([1.0, 1e-3, 3e-6, 6e-8, 0.0, -2.5, -1e-5, 7.0], dtype=np.float32)
+    s = s * mx.array(np.resize(magnitudes, s.shape).astype(np.float32))
+    s, b = s.astype(dtype), b.astype(dtype)
+    x = mx.array(rng.normal(size=(5, 256)).astype(np.float32))
+    _close(mlxd_qmatmul.quantized_matmul(x, wq, s, b, 32, bits),
+           _reference(x, wq, s.astype(mx.float32), b.astype(mx.float32), 32, bits), 256)
+
+
 def test_every_instruction_set_agrees(tmp_path):
     """The narrower paths (forced with MLXD_QMM_ISA) give the same results as the chosen one."""
     import subprocess
@@ -159,3 +175,31 @@ def test_weight_rule_uses_the_kernel_and_logs_both_timings(caplog):
     assert "kernel 1 rows" in form.detail and "float32 1 rows" in form.detail
     model = _tiny_quantized_model(4)
     assert apply_cpu_weight_rule(model, choice="dequantized").form == "float32 dequantized"
+
+
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16])
+def test_half_precision_scales_stay_as_stored_and_give_the_dequantized_float32_logits(dtype):
+    """A checkpoint's float16 / bfloat16 scales stay as stored on the kernel (fewer bytes a step), and the
+    model's logits are those of the dequantized float32 form of the same checkpoint: prompt rows (the
+    dequantize + BLAS path), a decode row (the kernel) and the embedding lookup."""
+    from mlxd_engine.cpu_weights import apply_cpu_weight_rule
+
+    def checkpoint():
+        model = _tiny_quantized_model(4)
+        model.set_dtype(dtype)  # scales, biases, norms in half precision, as mlx-community checkpoints store them
+        mx.eval(model.parameters())
+        return model
+
+    kernel, dense = checkpoint(), checkpoint()
+    assert apply_cpu_weight_rule(kernel, choice="kernel").form == "kernel quantized"
+    assert apply_cpu_weight_rule(dense, choice="dequantized").form == "float32 dequantized"
+    layer = kernel.model.layers[0].self_attn.q_proj
+    assert layer["scales"].dtype == dtype and layer["biases"].dtype == dtype
+    assert kernel.model.norm.weight.dtype == mx.float32  # everything else computes in float32
+    for layer in (kernel.model.embed_tokens, kernel.model.layers[1].mlp.down_proj):
+        layer.kernel_max_rows = 4
+    tokens = mx.array([[1, 5, 9, 20, 33, 7, 2, 250]])
+    for inputs in (tokens, tokens[:, :1]):
+        got = kernel(inputs)
+        assert got.dtype == mx.float32
+        np.testing.assert_allclose(np.array(got), np.array(dense(inputs)), rtol=1e-4, atol=1e-4)

@@ -1,7 +1,9 @@
 // The CPU quantized matmul kernels: y[M, N] = x[M, K] @ dequantize(w)[N, K]^T for MLX's affine format.
 //
-// Weights are MLX's packed uint32 rows (bits 4 or 8, element j of a word at bits bits*j), with one float32
-// scale and bias per group of `group_size` consecutive elements of a row: w = scale * q + bias.
+// Weights are MLX's packed uint32 rows (bits 4 or 8, element j of a word at bits bits*j), with one scale
+// and bias per group of `group_size` consecutive elements of a row: w = scale * q + bias. Scales and biases
+// are read as stored (float32, float16 or bfloat16; a half value widens to float32 exactly), so a checkpoint's
+// half-precision scales cost half the bytes a float32 copy would.
 // Each kernel computes the output columns [n0, n1) for every row of x; the caller splits columns over
 // threads. For 4 bits the kernels read x in "split" order (see split_rows): each block of 2V elements
 // holds its even elements first, then its odd ones, which is the order a byte's low and high nibbles
@@ -9,17 +11,54 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 namespace mlxd_qmm {
+
+enum ScaleType { kScaleFloat32 = 0, kScaleFloat16 = 1, kScaleBFloat16 = 2 };
 
 struct Problem {
   const float* x;  // [M, K], row-major; for 4 bits in split order with block `split_block`
   const uint8_t* w;  // [N, K * bits / 8] bytes
-  const float* scales;  // [N, K / group_size]
-  const float* biases;  // [N, K / group_size]
+  const void* scales;  // [N, K / group_size], of scale_type
+  const void* biases;  // [N, K / group_size], of scale_type
   float* y;  // [M, N]
   int M, N, K, group_size, bits;
+  int scale_type;  // ScaleType
 };
+
+// IEEE half to float32 (exact: every half value is a float32 value), for builds without F16C.
+inline float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1fu;
+  uint32_t mantissa = h & 0x3ffu;
+  uint32_t bits;
+  if (exponent == 0x1fu) {
+    bits = sign | 0x7f800000u | (mantissa << 13);  // infinity, NaN
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    bits = sign;  // zero
+  } else {  // subnormal: shift its leading one into the implicit bit
+    uint32_t shifts = 0;
+    while (!(mantissa & 0x400u)) {
+      mantissa <<= 1;
+      ++shifts;
+    }
+    bits = sign | ((113 - shifts) << 23) | ((mantissa & 0x3ffu) << 13);
+  }
+  float value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
+
+// bfloat16 to float32: its bits are the top half of a float32's.
+inline float bfloat16_to_float(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
 
 using KernelFn = void (*)(const Problem&, int n0, int n1);
 

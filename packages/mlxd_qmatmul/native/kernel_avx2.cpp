@@ -1,4 +1,4 @@
-// AVX2 + FMA kernel (8 float lanes); this file alone is compiled with -mavx2 -mfma.
+// AVX2 + FMA kernel (8 float lanes); this file alone is compiled with -mavx2 -mfma -mf16c.
 #include <immintrin.h>
 
 #include "kernel.h"
@@ -8,6 +8,7 @@ namespace {
 struct Ops {
   using F = __m256;
   static constexpr int V = 8;
+  static float half(uint16_t h) { return _cvtsh_ss(h); }  // F16C
   static F zero() { return _mm256_setzero_ps(); }
   static F load(const float* p) { return _mm256_loadu_ps(p); }
   static F splat(float s) { return _mm256_set1_ps(s); }

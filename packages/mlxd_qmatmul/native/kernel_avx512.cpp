@@ -1,4 +1,4 @@
-// AVX-512 kernel (16 float lanes); this file alone is compiled with -mavx512f -mavx512bw -mavx512vl -mfma.
+// AVX-512 kernel (16 float lanes); this file alone is compiled with -mavx512f -mavx512bw -mavx512vl -mfma -mf16c.
 #include <immintrin.h>
 
 #include "kernel.h"
@@ -8,6 +8,7 @@ namespace {
 struct Ops {
   using F = __m512;
   static constexpr int V = 16;
+  static float half(uint16_t h) { return _cvtsh_ss(h); }  // F16C
   static F zero() { return _mm512_setzero_ps(); }
   static F load(const float* p) { return _mm512_loadu_ps(p); }
   static F splat(float s) { return _mm512_set1_ps(s); }

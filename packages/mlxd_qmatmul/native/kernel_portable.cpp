@@ -11,6 +11,7 @@ struct Ops {
   typedef int32_t I __attribute__((vector_size(16)));
   typedef uint8_t B __attribute__((vector_size(4)));
   static constexpr int V = 4;
+  static float half(uint16_t h) { return mlxd_qmm::half_to_float(h); }
   static F zero() { return F{}; }
   static F load(const float* p) {
     F v;

@@ -60,8 +60,12 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
   auto stream = mx::to_stream(s, mx::Device::cpu);
   check(stream.device == mx::Device::cpu, "runs on the CPU only");
   auto x32 = mx::contiguous(mx::astype(x, mx::float32, stream), false, stream);
-  auto s32 = mx::contiguous(mx::astype(scales, mx::float32, stream), false, stream);
-  auto b32 = mx::contiguous(mx::astype(biases, mx::float32, stream), false, stream);
+  // scales and biases are read as stored when both are float32, float16 or bfloat16; otherwise as float32
+  const bool as_stored = scales.dtype() == biases.dtype() &&
+                         (scales.dtype() == mx::float32 || scales.dtype() == mx::float16 || scales.dtype() == mx::bfloat16);
+  const mx::Dtype scale_dtype = as_stored ? scales.dtype() : mx::float32;
+  auto s32 = mx::contiguous(mx::astype(scales, scale_dtype, stream), false, stream);
+  auto b32 = mx::contiguous(mx::astype(biases, scale_dtype, stream), false, stream);
   auto wc = mx::contiguous(w, false, stream);
   mx::Shape out_shape = x.shape();
   out_shape.back() = N;
@@ -96,8 +100,11 @@ void CpuQuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::arra
   const int K = x.shape(-1);
   const int M = K == 0 ? 0 : static_cast<int>(x.size() / K);
   const int N = w.shape(0);
-  Problem problem{x.data<float>(), reinterpret_cast<const uint8_t*>(w.data<uint32_t>()), scales.data<float>(),
-                  biases.data<float>(), out.data<float>(), M, N, K, group_size_, bits_};
+  const int scale_type = scales.dtype() == mx::float16    ? kScaleFloat16
+                         : scales.dtype() == mx::bfloat16 ? kScaleBFloat16
+                                                          : kScaleFloat32;
+  Problem problem{x.data<float>(), reinterpret_cast<const uint8_t*>(w.data<uint32_t>()), scales.data<void>(),
+                  biases.data<void>(), out.data<float>(), M, N, K, group_size_, bits_, scale_type};
   encoder.dispatch([problem, bits = bits_]() mutable {
     if (problem.M == 0 || problem.N == 0) return;
     const Isa& isa = select_isa();
