@@ -34,7 +34,7 @@ def main() -> None:
     gs, bits = args.group_size, args.bits
     lines = ["# The CPU quantized-matmul kernel alone", "",
              f"Command: `.venv/bin/python scripts/bench_qmatmul.py --rows {args.rows} --bits {bits} --group-size {gs}`", "",
-             f"Machine: {platform.machine()}, kernel {mlxd_qmatmul.kernel_isa()} on {mlxd_qmatmul.kernel_threads()} threads; "
+             f"Machine: {platform.machine()}, kernel {mlxd_qmatmul.kernel_isa()} on {mlxd_qmatmul.describe_threads()}; "
              f"MLX {mx.__version__}. Best of 3 passes over distinct weight copies (~128 MB packed, streamed from memory); "
              "float32 over 2 copies (cached where they fit).", "",
              "| shape (out x in) | rows | kernel ms | kernel GB/s (packed) | MLX quantized ms | float32 BLAS ms |",

@@ -153,8 +153,8 @@ def _try_kernel(model: nn.Module, layers: list, choice: str, cast: str, stored_s
     _set_scales(capable, stored_scales)
     mx.eval(model.parameters())
     timing = measure(capable)
-    log.info("CPU quantized-matmul kernel (%s, %d threads) at load: %s", mlxd_qmatmul.kernel_isa(),
-             mlxd_qmatmul.kernel_threads(), timing.describe())
+    log.info("CPU quantized-matmul kernel (%s, %s) at load: %s", mlxd_qmatmul.kernel_isa(),
+             mlxd_qmatmul.describe_threads(), timing.describe())
     if choice == "auto" and not timing.faster:
         _set_scales(capable, wide)
         log.info("the kernel is not faster than float32 weights here; quantized layers are dequantized")
@@ -165,5 +165,4 @@ def _try_kernel(model: nn.Module, layers: list, choice: str, cast: str, stored_s
     return WeightForm("kernel quantized",
                       f"weights: {cast} (quantized layers' scales kept {'/'.join(scale_types)}); {switched} quantized "
                       f"layers ({packed / 2**20:.0f} MiB) kept {layers[0].bits}-bit on "
-                      f"the CPU quantized-matmul kernel ({mlxd_qmatmul.kernel_isa()}, {mlxd_qmatmul.kernel_threads()} "
-                      f"threads; up to {timing.max_rows} rows, then dequantize + BLAS; {timing.describe()})")
+                      f"the CPU quantized-matmul kernel ({mlxd_qmatmul.kernel_isa()}, {mlxd_qmatmul.describe_threads()}; up to {timing.max_rows} rows, then dequantize + BLAS; {timing.describe()})")

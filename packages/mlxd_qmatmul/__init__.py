@@ -14,8 +14,8 @@ Contract:
   within float32 rounding, for bits 4 and 8 and group sizes 32, 64, 128; CPU only; float32 math.
 - ``supports(bits, group_size, mode)`` says whether a layer's format is one the kernel takes.
 - ``kernel_isa()`` / ``kernel_threads()``: what it runs with here. ``MLXD_QMM_ISA`` (avx512, avx2, sse2,
-  neon) forces a narrower instruction set, ``MLXD_QMM_THREADS`` the thread count (default: every core but
-  one, which the serving process's own thread needs beside the model).
+  neon) forces a narrower instruction set, ``MLXD_QMM_THREADS`` the thread count (default: every core for
+  products of many rows; one fewer for decode's few rows, which leaves the serving thread a core).
 """
 
 from __future__ import annotations
@@ -73,5 +73,14 @@ def kernel_isa() -> str:
     return _ext.kernel_isa() if _ext is not None else "none"
 
 
-def kernel_threads() -> int:
-    return _ext.kernel_threads() if _ext is not None else 0
+def kernel_threads(rows: int = 1) -> int:
+    """Threads a product of ``rows`` rows runs on (0 where the kernel is not built)."""
+    return _ext.kernel_threads(rows) if _ext is not None else 0
+
+
+def describe_threads() -> str:
+    """E.g. "1 thread up to 8 rows, 2 beyond" (the rule in native/dispatch.cpp)."""
+    few, many = kernel_threads(1), kernel_threads(64)
+    if few == many:
+        return f"{few} thread{'s' if few > 1 else ''}"
+    return f"{few} thread{'s' if few > 1 else ''} up to 8 rows, {many} beyond"

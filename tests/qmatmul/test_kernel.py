@@ -97,15 +97,16 @@ def test_every_instruction_set_agrees(tmp_path):
 
 
 def test_threads_split_the_output_and_agree_with_mlx():
-    """Several threads share a large product's output columns (forced with MLXD_QMM_THREADS; by default the
-    kernel leaves one core to the serving thread); results match MLX's for 4 and 8 bits, 1 to 16 rows."""
+    """Several threads share a large product's output columns (forced with MLXD_QMM_THREADS; by default a
+    product of decode's few rows leaves one core to the serving thread); results match MLX's for 4 and 8
+    bits, 1 to 16 rows."""
     import os
     import subprocess
     import sys
 
     script = (
         "import mlx.core as mx, numpy as np, mlxd_qmatmul as q\n"
-        "assert q.kernel_threads() == 3, q.kernel_threads()\n"
+        "assert q.kernel_threads(1) == q.kernel_threads(64) == 3, q.describe_threads()\n"
         "w = mx.random.normal((1000, 512), key=mx.random.key(6))\n"
         "for bits in (4, 8):\n"
         "    wq, s, b = mx.quantize(w, group_size=64, bits=bits)\n"
@@ -119,6 +120,13 @@ def test_threads_split_the_output_and_agree_with_mlx():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           env={**os.environ, "MLXD_QMM_THREADS": "3"})
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_default_threads_leave_decode_rows_a_core_short():
+    few, many = mlxd_qmatmul.kernel_threads(1), mlxd_qmatmul.kernel_threads(64)
+    assert mlxd_qmatmul.kernel_threads(8) == few and mlxd_qmatmul.kernel_threads(9) == many
+    if "MLXD_QMM_THREADS" not in __import__("os").environ:
+        assert few == max(1, many - 1)
 
 
 def test_refuses_formats_it_does_not_take():

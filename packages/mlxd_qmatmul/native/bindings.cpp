@@ -14,5 +14,6 @@ NB_MODULE(_ext, m) {
         "x @ dequantize(w, scales, biases).T on the CPU kernels (transpose=True semantics of "
         "mx.quantized_matmul); float32 math, the result in x's dtype.");
   m.def("kernel_isa", &mlxd_qmm::kernel_isa, "The instruction set the kernels use on this CPU.");
-  m.def("kernel_threads", &mlxd_qmm::kernel_threads, "Threads that share one matmul's output columns.");
+  m.def("kernel_threads", &mlxd_qmm::kernel_threads, "rows"_a,
+        "Threads that share the output columns of a product of this many rows.");
 }

@@ -83,6 +83,15 @@ void split_rows(const float* x, float* out, int M, int K, int block) {
   }
 }
 
+int available_cores() {
+  int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+#if defined(__linux__)
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) cores = std::max(1, CPU_COUNT(&set));
+#endif
+  return cores;
+}
+
 // A small pool: the calling thread takes part 0, each worker one other part. Workers spin for a short
 // while after a job (the next matmul of a forward follows within microseconds), then sleep.
 class Pool {
@@ -122,19 +131,12 @@ class Pool {
     for (auto& worker : workers_) worker.detach();
   }
 
-  // Every core but one: a serving process's own thread runs beside the model (the scheduler prepares the
-  // next tick while a pipelined step computes), and a worker spinning on its core slows both.
   static int configured_threads() {
     if (const char* env = std::getenv("MLXD_QMM_THREADS")) {
       int n = std::atoi(env);
       if (n >= 1) return std::min(n, 256);
     }
-    int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-#if defined(__linux__)
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof(set), &set) == 0) cores = std::max(1, CPU_COUNT(&set));
-#endif
-    return std::max(1, cores - 1);
+    return available_cores();
   }
 
   static void pause() {
@@ -182,12 +184,22 @@ int pool_threads() {
   return Pool::instance().threads();
 }
 
+// Threads for a product of few rows (decode's shapes): every thread but one unless MLXD_QMM_THREADS says.
+// Such a product streams its weights, and one thread less costs it little bandwidth, while a serving
+// process's own thread runs beside it (the scheduler prepares the next tick during a pipelined step) and a
+// worker spinning on that core slows both. More rows (verify forwards, prompt chunks) are compute-bound
+// and take every thread.
+int few_rows_threads() {
+  static const int threads = std::getenv("MLXD_QMM_THREADS") ? pool_threads() : std::max(1, pool_threads() - 1);
+  return threads;
+}
+
 void run_problem(const Problem& problem, const Isa& isa) {
   // Small problems stay on one thread: waking a worker costs more than it saves.
   const int64_t weight_bytes = static_cast<int64_t>(problem.N) * problem.K * problem.bits / 8;
   const int64_t work = weight_bytes * (1 + problem.M / 4);
   Pool& pool = Pool::instance();
-  int parts = work < (1 << 16) ? 1 : pool.threads();
+  int parts = work < (1 << 16) ? 1 : (problem.M <= kFewRows ? few_rows_threads() : pool.threads());
   parts = std::min(parts, std::max(1, problem.N / 8));
   if (parts == 1) {
     isa.kernel(problem, 0, problem.N);

@@ -78,8 +78,8 @@ std::string kernel_isa() {
   return select_isa().name;
 }
 
-int kernel_threads() {
-  return pool_threads();
+int kernel_threads(int rows) {
+  return rows <= kFewRows ? few_rows_threads() : pool_threads();
 }
 
 void CpuQuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {

@@ -16,7 +16,7 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
 
 // The instruction set the kernels run with here and the number of threads they use.
 std::string kernel_isa();
-int kernel_threads();
+int kernel_threads(int rows);
 
 class CpuQuantizedMatmul : public mx::UnaryPrimitive {
  public:
