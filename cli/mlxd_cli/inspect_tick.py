@@ -1,12 +1,13 @@
 """``mlx-inspect-tick``: watch a running daemon's scheduler ticks live.
 
-    mlx-inspect-tick [--endpoint E] [--json] [--count N] [--rows N]
+    mlx-inspect-tick [--endpoint E] [--json] [--count N] [--rows N] [--auth-token-file F]
 
 Shows a rich table of the latest ticks (tick number, batch size, pipelined or synchronous, what each
 row did, duration); ``--json`` prints one JSON object per tick instead; ``--count N`` exits after N
 ticks. Subscribing costs the daemon nothing while no one watches (it publishes only to subscribers).
 Ticks arrive as the protocol's typed ``Tick`` messages (``Client.subscribe_ticks``); ``--json`` prints
-each as a JSON object of its fields (a row's unset fields left out).
+each as a JSON object of its fields (a row's unset fields left out). A daemon started with an auth token
+takes it on the trace socket too: ``--auth-token-file`` or ``$MLXD_AUTH_TOKEN``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import sys
 from collections import deque
 from dataclasses import asdict
+from pathlib import Path
 
 import click
 
@@ -63,16 +65,28 @@ def render(ticks) -> "Table":
     return table
 
 
+def _read_token(path: str | None) -> str | None:
+    """The token in ``path`` (first line, stripped), or None (the client then reads $MLXD_AUTH_TOKEN)."""
+    if path is None:
+        return None
+    try:
+        return Path(path).read_text().strip() or None
+    except OSError as error:
+        raise click.BadParameter(f"cannot read {path}: {error.strerror}", param_hint="--auth-token-file")
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--endpoint", default=None, help="daemon endpoint (default: the private ipc socket)")
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per tick on stdout")
 @click.option("--count", default=0, type=click.IntRange(0), help="exit after this many ticks (0: run until ^C)")
 @click.option("--rows", default=20, show_default=True, type=click.IntRange(1), help="ticks shown in the table")
 @click.option("--timeout", default=0.0, type=click.FloatRange(0), help="give up after this many seconds without a tick (0: wait)")
-def main(endpoint, as_json, count, rows, timeout):
+@click.option("--auth-token-file", default=None, type=click.Path(dir_okay=False),
+              help="file holding the daemon's auth token (else $MLXD_AUTH_TOKEN); the trace socket needs it too")
+def main(endpoint, as_json, count, rows, timeout, auth_token_file):
     """Show mlxd's scheduler ticks as they happen."""
     endpoint = endpoint or default_endpoint()
-    client = Client(endpoint, timeout_s=2.0)
+    client = Client(endpoint, timeout_s=2.0, auth_token=_read_token(auth_token_file))
     if not client.ping(2.0):
         client.close()
         click.echo(f"mlx-inspect-tick: no daemon answers at {endpoint}", err=True)

@@ -4,8 +4,13 @@ Contract: ``DaemonCore(loaded, options, send)`` builds the engine, the speculati
 scheduler from ``DaemonOptions`` exactly as ``mlxd`` serves them (``build_scheduler``), and answers decoded
 requests. ``handle(identity, message)`` returns the reply to send now, an Error for bad input or a failed
 handler, or None (replies come later through ``send``, as for Generate, or never, as for Cancel);
-``turn()`` runs one scheduler tick when there is work and sends the streamed chunks that are due;
-``has_work`` says whether a turn would do anything. One thread does everything, so nothing needs a lock.
+``turn()`` picks up finished host work, runs one scheduler tick when there is work and sends the streamed
+chunks that are due; ``has_work`` says whether a turn would do anything (``busy``: anything but waiting
+for host work). Host work that is not small (templates, tokenizing, grammars: ``host_limits``) runs on the
+worker threads of ``host_work.HostWork`` (``offload``); its results are handled inside ``turn()``, so
+the loop thread still owns all state and nothing needs a lock. Every failure of one request, in its
+handler, its host work or its finish, becomes that request's Error reply (``failure_reply``): an
+exception's name and text go to the log, never to the client.
 
 Two drivers, one core, so they cannot drift: the socket loop (``server.DaemonServer``: decoding, auth,
 ROUTER and trace sockets) and the in-process ``mlxd_protocol.LocalClient`` (``local.local_client``, behind
@@ -19,10 +24,12 @@ import time
 from typing import Callable
 
 from mlxd_engine import Engine, LoadedModel, kv_bytes_per_token
-from mlxd_protocol import INTERNAL, UNKNOWN_TYPE, Message, ProtocolError, error_reply
+from mlxd_protocol import (
+    FINISH_CANCELLED, INTERNAL, INVALID, UNKNOWN_TYPE, Done, Error, Message, ProtocolError, error_reply)
 from mlxd_scheduler import BatchScheduler, SchedulerOptions, TickRecord
 
 from .handlers import HANDLERS, HandlerContext
+from .host_work import HostWork
 from .options import DaemonOptions
 from .speculative import SpeculativeDispatch, resolve_speculative
 from .streams import ReplyStreams, Send
@@ -89,6 +96,20 @@ def build_scheduler(loaded: LoadedModel, options: DaemonOptions,
     return engine, speculative, BatchScheduler(engine, scheduler_options, trace_sink=trace_sink)
 
 
+def failure_reply(error: BaseException, what: str, request_id: str | None) -> Error:
+    """The Error reply for a request that failed with ``error`` (logged here when it is not the client's)."""
+    if isinstance(error, ProtocolError):
+        return error.to_reply(request_id)
+    if isinstance(error, (KeyboardInterrupt, SystemExit)):
+        raise error
+    if isinstance(error, RecursionError):
+        return error_reply(INVALID, "the request is nested too deeply to process", request_id)
+    if isinstance(error, MemoryError):
+        return error_reply(INVALID, "the request needs more memory than the daemon has", request_id)
+    log.error("%s failed", what, exc_info=error)
+    return error_reply(INTERNAL, f"{what} failed inside the daemon (its log has the details)", request_id)
+
+
 class DaemonCore:
     """See the module docstring.
 
@@ -111,10 +132,16 @@ class DaemonCore:
         self.stop_reason: str | None = None  # set by a Shutdown message (or the server)
         self.draining = False  # no new generations (the server sets it on SIGTERM)
         self.idle_hook: Callable[[], None] | None = getattr(self.engine, "heartbeat", None)
+        self.send = send
+        self.host = HostWork(options.host_workers)
+        # how long a turn with nothing but host work in flight waits for it (the socket loop sets 0: it
+        # polls ``host.wake_fd`` itself)
+        self.host_wait_s = 0.05
         self.context = HandlerContext(
             loaded=loaded, scheduler=self.scheduler, streams=self.streams, sampling=options.sampling,
             started=self.started, options_summary=self.options_summary, kv_usage=self.kv_usage,
-            request_stop=self.request_stop, is_draining=lambda: self.draining)
+            request_stop=self.request_stop, is_draining=lambda: self.draining, limits=options.limits,
+            grammar_limits=options.limits.grammar(), offload=self.offload)
 
     def kv_usage(self) -> dict:
         """The KV storage's occupancy, and the prefix cache's entries, bytes, hits and tokens saved."""
@@ -124,8 +151,13 @@ class DaemonCore:
         return usage
 
     @property
-    def has_work(self) -> bool:
+    def busy(self) -> bool:
+        """The scheduler has work or a stream keeps tokens: the loop must not sleep."""
         return self.scheduler.has_work or self.streams.keeping
+
+    @property
+    def has_work(self) -> bool:
+        return self.busy or self.host.pending > 0
 
     def request_stop(self, reason: str) -> None:
         self.stop_reason = reason
@@ -138,27 +170,46 @@ class DaemonCore:
             if handler is None:
                 raise ProtocolError(UNKNOWN_TYPE, f"{message.TYPE!r} is not a request")
             return handler(self.context, identity, message)
-        except ProtocolError as error:
-            return error.to_reply(request_id)
-        except Exception as error:  # noqa: BLE001 - no request may take the daemon down
-            log.exception("handler failed")
-            return error_reply(INTERNAL, f"{type(error).__name__}: {error}", request_id)
+        except BaseException as error:  # noqa: BLE001 - no request may take the daemon down
+            return failure_reply(error, message.TYPE, request_id)
+
+    def offload(self, identity: bytes, request_id: str | None, work: Callable, finish: Callable) -> None:
+        """Run ``work`` on a host-work thread; ``finish(future)`` later, on the loop thread, gives the reply
+        (or None); a failure of either is the request's Error."""
+        def answer(done) -> None:
+            try:
+                reply = finish(done)
+            except BaseException as error:  # noqa: BLE001 - a native panic too: it fails this request only
+                reply = failure_reply(error, "host work", request_id)
+            if reply is not None:
+                self.send(identity, reply)
+
+        self.host.submit(work, answer)
 
     def turn(self) -> None:
-        """One scheduler tick (when there is work), then the streamed chunks that are due."""
+        """Finished host work, one scheduler tick (when there is work), then the streamed chunks that are due."""
+        self.host.collect()
         if self.scheduler.has_work:
             self.scheduler.tick()
         elif self.idle_hook is not None:
             self.idle_hook()  # a distributed rank 0 checks its group while idle
         if self.streams.keeping:
             self.streams.send_due(time.monotonic())
+        if not self.busy and self.host.pending and self.host_wait_s > 0:
+            self.host.wait(self.host_wait_s)
+            self.host.collect()
 
     def close(self) -> None:
-        """Cancel every request still running; their clients get a cancelled Done."""
+        """Cancel every request still running; their clients get a cancelled Done (also those whose host
+        work is still running)."""
         for running in list(self.scheduler.by_id):
             self.scheduler.cancel(running)
         if self.scheduler.by_id:
             self.scheduler.tick()  # settles the cancellations
+        for preparing in list(self.context.preparing.values()):
+            self.send(preparing.identity, Done(id=preparing.client_id, finish_reason=FINISH_CANCELLED))
+        self.context.preparing.clear()
+        self.host.close()
 
     def options_summary(self) -> dict:
         summary = self.options.as_dict()

@@ -14,15 +14,17 @@ whole text and tokens, or Error when the request failed. A scheduler ``TickRecor
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
-from mlxd_engine import GrammarError, LoadedModel, SamplingParams, compile_grammar
+from mlxd_engine import GrammarError, GrammarLimits, LoadedModel, SamplingParams, compile_grammar
 from mlxd_protocol import (
     INTERNAL, INVALID, Chunk, Constraint, Done, Error, Generate, ProtocolError, Sampling, Tick, TickRow)
 from mlxd_scheduler import FinishEvent, Request, SpeculativeRequest, TextStream, TickRecord, TokenEvent
 
 from .tool_calls import ToolCallSplitter, required_call_grammar, tool_support_problem
 
+_EXCEPTION_PREFIX = re.compile(r"([A-Z]\w*(?:Error|Exception|Full|Exhausted)): ")
 MAX_CHARS_PER_TOKEN = 32  # no tokenizer packs more characters than this into one token on real text
 
 
@@ -52,14 +54,29 @@ def prompt_tokens(loaded: LoadedModel, message: Generate) -> list[int]:
             raise ProtocolError(INVALID, "this model has no chat template: send a plain prompt with chat=false")
         if message.system:
             messages = [{"role": "system", "content": message.system}, *messages]
-        tools = offered_tools(message)
-        if tools is not None:
-            return list(tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True))
-        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+        return chat_tokens(tokenizer, messages, offered_tools(message))
     if messages is not None:
         raise ProtocolError(INVALID, "chat=false cannot be combined with messages")
     text = (message.system + "\n\n" + message.prompt) if message.system else message.prompt
     return list(tokenizer.encode(text, add_special_tokens=message.add_special_tokens))
+
+
+def chat_tokens(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    """Token ids of ``messages`` through the model's chat template (with ``tools`` when given).
+
+    Raises:
+        ProtocolError(INVALID): the template refuses the messages (its own error, e.g. roles that do
+            not alternate) or they nest too deeply to render.
+    """
+    extra = {"tools": tools} if tools is not None else {}
+    try:
+        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, **extra))
+    except RecursionError:
+        raise ProtocolError(INVALID, "messages: nested too deeply for the chat template") from None
+    except Exception as error:  # noqa: BLE001 - a template's own refusal is the client's error
+        if type(error).__module__.split(".")[0] != "jinja2":
+            raise
+        raise ProtocolError(INVALID, f"the chat template refused the messages: {error}") from None
 
 
 def offered_tools(message: Generate) -> list[dict] | None:
@@ -98,9 +115,11 @@ def sampling_params(message: Generate, defaults: Sampling) -> SamplingParams:
     )
 
 
-def to_request(loaded: LoadedModel, message: Generate, internal_id: str, defaults: Sampling) -> Request:
+def to_request(loaded: LoadedModel, message: Generate, internal_id: str, defaults: Sampling,
+               grammar_limits: GrammarLimits | None = None) -> Request:
     """Build the scheduler request for a Generate. Raises ProtocolError(INVALID) for bad input (the
-    sampler rules that need the vocabulary are checked when the scheduler takes the request)."""
+    sampler rules that need the vocabulary are checked when the scheduler takes the request). Touches no
+    daemon state, so it may run on a host-work thread (``host_work``)."""
     tools_grammar = tool_constraint(loaded, message)  # first: a model that cannot take tools says so
     tokens = prompt_tokens(loaded, message)
     if not tokens:
@@ -109,7 +128,7 @@ def to_request(loaded: LoadedModel, message: Generate, internal_id: str, default
     constraint = tools_grammar or message.constraint
     if constraint is not None:
         try:
-            grammar = compile_grammar(loaded, constraint.kind, constraint.text)
+            grammar = compile_grammar(loaded, constraint.kind, constraint.text, grammar_limits)
         except GrammarError as error:
             raise ProtocolError(INVALID, f"constraint: {error}") from error
         params = replace(params, grammar=grammar)
@@ -146,13 +165,26 @@ def to_reply(event, client_id: str, stream: bool, splitter: ToolCallSplitter | N
         return Chunk(id=client_id, tokens=list(event.tokens), text=text, logprobs=event.logprobs)
     assert isinstance(event, FinishEvent)
     if event.finish_reason == "error":
-        return Error(id=client_id, code=INTERNAL, message=event.error or "generation failed")
+        return failure_reply(client_id, event.error)
     text, tool_calls = event.text, None
     if splitter is not None:
         splitter.finish()
         text, tool_calls = splitter.content, splitter.calls
     return Done(id=client_id, finish_reason=event.finish_reason, text=text, tokens=list(event.tokens),
                 usage=event.usage, timings=event.timings, tool_calls=tool_calls)
+
+
+def failure_reply(client_id: str, error: str | None) -> Error:
+    """The Error for a generation that failed. The scheduler's reason may start with a Python exception's
+    name (the daemon's log keeps it): a grammar that became too complex to follow is the request's own
+    problem (invalid_request, with the grammar's message, written for the user); any other exception is
+    reported without its name or text, which may hold paths or library state."""
+    named = _EXCEPTION_PREFIX.match(error or "")
+    if named is None:
+        return Error(id=client_id, code=INTERNAL, message=error or "generation failed")
+    if named.group(1) == "GrammarError":
+        return Error(id=client_id, code=INVALID, message=f"constraint: {error[named.end():]}")
+    return Error(id=client_id, code=INTERNAL, message="generation failed inside the daemon (its log has the details)")
 
 
 def tick_message(record: TickRecord) -> Tick:

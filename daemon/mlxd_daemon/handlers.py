@@ -6,6 +6,12 @@ context is narrow on purpose: the loaded model (tokenizer, vocabulary), the sche
 cancel on, the reply streams, the default sampler settings, and a few read-only views and callbacks; no
 sockets and nothing of the server's own state. A handler raises ProtocolError for bad input; the core
 turns it into an Error reply.
+
+Host work (chat templates, tokenizing, grammar compilation) that is not small (``host_limits``) goes to
+the worker threads through ``ctx.offload(identity, request_id, work, finish)``: ``work`` touches no daemon
+state; ``finish(future)`` runs on the loop thread and returns the reply (or None), and an exception from
+either becomes the Error reply. A Generate being prepared so is in ``ctx.preparing`` until its finish
+submits it: a Cancel meanwhile marks it, and the finish answers with a cancelled Done instead.
 """
 
 from __future__ import annotations
@@ -13,20 +19,24 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
-from typing import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import psutil
 
-from mlxd_engine import LoadedModel, memory_usage
+from mlxd_engine import GrammarLimits, LoadedModel, memory_usage
 from mlxd_protocol import (
-    INVALID, OVERLOADED, PROTOCOL_VERSION, Cancel, Detokenize, DetokenizeResult, Generate, Hello, Message, Ok,
-    ProtocolError, Sampling, Shutdown, Status, StatusRequest, Tokenize, TokenizeResult,
+    FINISH_CANCELLED, INVALID, OVERLOADED, PROTOCOL_VERSION, Cancel, Detokenize, DetokenizeResult, Done, Generate,
+    Hello, Message, Ok, ProtocolError, Sampling, Shutdown, Status, StatusRequest, Tokenize, TokenizeResult,
 )
-from mlxd_scheduler import BatchScheduler, QueueFull
+from mlxd_protocol.field_checks import MAX_LIST_ITEMS
+from mlxd_scheduler import BatchScheduler, QueueFull, Request
 
 from . import __version__
-from .edge import to_request, tool_call_splitter
+from .edge import chat_tokens, to_request, tool_call_splitter
+from .host_limits import (
+    HostLimits, check_generate, check_tokenize, runs_inline_detokenize, runs_inline_generate, runs_inline_tokenize)
 from .streams import ReplyStreams
 
 log = logging.getLogger("mlxd")
@@ -45,6 +55,33 @@ class HandlerContext:
     kv_usage: Callable[[], dict]  # KV storage occupancy, for Status
     request_stop: Callable[[str], None]
     is_draining: Callable[[], bool]
+    limits: HostLimits = field(default_factory=HostLimits)
+    grammar_limits: GrammarLimits = field(default_factory=GrammarLimits)  # limits.grammar(), built once
+    offload: Offload | None = None  # None: every piece of host work runs at once, on the caller's thread
+    preparing: dict[str, Preparing] = field(default_factory=dict)  # internal id -> a Generate on a worker
+
+
+@dataclass
+class Preparing:
+    """A Generate whose host work runs on a worker thread."""
+
+    identity: bytes  # the connection that asked
+    client_id: str
+    cancelled: bool = False
+
+
+Offload = Callable[[bytes, "str | None", Callable[[], Any], Callable[[Future], "Message | None"]], None]
+
+
+def _run(ctx: HandlerContext, identity: bytes, request_id: str | None, inline: bool,
+         work: Callable[[], Any], finish: Callable[[Future], Message | None]) -> Message | None:
+    """Do ``work`` now (small, or no workers) and return ``finish``'s reply, or hand both to the workers."""
+    if inline or ctx.offload is None:
+        done: Future = Future()
+        done.set_result(work())
+        return finish(done)
+    ctx.offload(identity, request_id, work, finish)
+    return None
 
 
 def internal_id(identity: bytes, request_id: str) -> str:
@@ -70,13 +107,41 @@ def hello(ctx: HandlerContext, identity: bytes, message: Hello) -> Status:
     return status(ctx, identity, message)
 
 
-def generate(ctx: HandlerContext, identity: bytes, message: Generate) -> None:
+def generate(ctx: HandlerContext, identity: bytes, message: Generate) -> Message | None:
     running_as = internal_id(identity, message.id)
     if ctx.is_draining():
         raise ProtocolError(OVERLOADED, "the daemon is shutting down; retry on another daemon")
-    if running_as in ctx.streams:
+    if running_as in ctx.streams or running_as in ctx.preparing:
         raise ProtocolError(INVALID, f"request id {message.id!r} is already running")
-    request = to_request(ctx.loaded, message, running_as, ctx.sampling)
+    check_generate(message, ctx.limits)
+    inline = runs_inline_generate(message) or ctx.offload is None
+    if not inline:
+        ctx.preparing[running_as] = Preparing(identity, message.id)
+
+    def work() -> Request:
+        return to_request(ctx.loaded, message, running_as, ctx.sampling, ctx.grammar_limits)
+
+    def finish(prepared: Future) -> Message | None:
+        state = ctx.preparing.pop(running_as, None)
+        if state is not None and state.cancelled:
+            return Done(id=message.id, finish_reason=FINISH_CANCELLED)
+        request = prepared.result()
+        if ctx.is_draining():
+            raise ProtocolError(OVERLOADED, "the daemon is shutting down; retry on another daemon")
+        return _submit(ctx, identity, message, running_as, request)
+
+    if inline:
+        return _run(ctx, identity, message.id, True, work, finish)
+    try:
+        ctx.offload(identity, message.id, work, finish)
+    except BaseException:
+        ctx.preparing.pop(running_as, None)
+        raise
+    return None
+
+
+def _submit(ctx: HandlerContext, identity: bytes, message: Generate, running_as: str, request: Request) -> None:
+    """Hand a prepared request to the scheduler; its replies come through the reply streams."""
     sink = ctx.streams.open(identity, message, running_as, tool_call_splitter(ctx.loaded, message))
     try:
         ctx.scheduler.submit(request, sink)
@@ -90,27 +155,47 @@ def generate(ctx: HandlerContext, identity: bytes, message: Generate) -> None:
 
 
 def cancel(ctx: HandlerContext, identity: bytes, message: Cancel) -> None:
-    ctx.scheduler.cancel(internal_id(identity, message.id))
+    running_as = internal_id(identity, message.id)
+    preparing = ctx.preparing.get(running_as)
+    if preparing is not None:
+        preparing.cancelled = True  # its finish answers with a cancelled Done
+        return None
+    ctx.scheduler.cancel(running_as)
     return None
 
 
-def tokenize(ctx: HandlerContext, identity: bytes, message: Tokenize) -> TokenizeResult:
+def tokenize(ctx: HandlerContext, identity: bytes, message: Tokenize) -> Message | None:
     tokenizer = ctx.loaded.tokenizer
-    if message.messages is not None:
-        if not tokenizer.has_chat_template:
-            raise ProtocolError(INVALID, "this model has no chat template")
-        tokens = tokenizer.apply_chat_template(message.messages, add_generation_prompt=True)
-    else:
-        tokens = tokenizer.encode(message.text, add_special_tokens=message.add_special_tokens)
-    return TokenizeResult(tokens=list(tokens), id=message.id)
+    check_tokenize(message, ctx.limits)
+    if message.messages is not None and not tokenizer.has_chat_template:
+        raise ProtocolError(INVALID, "this model has no chat template")
+
+    def work() -> list[int]:
+        if message.messages is not None:
+            return chat_tokens(tokenizer, message.messages)
+        return list(tokenizer.encode(message.text, add_special_tokens=message.add_special_tokens))
+
+    def finish(done: Future) -> TokenizeResult:
+        tokens = done.result()
+        if len(tokens) > MAX_LIST_ITEMS:
+            raise ProtocolError(INVALID, f"the text is {len(tokens)} tokens; a reply carries at most "
+                                         f"{MAX_LIST_ITEMS} (tokenize it in parts)")
+        return TokenizeResult(tokens=tokens, id=message.id)
+
+    return _run(ctx, identity, message.id, runs_inline_tokenize(message), work, finish)
 
 
-def detokenize(ctx: HandlerContext, identity: bytes, message: Detokenize) -> DetokenizeResult:
+def detokenize(ctx: HandlerContext, identity: bytes, message: Detokenize) -> Message | None:
     vocab = ctx.loaded.vocab_size
-    bad = [t for t in message.tokens if not 0 <= t < vocab]
-    if bad:
-        raise ProtocolError(INVALID, f"tokens: {bad[0]} is outside the vocabulary of {vocab}")
-    return DetokenizeResult(text=ctx.loaded.tokenizer.decode(message.tokens), id=message.id)
+    if message.tokens and not (0 <= min(message.tokens) and max(message.tokens) < vocab):
+        bad = next(t for t in message.tokens if not 0 <= t < vocab)
+        raise ProtocolError(INVALID, f"tokens: {bad} is outside the vocabulary of {vocab}")
+
+    def finish(done: Future) -> DetokenizeResult:
+        return DetokenizeResult(text=done.result(), id=message.id)
+
+    return _run(ctx, identity, message.id, runs_inline_detokenize(message),
+                lambda: ctx.loaded.tokenizer.decode(message.tokens), finish)
 
 
 def shutdown(ctx: HandlerContext, identity: bytes, message: Shutdown) -> Ok:

@@ -20,6 +20,7 @@ from mlxd_protocol import Client, DaemonError, DaemonTimeout
 from mlxd_protocol.endpoints import default_endpoint
 
 from .convert_command import convert_gguf_command
+from .host_limits import HostLimits
 from .options import DaemonOptions, SamplingDefaults
 from .speculative import resolve_speculative
 
@@ -74,12 +75,27 @@ def _endpoint_option(function):
                    "tensor parallel (model.shard) or pipeline parallel (model.model.pipeline); rank 0 serves")
 @click.option("--distributed-backend", default="any", show_default=True,
               type=click.Choice(["any", "ring", "jaccl", "mpi", "nccl"]), help="mx.distributed backend of the group")
+@click.option("--host-workers", default=2, show_default=True, type=click.IntRange(1, 64),
+              help="threads for host work off the serving loop (chat templates, tokenizing, grammar compilation)")
+@click.option("--max-messages", default=HostLimits.max_messages, show_default=True, type=click.IntRange(1),
+              help="chat messages one request may hold")
+@click.option("--max-tokenize-chars", default=HostLimits.max_tokenize_chars, show_default=True,
+              type=click.IntRange(1), help="characters one tokenize request may hold")
+@click.option("--max-grammar-bytes", default=HostLimits.max_grammar_bytes, show_default=True, type=click.IntRange(1),
+              help="bytes of a request's grammar or JSON schema")
+@click.option("--max-grammar-rules", default=HostLimits.max_grammar_rules, show_default=True, type=click.IntRange(1),
+              help="rules of a grammar, or maps (subschemas) of a JSON schema")
+@click.option("--max-grammar-depth", default=HostLimits.max_grammar_depth, show_default=True, type=click.IntRange(1),
+              help="nesting of a grammar's groups, or of a JSON schema's maps and lists")
+@click.option("--max-grammar-repeat", default=HostLimits.max_grammar_repeat, show_default=True, type=click.IntRange(1),
+              help="a grammar's or pattern's repetition count ({m,n}), multiplied through nested groups")
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
 @click.pass_context
 def cli(ctx, model, endpoint, max_batch, max_kv_size, prefill_chunk, max_queue, lookahead, decode_steps, temp, top_p, top_k,
         min_p, draft_kind, draft_model, draft_block_size, prompt_lookup_max_batch, storage_backend, kv_block_size,
         kv_pool_tokens, kv_memory_fraction, prefix_cache_bytes, cpu_weight_budget, drain_timeout, allow_public, auth_token_file, stream_interval_ms,
-        distributed, distributed_backend, log_level):
+        distributed, distributed_backend, host_workers, max_messages, max_tokenize_chars, max_grammar_bytes,
+        max_grammar_rules, max_grammar_depth, max_grammar_repeat, log_level):
     """mlxd: serve an mlx-lm model to many clients over ZeroMQ."""
     if ctx.invoked_subcommand is not None:
         return
@@ -91,7 +107,10 @@ def cli(ctx, model, endpoint, max_batch, max_kv_size, prefill_chunk, max_queue, 
         prompt_lookup_max_batch=prompt_lookup_max_batch, storage_backend=storage_backend,
         kv_block_size=kv_block_size, kv_pool_tokens=kv_pool_tokens, kv_memory_fraction=kv_memory_fraction,
         prefix_cache_bytes=prefix_cache_bytes, cpu_weight_budget=cpu_weight_budget, drain_timeout_s=drain_timeout, stream_interval_s=stream_interval_ms / 1000.0, auth_token=_read_auth_token(auth_token_file),
-        distributed=distributed, distributed_backend=distributed_backend,
+        distributed=distributed, distributed_backend=distributed_backend, host_workers=host_workers,
+        limits=HostLimits(max_messages=max_messages, max_tokenize_chars=max_tokenize_chars,
+                          max_grammar_bytes=max_grammar_bytes, max_grammar_rules=max_grammar_rules,
+                          max_grammar_depth=max_grammar_depth, max_grammar_repeat=max_grammar_repeat),
     )
     if allow_public and not options.auth_token:
         click.echo("mlxd: --allow-public needs an auth token: pass --auth-token-file PATH or set MLXD_AUTH_TOKEN",

@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass, field
 
 from mlxd_protocol import Sampling
 
+from .host_limits import HostLimits
+
 
 # The daemon's default sampler settings (mlxd --temp/--top-p/--top-k/--min-p), used for a Generate that
 # sends no "sampling": a wire Sampling, so its fields, defaults and rules are the protocol's.
@@ -42,6 +44,8 @@ class DaemonOptions:
     distributed: str | None = None  # "tensor" or "pipeline": this process is one rank of an mx.distributed group
     distributed_backend: str = "any"  # mx.distributed backend (mlx.launch sets it up): any, ring, jaccl, mpi, nccl
     auth_token: str | None = field(default=None, repr=False)  # clients must send it in a Hello first
+    host_workers: int = 2  # threads for host work off the loop: templates, tokenizing, grammars (host_work.py)
+    limits: HostLimits = field(default_factory=HostLimits)  # per-request bounds on host work (host_limits.py)
 
     def as_dict(self) -> dict:
         summary = asdict(self)

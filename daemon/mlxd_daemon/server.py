@@ -4,12 +4,16 @@ Contract: one thread does everything (sockets, scheduler, MLX), so nothing needs
 the loop reads as four steps: receive (drain every waiting frame, decode it, check auth, hand it to the
 core), pick up trace subscriptions, let the core take its turn (one scheduler tick, due chunks), and
 publish the tick to subscribers as a typed ``Tick``. While the core has work the loop never blocks on the
-sockets; idle, it waits up to 100 ms.
+sockets; idle, it waits up to 100 ms, or until host work finishes (the core's ``host.wake_fd`` is polled
+beside the sockets). A frame over ``DECODE_OFF_LOOP_BYTES`` is decoded on a host-work thread.
 
 What the requests do is the core's (``core.DaemonCore``: the handlers, the scheduler, the reply streams);
 this module adds only what needs a socket: framing, connection identities and their authentication,
 the trace publisher, the pid file and signals. A malformed frame, an unknown type or a wrong version is
-answered with an Error; nothing a client sends can stop the loop.
+answered with an Error, and so is a reply that cannot be encoded (one past the protocol's limits: the
+request gets an invalid_request Error in its place); nothing a client sends can stop the loop: every
+request's failure is caught where the request is handled, and a failed scheduler tick fails the
+requests in it, not the daemon.
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ import zmq
 
 from mlxd_engine import LoadedModel
 from mlxd_protocol import (
-    BAD_FRAME, MAX_FRAME_BYTES, TICK_TOPIC, UNAUTHORIZED, Hello, Message, ProtocolError, decode, encode, error_reply)
-from mlxd_protocol.endpoints import check_bind_address, ensure_private_dir, pid_file, socket_path, trace_endpoint
+    BAD_FRAME, INTERNAL, INVALID, MAX_FRAME_BYTES, TICK_TOPIC, UNAUTHORIZED, Error, Hello, Message, ProtocolError,
+    decode, encode, error_reply)
+from mlxd_protocol.endpoints import (
+    TRACE_USER, check_bind_address, ensure_private_dir, pid_file, socket_path, trace_endpoint)
 from mlxd_scheduler import TickRecord
 
 from .core import DaemonCore
@@ -34,6 +40,7 @@ from .edge import tick_message
 from .options import DaemonOptions
 
 MAX_FRAMES_PER_TURN = 256
+DECODE_OFF_LOOP_BYTES = 256 * 1024  # larger frames are decoded on a host-work thread
 MAX_AUTHENTICATED = 10_000  # connections remembered as authenticated (least recently used dropped)
 
 
@@ -44,6 +51,7 @@ class DaemonServer:
         self.endpoint = endpoint
         self.log = logging.getLogger("mlxd")
         self.core = DaemonCore(loaded, options, self.send, trace_sink=self._publish_tick, endpoint=endpoint)
+        self.core.host_wait_s = 0.0  # the loop polls the host work's wake-up descriptor itself
         self._drain_deadline: float | None = None  # set by SIGTERM: finish in-flight work until then
         self._drain_reason = ""
         self._subscribers = 0
@@ -51,6 +59,7 @@ class DaemonServer:
         self.context = zmq.Context.instance()
         self.router = self.context.socket(zmq.ROUTER)
         self.trace = self.context.socket(zmq.XPUB)
+        self._authenticator = None  # the trace socket's login check, with an auth token
 
     # the core's parts, for start-up logging and status
     @property
@@ -78,6 +87,8 @@ class DaemonServer:
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 0)
         self.router.bind(self.endpoint)
         self.trace.setsockopt(zmq.XPUB_VERBOSE, 1)
+        if self.options.auth_token:
+            self._require_trace_login(self.options.auth_token)
         self.trace.bind(trace_endpoint(self.endpoint))
         if path is not None:
             os.chmod(path, 0o600)
@@ -86,6 +97,16 @@ class DaemonServer:
                 os.chmod(trace_path, 0o600)
         self.pid_path = pid_file(self.endpoint)
         self.pid_path.write_text(f"{os.getpid()}\n")
+
+    def _require_trace_login(self, token: str) -> None:
+        """The trace socket takes only subscribers that log in with the auth token (ZeroMQ PLAIN; the
+        authenticator is pyzmq's ZAP handler thread)."""
+        from zmq.auth.thread import ThreadAuthenticator
+
+        self._authenticator = ThreadAuthenticator(self.context, log=logging.getLogger("mlxd.zap"))
+        self._authenticator.start()
+        self._authenticator.configure_plain(domain="*", passwords={TRACE_USER: token})
+        self.trace.plain_server = True
 
     def request_stop(self, reason: str) -> None:
         self.core.request_stop(reason)
@@ -114,6 +135,8 @@ class DaemonServer:
         self.core.close()  # clients get their Done
         self.router.close()
         self.trace.close()
+        if self._authenticator is not None:
+            self._authenticator.stop()
         for path in (getattr(self, "pid_path", None), socket_path(self.endpoint), socket_path(trace_endpoint(self.endpoint))):
             if path is not None and path.exists():
                 path.unlink()
@@ -126,14 +149,15 @@ class DaemonServer:
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
         poller.register(self.trace, zmq.POLLIN)
+        poller.register(self.core.host.wake_fd, zmq.POLLIN)
         core = self.core
         while core.stop_reason is None:
-            ready = dict(poller.poll(0 if core.has_work else 100))
+            ready = dict(poller.poll(0 if core.busy else 100))
             if self.router in ready:
                 self._receive()
             if self.trace in ready:
                 self._track_subscriptions()
-            core.turn()
+            self._turn()
             if self._drain_deadline is not None and (not self.scheduler.by_id or time.monotonic() > self._drain_deadline):
                 core.request_stop(self._drain_reason)
         return core.stop_reason
@@ -152,16 +176,34 @@ class DaemonServer:
             identity, frame = frames
             self._handle(identity, frame)
 
+    def _turn(self) -> None:
+        """The core's turn; a failure there (a bug) fails the requests in flight, never the loop."""
+        try:
+            self.core.turn()
+        except Exception:  # noqa: BLE001 - the daemon keeps serving the requests that come next
+            self.log.exception("a scheduler turn failed; failing the requests in flight")
+            self.scheduler.fail_all("generation failed inside the daemon (its log has the details)")
+
     def _handle(self, identity: bytes, frame: bytes) -> None:
-        request_id = None
+        if len(frame) > DECODE_OFF_LOOP_BYTES:
+            self.core.offload(identity, None, lambda: decode(frame),
+                              lambda decoded: self._answer(identity, decoded.result()))
+            return
         try:
             message = decode(frame)
-            request_id = getattr(message, "id", None)
+        except ProtocolError as error:
+            self.send(identity, error.to_reply())
+            return
+        self._answer(identity, message)
+
+    def _answer(self, identity: bytes, message: Message) -> None:
+        """Check a decoded request's authentication, hand it to the core and send the reply it has now."""
+        try:
             self._check_auth(identity, message)
         except ProtocolError as error:
-            self.send(identity, error.to_reply(request_id))
+            self.send(identity, error.to_reply(getattr(message, "id", None)))
             return
-        reply = self.core.handle(identity, message)
+        reply = self.core.handle(identity, message)  # catches every failure of its own
         if reply is not None:
             self.send(identity, reply)
 
@@ -187,8 +229,24 @@ class DaemonServer:
         raise ProtocolError(UNAUTHORIZED, "this daemon requires authentication: send a hello with its token first")
 
     def send(self, identity: bytes, message: Message) -> None:
+        """Send one reply; one that cannot be encoded is replaced by an Error for its request."""
         try:
-            self.router.send_multipart([identity, encode(message)], zmq.NOBLOCK)
+            frame = encode(message)
+        except ProtocolError as error:  # past the protocol's limits: the request fails, not the daemon
+            request_id = getattr(message, "id", None)
+            self.log.warning("reply %s to request %r cannot be sent: %s", message.TYPE, request_id, error.message)
+            if isinstance(message, Error):
+                message = Error(id=request_id if isinstance(request_id, str) and request_id else None,
+                                code=INTERNAL, message="the reply could not be encoded")
+            else:
+                message = Error(id=request_id, code=INVALID,
+                                message=f"the reply is larger than the protocol carries ({error.message})")
+            try:
+                frame = encode(message)
+            except ProtocolError:
+                frame = encode(Error(id=None, code=INTERNAL, message="the reply could not be encoded"))
+        try:
+            self.router.send_multipart([identity, frame], zmq.NOBLOCK)
         except zmq.ZMQError as error:  # the peer is gone or its queue is full: drop, never block
             self.log.debug("could not send %s: %s", message.TYPE, error)
 

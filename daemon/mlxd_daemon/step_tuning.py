@@ -21,6 +21,8 @@ Python time, a small share), a shorter one is set by Python and dispatch.
 - Compiled steps (CPU only, when the engine has them): a long step runs op by op; a short one is timed
   against op by op with the chosen threads and keeps compiled steps only when they are ``COMPILE_GAIN``
   faster.
+The timed sequence starts again (a fresh prefill, outside the timing) whenever it would outgrow the KV
+bound, so any ``--max-kv-size`` the daemon accepts (16 and up) fits.
 Costs about 60 decode steps (about 4 s for a 135M model on 2 cores).
 """
 
@@ -55,24 +57,60 @@ def candidate_counts() -> list[int]:
     return sorted({1, cores})
 
 
-def _best_step(engine: Engine, sequence, steps: int) -> float:
-    """Seconds of the fastest of ``steps`` decode steps of ``sequence``."""
+class ScratchSequence:
+    """The synthetic sequence whose steps are timed, started again whenever it would outgrow the KV bound
+    (``mlxd --max-kv-size 16`` leaves room for a few steps only). It neither reads nor feeds the prefix
+    cache (on paged storage an entry would hold pool blocks until evicted)."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        bound = engine.max_kv_size
+        self.prompt_tokens = max(1, min(PROMPT_TOKENS, bound // 4))
+        self.room = bound - self.prompt_tokens - 1  # steps one start takes before it is full
+        vocab = max(2, engine.loaded.vocab_size)
+        self.prompt = [(7 * i + 3) % vocab for i in range(self.prompt_tokens)]
+        self.sequence = None
+        self.steps_left = 0
+
+    def ready(self):
+        """The sequence, with room for one more step (started again, prefilled, when it had none)."""
+        if self.steps_left < 1:
+            self.release()
+            self.sequence = self.engine.add_sequence(self.prompt, max_new_tokens=self.room, cache_prompt=False)
+            while self.engine.prefill(self.sequence) is None:
+                pass
+            self.steps_left = self.room
+        self.steps_left -= 1
+        return self.sequence
+
+    def step(self) -> None:
+        self.engine.step([self.ready()])
+
+    def release(self) -> None:
+        if self.sequence is not None:
+            self.engine.release(self.sequence)
+            self.sequence = None
+
+
+def _best_step(scratch: ScratchSequence, steps: int) -> float:
+    """Seconds of the fastest of ``steps`` decode steps of the scratch sequence."""
     best = float("inf")
     for _ in range(steps):
+        sequence = scratch.ready()  # a restart (prefill) stays outside the timed step
         started = time.perf_counter()
-        engine.step([sequence])
+        scratch.engine.step([sequence])
         best = min(best, time.perf_counter() - started)
     return best
 
 
-def _time_variants(engine: Engine, sequence, variants: dict) -> dict:
+def _time_variants(scratch: ScratchSequence, variants: dict) -> dict:
     """Best step per variant (name -> function that sets it), interleaved over ``ROUNDS``."""
     best = {name: float("inf") for name in variants}
     for _ in range(ROUNDS):
         for name, apply in variants.items():
             apply()
-            engine.step([sequence])  # the first step after a switch may compile or warm a cache
-            best[name] = min(best[name], _best_step(engine, sequence, STEPS_PER_ROUND))
+            scratch.step()  # the first step after a switch may compile or warm a cache
+            best[name] = min(best[name], _best_step(scratch, STEPS_PER_ROUND))
     return best
 
 
@@ -96,19 +134,13 @@ def tune_steps(engine: Engine) -> StepSettings:
     compiled_detail = "on" if engine.compiled_decode is not None else "off"
     if not (tune_blas or tune_compile):
         return StepSettings(blas_threads, blas_detail, compiled_detail)
-    vocab = max(2, engine.loaded.vocab_size)
-    prompt = [(7 * i + 3) % vocab for i in range(PROMPT_TOKENS)]
-    steps = 2 * ROUNDS * (STEPS_PER_ROUND + 1) * 2 + 4
-    # a synthetic sequence: it neither reads nor feeds the prefix cache (on paged storage an entry would
-    # hold pool blocks until evicted)
-    sequence = engine.add_sequence(prompt, max_new_tokens=steps, cache_prompt=False)
+    scratch = ScratchSequence(engine)
     compiled = engine.compiled_decode
     try:
-        engine.prefill(sequence)
-        engine.step([sequence])  # warm-up: compiles the step
+        scratch.step()  # warm-up: compiles the step
         if tune_blas:
             counts = candidate_counts()
-            best = _time_variants(engine, sequence, {f"{n} thread{'s' if n > 1 else ''}": (lambda n=n: set_blas_threads(n))
+            best = _time_variants(scratch, {f"{n} thread{'s' if n > 1 else ''}": (lambda n=n: set_blas_threads(n))
                                                       for n in counts})
             times = dict(zip(counts, best.values()))
             if _is_long(min(times.values())):
@@ -119,16 +151,16 @@ def tune_steps(engine: Engine) -> StepSettings:
             blas_detail = f"{blas_threads} (measured decode step: {_milliseconds(best)})"
         if tune_compile:
             engine.compiled_decode = None
-            op_by_op = _best_step(engine, sequence, STEPS_PER_ROUND)
+            op_by_op = _best_step(scratch, STEPS_PER_ROUND)
             compiled_detail = f"off (a long step: {op_by_op * 1e3:.1f} ms op by op)"
         if tune_compile and not _is_long(op_by_op):
             def use(value):
                 return lambda: setattr(engine, "compiled_decode", value)
 
-            best = _time_variants(engine, sequence, {"compiled": use(compiled), "op by op": use(None)})
+            best = _time_variants(scratch, {"compiled": use(compiled), "op by op": use(None)})
             keep = best["compiled"] <= best["op by op"] * (1 - COMPILE_GAIN)
             engine.compiled_decode = compiled if keep else None
             compiled_detail = f"{'on' if keep else 'off'} (measured decode step: {_milliseconds(best)})"
     finally:
-        engine.release(sequence)
+        scratch.release()
     return StepSettings(blas_threads, blas_detail, compiled_detail)

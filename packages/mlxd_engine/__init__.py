@@ -11,6 +11,7 @@ from .engine import Emitted, Engine, Sequence, StepHandle, kv_bytes_per_token
 from .forward_cost import ForwardCost, calibrate_forward_cost
 from .gguf_import import GGUFError, cached_conversion, convert_gguf
 from .grammar import GRAMMAR_KINDS, JSON_LAYOUT, Grammar, GrammarError, compile_grammar
+from .grammar_limits import GrammarLimits
 from .kv_backend import STORAGE_BACKENDS, KVStorage, make_kv_storage
 from .kv_bound import at_kv_bound, kv_room
 from .kv_storage import KVStorageFull, SlotKVStorage
@@ -21,7 +22,7 @@ from .verify_round import RoundOutcome, verify_round, verify_rows
 
 __all__ = [
     "EMBEDDED_ALIASES", "ForwardCost", "GGUFError", "calibrate_forward_cost", "WeightForm", "apply_cpu_weight_rule", "cached_conversion", "convert_gguf",
-    "GRAMMAR_KINDS", "JSON_LAYOUT", "Grammar", "GrammarError", "compile_grammar",
+    "GRAMMAR_KINDS", "JSON_LAYOUT", "Grammar", "GrammarError", "GrammarLimits", "compile_grammar",
     "default_budget_bytes", "resolve_default_model",
     "Eligibility", "Emitted", "Engine", "KVStorage", "KVStorageFull", "LoadedModel", "ModelLoadError",
     "RoundOutcome", "STORAGE_BACKENDS", "SamplerChain", "SamplingParams", "Sequence", "SlotKVStorage", "StepHandle",

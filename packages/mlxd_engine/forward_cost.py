@@ -174,10 +174,13 @@ def calibrate_forward_cost(engine, batch: int = 4, width: int = 9, context: int 
         return []
     vocab = engine.loaded.vocab_size
     budget = max(width, wide) + 2 * (repeats + 1) + 1
+    context = min(context, engine.max_kv_size - budget - 1)  # a small --max-kv-size: shorter scratch rows
+    if context < 1:
+        return []  # no verify forward fits the KV bound: the model learns from served forwards alone
 
     def scratch(length: int, salt: int):
         prompt = [(7 * i + 3 + salt) % vocab for i in range(length)]
-        if engine.storage.free_slots < 1 or not engine.can_admit(length, budget):
+        if engine.storage.free_slots < 1 or not engine.fits(length, budget) or not engine.can_admit(length, budget):
             return None
         seq = engine.add_sequence(prompt, SamplingParams(), budget, cache_prompt=False)
         seqs.append(seq)
@@ -201,6 +204,8 @@ def calibrate_forward_cost(engine, batch: int = 4, width: int = 9, context: int 
     seqs: list = []
     try:
         short = [seq for seq in (scratch(context, row) for row in range(batch)) if seq is not None]
+        if not short:
+            return []
         groups = [short[:1]] + ([short] if len(short) > 1 else [])
         long = scratch(long_context, batch) if engine.max_kv_size > long_context + budget else None
         if long is not None:

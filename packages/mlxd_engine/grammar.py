@@ -1,10 +1,13 @@
 """Constrained decoding: a JSON schema or grammar as one more stage of a row's sampler chain (llguidance).
 
-Contract: ``compile_grammar(loaded, kind, text)`` turns what a request asks for into a ``Grammar`` (checked
-by llguidance against the model's tokenizer; a schema or grammar the library rejects raises
-``GrammarError`` with its message). Each sequence gets its own ``GrammarStage`` (``Grammar.start()``),
-which its ``SamplerChain`` runs after the logits processors: it masks every token the grammar forbids
-next (logits set to -inf), so the draw, greedy or sampled, can only pick an allowed token.
+Contract: ``compile_grammar(loaded, kind, text, limits)`` turns what a request asks for into a ``Grammar``:
+bounded first in Python (``grammar_limits``: size, rules, nesting, repetition), then checked by
+llguidance against the model's tokenizer under its own ``LLParserLimits`` (errors without parser state),
+then followed for a few tokens (``_trial_run``); anything refused raises ``GrammarError`` with a message
+for the user (the first line of the library's, or ours), never the library's internal state. Each
+sequence gets its own ``GrammarStage`` (``Grammar.start()``), which its ``SamplerChain`` runs after the
+logits processors: it masks every token the grammar forbids next (logits set to -inf), so the draw,
+greedy or sampled, can only pick an allowed token.
 
 The stage follows the row's own token list (``follow``): before each mask it brings its matcher to the
 row's output so far, plus the ``pending`` tokens a verify position sees (``output + proposal[:i]``),
@@ -29,16 +32,28 @@ after the row emitted ``{"ok":`` the mask allows only tokens that continue with 
 
 from __future__ import annotations
 
-import json
+import logging
 from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
 
+from .grammar_limits import GrammarLimits, grammar_problem, parse_schema
+
 GRAMMAR_KINDS = ("json_object", "json_schema", "gbnf", "lark", "regex")
 # JSON as json.dumps writes it. Free whitespace between tokens lets a weak model pad a value with newlines
 # until max_tokens (seen on the tiny test models); a schema's "x-guidance" may still ask for it.
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+log = logging.getLogger("mlxd")
+TRIAL_TOKENS = 16  # tokens a new grammar is followed at compile time
+TOO_COMPLEX = ("the grammar or schema is too complex to follow (it may allow no finite output, or need more "
+               "work per token than the limits allow: simplify it)")
+
+
+def _too_complex(tokens_followed: int) -> str:
+    return TOO_COMPLEX if not tokens_followed else f"{TOO_COMPLEX} (after {tokens_followed} output tokens)"
 
 
 class GrammarError(ValueError):
@@ -67,6 +82,18 @@ def _llg_tokenizer(loaded):
     return tokenizer
 
 
+def parser_limits():
+    """llguidance's own resource limits, at their defaults, with errors that carry no parser state."""
+    import llguidance
+
+    return llguidance.LLParserLimits(verbose_errors=False)
+
+
+def _first_line(message: str) -> str:
+    """The library's message without the grammar excerpt or parser state that may follow it."""
+    return message.strip().splitlines()[0] if message.strip() else "the grammar is invalid"
+
+
 def _grammar_text(kind: str, text: str | None) -> str:
     import llguidance
 
@@ -76,19 +103,19 @@ def _grammar_text(kind: str, text: str | None) -> str:
         raise GrammarError(f"{kind}: the grammar text is missing")
     if kind == "json_schema":
         try:
-            schema = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise GrammarError(f"the JSON schema is not valid JSON: {error}") from error
+            schema = parse_schema(text)
+        except ValueError as error:
+            raise GrammarError(str(error)) from None
         if not isinstance(schema, dict):
             raise GrammarError("the JSON schema must be a JSON object")
         try:
             return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)
-        except ValueError as error:
-            raise GrammarError(str(error)) from error
+        except (ValueError, RecursionError) as error:
+            raise GrammarError(f"the JSON schema cannot be used: {_first_line(str(error))}") from None
     try:
         return llguidance.grammar_from(kind, text)
-    except ValueError as error:
-        raise GrammarError(str(error)) from error
+    except (ValueError, RecursionError) as error:
+        raise GrammarError(_first_line(str(error))) from None
 
 
 @dataclass(frozen=True)
@@ -103,11 +130,11 @@ class Grammar:
     def start(self) -> GrammarStage:
         import llguidance
 
-        matcher = llguidance.LLMatcher(self.tokenizer, self.definition, log_level=0)
+        matcher = llguidance.LLMatcher(self.tokenizer, self.definition, log_level=0, limits=parser_limits())
         return GrammarStage(matcher, self.vocab_size)
 
 
-def compile_grammar(loaded, kind: str, text: str | None = None) -> Grammar:
+def compile_grammar(loaded, kind: str, text: str | None = None, limits: GrammarLimits | None = None) -> Grammar:
     """Check a request's schema or grammar against the model and return it ready to start.
 
     Args:
@@ -115,10 +142,13 @@ def compile_grammar(loaded, kind: str, text: str | None = None) -> Grammar:
         kind: one of ``GRAMMAR_KINDS``: "json_object" (any JSON object), "json_schema" (``text`` is the
             schema as JSON), "gbnf" (llama.cpp's GBNF), "lark" (llguidance's Lark dialect), "regex".
         text: the schema or grammar (None for json_object).
+        limits: the bounds checked before the library sees the text (``grammar_limits``; default:
+            ``GrammarLimits()``).
     Returns:
         The Grammar.
     Raises:
-        GrammarError: the library rejects it (its message), or the tokenizer cannot be used.
+        GrammarError: over a limit (the message names it), the library rejects it (the first line of its
+            message), its first mask already fails (too complex to follow), or the tokenizer cannot be used.
     """
     import llguidance
 
@@ -126,12 +156,40 @@ def compile_grammar(loaded, kind: str, text: str | None = None) -> Grammar:
         raise GrammarError(f"unknown grammar kind {kind!r}: expected one of {', '.join(GRAMMAR_KINDS)}")
     if loaded.tokenizer is None:
         raise GrammarError("this model has no tokenizer: structured output needs one")
+    try:
+        problem = grammar_problem(kind, text, limits or GrammarLimits())
+    except ValueError as error:
+        raise GrammarError(str(error)) from None
+    if problem is not None:
+        raise GrammarError(problem)
     definition = _grammar_text(kind, text)
     tokenizer = _llg_tokenizer(loaded)
-    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(definition, tokenizer)
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(definition, tokenizer,
+                                                                             limits=parser_limits())
     if is_error:
-        raise GrammarError(messages[0] if messages else "the grammar is invalid")
-    return Grammar(kind, definition, tokenizer, loaded.vocab_size)
+        raise GrammarError(_first_line(messages[0]) if messages else "the grammar is invalid")
+    grammar = Grammar(kind, definition, tokenizer, loaded.vocab_size)
+    _trial_run(grammar)
+    return grammar
+
+
+def _trial_run(grammar: Grammar) -> None:
+    """Follow the grammar for up to ``TRIAL_TOKENS`` tokens (each time the lowest allowed token that does
+    not end it): one that cannot start or soon fails (a $ref cycle, a schema whose values are all infinite,
+    a lexer past its limits) is refused now, not in the middle of a generation."""
+    stage = grammar.start()
+    tokens: list[int] = []
+    stage.follow(tokens, 0)
+    ends = set(grammar.tokenizer.eos_tokens)
+    for _ in range(TRIAL_TOKENS):
+        allowed = np.flatnonzero(stage._mask_bits())  # raises when the matcher failed
+        if not allowed.size:
+            raise GrammarError(TOO_COMPLEX)
+        going_on = [int(token) for token in allowed[:64] if int(token) not in ends]
+        if not going_on:
+            return  # only the end is allowed: a finished output, fine
+        tokens.append(going_on[0])
+        stage._sync(tokens)
 
 
 class GrammarStage:
@@ -166,8 +224,9 @@ class GrammarStage:
             self.matcher.rollback(len(consumed) - same)
             del consumed[same:]
         for token in target[same:]:
-            if not self.matcher.consume_token(token):
-                raise GrammarError(f"token {token} left the grammar: {self.matcher.get_error()}")
+            if not self.matcher.consume_token(token):  # the mask allowed it: the parser hit its limits
+                log.debug("token %d left the grammar: %s", token, self.matcher.get_error())
+                raise GrammarError(_too_complex(len(consumed)))
             consumed.append(token)
 
     def allowed_mask(self, pending: list[int] = ()) -> mx.array:
@@ -191,5 +250,6 @@ class GrammarStage:
     def _mask_bits(self) -> np.ndarray:
         self.matcher.unsafe_compute_mask_ptr(self._bitmask.ctypes.data, self._bitmask.nbytes)
         if self.matcher.is_error():
-            raise GrammarError(f"the grammar failed: {self.matcher.get_error()}")
+            log.debug("grammar failed after %d tokens: %s", len(self.consumed), self.matcher.get_error())
+            raise GrammarError(_too_complex(len(self.consumed)))
         return np.unpackbits(self._bitmask.view(np.uint8), bitorder="little")[: self.vocab_size]

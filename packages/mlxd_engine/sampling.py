@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Callable
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors
 
-from mlxd_protocol.sampling_rules import GREEDY, sampling_problem
+from mlxd_protocol.sampling_rules import GREEDY, is_greedy_temperature, sampling_problem
 
 if TYPE_CHECKING:
     from .grammar import Grammar
@@ -36,7 +36,7 @@ LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 class SamplingParams:
     """What one request asks of the sampler. Defaults are greedy decode (``sampling_rules.GREEDY``, as the wire's).
 
-    ``temperature`` 0 means argmax; ``top_k`` 0, ``top_p`` 1 and ``min_p`` 0 are off; penalties of 0
+    ``temperature`` 0 (or below ``GREEDY_TEMPERATURE_FLOOR``) means argmax; ``top_k`` 0, ``top_p`` 1 and ``min_p`` 0 are off; penalties of 0
     (repetition: 1 or 0) are off. ``logprobs`` is the number of alternatives to report per token
     (None: none). ``custom_processors`` are in-process callables (library use only). ``grammar``: a
     compiled schema or grammar (``grammar.compile_grammar``) the output must follow.
@@ -64,7 +64,8 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0
+        """Argmax: temperature 0 or below the floor (``sampling_rules.GREEDY_TEMPERATURE_FLOOR``)."""
+        return is_greedy_temperature(self.temperature)
 
     def filter_key(self) -> tuple:
         """Rows with equal keys and no per-row state can share one batched draw."""

@@ -26,7 +26,7 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from .codec import ProtocolError, decode, encode
-from .endpoints import default_endpoint, parse_endpoint, trace_endpoint
+from .endpoints import TRACE_USER, default_endpoint, parse_endpoint, trace_endpoint
 from .messages import (
     AUTH_TOKEN_ENV, DISCONNECTED, INTERNAL, MAX_FRAME_BYTES, TICK_TOPIC, UNAUTHORIZED, Cancel, Chunk, Detokenize,
     DetokenizeResult, Done, Error, Generate, Hello, Message, Ok, Shutdown, Status, StatusRequest, Tick, Tokenize,
@@ -329,7 +329,7 @@ class Client:
         Returns:
             An iterator of ``Tick`` messages; close it (or use it in a ``with``) to unsubscribe.
         """
-        return TickSubscription(self._context, trace_endpoint(self.endpoint), idle_timeout_s)
+        return TickSubscription(self._context, trace_endpoint(self.endpoint), idle_timeout_s, self.auth_token)
 
     def generate(self, request: Generate) -> Iterator[Chunk | Done]:
         """Send a Generate and iterate over its replies.
@@ -371,14 +371,20 @@ class TickSubscription:
         context: The ZeroMQ context.
         endpoint: The daemon's trace endpoint.
         idle_timeout_s: Longest wait for one tick (None: no limit).
+        auth_token: The daemon's auth token, when it has one: the trace socket then takes only
+            subscribers that log in with it (ZeroMQ PLAIN, user ``endpoints.TRACE_USER``).
     """
 
     POLL_MS = 200  # waits are cut in slices, so ^C is seen promptly
 
-    def __init__(self, context: zmq.Context, endpoint: str, idle_timeout_s: float | None = None) -> None:
+    def __init__(self, context: zmq.Context, endpoint: str, idle_timeout_s: float | None = None,
+                 auth_token: str | None = None) -> None:
         self.endpoint = endpoint
         self.idle_timeout_s = idle_timeout_s
         self._socket = context.socket(zmq.SUB)
+        if auth_token:
+            self._socket.plain_username = TRACE_USER.encode()
+            self._socket.plain_password = auth_token.encode()
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.IPV6, 1)
         self._socket.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)

@@ -20,6 +20,8 @@ from .messages import (
     BAD_FRAME, BAD_VERSION, INVALID, MAX_FRAME_BYTES, MAX_ID_CHARS, MESSAGE_TYPES, PROTOCOL_VERSION,
     SUPPORTED_VERSIONS, UNKNOWN_TYPE, Error, Message)
 
+UNPACK_PIECE_BYTES = 64 * 1024  # a larger frame is unpacked piece by piece (``_unpack``)
+
 
 class ProtocolError(Exception):
     """A frame or message that breaks the protocol.
@@ -82,6 +84,16 @@ def _wire_value(value: Any) -> Any:
     return value
 
 
+def _unencodable(error: Exception) -> str:
+    if isinstance(error, UnicodeEncodeError):
+        return "a string holds a lone surrogate (not valid Unicode text)"
+    if isinstance(error, OverflowError):
+        return "an integer is outside the 64-bit range [-2^63, 2^64)"
+    if "recursion" in str(error) or "depth" in str(error):
+        return "a value is nested too deeply"
+    return "a value cannot be carried by the protocol (only JSON-like values: maps, lists, strings, numbers)"
+
+
 def encode(message: Message) -> bytes:
     """Serialise a message into one frame.
 
@@ -93,8 +105,9 @@ def encode(message: Message) -> bytes:
 
     Raises:
         TypeError: ``message`` is not a protocol message.
-        ProtocolError: INVALID when a field breaks the rules ``decode`` enforces; BAD_FRAME when
-            the frame would exceed MAX_FRAME_BYTES.
+        ProtocolError: INVALID when a field breaks the rules ``decode`` enforces or a free-form value
+            cannot be packed (a lone surrogate, an integer past 64 bits, nesting too deep); BAD_FRAME
+            when the frame would exceed MAX_FRAME_BYTES.
     """
     cls = type(message)
     if MESSAGE_TYPES.get(getattr(cls, "TYPE", "")) is not cls:
@@ -104,10 +117,42 @@ def encode(message: Message) -> bytes:
         _check_id(message)
     except FieldError as error:
         raise ProtocolError(INVALID, f"{cls.TYPE}: {error}", getattr(message, "id", None)) from None
-    frame = msgpack.packb({"v": PROTOCOL_VERSION, "type": cls.TYPE, **_to_wire(message)}, use_bin_type=True)
+    try:
+        frame = msgpack.packb({"v": PROTOCOL_VERSION, "type": cls.TYPE, **_to_wire(message)}, use_bin_type=True)
+    except (UnicodeEncodeError, OverflowError, ValueError, TypeError) as error:
+        # free-form values (chat messages, tools) are not checked field by field: msgpack finds a lone
+        # surrogate, an integer past 64 bits, nesting past its depth limit or a value it cannot carry
+        raise ProtocolError(INVALID, f"{cls.TYPE}: {_unencodable(error)}", getattr(message, "id", None)) from None
     if len(frame) > MAX_FRAME_BYTES:
         raise ProtocolError(BAD_FRAME, f"frame of {len(frame)} bytes exceeds {MAX_FRAME_BYTES}")
     return frame
+
+
+def _unpack(frame: bytes) -> Any:
+    """The frame's msgpack value. A large frame is fed to msgpack in pieces, so a thread decoding it lets
+    the others run in between (one call over megabytes would hold the GIL throughout)."""
+    # strict_map_key stays off because logit_bias is keyed by token id (int); field_checks
+    # refuses every other non-str key, and unhashable keys fail right here as a bad frame.
+    if len(frame) <= UNPACK_PIECE_BYTES:
+        return msgpack.unpackb(frame, raw=False, use_list=True, strict_map_key=False)
+    unpacker = msgpack.Unpacker(raw=False, use_list=True, strict_map_key=False, max_buffer_size=len(frame))
+    view = memoryview(frame)
+    for start in range(0, len(frame), UNPACK_PIECE_BYTES):
+        unpacker.feed(view[start:start + UNPACK_PIECE_BYTES])
+        try:
+            data = unpacker.unpack()
+        except msgpack.OutOfData:
+            continue
+        if unpacker.tell() != len(frame):
+            raise msgpack.ExtraData(data, b"")
+        return data
+    raise msgpack.OutOfData("the frame ends inside a value")
+
+
+def _unpack_problem(exc: Exception) -> str:
+    if isinstance(exc, msgpack.ExtraData):
+        return "ExtraData: bytes after the message"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def decode(frame: bytes) -> Message:
@@ -128,11 +173,9 @@ def decode(frame: bytes) -> Message:
     if len(frame) > MAX_FRAME_BYTES:
         raise ProtocolError(BAD_FRAME, f"frame of {len(frame)} bytes exceeds {MAX_FRAME_BYTES}")
     try:
-        # strict_map_key stays off because logit_bias is keyed by token id (int); field_checks
-        # refuses every other non-str key, and unhashable keys fail right here as a bad frame.
-        data = msgpack.unpackb(frame, raw=False, use_list=True, strict_map_key=False)
+        data = _unpack(frame)
     except Exception as exc:  # msgpack raises many types: ValueError, FormatError, TypeError, ...
-        raise ProtocolError(BAD_FRAME, f"not a msgpack frame ({type(exc).__name__}: {exc})") from None
+        raise ProtocolError(BAD_FRAME, f"not a msgpack frame ({_unpack_problem(exc)})") from None
     if type(data) is not dict:
         raise ProtocolError(BAD_FRAME, f"a frame is a msgpack map, got {type_name(data)}")
     # The id to answer under: only one the reply itself could carry.

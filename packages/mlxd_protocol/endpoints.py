@@ -157,6 +157,11 @@ def ensure_private_dir(endpoint: str) -> Path:
     return directory
 
 
+# With an auth token the trace socket is a ZeroMQ PLAIN server: subscribers log in as this user, with the
+# daemon's auth token as the password (the request socket's Hello carries the same token).
+TRACE_USER = "mlxd"
+
+
 def trace_endpoint(endpoint: str) -> str:
     """The PUB endpoint on which the daemon publishes its tick trace.
 

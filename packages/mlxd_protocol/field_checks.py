@@ -9,13 +9,16 @@ Contract:
     * The rules are small and strict: ``int`` refuses ``bool``, ``float`` accepts ints (returned as
       float) but not NaN, ``X | None`` accepts nil, ``list[T]`` / ``dict[K, V]`` check every item,
       bare ``list`` / ``dict`` are free-form (a bare dict still needs string keys), and a nested
-      dataclass arrives as a map. Strings, lists and maps are capped in size.
+      dataclass arrives as a map. Strings, lists and maps are capped in size; an ``int`` must fit
+      msgpack's 64 bits (``INT_RANGE``) and a string must not hold a lone surrogate (msgpack carries
+      UTF-8 only), so an encoder refuses them with a FieldError instead of failing inside msgpack.
     * Only annotations made of those pieces are supported; anything else is a ``TypeError`` (a bug
       in the message definitions, not in the frame).
 """
 
 import dataclasses
 import math
+import re
 import types
 import typing
 from functools import cache
@@ -25,6 +28,9 @@ from typing import Any, Callable
 MAX_LIST_ITEMS = 1 << 20
 MAX_STRING_CHARS = 16 * 1024 * 1024
 MAX_MAP_ENTRIES = 1 << 16
+# msgpack's integers: int64 to uint64
+INT_RANGE = range(-(1 << 63), 1 << 64)
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 # Exact type() tests: bool is a subclass of int, but a bool is never a valid int on the wire.
 _SCALAR_TESTS: dict[type, Callable[[Any], bool]] = {
@@ -76,13 +82,22 @@ def field_specs(cls: type) -> tuple[tuple[str, Any, bool], ...]:
 def _check_scalar(value: Any, hint: type, where: str) -> Any:
     if not _SCALAR_TESTS[hint](value):
         raise _wrong_type(where, hint, value)
-    if hint is str and len(value) > MAX_STRING_CHARS:
-        raise FieldError(f"{where}: {len(value)} characters, at most {MAX_STRING_CHARS}")
+    if hint is str:
+        if len(value) > MAX_STRING_CHARS:
+            raise FieldError(f"{where}: {len(value)} characters, at most {MAX_STRING_CHARS}")
+        if not value.isascii() and _LONE_SURROGATE.search(value):
+            raise FieldError(f"{where}: holds a lone surrogate (not valid Unicode text)")
+    if hint is int and value not in INT_RANGE:
+        raise FieldError(f"{where}: {_int_outside(value)}")
     if hint is float:
         if math.isnan(value):
             raise FieldError(f"{where}: must not be NaN")
         return float(value)
     return value
+
+
+def _int_outside(value: int) -> str:
+    return f"an integer of {value.bit_length()} bits is outside the 64-bit range [-2^63, 2^64)"
 
 
 def _check_list(value: Any, item_hint: Any, where: str) -> list:
@@ -98,6 +113,9 @@ def _check_list(value: Any, item_hint: Any, where: str) -> list:
         for index, item in enumerate(value):
             if not test(item):
                 raise _wrong_type(f"{where}[{index}]", item_hint, item)
+        if item_hint is int and value and (min(value) < INT_RANGE.start or max(value) >= INT_RANGE.stop):
+            index = next(i for i, item in enumerate(value) if item not in INT_RANGE)
+            raise FieldError(f"{where}[{index}]: {_int_outside(value[index])}")
         return list(value)
     return [check_value(item, item_hint, f"{where}[{index}]") for index, item in enumerate(value)]
 

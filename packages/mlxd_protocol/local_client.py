@@ -71,6 +71,9 @@ class LocalClient:
         self._waiting.clear()
         if self._core.has_work:
             self._core.turn()  # settles the cancellations
+        release = getattr(self._core, "close", None)
+        if release is not None:
+            release()  # the daemon core's host-work threads stop
 
     # ---- the transport -------------------------------------------------------------------------
 

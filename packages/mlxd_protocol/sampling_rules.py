@@ -8,7 +8,9 @@ where the vocabulary is not known) and the engine's ``SamplingParams`` (checked 
 vocabulary). Standard library only, so the protocol stays free of mlx and the engine can import it.
 
 The defaults every sampler type uses mean greedy decoding with every filter off: temperature 0, top_k 0,
-top_p 1, min_p 0, penalties 0; ``GREEDY`` lists them.
+top_p 1, min_p 0, penalties 0; ``GREEDY`` lists them. A temperature below ``GREEDY_TEMPERATURE_FLOOR``
+is greedy too: dividing the logits by it would overflow float32 (1 / 1e-40 is inf) and turn the draw into
+noise, and at that scale the draw is an argmax anyway.
 """
 
 import math
@@ -19,6 +21,14 @@ MAX_LOGPROBS = 20
 # The greedy defaults, shared by messages.Sampling and the engine's SamplingParams (a test holds both to it).
 GREEDY = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 0.0,
           "presence_penalty": 0.0, "frequency_penalty": 0.0}
+
+GREEDY_TEMPERATURE_FLOOR = 1e-5  # vLLM's sampling epsilon
+
+
+def is_greedy_temperature(temperature: float) -> bool:
+    """True for a temperature that means argmax: 0, or anything below ``GREEDY_TEMPERATURE_FLOOR``."""
+    return temperature < GREEDY_TEMPERATURE_FLOOR
+
 
 _FINITE = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 

@@ -16,6 +16,8 @@ from mlxd_scheduler import SchedulerOptions
 RENAMED = {"drain_timeout": ("drain_timeout_s", float), "stream_interval_ms": ("stream_interval_s", lambda ms: ms / 1000.0)}
 SAMPLING = {"temp": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p"}
 NOT_OPTIONS = {"auth_token_file"}  # read into auth_token
+LIMITS = {"max_messages", "max_tokenize_chars", "max_grammar_bytes", "max_grammar_rules", "max_grammar_depth",
+          "max_grammar_repeat"}  # fields of DaemonOptions.limits (HostLimits)
 
 
 def test_mlxd_command_line_defaults_are_the_daemon_options_defaults():
@@ -28,12 +30,20 @@ def test_mlxd_command_line_defaults_are_the_daemon_options_defaults():
         default = param.get_default(context)
         if param.name in SAMPLING:
             assert default == getattr(sampling, SAMPLING[param.name]), param.name
+        elif param.name in LIMITS:
+            assert default == getattr(options.limits, param.name), param.name
         else:
             name, convert = RENAMED.get(param.name, (param.name, lambda value: value))
             default = default if default is None else convert(default)
             assert default == getattr(options, name), (param.name, default, getattr(options, name))
         checked.add(param.name)
     assert {"decode_steps", "max_batch", "prefill_chunk", "lookahead", "temp"} <= checked
+
+
+def test_the_host_limits_grammar_defaults_are_the_engines():
+    from mlxd_engine import GrammarLimits
+
+    assert DaemonOptions().limits.grammar() == GrammarLimits()
 
 
 def test_the_scheduler_defaults_are_the_daemons():
