@@ -5,10 +5,13 @@ mlxd daemons over the protocol's ``AsyncClient`` and streams the answers back. I
 itself and never imports mlx. ``app.create_app(Settings)`` builds the application; ``main.main`` is
 the command line.
 
-Modules, each importing only those before it: ``settings`` (plain data), ``errors``, ``metrics``,
-``daemon_pool`` (the daemons: health, choice, fail-over), ``context`` (what a route may use),
-``streaming`` (SSE and collecting answers), ``middleware``, the routes (``openai_routes``,
-``llama_routes``: they import ``context`` and ``streaming``, never ``app``), then ``app`` and ``main``.
+Modules, each importing only those before it: ``settings`` (plain data), ``json_body`` (reading JSON
+from clients), ``errors``, ``metrics``, ``daemon_pool`` (the daemons: health, choice, fail-over),
+``supervisor`` (restarting a daemon the gateway started), ``context`` (what a route may use),
+``streaming`` (SSE and collecting answers), ``request_guard`` (Host, Origin, Content-Type),
+``middleware``, ``http_timeouts`` (the header read timeout, in the server layer), the routes
+(``openai_routes``, ``llama_routes``: they import ``context`` and ``streaming``, never ``app``), then
+``app`` and ``main``.
 """
 
 from .app import Settings, create_app

@@ -2,17 +2,20 @@
 
 Contract: ``create_app`` returns a FastAPI app serving the OpenAI routes (``openai_routes``) and the
 llama-server routes (``llama_routes``) in front of a ``DaemonPool``, behind the ``GatewayMiddleware``
-(``middleware``). The pool is started and stopped with the app (lifespan), so one process could host
-several apps. Routes reach the gateway only through the ``GatewayContext`` stored on the app
+(``middleware``) and, only when ``Settings.cors_origins`` names origins, Starlette's CORS middleware
+(outermost, so it answers preflights). The pool, and the ``DaemonSupervisor`` of a daemon the gateway
+started, run with the app (lifespan), so one process could host several apps. Routes reach the gateway only through the ``GatewayContext`` stored on the app
 (``context.gateway(request)``); they import the helpers they need (``streaming``, ``context``), never
 this module.
 """
 
 from __future__ import annotations
 
+import asyncio
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
 
 from . import llama_routes, openai_routes
 from .context import GatewayContext, install_context
@@ -21,15 +24,17 @@ from .errors import install_error_handlers
 from .metrics import GatewayMetrics
 from .middleware import GatewayMiddleware
 from .settings import DEFAULT_MAX_BODY_BYTES, Settings
+from .supervisor import DaemonSupervisor
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "Settings", "create_app"]
 
 
-def create_app(settings: Settings) -> FastAPI:
+def create_app(settings: Settings, supervisor: DaemonSupervisor | None = None) -> FastAPI:
     """Build the gateway application.
 
     Args:
         settings: Daemons, limits and the API key.
+        supervisor: Restarts the daemon this gateway started (None: it started none).
 
     Returns:
         The FastAPI app (serve it with uvicorn).
@@ -40,9 +45,18 @@ def create_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         await pool.start()
+        supervising = None
+        if supervisor is not None:
+            def answers() -> bool:
+                return any(handle.up for handle in pool.handles if handle.endpoint == supervisor.endpoint)
+
+            supervising = asyncio.get_running_loop().create_task(supervisor.run(answers), name="mlxd-supervisor")
         try:
             yield
         finally:
+            if supervising is not None:
+                supervising.cancel()
+                await asyncio.gather(supervising, return_exceptions=True)
             await pool.stop()
 
     app = FastAPI(title="mlx-serve-http", version="0.1.0", lifespan=lifespan,
@@ -52,4 +66,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(openai_routes.router)
     app.include_router(llama_routes.router)
     app.add_middleware(GatewayMiddleware, settings=settings, metrics=metrics)
+    if settings.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"], max_age=600)
     return app

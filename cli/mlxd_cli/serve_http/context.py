@@ -3,8 +3,10 @@
 Contract: ``create_app`` stores one ``GatewayContext`` on the app (``install_context``); a route gets it
 with ``gateway(request)``. It holds the settings, the daemon pool (to open generations and make calls)
 and offers the two things routes used to do to the app's state by hand: ``count_generation(done)`` (the
-metrics of a finished generation) and ``token_texts(entries)`` (the text of logprob tokens, cached per
-gateway: the vocabulary is finite). Routes never read or write ``app.state`` themselves.
+metrics of a finished generation), ``token_texts(entries)`` (the text of logprob tokens, cached per
+gateway: the vocabulary is finite) and ``model_name(handle)`` (the ``model`` of every reply: the
+``--alias``, else the last component of the daemon's model path, never a whole path). Routes never read
+or write ``app.state`` themselves.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from starlette.requests import Request
 
 from mlxd_protocol import Done
 
-from .daemon_pool import DaemonPool, call_daemon
+from .daemon_pool import DaemonHandle, DaemonPool, call_daemon
 from .metrics import GatewayMetrics
 from .settings import Settings
 
@@ -28,6 +30,12 @@ class GatewayContext:
     pool: DaemonPool
     metrics: GatewayMetrics
     _token_texts: dict[int, str] = field(default_factory=dict, repr=False)  # token id -> text
+
+    def model_name(self, handle: DaemonHandle) -> str:
+        """The model id replies carry for a daemon: the alias, else its checkpoint's name."""
+        if self.settings.model_alias:
+            return self.settings.model_alias
+        return checkpoint_name(handle.status.model) if handle.status is not None else "mlxd"
 
     def count_generation(self, done: Done) -> None:
         """Record a finished generation (tokens, speed) in the metrics."""
@@ -57,6 +65,19 @@ class GatewayContext:
             cache.update((token, double[len(single):] if double.startswith(single) else single)
                          for token, single, double in zip(missing, alone, twice))
         return cache
+
+
+def checkpoint_name(model: str) -> str:
+    """The last component of a model path or hub id (``/models/SmolLM2-135M/`` -> ``SmolLM2-135M``).
+
+    Args:
+        model: The model as the daemon reports it (a local path, a hub id, a .gguf file).
+
+    Returns:
+        Its name, which reveals no directory of the server.
+    """
+    name = model.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+    return name or "mlxd"
 
 
 def install_context(app: FastAPI, context: GatewayContext) -> None:

@@ -4,10 +4,14 @@ Contract:
     * ``DaemonPool(endpoints)`` keeps one ``AsyncClient`` per daemon. ``start()`` probes them once,
       then one health task per daemon asks it for its Status every ``health_interval_s`` (at once
       again after a miss). A daemon is *up* after one answer, *down* after ``DOWN_AFTER_MISSES``
-      misses in a row, and *dead* after ``DEAD_AFTER_MISSES`` (about 30 s): then its client is closed, which
-      fails every request still waiting on it with ``client_closed``, and a fresh client is opened.
-      Down only stops new requests (a daemon busy with a long prefill may answer probes late);
-      dead means nothing more will come (a daemon that hangs with its socket open).
+      misses in a row, and *stalled* when no probe sent in the last ``STALLED_DAEMON_TIMEOUT_S``
+      seconds was answered on an open connection (a daemon that hangs with its socket open): then its
+      client is closed, which fails every request still waiting on it with ``client_closed`` (a stream
+      ends with an error event, a plain answer is a 503), and a fresh client is opened. That one value
+      is the whole stalled-daemon timeout: it counts time, not probes, so probes made for /health do
+      not shorten it, and no per-call timeout fires before it (``REPLY_TIMEOUT_S`` is only a backstop
+      for a daemon that answers probes yet never replies to one request).
+      Down only stops new requests (a daemon busy with a long prefill may answer probes late).
     * A daemon that exits or is killed is noticed at once, not after missed probes: its client's
       socket monitor reports the dropped connection, which fails the requests waiting on it with
       ``disconnected`` (a stream then ends with an error event) and marks the daemon down. While
@@ -40,15 +44,14 @@ from .errors import UNAVAILABLE_CODES, NoDaemonAvailable, from_daemon_failure
 log = logging.getLogger("mlx-serve-http")
 
 DOWN_AFTER_MISSES = 2  # one late answer under load is not an outage
-# ~30 s without any answer on an open connection (a hung daemon): fail its requests. A daemon answers
-# between ticks, and on a CPU one tick of a 135M model (a 512-token prompt chunk at a long context beside
-# verify rounds) can take seconds: at 5 misses, 4 concurrent 1.6K-token chats on SmolLM2 had 2 of 16
-# requests failed by a live, busy daemon (docs/benchmark_results/prefix_cache_smollm2_c4).
-DEAD_AFTER_MISSES = 30
+# A daemon whose open connection answered no probe for this long is stalled: its requests fail (503 or
+# an SSE error event) and its client is replaced. A daemon answers probes between ticks, and on a CPU one
+# tick of a 135M model (a 512-token prompt chunk at a long context beside verify rounds) can take
+# seconds: a short value failed requests of a live, busy daemon (docs/benchmark_results/prefix_cache_smollm2_c4).
+STALLED_DAEMON_TIMEOUT_S = 30.0
 PROBE_TIMEOUT_S = 1.0
-CALL_TIMEOUT_S = 15.0  # tokenize / detokenize through the pool
-# Per-reply wait on a generation: long enough for a queue plus a long prefill on CPU. A dead daemon
-# is noticed by the health task well before this.
+# Per-reply wait on the protocol client: a backstop far above STALLED_DAEMON_TIMEOUT_S, for a daemon that
+# answers probes but never replies to one request. A stalled or dead daemon is noticed well before this.
 REPLY_TIMEOUT_S = 600.0
 
 
@@ -62,7 +65,8 @@ class DaemonHandle:
     in_flight: int = 0
     misses: int = 0
     status: Status | None = None  # the last Status it answered
-    last_error: str = "not probed yet"
+    last_error: str = "not probed yet"  # why it is down, as clients may read it (no endpoint, no path)
+    unanswered_since: float | None = None  # loop time the first unanswered probe of this run was sent
     went_down: asyncio.Event = field(default_factory=asyncio.Event)  # set while down; new one when up
 
     @property
@@ -140,7 +144,8 @@ class DaemonPool:
 
         def dropped(reason: str) -> None:
             if handle.client is client:  # not a client already replaced by a fresh one
-                self.mark_down(handle, reason)
+                log.warning("daemon %s: %s", handle.endpoint, reason)
+                self.mark_down(handle, "its connection dropped (it exited or was killed)")
 
         client.on_disconnect(dropped)
 
@@ -185,21 +190,27 @@ class DaemonPool:
 
     async def _probe(self, handle: DaemonHandle) -> bool:
         if handle.client.connection_lost:
-            self.mark_down(handle, f"no connection to {handle.endpoint}: it dropped and is not back")
+            self.mark_down(handle, "its connection dropped (it exited or was killed) and is not back yet")
             return False  # at once: a probe could only time out
+        loop = asyncio.get_running_loop()
+        sent_at = loop.time()
         try:
             async with asyncio.timeout(PROBE_TIMEOUT_S):
                 status = await handle.client.status()
         except (DaemonError, DaemonTimeout, TimeoutError) as error:
             handle.misses += 1
-            reason = f"no answer from {handle.endpoint}: {str(error) or type(error).__name__}"
+            if handle.unanswered_since is None:
+                handle.unanswered_since = sent_at
+            log.debug("no answer from %s: %s", handle.endpoint, str(error) or type(error).__name__)
             if handle.misses >= DOWN_AFTER_MISSES or not handle.up:
-                self.mark_down(handle, reason)
-            if handle.misses == DEAD_AFTER_MISSES:
+                self.mark_down(handle, "it does not answer (busy, loading or stalled)")
+            if loop.time() - handle.unanswered_since >= STALLED_DAEMON_TIMEOUT_S:
+                handle.unanswered_since = None  # the fresh client starts a new count
                 await self._reset_client(handle)
             return False
         handle.status = status
         handle.misses = 0
+        handle.unanswered_since = None
         if not handle.up:
             log.info("daemon %s is up (model %s)", handle.endpoint, status.model)
             handle.up = True
@@ -221,7 +232,8 @@ class DaemonPool:
 
     async def _reset_client(self, handle: DaemonHandle) -> None:
         """Close a dead daemon's client (waking everything waiting on it) and open a fresh one."""
-        log.warning("daemon %s is not answering at all; failing its requests", handle.endpoint)
+        log.warning("daemon %s answered no probe for %g s (stalled); failing its requests", handle.endpoint,
+                    STALLED_DAEMON_TIMEOUT_S)
         old_client, handle.client = handle.client, self._new_client(handle.endpoint)
         self._watch_connection(handle)
         handle.client.start()
@@ -247,12 +259,18 @@ class DaemonPool:
         """
         candidates = [handle for handle in self.up_handles() if handle.endpoint not in exclude]
         if not candidates:
-            reasons = "; ".join(handle.last_error for handle in self.handles if not handle.up)
-            raise NoDaemonAvailable(reasons or "every daemon was tried")
+            raise NoDaemonAvailable(self.down_reasons() or "every daemon was tried")
         turn = next(self._round_robin)
         count = len(self.handles)
         order = {handle.endpoint: index for index, handle in enumerate(self.handles)}
         return min(candidates, key=lambda handle: (handle.in_flight, (order[handle.endpoint] - turn) % count))
+
+    def down_reasons(self) -> str:
+        """Why the daemons that are down are down, as clients may read it (numbered, never an endpoint)."""
+        down = [(number, handle) for number, handle in enumerate(self.handles, 1) if not handle.up]
+        if len(self.handles) == 1:
+            return "; ".join(handle.last_error for _, handle in down)
+        return "; ".join(f"daemon {number}: {handle.last_error}" for number, handle in down)
 
     # ---- forwarding ----------------------------------------------------------------------------
 
@@ -285,7 +303,8 @@ class DaemonPool:
                 if isinstance(error, _FailOver):
                     continue  # nothing reached the client yet: try the next daemon
                 if _daemon_unavailable(error):
-                    self.mark_down(handle, f"{type(error).__name__}: {error}")
+                    log.warning("daemon %s failed a request: %s", handle.endpoint, error)
+                    self.mark_down(handle, "it stopped answering")
                     continue
                 if isinstance(error, DaemonError) and error.code == OVERLOADED and self._untried(tried):
                     continue  # a full queue (or a draining daemon) here; another daemon may have room
@@ -331,12 +350,13 @@ class DaemonPool:
             tried.add(handle.endpoint)
             handle.in_flight += 1
             try:
-                async with asyncio.timeout(CALL_TIMEOUT_S):
-                    return await operation(handle.client)
-            except (DaemonError, DaemonTimeout, TimeoutError) as error:
+                # No timeout of its own: a stalled daemon's calls end with the stalled-daemon rule.
+                return await operation(handle.client)
+            except (DaemonError, DaemonTimeout) as error:
                 if not _daemon_unavailable(error):
                     raise
-                self.mark_down(handle, f"{type(error).__name__}: {error}")
+                log.warning("daemon %s failed a call: %s", handle.endpoint, error)
+                self.mark_down(handle, "it stopped answering")
             finally:
                 handle.in_flight -= 1
 

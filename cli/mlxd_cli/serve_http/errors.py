@@ -5,9 +5,12 @@ Contract:
       the gateway middleware, a bug), has OpenAI's body
       ``{"error": {"message": str, "type": str, "param": str | null, "code": str | null}}``.
     * ``ApiError`` is the one exception routes raise; ``from_daemon_failure`` turns what the protocol
-      client raises into one: ``invalid_request`` -> 400, ``not_found`` -> 404, ``overloaded`` -> 429,
-      daemon down / timeout / shutting down -> 503, anything else -> 500. 429 and 503 carry
-      ``Retry-After``.
+      client raises into one: ``invalid_request`` and a daemon's host-work limit -> 400, ``not_found`` ->
+      404, a reply too large to send -> 413, ``overloaded`` -> 429, daemon down / timeout / shutting down
+      -> 503, anything else -> 500. 429 and 503 carry ``Retry-After``.
+    * No body names a Python exception, a file path or a socket path: a 500 says only that something
+      failed (the log has the details), a 503 why no daemon serves without naming its endpoint, and a
+      daemon's own message has any path in it replaced by ``<path>`` (``public_text``).
     * Validation errors answer 400 (not FastAPI's 422) with the first problem named field by field.
 """
 
@@ -21,7 +24,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from mlxd_protocol import CANCELLED, CLIENT_CLOSED, DISCONNECTED, INVALID, NOT_FOUND, OVERLOADED, DaemonError, DaemonTimeout, ProtocolError
+import re
+
+from mlxd_protocol import (
+    BAD_FRAME, CANCELLED, CLIENT_CLOSED, DISCONNECTED, INVALID, NOT_FOUND, OVERLOADED, DaemonError, DaemonTimeout,
+    ProtocolError)
 
 from .schemas import ErrorResponse
 
@@ -31,18 +38,54 @@ RETRY_AFTER_S = 1  # what 429 / 503 tell clients to wait: daemons free up (or co
 
 # OpenAI's error "type" for each status we send.
 _TYPE_BY_STATUS = {
-    400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-    405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+    405: "invalid_request_error", 408: "invalid_request_error", 413: "invalid_request_error",
+    415: "invalid_request_error", 429: "rate_limit_error",
     500: "server_error", 503: "service_unavailable",
 }
 # Daemon codes that mean "this daemon cannot serve now", not "the request is bad".
 UNAVAILABLE_CODES = frozenset({CLIENT_CLOSED, CANCELLED, DISCONNECTED})
+# What a 500 says: the details (an exception, a library's state) are in the log, never in the body.
+INTERNAL_MESSAGE = "internal error while answering this request (the server's log has the details)"
+# A socket endpoint, or an absolute path of two or more parts (not a JSON pointer "#/a/b", not "a/b").
+_PATH = re.compile(r"(?:ipc|tcp|inproc)://\S+|(?<![\w.#~/-])(?:~|[A-Za-z]:)?(?:/[\w.@+-]+){2,}/?")
+
+
+def public_text(text: str) -> str:
+    """``text`` with every socket endpoint and absolute file path replaced by ``<path>``."""
+    return _PATH.sub("<path>", text)
+
+
+# How mlxd words an invalid_request whose reply could not be sent: past the protocol's frame limit.
+REPLY_TOO_LARGE_PREFIX = "the reply is larger than"
+
+
+def _status_of_daemon_code(code: str) -> int:
+    """The HTTP status of a daemon error code.
+
+    The codes a daemon may add within a protocol version are read by name: one saying a reply (or a
+    frame) was too large is 413; one saying the request went over a limit of the daemon's host work
+    (tokenizing, templating, compiling a grammar) is 400; any other unknown code is 500.
+    """
+    known = {INVALID: 400, NOT_FOUND: 404, OVERLOADED: 429, BAD_FRAME: 413}
+    if code in known:
+        return known[code]
+    if code in UNAVAILABLE_CODES:
+        return 503
+    if "too_large" in code or "too_big" in code:
+        return 413
+    if "limit" in code:
+        return 400
+    return 500
 
 
 # For /openapi.json: every route may answer these, all with the OpenAI error body.
 ERROR_RESPONSES: dict[int | str, dict] = {
     status: {"model": ErrorResponse, "description": description} for status, description in (
-        (400, "invalid request"), (401, "missing or wrong API key"), (413, "request body too large"),
+        (400, "invalid request (or a Host header this server does not answer to)"),
+        (401, "missing or wrong API key"), (403, "a browser request from an origin not in --cors-origins"),
+        (408, "the request body did not arrive in time"), (413, "request body too large"),
+        (415, "the request body is not declared as JSON"),
         (429, "too many requests in flight, or the daemon is overloaded (see Retry-After)"),
         (500, "internal error"), (503, "no daemon available (see Retry-After)"))
 }
@@ -102,21 +145,26 @@ def from_daemon_failure(error: BaseException) -> ApiError:
     if isinstance(error, NoDaemonAvailable):
         return ApiError(503, f"no mlxd daemon is available: {error}", code="daemon_unavailable")
     if isinstance(error, DaemonTimeout):
-        return ApiError(503, f"the daemon did not answer in time: {error}", code="daemon_timeout")
+        return ApiError(503, "the daemon did not answer in time; retry shortly", code="daemon_timeout")
     if isinstance(error, ProtocolError):
         # Raised before sending: the request broke a protocol rule the HTTP schema did not catch.
-        return ApiError(400, str(error), code=INVALID)
+        status = 413 if error.code == BAD_FRAME else 400
+        return ApiError(status, public_text(error.message), code=INVALID if status == 400 else "request_too_large")
     if isinstance(error, DaemonError):
-        if error.code == INVALID:
-            return ApiError(400, error.message, code=INVALID)
-        if error.code == NOT_FOUND:
-            return ApiError(404, error.message, code=NOT_FOUND)
-        if error.code == OVERLOADED:
-            return ApiError(429, f"the daemon is overloaded: {error.message}", code=OVERLOADED)
-        if error.code in UNAVAILABLE_CODES:
-            return ApiError(503, f"the daemon is unavailable: {error.message}", code="daemon_unavailable")
-        return ApiError(500, f"the daemon failed: {error.code}: {error.message}", code=error.code)
-    return ApiError(500, f"internal error: {type(error).__name__}: {error}", code="internal")
+        status = _status_of_daemon_code(error.code)
+        if status == 400 and error.message.startswith(REPLY_TOO_LARGE_PREFIX):
+            return ApiError(413, public_text(error.message), code="reply_too_large")
+        if status == 503:
+            return ApiError(503, "the daemon stopped while answering this request (it exited, was restarted or "
+                                 "stalled); retry shortly", code="daemon_unavailable")
+        if status == 500:
+            log.error("daemon error %s: %s", error.code, error.message)
+            return ApiError(500, INTERNAL_MESSAGE, code=error.code)
+        if status == 429:
+            return ApiError(429, f"the daemon is overloaded: {public_text(error.message)}", code=OVERLOADED)
+        return ApiError(status, public_text(error.message), code=error.code)
+    log.error("unexpected failure talking to a daemon: %r", error)
+    return ApiError(500, INTERNAL_MESSAGE, code="internal")
 
 
 def describe_validation_error(errors: list[dict]) -> tuple[str, str | None]:
@@ -190,7 +238,7 @@ def install_error_handlers(app: FastAPI) -> None:
             message = f"method {request.method} is not allowed on {request.url.path}"
         else:
             message = str(error.detail)
-        api_error = ApiError(error.status_code, message, code=_code_for(error.status_code))
+        api_error = ApiError(error.status_code, message, code=getattr(error, "code", None) or _code_for(error.status_code))
         response = api_error.response()
         for name, value in (error.headers or {}).items():
             response.headers[name] = value  # e.g. Allow on 405
@@ -199,7 +247,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def unexpected_error(request: Request, error: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return ApiError(500, f"internal error: {type(error).__name__}: {error}", code="internal").response()
+        return ApiError(500, INTERNAL_MESSAGE, code="internal").response()
 
 
 def _code_for(status: int) -> str:

@@ -27,6 +27,7 @@ from mlxd_protocol import Done, Generate, new_request_id
 from .context import gateway
 from .daemon_pool import DaemonHandle, DaemonPool, GenerationStream, call_daemon, open_generation
 from .errors import ERROR_RESPONSES, ApiError, NoDaemonAvailable, from_daemon_failure
+from .json_body import JsonBodyRoute
 from .metrics import CONTENT_TYPE
 from .schemas import (
     MAX_TOKENS_LIMIT, DetokenizeRequest, DetokenizeResponse, Health, LlamaCompletion, LlamaCompletionRequest,
@@ -35,7 +36,7 @@ from .request_fields import (
     LLAMA_NO_EFFECT, LLAMA_UNIMPLEMENTED, check_extra_fields, ignored_fields_header, name_daemon_field)
 from .streaming import SSE_HEADERS, ClosingStreamingResponse, StreamedOutput, collect_generation, sse_body, sse_event
 
-router = APIRouter()
+router = APIRouter(route_class=JsonBodyRoute)  # bodies read by json_body.parse_json
 FALLBACK_CONTEXT = 4096  # n_predict -1 on a daemon that has not reported its context bound
 
 
@@ -94,11 +95,6 @@ def llama_answer(model: str, content: str, done: Done, stop_type: str, stopping_
         stopping_word=stopping_word, timings=done.timings)
 
 
-def _model(stream: GenerationStream) -> str:
-    status = stream.handle.status
-    return status.model if status is not None else "mlxd"
-
-
 @router.post("/completion", response_model=LlamaCompletion,
              responses={200: {"content": {"text/event-stream": {}}}, **ERROR_RESPONSES})
 async def completion(body: LlamaCompletionRequest, request: Request, response: Response):
@@ -118,7 +114,7 @@ async def completion(body: LlamaCompletionRequest, request: Request, response: R
     response.headers.update(headers)
     gateway(request).count_generation(result.done)
     stop_type, word = await stop_reason(pool, result.done, result.tokens, normalize_stop(body.stop))
-    return llama_answer(_model(stream), result.text, result.done, stop_type, word)
+    return llama_answer(gateway(request).model_name(stream.handle), result.text, result.done, stop_type, word)
 
 
 def _completion_events(stream: GenerationStream, request: Request, stop: list[str]) -> AsyncIterator[bytes]:
@@ -131,7 +127,7 @@ def _completion_events(stream: GenerationStream, request: Request, stop: list[st
         if isinstance(reply, Done):
             gateway(request).count_generation(reply)
             stop_type, word = await stop_reason(gateway(request).pool, reply, output.tokens, stop)
-            yield sse_event(llama_answer(_model(stream), "", reply, stop_type, word).model_dump_json())
+            yield sse_event(llama_answer(gateway(request).model_name(stream.handle), "", reply, stop_type, word).model_dump_json())
 
     return sse_body(stream, request, events_for)
 
@@ -159,8 +155,7 @@ async def health(request: Request):
         await pool.probe_all()  # do not make a client wait for the next round of the health task
     if pool.up_handles():
         return Health(status="ok")
-    reasons = "; ".join(handle.last_error for handle in pool.handles)
-    error = from_daemon_failure(NoDaemonAvailable(reasons or "no daemon answers (loading?)"))
+    error = from_daemon_failure(NoDaemonAvailable(pool.down_reasons() or "no daemon answers (loading?)"))
     return JSONResponse(error.body(), status_code=503, headers=error.headers())
 
 

@@ -1,19 +1,24 @@
-"""The gateway middleware: metrics, auth, body-size and concurrency limits, before any route.
+"""The gateway middleware: metrics, browser checks, auth, body limits and concurrency limits, before any route.
 
 Contract: ``GatewayMiddleware`` (pure ASGI, so streaming and disconnects pass through untouched) runs
-before any route, in this order: count the request in the metrics; demand ``Authorization: Bearer KEY``
-when an API key is set (every path but /health; compared in constant time); refuse bodies over
-``max_body_bytes`` with 413, by Content-Length and by counting the bytes that actually arrive; refuse
-with 429 + Retry-After, at once, a request beyond ``max_concurrency`` in flight (no queue: the daemons
-already queue) or beyond ``max_requests_per_client`` from one address.
+before any route, in this order: count the request in the metrics; refuse a Host header the gateway does
+not answer to (400) and a browser request from a foreign origin (403), as ``request_guard`` says; demand
+``Authorization: Bearer KEY`` when an API key is set (every path but /health; compared in constant
+time); refuse a body that is not JSON (415); refuse bodies over ``max_body_bytes`` with 413, by
+Content-Length and by counting the bytes that actually arrive; answer 408 and close the connection when
+the body does not arrive within ``body_timeout_s``; refuse with 429 + Retry-After, at once, a request
+beyond ``max_concurrency`` in flight (no queue: the daemons already queue) or beyond
+``max_requests_per_client`` from one address.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 
 from .errors import ApiError
+from .request_guard import content_type_problem, host_problem, origin_problem
 from .metrics import GatewayMetrics
 from .settings import Settings
 
@@ -58,6 +63,12 @@ class GatewayMiddleware:
             self.metrics.count_request(path, sent_status)
 
     async def _guarded(self, scope, receive, send, path: str) -> None:
+        host = _header(scope, b"host")
+        refused = (host_problem(host, self.settings.allowed_hosts)
+                   or origin_problem(_header(scope, b"origin"), host, self.settings.cors_origins))
+        if refused is not None:
+            await _send_error(send, refused)
+            return
         if self._expected_auth is not None and path not in OPEN_PATHS and not self._authorized(scope):
             await _send_error(send, ApiError(401, "missing or wrong API key: send Authorization: Bearer <key>",
                                              code="invalid_api_key"), {"WWW-Authenticate": "Bearer"})
@@ -115,21 +126,32 @@ class GatewayMiddleware:
                 return None
         if scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
             return receive
+        refused = content_type_problem(_header(scope, b"content-type"))
+        if refused is not None:
+            await _send_error(send, refused)
+            return None
         _treat_body_as_json(scope)
         chunks: list[bytes] = []
         size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return None
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:  # a chunked upload (or a lying Content-Length): stop reading now
-                await _send_error(send, _too_large(limit))
-                return None
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
+        try:
+            async with asyncio.timeout(self.settings.body_timeout_s):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return None
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > limit:  # a chunked upload (or a lying Content-Length): stop reading now
+                        await _send_error(send, _too_large(limit))
+                        return None
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:
+            await _send_error(send, ApiError(408, f"the request body did not arrive within "
+                                                  f"{self.settings.body_timeout_s:g} s", code="request_timeout"),
+                              {"Connection": "close"})
+            return None
         body = b"".join(chunks)
         replayed = False
 
@@ -144,10 +166,11 @@ class GatewayMiddleware:
 
 
 def _treat_body_as_json(scope) -> None:
-    """Every POST body here is JSON; read it as such whatever Content-Type says.
+    """Read a body sent without a Content-Type, or as ``curl -d`` sends it, as JSON.
 
     ``curl -d`` sends ``application/x-www-form-urlencoded``, and llama-server and mlx_lm.server
-    parse the body as JSON regardless, so clients written for them must work here too.
+    parse the body as JSON regardless, so clients written for them must work here too; other
+    content types were refused before (``request_guard.content_type_problem``).
     """
     content_type = _header(scope, b"content-type") or ""
     if "json" not in content_type.lower():

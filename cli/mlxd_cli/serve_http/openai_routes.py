@@ -32,6 +32,7 @@ from mlxd_protocol import Done, Generate, new_request_id
 from .context import gateway
 from .daemon_pool import DaemonHandle, GenerationStream, open_generation
 from .errors import ERROR_RESPONSES, ApiError, NoDaemonAvailable, from_daemon_failure
+from .json_body import JsonBodyRoute
 from .schemas import (
     MAX_TOKENS_LIMIT, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
     ChatDelta, ChatMessageOut, Completion, CompletionChoice, CompletionRequest, CompletionTokensDetails, ModelCard,
@@ -40,7 +41,7 @@ from .request_fields import (
     OPENAI_NO_EFFECT, OPENAI_UNIMPLEMENTED, check_extra_fields, ignored_fields_header, name_daemon_field)
 from .streaming import SSE_HEADERS, ClosingStreamingResponse, StreamedOutput, collect_generation, sse_body, sse_event
 
-router = APIRouter()
+router = APIRouter(route_class=JsonBodyRoute)  # bodies read by json_body.parse_json
 FINISH_REASONS = {"stop": "stop", "length": "length", "cancelled": "stop"}
 CHAT_FIELDS = {"constraint": "response_format", "tools": "tools", "tool_choice": "tool_choice"}  # daemon -> HTTP
 FALLBACK_MAX_TOKENS = 256  # when the daemon has not reported its context bound
@@ -89,11 +90,6 @@ def request_builder(body: OpenAIGenerationFields, prompt_fields: dict, max_token
                         prediction=body.prediction_text(), **(tool_fields or {}))
 
     return make_request
-
-
-def model_name(stream: GenerationStream) -> str:
-    status = stream.handle.status
-    return status.model if status is not None else "mlxd"
 
 
 def chat_logprobs(entries: list[dict], texts: dict[int, str]) -> dict:
@@ -152,7 +148,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, respon
     calls = tool_calls_of(result.done)
     message = ChatMessageOut(content=result.text or None, tool_calls=calls) if calls else ChatMessageOut(content=result.text)
     return ChatCompletion(
-        id=reply_id, created=created, model=model_name(stream), usage=usage_of(result.done), timings=result.done.timings,
+        id=reply_id, created=created, model=gateway(request).model_name(stream.handle), usage=usage_of(result.done), timings=result.done.timings,
         choices=[ChatChoice(message=message, logprobs=choice_logprobs, finish_reason=chat_finish_reason(result.done))])
 
 
@@ -173,7 +169,7 @@ def chat_finish_reason(done: Done) -> str:
 
 def _chat_events(stream: GenerationStream, request: Request, reply_id: str, created: int,
                  want_logprobs: bool, include_usage: bool) -> AsyncIterator[bytes]:
-    model = model_name(stream)
+    model = gateway(request).model_name(stream.handle)
     output = StreamedOutput()
 
     def event(choices: list[ChatChunkChoice], **extra) -> bytes:
@@ -227,14 +223,14 @@ async def completions(body: CompletionRequest, request: Request, response: Respo
     choice_logprobs = (completion_logprobs(result.logprobs, await gateway(request).token_texts(result.logprobs), 0)
                        if body.logprobs is not None else None)
     return Completion(
-        id=reply_id, created=created, model=model_name(stream), usage=usage_of(result.done), timings=result.done.timings,
+        id=reply_id, created=created, model=gateway(request).model_name(stream.handle), usage=usage_of(result.done), timings=result.done.timings,
         choices=[CompletionChoice(text=result.text, logprobs=choice_logprobs,
                                   finish_reason=FINISH_REASONS[result.done.finish_reason])])
 
 
 def _completion_events(stream: GenerationStream, request: Request, reply_id: str, created: int,
                        want_logprobs: bool, include_usage: bool) -> AsyncIterator[bytes]:
-    model = model_name(stream)
+    model = gateway(request).model_name(stream.handle)
     output = StreamedOutput()
 
     def event(choices: list[CompletionChoice], **extra) -> bytes:
@@ -266,7 +262,7 @@ def _completion_events(stream: GenerationStream, request: Request, reply_id: str
 async def list_models(request: Request) -> ModelList:
     """The model(s) the daemons serve."""
     pool = gateway(request).pool
-    models = [handle.status.model for handle in pool.up_handles() if handle.status is not None]
+    models = [gateway(request).model_name(handle) for handle in pool.up_handles() if handle.status is not None]
     if not models:
         raise from_daemon_failure(_no_daemon(pool))
     created = int(time.time())
@@ -274,4 +270,4 @@ async def list_models(request: Request) -> ModelList:
 
 
 def _no_daemon(pool) -> NoDaemonAvailable:
-    return NoDaemonAvailable("; ".join(handle.last_error for handle in pool.handles) or "no daemon answers")
+    return NoDaemonAvailable(pool.down_reasons() or "no daemon answers")

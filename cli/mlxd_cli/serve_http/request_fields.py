@@ -9,7 +9,8 @@ Contract:
     * A field defined there that cannot change the output (``service_tier``, ``metadata``,
       ``mirostat_tau`` beside ``mirostat`` 0, ...) is accepted silently.
     * Any other field (a vendor extension nobody defines) is ignored, as llama-server and vLLM do, but
-      logged once per name and listed in the ``X-Mlxd-Ignored-Fields`` response header.
+      logged once per name and listed in the ``X-Mlxd-Ignored-Fields`` response header (percent-encoded
+      beyond printable ASCII, so any name fits in a header).
 
 The request models keep the extra fields (``extra="allow"``) so ``check_extra_fields`` sees them.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote
 
 from pydantic import BaseModel
 
@@ -27,6 +29,9 @@ from .errors import ApiError
 log = logging.getLogger("mlxd.gateway")
 
 IGNORED_FIELDS_HEADER = "X-Mlxd-Ignored-Fields"
+MAX_NAMED_IGNORED = 32  # the header stays short whatever a client sends
+MAX_IGNORED_NAME_CHARS = 64
+_HEADER_SAFE = "".join(chr(code) for code in range(0x21, 0x7F) if chr(code) not in ",%")
 Neutral = Callable[[Any], bool]
 
 
@@ -93,6 +98,7 @@ LLAMA_NO_EFFECT = frozenset({
 })
 
 _logged: set[str] = set()
+MAX_LOGGED_NAMES = 1024  # random names from clients must not grow the set without bound
 
 
 def check_extra_fields(body: BaseModel, unimplemented: dict[str, tuple[Neutral, str]],
@@ -118,16 +124,24 @@ def check_extra_fields(body: BaseModel, unimplemented: dict[str, tuple[Neutral, 
                 raise ApiError(400, f"{name}: {why}", param=name, code="unsupported_field")
     ignored = sorted(name for name in extra if name not in unimplemented and name not in no_effect)
     for name in ignored:
-        if name not in _logged:
+        if name not in _logged and len(_logged) < MAX_LOGGED_NAMES:
             _logged.add(name)
-            log.warning("request field %r is not defined by OpenAI or llama-server and is ignored "
+            log.warning("request field %a is not defined by OpenAI or llama-server and is ignored "
                         "(named in the %s response header)", name, IGNORED_FIELDS_HEADER)
     return ignored
 
 
 def ignored_fields_header(ignored: list[str]) -> dict[str, str]:
-    """The response header naming the ignored fields (empty when none were)."""
-    return {IGNORED_FIELDS_HEADER: ", ".join(ignored)} if ignored else {}
+    """The response header naming the ignored fields (empty when none were).
+
+    A header carries Latin-1 only and no control characters: each name is percent-encoded (UTF-8)
+    beyond printable ASCII, and commas in a name too; at most ``MAX_NAMED_IGNORED`` names are listed.
+    """
+    if not ignored:
+        return {}
+    names = [quote(name[:MAX_IGNORED_NAME_CHARS], safe=_HEADER_SAFE, errors="surrogatepass") for name in ignored[:MAX_NAMED_IGNORED]]
+    more = len(ignored) - MAX_NAMED_IGNORED
+    return {IGNORED_FIELDS_HEADER: ", ".join(names) + (f", (and {more} more)" if more > 0 else "")}
 
 
 def name_daemon_field(error: ApiError, fields: dict[str, str]) -> ApiError:

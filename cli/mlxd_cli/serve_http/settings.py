@@ -6,6 +6,13 @@ from dataclasses import dataclass
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 DEFAULT_MAX_REQUESTS_PER_CLIENT = 32  # one client cannot hold every row of every daemon
+# A client must send a request's headers within this many seconds of connecting (or of the previous
+# response on a kept-alive connection), and its body within BODY_TIMEOUT_S of the headers: a client
+# trickling bytes (slowloris) cannot hold a connection. Generous for any real client on any link.
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+DEFAULT_BODY_TIMEOUT_S = 60.0
+# Host names every gateway answers to: the loopback names (DNS rebinding needs some other name).
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 
 
 @dataclass
@@ -19,6 +26,12 @@ class Settings:
         max_body_bytes: Largest request body accepted.
         max_requests_per_client: Most requests in flight from one client address (None: no limit).
         health_interval_s: Seconds between health probes of each daemon.
+        model_alias: The ``model`` every reply names (None: the checkpoint's name).
+        allowed_hosts: Host header names answered (lower case, no port; IPv6 without brackets); None:
+            any (the check is off).
+        cors_origins: Browser origins allowed to call the API (CORS); empty: none, "*" in it: any.
+        header_timeout_s: Longest wait for a request's headers.
+        body_timeout_s: Longest wait for a request's whole body, once its headers came.
     """
 
     daemons: list[str]
@@ -27,3 +40,8 @@ class Settings:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_requests_per_client: int | None = DEFAULT_MAX_REQUESTS_PER_CLIENT
     health_interval_s: float = 1.0
+    model_alias: str | None = None
+    allowed_hosts: frozenset[str] | None = frozenset(LOOPBACK_HOSTS)
+    cors_origins: tuple[str, ...] = ()
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S

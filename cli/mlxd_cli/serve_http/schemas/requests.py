@@ -6,21 +6,24 @@ Contract:
       Fields without a model field are kept (``extra="allow"``) for ``request_fields``: one that
       OpenAI or llama-server define and mlxd does not implement is refused (400 naming it) unless sent
       at its neutral value; a vendor extension nobody defines is ignored, logged and named in a header.
+    * Bodies are read by ``json_body.parse_json`` (no lone surrogates, no integer outside int64, bounded
+      nesting); JSON text inside a field (a tool call's ``arguments``) is held to the same rules.
     * Sampling fields left out take the serving daemon's defaults (its ``--temp`` etc.), not OpenAI's:
       ``sampling_overrides()`` returns only what the client set, ``build_sampling`` fills the rest.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-import json
-
 from mlxd_protocol import Constraint, Sampling, Speculative
 from mlxd_protocol.field_checks import MAX_LIST_ITEMS
 from mlxd_protocol.messages import MAX_DRAFT_LIMIT, MAX_LOGPROBS, MAX_STOP_CHARS, MAX_STOP_STRINGS
+
+from ..json_body import INT64_MAX, UnsafeJson, parse_json
 
 MAX_TOKENS_LIMIT = MAX_LIST_ITEMS  # the protocol's bound on max_tokens; larger is refused
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
@@ -203,8 +206,9 @@ class OpenAIGenerationFields(RequestBody):
     @classmethod
     def _token_id_keys(cls, bias: dict[str, float] | None):
         for key, value in (bias or {}).items():
-            if not key.isdigit():
-                raise ValueError(f"keys must be token ids (non-negative integers as strings), got {key!r}")
+            # isdigit() alone accepts "²" and other digits int() refuses: ASCII digits only.
+            if not (key.isascii() and key.isdigit()) or len(key) > 19 or int(key) > INT64_MAX:
+                raise ValueError(f"keys must be token ids (non-negative integers as strings), got {key[:32]!r}")
             if not -100 <= value <= 100:
                 raise ValueError(f"bias for token {key} must be in [-100, 100], got {value}")
         return bias
@@ -238,6 +242,17 @@ class TextContentPart(StrictModel):
 class ToolCallFunction(StrictModel):
     name: str
     arguments: str  # JSON text, as OpenAI sends it
+
+    @field_validator("arguments")
+    @classmethod
+    def _usable_arguments(cls, arguments: str) -> str:
+        try:
+            parse_json(arguments)
+        except json.JSONDecodeError:
+            pass  # not JSON: passed on as text
+        except UnsafeJson as error:
+            raise ValueError(str(error)) from None
+        return arguments
 
 
 class ToolCallIn(StrictModel):
@@ -278,8 +293,8 @@ class ChatMessage(StrictModel):
 
 def _arguments_object(arguments: str):
     try:
-        return json.loads(arguments)
-    except json.JSONDecodeError:
+        return parse_json(arguments)
+    except (json.JSONDecodeError, UnsafeJson):
         return arguments
 
 
