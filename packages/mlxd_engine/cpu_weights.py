@@ -165,4 +165,4 @@ def _try_kernel(model: nn.Module, layers: list, choice: str, cast: str, stored_s
     return WeightForm("kernel quantized",
                       f"weights: {cast} (quantized layers' scales kept {'/'.join(scale_types)}); {switched} quantized "
                       f"layers ({packed / 2**20:.0f} MiB) kept {layers[0].bits}-bit on "
-                      f"the CPU quantized-matmul kernel ({mlxd_qmatmul.kernel_isa()}, {mlxd_qmatmul.describe_threads()}; up to {timing.max_rows} rows, then dequantize + BLAS; {timing.describe()})")
+                      f"the CPU quantized-matmul kernel ({mlxd_qmatmul.kernel_isa()}, {mlxd_qmatmul.describe_threads()}; {timing.describe()})")

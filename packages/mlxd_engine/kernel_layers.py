@@ -22,6 +22,7 @@ import mlx.nn as nn
 import mlxd_qmatmul
 
 DEFAULT_MAX_ROWS = 32
+UNBOUNDED = 1 << 30  # max_rows: the kernel takes every row count
 
 
 def _kernel_or_blas(x, layer, max_rows: int):
@@ -101,7 +102,11 @@ class KernelTiming:
             return ", ".join(f"{r} rows {ms:.3f}" for r, ms in sorted(d.items()))
 
         return (f"{self.shape[0]}x{self.shape[1]} layer, ms: kernel {row(self.kernel_ms)}; float32 "
-                f"{row(self.float32_ms)}; dequantize+BLAS {row(self.dequantize_ms)}; kernel up to {self.max_rows} rows")
+                f"{row(self.float32_ms)}; dequantize+BLAS {row(self.dequantize_ms)}; {self.rows_rule}")
+
+    @property
+    def rows_rule(self) -> str:
+        return "kernel at every row count" if self.max_rows >= UNBOUNDED else f"kernel up to {self.max_rows} rows"
 
 
 def best_ms(fn, repeats: int) -> float:
@@ -136,5 +141,24 @@ def measure(layers: list, rows=(1, 8, 16, 32, 64, 128), repeats: int = 3) -> Ker
         float32[n] = best_ms(lambda: [x @ d.T for d in dense], repeats) / len(dense)
         dequant[n] = best_ms(lambda: [x @ mx.dequantize(pw, _wide(ps), _wide(pb), group_size=gs, bits=bits).T
                                     for pw, ps, pb in packed[:2]], repeats) / 2
-    max_rows = max([r for r in rows if kernel[r] <= dequant[r]], default=1)
-    return KernelTiming((int(out_dims), int(in_dims)), kernel, float32, dequant, max_rows)
+    return KernelTiming((int(out_dims), int(in_dims)), kernel, float32, dequant, crossover_rows(kernel, dequant))
+
+
+def crossover_rows(kernel: dict, dequant: dict) -> int:
+    """The most rows the kernel should take, from timings by row count: the largest measured count where it
+    is faster, or, when it is faster at the largest, where the lines through the two largest measurements
+    of each path meet (``UNBOUNDED`` where the kernel's cost grows no faster per row: dequantizing costs a
+    pass over the weights whatever the rows, the kernel's cost is per row, and BLAS's per row may be more)."""
+    measured = sorted(kernel)
+    faster = [r for r in measured if kernel[r] <= dequant[r]]
+    if not faster:
+        return 1
+    last = measured[-1]
+    if faster[-1] < last or len(measured) < 2:
+        return faster[-1]
+    before = measured[-2]
+    kernel_slope = (kernel[last] - kernel[before]) / (last - before)
+    dequant_slope = (dequant[last] - dequant[before]) / (last - before)
+    if kernel_slope <= dequant_slope:
+        return UNBOUNDED
+    return min(UNBOUNDED, int(last + (dequant[last] - kernel[last]) / (kernel_slope - dequant_slope)))

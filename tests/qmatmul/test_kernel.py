@@ -211,3 +211,13 @@ def test_half_precision_scales_stay_as_stored_and_give_the_dequantized_float32_l
         got = kernel(inputs)
         assert got.dtype == mx.float32
         np.testing.assert_allclose(np.array(got), np.array(dense(inputs)), rtol=1e-4, atol=1e-4)
+
+
+def test_the_kernel_takes_rows_up_to_where_dequantizing_wins():
+    from mlxd_engine.kernel_layers import UNBOUNDED, crossover_rows
+
+    dequant = {1: 100.0, 8: 101.0, 64: 110.0, 128: 120.0}  # a pass over the weights, then a little per row
+    assert crossover_rows({1: 1.0, 8: 5.0, 64: 150.0, 128: 300.0}, dequant) == 8  # slower from 64 rows on
+    assert crossover_rows({1: 1.0, 8: 5.0, 64: 40.0, 128: 80.0}, dequant) == 128 + int(40 / (40 / 64 - 10 / 64))
+    assert crossover_rows({1: 1.0, 8: 5.0, 64: 40.0, 128: 45.0}, dequant) == UNBOUNDED  # grows slower per row
+    assert crossover_rows({1: 200.0, 8: 200.0, 64: 200.0, 128: 200.0}, dequant) == 1
