@@ -3,7 +3,8 @@
 Contract:
     * ``GatewayMetrics`` counts what the gateway sees: requests by endpoint and status, prompt and
       generated tokens, and the decode speed of the last ``RECENT_REQUESTS`` generations.
-    * ``render`` adds what the daemons report, one series per daemon (label ``daemon``): up, queued,
+    * ``render`` adds what the daemons report, one series per daemon (label ``daemon``: its place in the
+      gateway's ``--daemon`` list, 0 first; an endpoint can be a socket path, which no reply names): up, queued,
       active (the batch being decoded), and from ``Status.totals`` the speculative-decoding counters
       draft_tokens, draft_accepted, verify_rounds, declined_gate, declined_governor, declined_cost, padded_forwards.
     * Endpoint labels are the known routes only (anything else is "other"), so a scan of random
@@ -104,7 +105,7 @@ class GatewayMetrics:
         _family(lines, "mlxd_http_tokens_per_second", "gauge",
                 f"mean decode tokens/s of the last {RECENT_REQUESTS} generations",
                 [("", round(sum(recent) / len(recent), 3) if recent else 0.0)])
-        labels = {endpoint: f'daemon="{_escape(endpoint)}"' for endpoint, _, _ in daemons}
+        labels = {endpoint: f'daemon="{index}"' for index, (endpoint, _, _) in enumerate(daemons)}
         _family(lines, "mlxd_daemon_up", "gauge", "1 when the daemon answered its last health probe",
                 [(labels[endpoint], int(up)) for endpoint, up, _ in daemons])
         answered = [(endpoint, status) for endpoint, _, status in daemons if status is not None]
@@ -149,6 +150,3 @@ def _family(lines: list[str], name: str, kind: str, help_text: str, samples: lis
     for labels, value in samples:
         lines.append(f"{name}{{{labels}}} {value}" if labels else f"{name} {value}")
 
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
