@@ -174,8 +174,8 @@ class PromptLookupDrafter:
         Args:
             tokens: Prompt tokens, or tokens committed by a decode step.
         """
-        tokens = list(tokens)
         if self._scoring is not None:
+            tokens = list(tokens)  # read twice: scored, then kept
             self._score(tokens)
         self._unindexed.extend(tokens)
 
@@ -195,10 +195,9 @@ class PromptLookupDrafter:
     def _settle_score(self) -> None:
         """A score still open: what matched so far is a round that saw no rejection."""
         if self._scoring is not None:
-            matched = self._scored_matches
+            if self._scored_matches:
+                self._record_score(self._scored_matches, self._scored_matches)
             self._scoring = None
-            if matched:
-                self._record_score(matched, matched)
 
     def _record_score(self, n_drafted: int, n_accepted: int) -> None:
         self._scoring = None
