@@ -83,6 +83,15 @@ void split_rows(const float* x, float* out, int M, int K, int block) {
   }
 }
 
+// MLXD_QMM_THREADS when it holds a count (1 to 256), else 0.
+int requested_threads() {
+  if (const char* env = std::getenv("MLXD_QMM_THREADS")) {
+    const int n = std::atoi(env);
+    if (n >= 1) return std::min(n, 256);
+  }
+  return 0;
+}
+
 int available_cores() {
   int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 #if defined(__linux__)
@@ -132,11 +141,8 @@ class Pool {
   }
 
   static int configured_threads() {
-    if (const char* env = std::getenv("MLXD_QMM_THREADS")) {
-      int n = std::atoi(env);
-      if (n >= 1) return std::min(n, 256);
-    }
-    return available_cores();
+    const int wanted = requested_threads();
+    return wanted > 0 ? wanted : available_cores();
   }
 
   static void pause() {
@@ -190,7 +196,7 @@ int pool_threads() {
 // worker spinning on that core slows both. More rows (verify forwards, prompt chunks) are compute-bound
 // and take every thread.
 int few_rows_threads() {
-  static const int threads = std::getenv("MLXD_QMM_THREADS") ? pool_threads() : std::max(1, pool_threads() - 1);
+  static const int threads = requested_threads() > 0 ? pool_threads() : std::max(1, pool_threads() - 1);
   return threads;
 }
 
