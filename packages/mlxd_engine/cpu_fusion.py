@@ -19,6 +19,9 @@ Contract:
   forwards). ``mx.compile`` specialises on input shapes; longer inputs (prompt chunks of any length) would
   each add a compiled entry, and there the matmuls dominate anyway, so they take the stock path. The
   offset is always passed as an array, so a new position never means a new compile.
+- Where mlxd's CPU extension is built, RoPE and RMSNorm on float32 inputs are its single ops instead
+  (``mlxd_qmatmul.rope`` for any length, ``mlxd_qmatmul.rms_norm``): bit-identical to ``mx.fast.rope`` /
+  ``mx.fast.rms_norm`` (tests/qmatmul/test_one_op_layers.py).
 - Without a C++ compiler MLX runs compiled functions unfused; results are the same.
 """
 
@@ -30,8 +33,11 @@ from functools import partial
 import mlx.core as mx
 import mlx.nn as nn
 
+import mlxd_qmatmul
+
 DISABLE_ENV = "MLXD_FUSE_CPU_LAYERS"
 MAX_FUSED_ROPE_TOKENS = 16
+_ONE_OP_KERNELS = mlxd_qmatmul.available()  # the extension's RoPE and RMSNorm: one op each, else compiled
 
 
 @partial(mx.compile, shapeless=True)
@@ -46,11 +52,18 @@ def _rope(x: mx.array, offset: mx.array, dims: int, traditional: bool, base: flo
 
 class FusedRMSNorm(nn.RMSNorm):
     def __call__(self, x: mx.array) -> mx.array:
-        return _rms_norm(x, self["weight"], self.eps)
+        weight = self["weight"]
+        if _ONE_OP_KERNELS and x.dtype == mx.float32 and weight.dtype == mx.float32:
+            return mlxd_qmatmul.rms_norm(x, weight, self.eps)
+        return _rms_norm(x, weight, self.eps)
 
 
 class FusedRoPE(nn.RoPE):
     def __call__(self, x: mx.array, offset=0) -> mx.array:
+        if _ONE_OP_KERNELS and x.dtype == mx.float32 and x.ndim >= 3:
+            if not isinstance(offset, mx.array):
+                offset = mx.array(offset, dtype=mx.int32)
+            return mlxd_qmatmul.rope(x, offset, self.dims, self.traditional, self.base, self.scale)
         if x.shape[-2] > MAX_FUSED_ROPE_TOKENS:
             return super().__call__(x, offset)
         if not isinstance(offset, mx.array):

@@ -1,4 +1,4 @@
-"""mlxd's CPU quantized matmul: MLX's affine 4-bit and 8-bit weights read at memory speed on the CPU.
+"""mlxd's CPU kernels: MLX's affine 4-bit and 8-bit weights read at memory speed, RoPE and RMSNorm as one op.
 
 Why: MLX's own CPU quantized matmul recomputes the dequantization for every input row, and float32
 copies of the weights read 4 bytes a weight where the checkpoint holds 0.5-1. This MLX extension (a C++
@@ -12,6 +12,9 @@ Contract:
 - ``quantized_matmul(x, w, scales, biases, group_size, bits)`` equals
   ``mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size=..., bits=..., mode="affine")``
   within float32 rounding, for bits 4 and 8 and group sizes 32, 64, 128; CPU only; float32 math.
+- ``rope(x, offset, dims, traditional, base, scale)``: RoPE as one op, bit-identical to ``mx.fast.rope`` on
+  the CPU (same formula, MLX's own exp / sin / cos).
+- ``rms_norm(x, weight, eps)``: RMSNorm as one op, bit-identical to ``mx.fast.rms_norm`` on the CPU.
 - ``supports(bits, group_size, mode)`` says whether a layer's format is one the kernel takes.
 - ``kernel_isa()`` / ``kernel_threads()``: what it runs with here. ``MLXD_QMM_ISA`` (avx512, avx2, sse2,
   neon) forces a narrower instruction set, ``MLXD_QMM_THREADS`` the thread count (default: every core for
@@ -67,6 +70,23 @@ def quantized_matmul(x, w, scales, biases, group_size: int, bits: int):
     if _ext is None:
         raise RuntimeError(_REASON)
     return _ext.quantized_matmul(x, w, scales, biases, group_size, bits)
+
+
+def rope(x, offset, dims: int, traditional: bool, base: float, scale: float):
+    """``mx.fast.rope(x, dims, traditional=, base=, scale=, offset=offset)`` as one CPU op (MLX's CPU backend
+    builds it from about a dozen); float32 ``x`` with at least 3 axes, an int32 ``offset`` array (a scalar
+    or one per entry of x's first axis); bit-identical to MLX's result."""
+    if _ext is None:
+        raise RuntimeError(_REASON)
+    return _ext.rope(x, offset, dims, traditional, base, scale)
+
+
+def rms_norm(x, weight, eps: float):
+    """``mx.fast.rms_norm(x, weight, eps)`` as one CPU op (MLX's CPU backend builds it from four); float32
+    ``x`` and ``weight``; bit-identical to MLX's result."""
+    if _ext is None:
+        raise RuntimeError(_REASON)
+    return _ext.rms_norm(x, weight, eps)
 
 
 def kernel_isa() -> str:

@@ -3,16 +3,25 @@
 #include <nanobind/stl/variant.h>
 
 #include "qmatmul.h"
+#include "rms_norm.h"
+#include "rope.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
 
 NB_MODULE(_ext, m) {
-  m.doc() = "mlxd's CPU quantized matmul for MLX's affine format (4 and 8 bits)";
+  m.doc() = "mlxd's CPU kernels: quantized matmul for MLX's affine format (4 and 8 bits), RoPE, RMSNorm";
   m.def("quantized_matmul", &mlxd_qmm::quantized_matmul, "x"_a, "w"_a, "scales"_a, "biases"_a,
         "group_size"_a, "bits"_a, nb::kw_only(), "stream"_a = nb::none(),
         "x @ dequantize(w, scales, biases).T on the CPU kernels (transpose=True semantics of "
         "mx.quantized_matmul); float32 math, the result in x's dtype.");
+  m.def("rope", &mlxd_qmm::rope, "x"_a, "offset"_a, "dims"_a, "traditional"_a, "base"_a, "scale"_a,
+        nb::kw_only(), "stream"_a = nb::none(),
+        "mx.fast.rope(x, dims, traditional=, base=, scale=, offset=) as one CPU op: float32 x, an integer "
+        "offset (scalar or one per batch entry); bit-identical to MLX's CPU result.");
+  m.def("rms_norm", &mlxd_qmm::rms_norm, "x"_a, "weight"_a, "eps"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "mx.fast.rms_norm(x, weight, eps) as one CPU op: float32 x and weight; bit-identical to MLX's CPU "
+        "result.");
   m.def("kernel_isa", &mlxd_qmm::kernel_isa, "The instruction set the kernels use on this CPU.");
   m.def("kernel_threads", &mlxd_qmm::kernel_threads, "rows"_a,
         "Threads that share the output columns of a product of this many rows.");

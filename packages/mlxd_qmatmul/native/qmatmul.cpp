@@ -40,6 +40,33 @@ void check(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument("mlxd quantized_matmul: " + what);
 }
 
+// A weight array as the primitive reads it: as it is when already evaluated and row-contiguous (the
+// loaded weights), else through a Contiguous op. Every op in the graph is one more dispatch per step.
+mx::array row_contiguous(const mx::array& a, const mx::Stream& stream) {
+  if (a.is_available() && a.flags().row_contiguous) return a;
+  return mx::contiguous(a, false, stream);
+}
+
+// Copies a strided float array into dense row-major order (x reaches the primitive as it is; most
+// inputs are already dense, a transposed or sliced one is gathered here instead of by an extra op).
+void gather_dense(const mx::array& a, float* out) {
+  const float* src = a.data<float>();
+  const int nd = a.ndim();
+  const auto& shape = a.shape();
+  const auto& strides = a.strides();
+  std::vector<int> index(nd, 0);
+  const size_t total = a.size();
+  for (size_t i = 0; i < total; ++i) {
+    int64_t at = 0;
+    for (int d = 0; d < nd; ++d) at += static_cast<int64_t>(index[d]) * strides[d];
+    out[i] = src[at];
+    for (int d = nd - 1; d >= 0; --d) {
+      if (++index[d] < shape[d]) break;
+      index[d] = 0;
+    }
+  }
+}
+
 }  // namespace
 
 mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
@@ -59,14 +86,14 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
   check(scales.shape() == groups && biases.shape() == groups, "scales and biases must be [N, K / group_size]");
   auto stream = mx::to_stream(s, mx::Device::cpu);
   check(stream.device == mx::Device::cpu, "runs on the CPU only");
-  auto x32 = mx::contiguous(mx::astype(x, mx::float32, stream), false, stream);
+  auto x32 = mx::astype(x, mx::float32, stream);
   // scales and biases are read as stored when both are float32, float16 or bfloat16; otherwise as float32
   const bool as_stored = scales.dtype() == biases.dtype() &&
                          (scales.dtype() == mx::float32 || scales.dtype() == mx::float16 || scales.dtype() == mx::bfloat16);
   const mx::Dtype scale_dtype = as_stored ? scales.dtype() : mx::float32;
-  auto s32 = mx::contiguous(mx::astype(scales, scale_dtype, stream), false, stream);
-  auto b32 = mx::contiguous(mx::astype(biases, scale_dtype, stream), false, stream);
-  auto wc = mx::contiguous(w, false, stream);
+  auto s32 = row_contiguous(mx::astype(scales, scale_dtype, stream), stream);
+  auto b32 = row_contiguous(mx::astype(biases, scale_dtype, stream), stream);
+  auto wc = row_contiguous(w, stream);
   mx::Shape out_shape = x.shape();
   out_shape.back() = N;
   mx::array out(out_shape, mx::float32, std::make_shared<CpuQuantizedMatmul>(stream, group_size, bits),
@@ -87,8 +114,8 @@ void CpuQuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::arra
   const auto& w = inputs[1];
   const auto& scales = inputs[2];
   const auto& biases = inputs[3];
-  for (const auto& a : inputs) {
-    if (!a.flags().row_contiguous) throw std::runtime_error("CpuQuantizedMatmul: inputs must be row-contiguous");
+  for (size_t i = 1; i < inputs.size(); ++i) {
+    if (!inputs[i].flags().row_contiguous) throw std::runtime_error("CpuQuantizedMatmul: weights must be row-contiguous");
   }
   out.set_data(mx::allocator::malloc(out.nbytes()));
   auto& encoder = mx::cpu::get_command_encoder(stream());
@@ -103,14 +130,21 @@ void CpuQuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::arra
   const int scale_type = scales.dtype() == mx::float16    ? kScaleFloat16
                          : scales.dtype() == mx::bfloat16 ? kScaleBFloat16
                                                           : kScaleFloat32;
+  const bool x_dense = x.flags().row_contiguous;
   Problem problem{x.data<float>(), reinterpret_cast<const uint8_t*>(w.data<uint32_t>()), scales.data<void>(),
                   biases.data<void>(), out.data<float>(), M, N, K, group_size_, bits_, scale_type};
-  encoder.dispatch([problem, bits = bits_]() mutable {
+  encoder.dispatch([problem, bits = bits_, x_dense, x]() mutable {
     if (problem.M == 0 || problem.N == 0) return;
     const Isa& isa = select_isa();
     // x goes into a 64-byte aligned copy (split order for 4 bits): every vector load then stays within
     // one cache line.
     thread_local AlignedFloats copy;
+    thread_local AlignedFloats dense;
+    if (!x_dense) {
+      float* gathered = dense.reserve(static_cast<size_t>(problem.M) * problem.K);
+      gather_dense(x, gathered);
+      problem.x = gathered;
+    }
     float* rows = copy.reserve(static_cast<size_t>(problem.M) * problem.K);
     if (bits == 4) {
       split_rows(problem.x, rows, problem.M, problem.K, 2 * isa.lanes);

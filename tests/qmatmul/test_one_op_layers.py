@@ -1,0 +1,103 @@
+"""The extension's RoPE and RMSNorm against MLX's own, bit for bit, and the strided-x quantized matmul.
+
+Skipped as a whole where the extension is not built (the engine then keeps its compiled layers).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import mlxd_qmatmul
+from mlxd_engine.cpu_fusion import FusedRMSNorm, FusedRoPE, fuse_cpu_layers
+
+pytestmark = pytest.mark.skipif(not mlxd_qmatmul.available(), reason=mlxd_qmatmul.unavailable_reason())
+
+
+def _layout(rng, shape):
+    """A float32 array of ``shape``: dense, or a transposed view (as attention's queries and keys are)."""
+    B, N, T, D = shape
+    if rng.random() < 0.5:
+        return mx.array(rng.normal(size=shape).astype(np.float32))
+    return mx.array(rng.normal(size=(B, T, N, D)).astype(np.float32)).transpose(0, 2, 1, 3)
+
+
+def test_rope_is_bit_identical_to_mlx_over_shapes_offsets_and_settings():
+    rng = np.random.default_rng(0)
+    for _ in range(120):
+        B, N, T = int(rng.choice([1, 2, 8])), int(rng.choice([1, 3, 9])), int(rng.choice([1, 2, 9, 17, 40]))
+        D = int(rng.choice([32, 64, 80, 128]))
+        dims = int(rng.choice([D, D // 2]))
+        traditional, base = bool(rng.random() < 0.3), float(rng.choice([100.0, 10000.0, 500000.0]))
+        scale = float(rng.choice([1.0, 0.5, 0.125]))
+        x = _layout(rng, (B, N, T, D))
+        if rng.random() < 0.25:
+            x = x[:, 0]  # 3-D input: (B, T, D)
+        if rng.random() < 0.5:
+            offset = mx.array(rng.integers(0, 5000, size=x.shape[0]), dtype=mx.int32)
+        else:
+            offset = mx.array(int(rng.integers(0, 200000)), dtype=mx.int32)
+        want = mx.fast.rope(x, dims, traditional=traditional, base=base, scale=scale, offset=offset)
+        got = mlxd_qmatmul.rope(x, offset, dims, traditional, base, scale)
+        assert got.shape == want.shape
+        assert mx.array_equal(got, want).item(), (x.shape, dims, traditional, base, scale, offset.shape)
+
+
+def test_rms_norm_is_bit_identical_to_mlx_over_shapes_and_scales():
+    rng = np.random.default_rng(1)
+    for _ in range(120):
+        D = int(rng.choice([7, 64, 576, 960, 2048]))
+        lead = [(1,), (1, 1), (4, 1), (2, 9), (3, 40)][int(rng.integers(0, 5))]
+        x = mx.array((rng.normal(size=(*lead, D)) * rng.choice([1e-3, 1.0, 30.0])).astype(np.float32))
+        if len(lead) == 2 and rng.random() < 0.3:
+            x = mx.array(rng.normal(size=(D, *lead)).astype(np.float32)).transpose(1, 2, 0)
+        weight = mx.array(rng.normal(size=(D,)).astype(np.float32))
+        eps = float(rng.choice([1e-5, 1e-6]))
+        assert mx.array_equal(mlxd_qmatmul.rms_norm(x, weight, eps), mx.fast.rms_norm(x, weight, eps)).item()
+
+
+def test_bad_inputs_are_refused_with_a_message():
+    with pytest.raises(ValueError, match="float32"):
+        mlxd_qmatmul.rope(mx.zeros((1, 1, 2, 8), dtype=mx.float16), mx.array(0), 8, False, 10000.0, 1.0)
+    with pytest.raises(ValueError, match="offset"):
+        mlxd_qmatmul.rope(mx.zeros((2, 1, 2, 8)), mx.array([0, 1, 2]), 8, False, 10000.0, 1.0)
+    with pytest.raises(ValueError, match="weight"):
+        mlxd_qmatmul.rms_norm(mx.zeros((1, 8)), mx.zeros((4,)), 1e-5)
+
+
+def test_fused_layers_use_the_one_op_kernels_and_keep_results():
+    import mlx.nn as nn
+
+    model = nn.Sequential(nn.RMSNorm(64), nn.RoPE(64, base=10000.0))
+    assert fuse_cpu_layers(model) == 2
+    norm, rope = model.layers
+    assert type(norm) is FusedRMSNorm and type(rope) is FusedRoPE
+    x = mx.random.normal((2, 4, 5, 64))
+    offset = mx.array([3, 11], dtype=mx.int32)
+    assert mx.array_equal(norm(x), mx.fast.rms_norm(x, norm.weight, norm.eps)).item()
+    assert mx.array_equal(rope(x, offset), mx.fast.rope(x, 64, traditional=False, base=10000.0, scale=1.0,
+                                                          offset=offset)).item()
+    out = rope(x, offset)
+    assert "CpuRope" in _graph_ops(out)
+
+
+def _graph_ops(array) -> str:
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("r", suffix=".dot") as dot:
+        mx.export_to_dot(dot.name, array)
+        return open(dot.name).read()
+
+
+def test_quantized_matmul_takes_a_strided_x_without_a_copy_op():
+    rng = np.random.default_rng(2)
+    w = mx.array(rng.normal(size=(96, 128)).astype(np.float32))
+    wq, s, b = mx.quantize(w, group_size=64, bits=4)
+    mx.eval(wq, s, b)
+    x = mx.array(rng.normal(size=(128, 3)).astype(np.float32)).T  # a transposed view
+    got = mlxd_qmatmul.quantized_matmul(x, wq, s, b, 64, 4)
+    want = mx.quantized_matmul(x, wq, s, b, transpose=True, group_size=64, bits=4)
+    assert np.abs(np.array(got) - np.array(want)).max() <= 1e-4
+    graph = _graph_ops(mlxd_qmatmul.quantized_matmul(x, wq, s, b, 64, 4))
+    assert "Contiguous" not in graph  # evaluated weights and x go in as they are
