@@ -22,22 +22,29 @@ Contract:
 - Where mlxd's CPU extension is built, RoPE and RMSNorm on float32 inputs are its single ops instead
   (``mlxd_qmatmul.rope`` for any length, ``mlxd_qmatmul.rms_norm``): bit-identical to ``mx.fast.rope`` /
   ``mx.fast.rms_norm`` (tests/qmatmul/test_one_op_layers.py).
+- Attention likewise: the model files of ``model`` call ``cpu_attention`` (the extension's one op for up to
+  ``MAX_ONE_OP_ATTENTION_QUERIES`` float32 queries, within float32 rounding of MLX's; MLX's path otherwise).
 - Without a C++ compiler MLX runs compiled functions unfused; results are the same.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from functools import partial
 
 import mlx.core as mx
 import mlx.nn as nn
 
 import mlxd_qmatmul
+from mlx_lm.models import base as mlx_lm_base
 
 DISABLE_ENV = "MLXD_FUSE_CPU_LAYERS"
 MAX_FUSED_ROPE_TOKENS = 16
 _ONE_OP_KERNELS = mlxd_qmatmul.available()  # the extension's RoPE and RMSNorm: one op each, else compiled
+MAX_ONE_OP_ATTENTION_QUERIES = 16  # decode steps and verify forwards; prompt chunks keep MLX's matmuls
+MAX_ONE_OP_ATTENTION_PRODUCTS = 1 << 22  # B x heads x queries x keys x head size: the op is single-threaded
+_STOCK_ATTENTION = mlx_lm_base.scaled_dot_product_attention
 
 
 @partial(mx.compile, shapeless=True)
@@ -74,6 +81,39 @@ class FusedRoPE(nn.RoPE):
 _FUSED = {nn.RMSNorm: FusedRMSNorm, nn.RoPE: FusedRoPE}
 
 
+def cpu_attention(queries, keys, values, cache, scale, mask, sinks=None):
+    """mlx-lm's ``scaled_dot_product_attention``, as the extension's one op where it applies: the CPU,
+    float32, a few queries, no sinks, an unquantized cache, no mask / "causal" / a mask array."""
+    if _one_op_attention_applies(queries, keys, values, cache, mask, sinks):
+        causal = isinstance(mask, str)
+        return mlxd_qmatmul.attention(queries, keys, values, scale, causal, None if causal else mask)
+    return _STOCK_ATTENTION(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+
+
+def _one_op_attention_applies(queries, keys, values, cache, mask, sinks) -> bool:
+    if sinks is not None or hasattr(cache, "bits") or mx.default_device() != mx.cpu:
+        return False
+    if not (queries.ndim == keys.ndim == values.ndim == 4):
+        return False
+    if not (queries.dtype == keys.dtype == values.dtype == mx.float32):
+        return False
+    batch, heads, length, size = queries.shape
+    if length > MAX_ONE_OP_ATTENTION_QUERIES or batch * heads * length * keys.shape[2] * size > MAX_ONE_OP_ATTENTION_PRODUCTS:
+        return False
+    if isinstance(mask, str):
+        return mask == "causal" and keys.shape[2] >= length
+    return mask is None or (isinstance(mask, mx.array) and mask.dtype in (mx.bool_, mx.float32) and mask.ndim <= 4)
+
+
+def _use_cpu_attention(module: nn.Module) -> None:
+    """Point the module's mlx-lm model file at ``cpu_attention`` (a module-level name those files import
+    from ``mlx_lm.models.base``; every model of that file in this process then takes it, and it keeps
+    MLX's path wherever it does not apply)."""
+    namespace = sys.modules.get(type(module).__module__)
+    if namespace is not None and getattr(namespace, "scaled_dot_product_attention", None) is _STOCK_ATTENTION:
+        namespace.scaled_dot_product_attention = cpu_attention
+
+
 def fusion_wanted() -> bool:
     """Whether an engine should fuse: the default device is the CPU and the environment allows it."""
     return os.environ.get(DISABLE_ENV, "1").strip() != "0" and mx.default_device() == mx.cpu
@@ -89,6 +129,8 @@ def fuse_cpu_layers(model: nn.Module) -> int:
     fused_classes = set(_FUSED.values())
     count = 0
     for _, module in model.named_modules():
+        if _ONE_OP_KERNELS:
+            _use_cpu_attention(module)
         fused = _FUSED.get(type(module))
         if fused is not None:
             module.__class__ = fused

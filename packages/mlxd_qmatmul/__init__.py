@@ -1,4 +1,5 @@
-"""mlxd's CPU kernels: MLX's affine 4-bit and 8-bit weights read at memory speed, RoPE and RMSNorm as one op.
+"""mlxd's CPU kernels: MLX's affine 4-bit and 8-bit weights read at memory speed, RoPE, RMSNorm and
+attention as one op each.
 
 Why: MLX's own CPU quantized matmul recomputes the dequantization for every input row, and float32
 copies of the weights read 4 bytes a weight where the checkpoint holds 0.5-1. This MLX extension (a C++
@@ -15,6 +16,8 @@ Contract:
 - ``rope(x, offset, dims, traditional, base, scale)``: RoPE as one op, bit-identical to ``mx.fast.rope`` on
   the CPU (same formula, MLX's own exp / sin / cos).
 - ``rms_norm(x, weight, eps)``: RMSNorm as one op, bit-identical to ``mx.fast.rms_norm`` on the CPU.
+- ``attention(q, k, v, scale, causal, mask)``: attention for a few queries as one op (within float32
+  rounding of ``mx.fast.scaled_dot_product_attention``).
 - ``supports(bits, group_size, mode)`` says whether a layer's format is one the kernel takes.
 - ``kernel_isa()`` / ``kernel_threads()``: what it runs with here. ``MLXD_QMM_ISA`` (avx512, avx2, sse2,
   neon) forces a narrower instruction set, ``MLXD_QMM_THREADS`` the thread count (default: every core for
@@ -87,6 +90,16 @@ def rms_norm(x, weight, eps: float):
     if _ext is None:
         raise RuntimeError(_REASON)
     return _ext.rms_norm(x, weight, eps)
+
+
+def attention(q, k, v, scale: float, causal: bool = False, mask=None):
+    """``mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=...)`` as one CPU op, for float32
+    ``[B, heads, L, D]`` queries against ``[B, kv_heads, S, D]`` keys and values (any strides): no mask,
+    ``causal``, or a boolean / additive float32 ``mask`` broadcasting to ``[B, heads, L, S]``; equal within
+    float32 rounding. Single-threaded: meant for a few queries (decode steps, verify forwards)."""
+    if _ext is None:
+        raise RuntimeError(_REASON)
+    return _ext.attention(q, k, v, scale, causal, mask)
 
 
 def kernel_isa() -> str:

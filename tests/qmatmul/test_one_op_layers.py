@@ -101,3 +101,41 @@ def test_quantized_matmul_takes_a_strided_x_without_a_copy_op():
     assert np.abs(np.array(got) - np.array(want)).max() <= 1e-4
     graph = _graph_ops(mlxd_qmatmul.quantized_matmul(x, wq, s, b, 64, 4))
     assert "Contiguous" not in graph  # evaluated weights and x go in as they are
+
+
+def test_attention_matches_mlx_within_rounding_over_heads_masks_and_layouts():
+    rng = np.random.default_rng(3)
+    for _ in range(80):
+        B, kv_heads, repeats = int(rng.choice([1, 2, 8])), int(rng.choice([1, 3])), int(rng.choice([1, 3]))
+        heads, L = kv_heads * repeats, int(rng.choice([1, 2, 9, 16]))
+        S, D = L + int(rng.choice([0, 1, 30, 200])), int(rng.choice([32, 64, 80]))
+        q = mx.array(rng.normal(size=(B, L, heads, D)).astype(np.float32)).transpose(0, 2, 1, 3)
+        buffer = mx.array(rng.normal(size=(B + 2, kv_heads, S + 7, D)).astype(np.float32))
+        k = buffer[1:B + 1, :, :S]  # a view into a larger cache, as the KV storage hands it out
+        v = mx.array(rng.normal(size=(B, kv_heads, S, D)).astype(np.float32))
+        kind = int(rng.integers(0, 4))
+        if kind == 2:
+            mask = rng.random(size=(B, 1, L, S)) < 0.8
+            mask[..., 0] = True
+            mask = mx.array(mask)
+        elif kind == 3:
+            mask = mx.array((rng.random(size=(L, S)) * -3).astype(np.float32))
+        else:
+            mask = None
+        stock_mask = "causal" if kind == 1 else mask
+        want = mx.fast.scaled_dot_product_attention(q, k, v, scale=D ** -0.5, mask=stock_mask)
+        got = mlxd_qmatmul.attention(q, k, v, D ** -0.5, kind == 1, mask)
+        assert float(mx.abs(got - want).max()) < 1e-5, (kind, q.shape, k.shape)
+
+
+def test_mlx_lm_attention_takes_the_one_op_path_for_few_queries_only():
+    from mlxd_engine import cpu_fusion
+
+    q, k, v = mx.random.normal((1, 4, 2, 32)), mx.random.normal((1, 2, 10, 32)), mx.random.normal((1, 2, 10, 32))
+    out = cpu_fusion.cpu_attention(q, k, v, None, 32 ** -0.5, "causal")
+    assert "CpuAttention" in _graph_ops(out)
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=32 ** -0.5, mask="causal")
+    assert float(mx.abs(out - want).max()) < 1e-5
+    long_q = mx.random.normal((1, 4, 17, 32))
+    long_k = mx.random.normal((1, 2, 17, 32))
+    assert "CpuAttention" not in _graph_ops(cpu_fusion.cpu_attention(long_q, long_k, long_k, None, 0.1, "causal"))

@@ -1,7 +1,9 @@
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
 
+#include "attention.h"
 #include "qmatmul.h"
 #include "rms_norm.h"
 #include "rope.h"
@@ -10,7 +12,7 @@ namespace nb = nanobind;
 using namespace nb::literals;
 
 NB_MODULE(_ext, m) {
-  m.doc() = "mlxd's CPU kernels: quantized matmul for MLX's affine format (4 and 8 bits), RoPE, RMSNorm";
+  m.doc() = "mlxd's CPU kernels: quantized matmul for MLX's affine format (4 and 8 bits), RoPE, RMSNorm, attention";
   m.def("quantized_matmul", &mlxd_qmm::quantized_matmul, "x"_a, "w"_a, "scales"_a, "biases"_a,
         "group_size"_a, "bits"_a, nb::kw_only(), "stream"_a = nb::none(),
         "x @ dequantize(w, scales, biases).T on the CPU kernels (transpose=True semantics of "
@@ -22,6 +24,10 @@ NB_MODULE(_ext, m) {
   m.def("rms_norm", &mlxd_qmm::rms_norm, "x"_a, "weight"_a, "eps"_a, nb::kw_only(), "stream"_a = nb::none(),
         "mx.fast.rms_norm(x, weight, eps) as one CPU op: float32 x and weight; bit-identical to MLX's CPU "
         "result.");
+  m.def("attention", &mlxd_qmm::attention, "q"_a, "k"_a, "v"_a, "scale"_a, "causal"_a, "mask"_a = nb::none(),
+        nb::kw_only(), "stream"_a = nb::none(),
+        "mx.fast.scaled_dot_product_attention for a few float32 queries as one CPU op: no mask, causal, or a "
+        "boolean / additive mask broadcasting to [B, heads, queries, keys].");
   m.def("kernel_isa", &mlxd_qmm::kernel_isa, "The instruction set the kernels use on this CPU.");
   m.def("kernel_threads", &mlxd_qmm::kernel_threads, "rows"_a,
         "Threads that share the output columns of a product of this many rows.");

@@ -1,0 +1,184 @@
+#include "attention.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+
+namespace mlxd_qmm {
+
+namespace {
+
+void check(bool ok, const std::string& what) {
+  if (!ok) throw std::invalid_argument("mlxd attention: " + what);
+}
+
+// A dot product of n floats, the second with a stride; eight partial sums when both are dense.
+float dot(const float* a, const float* b, int64_t b_stride, int n) {
+  if (b_stride != 1) {
+    float sum = 0.0f;
+    for (int i = 0; i < n; ++i) sum += a[i] * b[i * b_stride];
+    return sum;
+  }
+  float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) part[j] += a[i + j] * b[i + j];
+  }
+  float sum = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+struct AttentionJob {
+  mx::array q, k, v;
+  std::optional<mx::array> mask;
+  float* out;
+  float scale;
+  bool causal;
+};
+
+// The mask's strides over [B, Hq, L, S]: its axes aligned to the right, a broadcast axis 0.
+std::array<int64_t, 4> mask_strides(const mx::array& mask) {
+  std::array<int64_t, 4> strides{0, 0, 0, 0};
+  const int nd = mask.ndim();
+  for (int d = 0; d < nd; ++d) {
+    const int axis = 4 - nd + d;
+    strides[axis] = mask.shape(d) == 1 ? 0 : mask.strides()[d];
+  }
+  return strides;
+}
+
+void run_attention(const AttentionJob& job) {
+  const auto &q = job.q, &k = job.k, &v = job.v;
+  const int B = q.shape(0), Hq = q.shape(1), L = q.shape(2), D = q.shape(3);
+  const int Hkv = k.shape(1), S = k.shape(2), Dv = v.shape(3);
+  const int repeats = Hq / Hkv;
+  const auto &qs = q.strides(), &ks = k.strides(), &vs = v.strides();
+  const float* q_data = q.data<float>();
+  const float* k_data = k.data<float>();
+  const float* v_data = v.data<float>();
+  const bool has_mask = job.mask.has_value();
+  const bool bool_mask = has_mask && job.mask->dtype() == mx::bool_;
+  std::array<int64_t, 4> ms{0, 0, 0, 0};
+  const bool* mask_bool = nullptr;
+  const float* mask_float = nullptr;
+  if (has_mask) {
+    ms = mask_strides(*job.mask);
+    if (bool_mask) {
+      mask_bool = job.mask->data<bool>();
+    } else {
+      mask_float = job.mask->data<float>();
+    }
+  }
+  const float lowest = std::numeric_limits<float>::lowest();
+  std::vector<float> query(D), scores(S), acc(Dv);
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < Hq; ++h) {
+      const int kvh = h / repeats;
+      const float* k_head = k_data + b * ks[0] + kvh * ks[1];
+      const float* v_head = v_data + b * vs[0] + kvh * vs[1];
+      for (int l = 0; l < L; ++l) {
+        const float* q_row = q_data + b * qs[0] + h * qs[1] + l * qs[2];
+        for (int d = 0; d < D; ++d) query[d] = job.scale * q_row[d * qs[3]];
+        const int visible = job.causal ? std::min(S, l + 1 + (S - L)) : S;
+        float top = lowest;
+        for (int s = 0; s < S; ++s) {
+          float score = s < visible ? dot(query.data(), k_head + s * ks[2], ks[3], D) : lowest;
+          if (has_mask && s < visible) {
+            const int64_t at = b * ms[0] + h * ms[1] + l * ms[2] + s * ms[3];
+            if (bool_mask) {
+              if (!mask_bool[at]) score = lowest;
+            } else {
+              score += mask_float[at];
+            }
+          }
+          scores[s] = score;
+          top = std::max(top, score);
+        }
+        float total = 0.0f;
+        for (int s = 0; s < S; ++s) {
+          scores[s] = std::exp(scores[s] - top);
+          total += scores[s];
+        }
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int s = 0; s < S; ++s) {
+          const float p = scores[s];
+          if (p == 0.0f) continue;
+          const float* v_row = v_head + s * vs[2];
+          if (vs[3] == 1) {
+            for (int d = 0; d < Dv; ++d) acc[d] += p * v_row[d];
+          } else {
+            for (int d = 0; d < Dv; ++d) acc[d] += p * v_row[d * vs[3]];
+          }
+        }
+        float* dst = job.out + ((static_cast<int64_t>(b) * Hq + h) * L + l) * Dv;
+        const float inverse = 1.0f / total;
+        for (int d = 0; d < Dv; ++d) dst[d] = acc[d] * inverse;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale, bool causal,
+                    const std::optional<mx::array>& mask, mx::StreamOrDevice s) {
+  check(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4, "q, k and v must have 4 dimensions");
+  check(q.dtype() == mx::float32 && k.dtype() == mx::float32 && v.dtype() == mx::float32,
+        "q, k and v must be float32");
+  check(k.shape(0) == q.shape(0) && v.shape(0) == q.shape(0), "q, k and v must have the same batch size");
+  check(k.shape(3) == q.shape(3), "q and k must have the same head size");
+  check(k.shape(1) == v.shape(1) && k.shape(2) == v.shape(2), "k and v must have the same heads and length");
+  check(k.shape(1) > 0 && q.shape(1) % k.shape(1) == 0, "the query heads must be a multiple of the key heads");
+  check(!(causal && mask.has_value()), "either the causal mask or a mask array");
+  check(!causal || k.shape(2) >= q.shape(2), "a causal mask needs at least as many keys as queries");
+  auto stream = mx::to_stream(s, mx::Device::cpu);
+  check(stream.device == mx::Device::cpu, "runs on the CPU only");
+  std::vector<mx::array> inputs{q, k, v};
+  if (mask.has_value()) {
+    check(mask->ndim() <= 4, "the mask must have at most 4 dimensions");
+    check(mask->dtype() == mx::bool_ || mask->dtype() == mx::float32, "the mask must be boolean or float32");
+    const mx::Shape full{q.shape(0), q.shape(1), q.shape(2), k.shape(2)};
+    for (int d = 0; d < mask->ndim(); ++d) {
+      const int size = mask->shape(d), want = full[4 - mask->ndim() + d];
+      check(size == 1 || size == want, "the mask does not broadcast to [B, heads, queries, keys]");
+    }
+    inputs.push_back(*mask);
+  }
+  mx::Shape shape{q.shape(0), q.shape(1), q.shape(2), v.shape(3)};
+  return mx::array(shape, mx::float32, std::make_shared<CpuAttention>(stream, scale, causal), std::move(inputs));
+}
+
+void CpuAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  for (const auto& input : inputs) encoder.set_input_array(input);
+  encoder.set_output_array(out);
+  std::optional<mx::array> mask;
+  if (inputs.size() == 4) mask = inputs[3];
+  AttentionJob job{inputs[0], inputs[1], inputs[2], mask, out.data<float>(), scale_, causal_};
+  encoder.dispatch([job = std::move(job)]() { run_attention(job); });
+}
+
+void CpuAttention::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("CpuAttention runs on the CPU only; on a GPU use mx.fast.scaled_dot_product_attention");
+}
+
+bool CpuAttention::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const CpuAttention&>(other);
+  return scale_ == o.scale_ && causal_ == o.causal_;
+}
+
+std::vector<mx::Shape> CpuAttention::output_shapes(const std::vector<mx::array>& inputs) {
+  const auto &q = inputs[0], &v = inputs[2];
+  return {mx::Shape{q.shape(0), q.shape(1), q.shape(2), v.shape(3)}};
+}
+
+}  // namespace mlxd_qmm
