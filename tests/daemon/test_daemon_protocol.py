@@ -160,16 +160,21 @@ def test_sigterm_drains_in_flight_requests_then_stops():
     process = start_daemon(endpoint, "-m", str(STORIES), "--drain-timeout", "20")
     try:
         with Client(endpoint, timeout_s=30) as client:
-            request = Generate(id=new_request_id(), prompt="Once upon a time", max_tokens=300, ignore_eos=True)
+            request = Generate(id=new_request_id(), prompt="Once upon a time", max_tokens=480, ignore_eos=True)
             stream = client.generate(request)
             next(stream)
             process.send_signal(signal.SIGTERM)
-            time.sleep(0.2)
-            with Client(endpoint, timeout_s=5) as other:  # new work is refused while draining
-                with pytest.raises(DaemonError, match="shutting down"):
-                    list(other.generate(Generate(id=new_request_id(), prompt="Lily", max_tokens=5)))
+            refused = None
+            with Client(endpoint, timeout_s=5) as other:  # new work is refused once the signal is handled
+                deadline = time.monotonic() + 5
+                while refused is None and time.monotonic() < deadline:
+                    try:
+                        list(other.generate(Generate(id=new_request_id(), prompt="Lily", max_tokens=1)))
+                    except DaemonError as error:
+                        refused = error
+            assert refused is not None and "shutting down" in refused.message
             done = [r for r in stream if isinstance(r, Done)][-1]
-            assert done.finish_reason == "length" and len(done.tokens) == 300  # the running request finished
+            assert done.finish_reason == "length" and len(done.tokens) == 480  # the running request finished
         assert process.wait(timeout=20) == 0
     finally:
         stop_daemon(process, endpoint)
