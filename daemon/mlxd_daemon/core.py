@@ -4,8 +4,8 @@ Contract: ``DaemonCore(loaded, options, send)`` builds the engine, the speculati
 scheduler from ``DaemonOptions`` exactly as ``mlxd`` serves them (``build_scheduler``), and answers decoded
 requests. ``handle(identity, message)`` returns the reply to send now, an Error for bad input or a failed
 handler, or None (replies come later through ``send``, as for Generate, or never, as for Cancel);
-``turn()`` picks up finished host work, runs one scheduler tick when there is work and sends the streamed
-chunks that are due; ``has_work`` says whether a turn would do anything (``busy``: anything but waiting
+``turn()`` picks up finished host work, runs one scheduler tick when there is work, one forward of a queued
+Embed (``embeddings.EmbeddingQueue``) and sends the streamed chunks that are due; ``has_work`` says whether a turn would do anything (``busy``: anything but waiting
 for host work). Host work that is not small (templates, tokenizing, grammars: ``host_limits``) runs on the
 worker threads of ``host_work.HostWork`` (``offload``); its results are handled inside ``turn()``, so
 the loop thread still owns all state and nothing needs a lock. Every failure of one request, in its
@@ -28,6 +28,7 @@ from mlxd_protocol import (
     FINISH_CANCELLED, INTERNAL, INVALID, UNKNOWN_TYPE, Done, Error, Message, ProtocolError, error_reply)
 from mlxd_scheduler import BatchScheduler, SchedulerOptions, TickRecord
 
+from .embeddings import EmbeddingQueue
 from .handlers import HANDLERS, HandlerContext
 from .host_work import HostWork
 from .options import DaemonOptions
@@ -134,6 +135,8 @@ class DaemonCore:
         self.idle_hook: Callable[[], None] | None = getattr(self.engine, "heartbeat", None)
         self.send = send
         self.host = HostWork(options.host_workers)
+        self.embeddings = EmbeddingQueue(loaded, self.engine.max_kv_size, options.pooling, options.prefill_chunk,
+                                         send, failure_reply, max_queue=options.max_queue)
         # how long a turn with nothing but host work in flight waits for it (the socket loop sets 0: it
         # polls ``host.wake_fd`` itself)
         self.host_wait_s = 0.05
@@ -141,7 +144,7 @@ class DaemonCore:
             loaded=loaded, scheduler=self.scheduler, streams=self.streams, sampling=options.sampling,
             started=self.started, options_summary=self.options_summary, kv_usage=self.kv_usage,
             request_stop=self.request_stop, is_draining=lambda: self.draining, limits=options.limits,
-            grammar_limits=options.limits.grammar(), offload=self.offload)
+            grammar_limits=options.limits.grammar(), offload=self.offload, embeddings=self.embeddings)
 
     def kv_usage(self) -> dict:
         """The KV storage's occupancy, and the prefix cache's entries, bytes, hits and tokens saved."""
@@ -152,8 +155,8 @@ class DaemonCore:
 
     @property
     def busy(self) -> bool:
-        """The scheduler has work or a stream keeps tokens: the loop must not sleep."""
-        return self.scheduler.has_work or self.streams.keeping
+        """The scheduler has work, a stream keeps tokens or embeddings are queued: the loop must not sleep."""
+        return self.scheduler.has_work or self.streams.keeping or self.embeddings.pending > 0
 
     @property
     def has_work(self) -> bool:
@@ -187,12 +190,15 @@ class DaemonCore:
         self.host.submit(work, answer)
 
     def turn(self) -> None:
-        """Finished host work, one scheduler tick (when there is work), then the streamed chunks that are due."""
+        """Finished host work, one scheduler tick (when there is work), one embedding forward (when one is
+        queued), then the streamed chunks that are due."""
         self.host.collect()
         if self.scheduler.has_work:
             self.scheduler.tick()
         elif self.idle_hook is not None:
             self.idle_hook()  # a distributed rank 0 checks its group while idle
+        if self.embeddings.pending:
+            self.embeddings.advance()
         if self.streams.keeping:
             self.streams.send_due(time.monotonic())
         if not self.busy and self.host.pending and self.host_wait_s > 0:
@@ -209,12 +215,15 @@ class DaemonCore:
         for preparing in list(self.context.preparing.values()):
             self.send(preparing.identity, Done(id=preparing.client_id, finish_reason=FINISH_CANCELLED))
         self.context.preparing.clear()
+        self.embeddings.cancel_all()
         self.host.close()
 
     def options_summary(self) -> dict:
         summary = self.options.as_dict()
         summary["endpoint"] = self.endpoint
         summary["max_kv_size"] = self.engine.max_kv_size
+        summary["context_length"] = self.loaded.context_length  # the model's own (llama-server's n_ctx_train)
+        summary["eos_token_ids"] = sorted(self.loaded.eos_token_ids)
         summary["fused_cpu_layers"] = self.engine.fused_layers
         summary["speculative"] = self.speculative.summary()
         summary["prompt_lookup_max_batch"] = self.scheduler.options.prompt_lookup_max_batch

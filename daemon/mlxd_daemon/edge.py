@@ -54,26 +54,38 @@ def prompt_tokens(loaded: LoadedModel, message: Generate) -> list[int]:
             raise ProtocolError(INVALID, "this model has no chat template: send a plain prompt with chat=false")
         if message.system:
             messages = [{"role": "system", "content": message.system}, *messages]
-        return chat_tokens(tokenizer, messages, offered_tools(message))
+        if message.continue_final_message and messages[-1].get("role") != "assistant":
+            raise ProtocolError(INVALID, "continue_final_message: the last message must be the assistant's")
+        return chat_tokens(tokenizer, messages, offered_tools(message), message.continue_final_message)
+    if message.continue_final_message:
+        raise ProtocolError(INVALID, "continue_final_message: needs the chat template")
     if messages is not None:
         raise ProtocolError(INVALID, "chat=false cannot be combined with messages")
     text = (message.system + "\n\n" + message.prompt) if message.system else message.prompt
     return list(tokenizer.encode(text, add_special_tokens=message.add_special_tokens))
 
 
-def chat_tokens(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
-    """Token ids of ``messages`` through the model's chat template (with ``tools`` when given).
+def chat_tokens(tokenizer, messages: list[dict], tools: list[dict] | None = None,
+                continue_final: bool = False) -> list[int]:
+    """Token ids of ``messages`` through the model's chat template (with ``tools`` when given). With
+    ``continue_final`` the last message is continued (assistant prefill): no generation prompt, and the
+    rendering ends where that message's content ends (the template's ``continue_final_message``).
 
     Raises:
         ProtocolError(INVALID): the template refuses the messages (its own error, e.g. roles that do
             not alternate) or they nest too deeply to render.
     """
     extra = {"tools": tools} if tools is not None else {}
+    if continue_final:
+        extra["continue_final_message"] = True
     try:
-        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, **extra))
+        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=not continue_final, **extra))
     except RecursionError:
         raise ProtocolError(INVALID, "messages: nested too deeply for the chat template") from None
     except Exception as error:  # noqa: BLE001 - a template's own refusal is the client's error
+        if continue_final and isinstance(error, ValueError):
+            # transformers: the final message's content is not found in the rendering, so it cannot be cut there
+            raise ProtocolError(INVALID, f"continue_final_message: {error}") from None
         if type(error).__module__.split(".")[0] != "jinja2":
             raise
         raise ProtocolError(INVALID, f"the chat template refused the messages: {error}") from None
@@ -87,8 +99,8 @@ def offered_tools(message: Generate) -> list[dict] | None:
 def tool_constraint(loaded: LoadedModel, message: Generate) -> Constraint | None:
     """Check that the model can take the request's tools; the grammar that enforces "required" or a
     named function (None otherwise). Raises ProtocolError(INVALID)."""
-    if not message.tools:
-        return None
+    if not message.tools or message.tool_choice == "none":
+        return None  # tools not offered: no call can happen, so any model takes them
     problem = tool_support_problem(loaded.tokenizer)
     if problem is not None:
         raise ProtocolError(INVALID, f"tools: {problem}")

@@ -11,7 +11,8 @@ Host work (chat templates, tokenizing, grammar compilation) that is not small (`
 the worker threads through ``ctx.offload(identity, request_id, work, finish)``: ``work`` touches no daemon
 state; ``finish(future)`` runs on the loop thread and returns the reply (or None), and an exception from
 either becomes the Error reply. A Generate being prepared so is in ``ctx.preparing`` until its finish
-submits it: a Cancel meanwhile marks it, and the finish answers with a cancelled Done instead.
+submits it: a Cancel meanwhile marks it, and the finish answers with a cancelled Done instead. An Embed
+is queued on ``ctx.embeddings`` once tokenized; its reply comes from the queue.
 """
 
 from __future__ import annotations
@@ -27,16 +28,18 @@ import psutil
 
 from mlxd_engine import GrammarLimits, LoadedModel, memory_usage
 from mlxd_protocol import (
-    FINISH_CANCELLED, INVALID, OVERLOADED, PROTOCOL_VERSION, Cancel, Detokenize, DetokenizeResult, Done, Generate,
-    Hello, Message, Ok, ProtocolError, Sampling, Shutdown, Status, StatusRequest, Tokenize, TokenizeResult,
+    FINISH_CANCELLED, INVALID, OVERLOADED, PROTOCOL_VERSION, Cancel, Detokenize, DetokenizeResult, Done, Embed,
+    Generate, Hello, Message, Ok, ProtocolError, Sampling, Shutdown, Status, StatusRequest, Tokenize, TokenizeResult,
 )
 from mlxd_protocol.field_checks import MAX_LIST_ITEMS
 from mlxd_scheduler import BatchScheduler, QueueFull, Request
 
 from . import __version__
 from .edge import chat_tokens, to_request, tool_call_splitter
+from .embeddings import EmbeddingQueue
 from .host_limits import (
-    HostLimits, check_generate, check_tokenize, runs_inline_detokenize, runs_inline_generate, runs_inline_tokenize)
+    HostLimits, check_embed, check_generate, check_tokenize, runs_inline_detokenize, runs_inline_embed,
+    runs_inline_generate, runs_inline_tokenize)
 from .streams import ReplyStreams
 
 log = logging.getLogger("mlxd")
@@ -59,6 +62,7 @@ class HandlerContext:
     grammar_limits: GrammarLimits = field(default_factory=GrammarLimits)  # limits.grammar(), built once
     offload: Offload | None = None  # None: every piece of host work runs at once, on the caller's thread
     preparing: dict[str, Preparing] = field(default_factory=dict)  # internal id -> a Generate on a worker
+    embeddings: EmbeddingQueue | None = None  # Embed requests, computed between ticks (None: not served)
 
 
 @dataclass
@@ -172,7 +176,7 @@ def tokenize(ctx: HandlerContext, identity: bytes, message: Tokenize) -> Message
 
     def work() -> list[int]:
         if message.messages is not None:
-            return chat_tokens(tokenizer, message.messages)
+            return chat_tokens(tokenizer, message.messages, message.tools)
         return list(tokenizer.encode(message.text, add_special_tokens=message.add_special_tokens))
 
     def finish(done: Future) -> TokenizeResult:
@@ -198,6 +202,29 @@ def detokenize(ctx: HandlerContext, identity: bytes, message: Detokenize) -> Mes
                 lambda: ctx.loaded.tokenizer.decode(message.tokens), finish)
 
 
+def embed(ctx: HandlerContext, identity: bytes, message: Embed) -> Message | None:
+    """Tokenize an Embed's texts (token inputs as they are) and queue it; the EmbedResult comes after the
+    forwards, run between ticks (``embeddings.EmbeddingQueue``)."""
+    if ctx.embeddings is None:
+        raise ProtocolError(INVALID, "embeddings are not served by this daemon")
+    if ctx.is_draining():
+        raise ProtocolError(OVERLOADED, "the daemon is shutting down; retry on another daemon")
+    check_embed(message, ctx.limits)
+    ctx.embeddings.source()  # a model without a hidden state is refused before any tokenizing
+    tokenizer = ctx.loaded.tokenizer
+
+    def work() -> list[list[int]]:
+        if message.token_inputs is not None:
+            return [list(tokens) for tokens in message.token_inputs]
+        return [list(tokenizer.encode(text, add_special_tokens=message.add_special_tokens)) for text in message.texts]
+
+    def finish(done: Future) -> None:
+        ctx.embeddings.submit(identity, message, done.result())
+        return None
+
+    return _run(ctx, identity, message.id, runs_inline_embed(message), work, finish)
+
+
 def shutdown(ctx: HandlerContext, identity: bytes, message: Shutdown) -> Ok:
     ctx.request_stop("shutdown message")
     return Ok(id=message.id)
@@ -210,5 +237,6 @@ HANDLERS: dict[type[Message], Callable] = {
     Cancel: cancel,
     Tokenize: tokenize,
     Detokenize: detokenize,
+    Embed: embed,
     Shutdown: shutdown,
 }

@@ -2,7 +2,7 @@
 
 Contract: ``HostLimits`` holds the bounds ``mlxd`` is started with (``--max-messages``,
 ``--max-tokenize-chars``, ``--max-grammar-bytes/-rules/-depth/-repeat``; docs/architecture.md, "Limits on
-host work"). ``check_generate`` / ``check_tokenize`` refuse a request over a limit with
+host work"). ``check_generate`` / ``check_tokenize`` / ``check_embed`` refuse a request over a limit with
 ``ProtocolError(INVALID)`` naming the limit and its option, before any work starts; they only count, so
 they are cheap on the loop thread. ``runs_inline_*`` say whether a request's host work is small enough to
 do at once on the loop thread (a short prompt, a few messages, no grammar): everything else goes to the
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mlxd_protocol import INVALID, Detokenize, Generate, ProtocolError, Tokenize
+from mlxd_protocol import INVALID, Detokenize, Embed, Generate, ProtocolError, Tokenize
 
 # host work at most this size runs on the loop thread (a thread hop would cost more than the work)
 INLINE_CHARS = 16 * 1024
@@ -62,6 +62,14 @@ def check_tokenize(message: Tokenize, limits: HostLimits) -> None:
                                      f"{limits.max_tokenize_chars} (mlxd --max-tokenize-chars)")
 
 
+def check_embed(message: Embed, limits: HostLimits) -> None:
+    """Refuse an Embed whose texts are over the tokenize limit (all of them together)."""
+    chars = sum(len(text) for text in message.texts or ())
+    if chars > limits.max_tokenize_chars:
+        raise ProtocolError(INVALID, f"texts: {chars} characters; the limit is {limits.max_tokenize_chars} "
+                                     f"(mlxd --max-tokenize-chars)")
+
+
 def _text_chars(text: str | None, messages: list[dict] | None) -> int:
     return len(text or "") + sum(len(str(m.get("content", ""))) for m in messages or ())
 
@@ -77,9 +85,16 @@ def runs_inline_generate(message: Generate) -> bool:
 
 
 def runs_inline_tokenize(message: Tokenize) -> bool:
+    if message.tools:
+        return False  # tool schemas render through the template: never on the loop thread
     if message.messages is not None and len(message.messages) > INLINE_MESSAGES:
         return False
     return _text_chars(message.text, message.messages) <= INLINE_CHARS
+
+
+def runs_inline_embed(message: Embed) -> bool:
+    """An Embed whose tokenizing is small (token inputs need none)."""
+    return sum(len(text) for text in message.texts or ()) <= INLINE_CHARS
 
 
 def runs_inline_detokenize(message: Detokenize) -> bool:

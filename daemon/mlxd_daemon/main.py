@@ -45,6 +45,13 @@ def _endpoint_option(function):
 @click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True), help="default top-p")
 @click.option("--top-k", default=0, show_default=True, type=click.IntRange(0), help="default top-k (0: off)")
 @click.option("--min-p", default=0.0, show_default=True, type=click.FloatRange(0, 1), help="default min-p")
+@click.option("--seed", default=None, type=click.IntRange(0, 2**63 - 1),
+              help="default sampling seed: a request that sends none is sampled reproducibly (default: none)")
+@click.option("--chat-template", default=None,
+              help="chat template instead of the model's: a built-in name (chatml, llama2, llama3, command-r) or "
+                   "Jinja text")
+@click.option("--chat-template-file", default=None, type=click.Path(dir_okay=False, exists=True),
+              help="file holding a Jinja chat template used instead of the model's")
 @click.option("--draft-kind", default=None, help="speculative decoding for every request: prompt-lookup or none")
 @click.option("--draft-model", default=None, help="draft model (no supported kind takes one yet)")
 @click.option("--draft-block-size", default=None, type=int, help="prompt lookup: most draft tokens per verify round (default 15)")
@@ -75,6 +82,9 @@ def _endpoint_option(function):
                    "tensor parallel (model.shard) or pipeline parallel (model.model.pipeline); rank 0 serves")
 @click.option("--distributed-backend", default="any", show_default=True,
               type=click.Choice(["any", "ring", "jaccl", "mpi", "nccl"]), help="mx.distributed backend of the group")
+@click.option("--pooling", default="mean", show_default=True, type=click.Choice(["mean", "last", "cls", "none"]),
+              help="embeddings: how the last hidden state's token vectors become one vector per input "
+                   "(none: a vector per token, for llama-server's /embedding)")
 @click.option("--host-workers", default=2, show_default=True, type=click.IntRange(1, 64),
               help="threads for host work off the serving loop (chat templates, tokenizing, grammar compilation)")
 @click.option("--max-messages", default=HostLimits.max_messages, show_default=True, type=click.IntRange(1),
@@ -92,9 +102,9 @@ def _endpoint_option(function):
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
 @click.pass_context
 def cli(ctx, model, endpoint, max_batch, max_kv_size, prefill_chunk, max_queue, lookahead, decode_steps, temp, top_p, top_k,
-        min_p, draft_kind, draft_model, draft_block_size, prompt_lookup_max_batch, storage_backend, kv_block_size,
+        min_p, seed, chat_template, chat_template_file, draft_kind, draft_model, draft_block_size, prompt_lookup_max_batch, storage_backend, kv_block_size,
         kv_pool_tokens, kv_memory_fraction, prefix_cache_bytes, cpu_weight_budget, drain_timeout, allow_public, auth_token_file, stream_interval_ms,
-        distributed, distributed_backend, host_workers, max_messages, max_tokenize_chars, max_grammar_bytes,
+        distributed, distributed_backend, pooling, host_workers, max_messages, max_tokenize_chars, max_grammar_bytes,
         max_grammar_rules, max_grammar_depth, max_grammar_repeat, log_level):
     """mlxd: serve an mlx-lm model to many clients over ZeroMQ."""
     if ctx.invoked_subcommand is not None:
@@ -102,12 +112,13 @@ def cli(ctx, model, endpoint, max_batch, max_kv_size, prefill_chunk, max_queue, 
     options = DaemonOptions(
         model=model, endpoint=endpoint, max_batch=max_batch, max_kv_size=max_kv_size, prefill_chunk=prefill_chunk,
         lookahead=lookahead, decode_steps=decode_steps, max_queue=max_queue, allow_public=allow_public, log_level=log_level,
-        sampling=SamplingDefaults(temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p),
+        sampling=SamplingDefaults(temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed),
+        chat_template=_chat_template_option(chat_template, chat_template_file),
         draft_kind=draft_kind, draft_model=draft_model, draft_block_size=draft_block_size,
         prompt_lookup_max_batch=prompt_lookup_max_batch, storage_backend=storage_backend,
         kv_block_size=kv_block_size, kv_pool_tokens=kv_pool_tokens, kv_memory_fraction=kv_memory_fraction,
         prefix_cache_bytes=prefix_cache_bytes, cpu_weight_budget=cpu_weight_budget, drain_timeout_s=drain_timeout, stream_interval_s=stream_interval_ms / 1000.0, auth_token=_read_auth_token(auth_token_file),
-        distributed=distributed, distributed_backend=distributed_backend, host_workers=host_workers,
+        distributed=distributed, distributed_backend=distributed_backend, pooling=pooling, host_workers=host_workers,
         limits=HostLimits(max_messages=max_messages, max_tokenize_chars=max_tokenize_chars,
                           max_grammar_bytes=max_grammar_bytes, max_grammar_rules=max_grammar_rules,
                           max_grammar_depth=max_grammar_depth, max_grammar_repeat=max_grammar_repeat),
@@ -121,6 +132,17 @@ def cli(ctx, model, endpoint, max_batch, max_kv_size, prefill_chunk, max_queue, 
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="--draft-kind/--draft-model/--draft-block-size")
     sys.exit(serve(options))
+
+
+def _chat_template_option(name_or_text: str | None, path: str | None) -> str | None:
+    """The Jinja text of --chat-template (a built-in name or the text) or --chat-template-file."""
+    from .chat_templates import resolve_chat_template
+
+    if name_or_text is not None and path is not None:
+        raise click.BadParameter("give --chat-template or --chat-template-file, not both", param_hint="--chat-template")
+    if path is not None:
+        return Path(path).read_text()
+    return resolve_chat_template(name_or_text) if name_or_text is not None else None
 
 
 def _read_auth_token(path: str | None) -> str | None:

@@ -5,7 +5,8 @@ Contract: ``load_for_serving(options)`` resolves ``options.model`` and loads it 
   ``mlxd_engine.default_model``), or the embedded tiny model with a logged warning where it cannot be had;
 - ``embedded`` (or ``mlxd-qwen3-tiny``): the embedded tiny model;
 - anything else: a checkpoint directory, a ``.gguf`` file or a hub id, as ``mlxd_engine.load`` takes it.
-The CPU weight rule gets ``options.cpu_weight_budget`` of the machine's memory. A model the engine cannot
+The CPU weight rule gets ``options.cpu_weight_budget`` of the machine's memory; ``options.chat_template``
+(``--chat-template``) replaces the model's chat template. A model the engine cannot
 serve raises ``ModelLoadError`` with a message for the user.
 """
 
@@ -16,6 +17,7 @@ import logging
 from mlxd_engine import (
     EMBEDDED_ALIASES, LoadedModel, default_budget_bytes, embedded_model_path, load, resolve_default_model)
 
+from .chat_templates import install_chat_template
 from .options import DaemonOptions
 
 log = logging.getLogger("mlxd")
@@ -38,4 +40,7 @@ def load_for_serving(options: DaemonOptions, group=None) -> LoadedModel:
     loaded = load(resolve_model_name(options.model), cpu_weight_budget=default_budget_bytes(options.cpu_weight_budget),
                   distributed=distributed)
     log.info("%s", loaded.weights)
+    if options.chat_template is not None and loaded.tokenizer is not None:
+        install_chat_template(loaded.tokenizer, options.chat_template)
+        log.info("chat template: the one given by --chat-template(-file), not the model's")
     return loaded

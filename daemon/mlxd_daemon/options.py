@@ -44,6 +44,8 @@ class DaemonOptions:
     distributed: str | None = None  # "tensor" or "pipeline": this process is one rank of an mx.distributed group
     distributed_backend: str = "any"  # mx.distributed backend (mlx.launch sets it up): any, ring, jaccl, mpi, nccl
     auth_token: str | None = field(default=None, repr=False)  # clients must send it in a Hello first
+    chat_template: str | None = None  # Jinja text used instead of the model's chat template (None: the model's)
+    pooling: str = "mean"  # how an Embed's token states become one vector: mean, last, cls or none
     host_workers: int = 2  # threads for host work off the loop: templates, tokenizing, grammars (host_work.py)
     limits: HostLimits = field(default_factory=HostLimits)  # per-request bounds on host work (host_limits.py)
 

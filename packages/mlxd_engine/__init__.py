@@ -6,6 +6,7 @@ The engine sees token ids only; tokenization happens at the edges (the tokenizer
 
 from .cpu_weights import WeightForm, apply_cpu_weight_rule, default_budget_bytes
 from .default_model import EMBEDDED_ALIASES, resolve_default_model
+from .embeddings import POOLINGS, EmbeddingRun, EmbeddingUnavailable, HiddenStateSource, hidden_state_source
 from .eligibility import Eligibility, prompt_lookup_eligibility
 from .engine import Emitted, Engine, Sequence, StepHandle, kv_bytes_per_token
 from .forward_cost import ForwardCost, calibrate_forward_cost
@@ -24,7 +25,8 @@ __all__ = [
     "EMBEDDED_ALIASES", "ForwardCost", "GGUFError", "calibrate_forward_cost", "WeightForm", "apply_cpu_weight_rule", "cached_conversion", "convert_gguf",
     "GRAMMAR_KINDS", "JSON_LAYOUT", "Grammar", "GrammarError", "GrammarLimits", "compile_grammar",
     "default_budget_bytes", "resolve_default_model",
-    "Eligibility", "Emitted", "Engine", "KVStorage", "KVStorageFull", "LoadedModel", "ModelLoadError",
+    "Eligibility", "EmbeddingRun", "EmbeddingUnavailable", "Emitted", "HiddenStateSource", "POOLINGS",
+    "hidden_state_source", "Engine", "KVStorage", "KVStorageFull", "LoadedModel", "ModelLoadError",
     "RoundOutcome", "STORAGE_BACKENDS", "SamplerChain", "SamplingParams", "Sequence", "SlotKVStorage", "StepHandle",
     "at_kv_bound", "embedded_model_path", "kv_bytes_per_token", "kv_room", "load", "make_kv_storage",
     "memory_usage", "prompt_lookup_eligibility", "release_cached_memory", "verify_round", "verify_rows",

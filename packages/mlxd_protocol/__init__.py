@@ -11,9 +11,10 @@ process) speak the same messages.
 from .messages import (
     AUTH_TOKEN_ENV, BAD_FRAME, BAD_VERSION, CANCELLED, CLIENT_CLOSED, CLIENT_CODES, CONSTRAINT_KINDS, DISCONNECTED, ERROR_CODES,
     FINISH_CANCELLED, FINISH_LENGTH, FINISH_REASONS, FINISH_STOP, INTERNAL, INVALID, MAX_FRAME_BYTES, MESSAGE_TYPES,
-    NOT_FOUND, OVERLOADED, PROTOCOL_VERSION, REPLY_TYPES, REQUEST_TYPES, SPECULATIVE_KINDS, SUPPORTED_VERSIONS,
-    TICK_TOPIC, TRACE_TYPES, UNAUTHORIZED, UNKNOWN_TYPE,
-    Cancel, Chunk, Constraint, Detokenize, DetokenizeResult, Done, Error, Generate, Hello, Message, Ok, Sampling,
+    MAX_EMBED_INPUTS, NOT_FOUND, OVERLOADED, POOLING_KINDS, PROTOCOL_VERSION, REPLY_TYPES, REQUEST_TYPES,
+    SPECULATIVE_KINDS, SUPPORTED_VERSIONS, TICK_TOPIC, TRACE_TYPES, UNAUTHORIZED, UNKNOWN_TYPE,
+    Cancel, Chunk, Constraint, Detokenize, DetokenizeResult, Done, Embed, EmbedResult, Error, Generate, Hello,
+    Message, Ok, Sampling,
     Shutdown, Speculative, Status, StatusRequest, Tick, TickRow, Tokenize, TokenizeResult)
 from .codec import ProtocolError, decode, encode, error_reply
 from .endpoints import (
@@ -28,10 +29,12 @@ __all__ = [
     "AUTH_TOKEN_ENV", "BAD_FRAME", "BAD_VERSION", "CANCELLED", "CLIENT_CLOSED", "CLIENT_CODES", "CONSTRAINT_KINDS",
     "DISCONNECTED",
     "ERROR_CODES", "FINISH_CANCELLED", "FINISH_LENGTH", "FINISH_REASONS", "FINISH_STOP", "INTERNAL", "INVALID",
-    "MAX_FRAME_BYTES", "MESSAGE_TYPES", "NOT_FOUND", "OVERLOADED", "PROTOCOL_VERSION", "REPLY_TYPES",
+    "MAX_EMBED_INPUTS", "MAX_FRAME_BYTES", "MESSAGE_TYPES", "NOT_FOUND", "OVERLOADED", "POOLING_KINDS",
+    "PROTOCOL_VERSION", "REPLY_TYPES",
     "REQUEST_TYPES", "SPECULATIVE_KINDS", "SUPPORTED_VERSIONS", "TICK_TOPIC", "TRACE_TYPES", "UNAUTHORIZED",
     "UNKNOWN_TYPE",
-    "Cancel", "Chunk", "Constraint", "Detokenize", "DetokenizeResult", "Done", "Error", "Generate", "Hello", "Message",
+    "Cancel", "Chunk", "Constraint", "Detokenize", "DetokenizeResult", "Done", "Embed", "EmbedResult", "Error",
+    "Generate", "Hello", "Message",
     "Ok", "ProtocolError", "Sampling", "Shutdown", "Speculative", "Status", "StatusRequest", "Tick", "TickRow",
     "Tokenize", "TokenizeResult", "decode", "encode", "error_reply",
     "check_bind_address", "default_endpoint", "ensure_private_dir", "parse_endpoint", "pid_file",

@@ -33,8 +33,8 @@ from .client import (
 from .codec import ProtocolError, decode, encode
 from .endpoints import default_endpoint
 from .messages import (
-    CLIENT_CLOSED, DISCONNECTED, UNAUTHORIZED, Cancel, Chunk, Detokenize, DetokenizeResult, Done, Error, Generate,
-    Hello, Message, Ok, Shutdown, Status, StatusRequest, Tokenize, TokenizeResult)
+    CLIENT_CLOSED, DISCONNECTED, UNAUTHORIZED, Cancel, Chunk, Detokenize, DetokenizeResult, Done, Embed, EmbedResult,
+    Error, Generate, Hello, Message, Ok, Shutdown, Status, StatusRequest, Tokenize, TokenizeResult)
 
 # What the socket monitor reports: a connection made (again), a connection dropped.
 CONNECTION_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
@@ -297,19 +297,20 @@ class AsyncClient:
             return False
 
     async def tokenize(self, text: str | None = None, messages: list[dict] | None = None,
-                       add_special_tokens: bool = True) -> list[int]:
+                       add_special_tokens: bool = True, tools: list[dict] | None = None) -> list[int]:
         """Tokenize text, or chat messages through the model's chat template.
 
         Args:
             text: Plain text (exactly one of text / messages).
             messages: Chat messages, each ``{"role": ..., "content": ...}``.
             add_special_tokens: Let the tokenizer add BOS and the like.
+            tools: Tool definitions the chat template renders with ``messages`` (as a Generate's).
 
         Returns:
             The token ids.
         """
         request = Tokenize(text=text, messages=messages, add_special_tokens=add_special_tokens,
-                           id=new_request_id())
+                           id=new_request_id(), tools=tools)
         return (await self._call(request, TokenizeResult)).tokens
 
     async def detokenize(self, tokens: list[int]) -> str:
@@ -322,6 +323,23 @@ class AsyncClient:
             The decoded text.
         """
         return (await self._call(Detokenize(tokens=list(tokens), id=new_request_id()), DetokenizeResult)).text
+
+    async def embed(self, texts: list[str] | None = None, token_inputs: list[list[int]] | None = None,
+                    pooling: str | None = None, normalize: bool = True) -> EmbedResult:
+        """Embeddings of texts or token lists (exactly one), from the model's last hidden state.
+
+        Args:
+            texts: Strings, each tokenized by the daemon.
+            token_inputs: Token id lists, used as they are.
+            pooling: "mean", "last", "cls" or "none" (a vector per token); None: the daemon's ``--pooling``.
+            normalize: Scale every vector to unit L2 norm.
+
+        Returns:
+            The EmbedResult (vectors, each input's token count, the pooling applied).
+        """
+        request = Embed(texts=texts, token_inputs=token_inputs, pooling=pooling, normalize=normalize,
+                        id=new_request_id())
+        return await self._call(request, EmbedResult)
 
     async def shutdown(self) -> None:
         """Ask the daemon to stop; returns once it acknowledged."""

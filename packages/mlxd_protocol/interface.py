@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Protocol, runtime_checkable
 
-from .messages import Chunk, Done, Generate, Status
+from .messages import Chunk, Done, EmbedResult, Generate, Status
 
 
 @runtime_checkable
@@ -31,11 +31,15 @@ class DaemonClient(Protocol):
         """True when the daemon answers; never raises."""
 
     def tokenize(self, text: str | None = None, messages: list[dict] | None = None,
-                 add_special_tokens: bool = True) -> list[int]:
-        """Token ids of text, or of chat messages through the chat template."""
+                 add_special_tokens: bool = True, tools: list[dict] | None = None) -> list[int]:
+        """Token ids of text, or of chat messages (with ``tools``) through the chat template."""
 
     def detokenize(self, tokens: list[int]) -> str:
         """The text of token ids."""
+
+    def embed(self, texts: list[str] | None = None, token_inputs: list[list[int]] | None = None,
+              pooling: str | None = None, normalize: bool = True) -> EmbedResult:
+        """Embeddings of texts or token lists: the model's last hidden state, pooled per input."""
 
     def cancel(self, request_id: str) -> None:
         """Stop a generation (its stream ends with a cancelled Done)."""

@@ -24,8 +24,8 @@ from typing import Protocol
 from .client import DaemonError, new_request_id, unwrap_reply
 from .codec import decode, encode
 from .messages import (
-    INTERNAL, Cancel, Chunk, Detokenize, DetokenizeResult, Done, Generate, Hello, Message, Ok, Shutdown, Status,
-    StatusRequest, Tokenize, TokenizeResult)
+    INTERNAL, Cancel, Chunk, Detokenize, DetokenizeResult, Done, Embed, EmbedResult, Generate, Hello, Message, Ok,
+    Shutdown, Status, StatusRequest, Tokenize, TokenizeResult)
 
 IDENTITY = b"local"  # the one connection a local core sees
 
@@ -123,12 +123,19 @@ class LocalClient:
             return False
 
     def tokenize(self, text: str | None = None, messages: list[dict] | None = None,
-                 add_special_tokens: bool = True) -> list[int]:
-        request = Tokenize(text=text, messages=messages, add_special_tokens=add_special_tokens, id=new_request_id())
+                 add_special_tokens: bool = True, tools: list[dict] | None = None) -> list[int]:
+        request = Tokenize(text=text, messages=messages, add_special_tokens=add_special_tokens, id=new_request_id(),
+                           tools=tools)
         return self._call(request, TokenizeResult).tokens
 
     def detokenize(self, tokens: list[int]) -> str:
         return self._call(Detokenize(tokens=list(tokens), id=new_request_id()), DetokenizeResult).text
+
+    def embed(self, texts: list[str] | None = None, token_inputs: list[list[int]] | None = None,
+              pooling: str | None = None, normalize: bool = True) -> EmbedResult:
+        request = Embed(texts=texts, token_inputs=token_inputs, pooling=pooling, normalize=normalize,
+                        id=new_request_id())
+        return self._call(request, EmbedResult)
 
     def shutdown(self) -> None:
         self._call(Shutdown(id=new_request_id()), Ok)

@@ -62,6 +62,9 @@ SPECULATIVE_KINDS = frozenset({"prompt-lookup", "none"})
 TOOL_CHOICES = frozenset({"auto", "none", "required"})  # Generate.tool_choice
 # Constraint.kind: what the output must follow (structured output).
 CONSTRAINT_KINDS = frozenset({"json_object", "json_schema", "gbnf", "lark", "regex"})
+# Embed.pooling: how an input's per-token hidden states become its embedding ("none": one vector per token).
+POOLING_KINDS = frozenset({"mean", "last", "cls", "none"})
+MAX_EMBED_INPUTS = 2048  # inputs of one Embed (OpenAI's bound)
 
 # What a row did in a tick (TickRow.action); see docs/protocol.md, "tick".
 TICK_ACTIONS = frozenset({"prefill", "first-token", "prime", "decode", "verify", "finished"})
@@ -220,9 +223,14 @@ class Generate(Message):
     tools: list[dict] | None = None
     tool_choice: str | None = None
     tool_name: str | None = None
+    # messages only: the last message (an assistant's) is continued, not followed by a new turn: the chat
+    # template is applied without a generation prompt and cut after that message's content (assistant prefill)
+    continue_final_message: bool = False
 
     def validate(self) -> None:
         _exactly_one(self, ("prompt", "prompt_tokens", "messages"))
+        _require(not self.continue_final_message or bool(self.messages),
+                 "continue_final_message: needs messages")
         _require(self.tool_choice is None or self.tool_choice in TOOL_CHOICES,
                  f"tool_choice: must be one of {sorted(TOOL_CHOICES)} or nil")
         _require(self.tools is None or (0 < len(self.tools) <= 128 and all(_tool_name(tool) for tool in self.tools)),
@@ -261,10 +269,16 @@ class Tokenize(Message):
     messages: list[dict] | None = None
     add_special_tokens: bool = True
     id: str | None = None
+    # messages only: OpenAI-style tool definitions the chat template renders, as a Generate's ``tools`` do
+    # (so the count equals that Generate's prompt tokens)
+    tools: list[dict] | None = None
 
     def validate(self) -> None:
         _exactly_one(self, ("text", "messages"))
         _check_chat_messages(self.messages, "messages")
+        _require(self.tools is None or (self.messages is not None and 0 < len(self.tools) <= 128
+                                        and all(_tool_name(tool) for tool in self.tools)),
+                 "tools: with messages only; 1 to 128 maps, each {\"type\": \"function\", \"function\": {\"name\": str, ...}}")
 
 
 @dataclass(slots=True)
@@ -277,6 +291,32 @@ class Detokenize(Message):
 
     def validate(self) -> None:
         _check_tokens(self.tokens, "tokens")
+
+
+@dataclass(slots=True)
+class Embed(Message):
+    """Embeddings of exactly one of texts / token_inputs: the model's last hidden state (after its final
+    norm, before the output head), pooled per input (``pooling``: nil = the daemon's ``--pooling``) and,
+    with ``normalize``, scaled to unit L2 norm (pooling "none": per-token vectors as they are). Answered by
+    EmbedResult."""
+
+    TYPE: ClassVar[str] = "embed"
+    texts: list[str] | None = None
+    token_inputs: list[list[int]] | None = None
+    pooling: str | None = None
+    normalize: bool = True
+    add_special_tokens: bool = True  # let the tokenizer add BOS and the like to each text
+    id: str | None = None
+
+    def validate(self) -> None:
+        _exactly_one(self, ("texts", "token_inputs"))
+        inputs = self.texts if self.texts is not None else self.token_inputs
+        _require(0 < len(inputs) <= MAX_EMBED_INPUTS, f"texts / token_inputs: 1 to {MAX_EMBED_INPUTS} inputs")
+        _require(all(len(one) > 0 for one in inputs), "texts / token_inputs: an input must not be empty")
+        for index, tokens in enumerate(self.token_inputs or ()):
+            _check_tokens(tokens, f"token_inputs[{index}]")
+        _require(self.pooling is None or self.pooling in POOLING_KINDS,
+                 f"pooling: must be one of {sorted(POOLING_KINDS)} or nil")
 
 
 @dataclass(slots=True)
@@ -372,6 +412,18 @@ class DetokenizeResult(Message):
 
 
 @dataclass(slots=True)
+class EmbedResult(Message):
+    """Answer to Embed: one vector per input, in order (``pooling`` "none": one per token, the inputs'
+    vectors one after the other); ``token_counts`` are each input's tokens, ``pooling`` the one applied."""
+
+    TYPE: ClassVar[str] = "embed_result"
+    embeddings: list[list[float]]
+    token_counts: list[int]
+    pooling: str
+    id: str | None = None
+
+
+@dataclass(slots=True)
 class Ok(Message):
     """Plain acknowledgement (answer to Shutdown)."""
 
@@ -422,9 +474,9 @@ class Tick(Message):
 TICK_TOPIC = b"tick"  # the ZeroMQ topic (first message part) of every Tick on the trace socket
 
 REQUEST_TYPES: tuple[type[Message], ...] = (
-    Hello, StatusRequest, Generate, Cancel, Tokenize, Detokenize, Shutdown)
+    Hello, StatusRequest, Generate, Cancel, Tokenize, Detokenize, Embed, Shutdown)
 REPLY_TYPES: tuple[type[Message], ...] = (
-    Status, Chunk, Done, Error, TokenizeResult, DetokenizeResult, Ok)
+    Status, Chunk, Done, Error, TokenizeResult, DetokenizeResult, EmbedResult, Ok)
 TRACE_TYPES: tuple[type[Message], ...] = (Tick,)
 # The registry decode dispatches on: wire "type" string -> message class.
 MESSAGE_TYPES: dict[str, type[Message]] = {cls.TYPE: cls for cls in REQUEST_TYPES + REPLY_TYPES + TRACE_TYPES}

@@ -81,17 +81,18 @@ class Timings:
         prompt_ms = ((self.first_token or start) - start) * 1000.0
         predicted_ms = ((self.last_token or 0.0) - (self.first_token or 0.0)) * 1000.0 if predicted_n > 1 else 0.0
         decoded = max(predicted_n - 1, 0)  # the first token comes from prefill
+        # unrounded, as llama-server sends them: a client may recompute a rate from its parts
         report = {
             "cache_n": cache_n,
             "prompt_n": prompt_n,
-            "prompt_ms": round(prompt_ms, 3),
-            "prompt_per_token_ms": round(prompt_ms / prompt_n, 3) if prompt_n else 0.0,
-            "prompt_per_second": round(prompt_n / (prompt_ms / 1000.0), 2) if prompt_ms > 0 else 0.0,
+            "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+            "prompt_per_second": 1e3 / prompt_ms * prompt_n if prompt_ms > 0 else 0.0,
             "predicted_n": predicted_n,
-            "predicted_ms": round(predicted_ms, 3),
-            "predicted_per_token_ms": round(predicted_ms / decoded, 3) if decoded else 0.0,
-            "predicted_per_second": round(decoded / (predicted_ms / 1000.0), 2) if predicted_ms > 0 else 0.0,
-            "queue_ms": round((start - self.queued) * 1000.0, 3),
+            "predicted_ms": predicted_ms,
+            "predicted_per_token_ms": predicted_ms / decoded if decoded else 0.0,
+            "predicted_per_second": 1e3 / predicted_ms * decoded if predicted_ms > 0 else 0.0,
+            "queue_ms": (start - self.queued) * 1000.0,
         }
         if self.speculated:
             report.update(draft_kind="prompt-lookup", draft_n=self.draft_n, draft_n_accepted=self.draft_n_accepted,

@@ -14,8 +14,8 @@ from mlxd_scheduler import SchedulerOptions
 
 # mlxd option name -> (DaemonOptions field, how the option's value becomes the field's)
 RENAMED = {"drain_timeout": ("drain_timeout_s", float), "stream_interval_ms": ("stream_interval_s", lambda ms: ms / 1000.0)}
-SAMPLING = {"temp": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p"}
-NOT_OPTIONS = {"auth_token_file"}  # read into auth_token
+SAMPLING = {"temp": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed"}
+NOT_OPTIONS = {"auth_token_file", "chat_template_file"}  # read into auth_token, chat_template
 LIMITS = {"max_messages", "max_tokenize_chars", "max_grammar_bytes", "max_grammar_rules", "max_grammar_depth",
           "max_grammar_repeat"}  # fields of DaemonOptions.limits (HostLimits)
 

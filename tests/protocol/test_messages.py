@@ -9,8 +9,9 @@ import pytest
 
 from mlxd_protocol import (
     BAD_FRAME, BAD_VERSION, INVALID, MAX_FRAME_BYTES, MESSAGE_TYPES, PROTOCOL_VERSION, UNKNOWN_TYPE, Cancel,
-    Chunk, Detokenize, DetokenizeResult, Done, Error, Generate, Hello, Message, Ok, ProtocolError, Sampling,
-    Shutdown, Speculative, Status, StatusRequest, Tick, TickRow, Tokenize, TokenizeResult, decode, encode, error_reply)
+    Chunk, Detokenize, DetokenizeResult, Done, Embed, EmbedResult, Error, Generate, Hello, Message, Ok,
+    ProtocolError, Sampling, Shutdown, Speculative, Status, StatusRequest, Tick, TickRow, Tokenize, TokenizeResult,
+    decode, encode, error_reply)
 from mlxd_protocol.field_checks import MAX_LIST_ITEMS
 
 FULL_GENERATE = Generate(
@@ -31,6 +32,9 @@ ONE_OF_EACH: list[Message] = [
     Tokenize(text="hello", id="t"),
     Tokenize(messages=[{"role": "user", "content": "hi"}], add_special_tokens=False),
     Detokenize(tokens=[5, 6, 7], id="d"),
+    Embed(texts=["hello", "world"], pooling="last", id="e"),
+    Embed(token_inputs=[[1, 2], [3]], normalize=False, add_special_tokens=False),
+    Generate(id="gen-4", messages=[{"role": "assistant", "content": "Once"}], continue_final_message=True),
     Shutdown(id="x"),
     Status(model="mlxd-qwen3-tiny", protocol_version=1, daemon_version="0.1.0", uptime_s=12.5, active=2, queued=1,
            max_batch=8, memory={"rss_bytes": 123456}, options={"speculative": "prompt-lookup"},
@@ -41,6 +45,7 @@ ONE_OF_EACH: list[Message] = [
     Error(id=None, code=INVALID, message="nope"),
     TokenizeResult(tokens=[1, 2], id="t"),
     DetokenizeResult(text="hi", id="d"),
+    EmbedResult(embeddings=[[0.5, -0.25], [1.0, 0.0]], token_counts=[2, 1], pooling="mean", id="e"),
     Ok(id="x"),
     Tick(tick=7, batch=2, pipelined=True, duration_ms=1.25, prefill_tokens=0, steps=4,
          rows=[TickRow(request_id="a:1", action="decode", tokens=4),

@@ -17,7 +17,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
-from . import llama_routes, openai_routes
+from . import anthropic_routes, embeddings_routes, llama_routes, openai_routes, responses_routes
 from .context import GatewayContext, install_context
 from .daemon_pool import DaemonPool
 from .errors import install_error_handlers
@@ -65,8 +65,12 @@ def create_app(settings: Settings, supervisor: DaemonSupervisor | None = None) -
     install_error_handlers(app)
     app.include_router(openai_routes.router)
     app.include_router(llama_routes.router)
+    app.include_router(embeddings_routes.router)
+    app.include_router(anthropic_routes.router)
+    app.include_router(responses_routes.responses_router())  # with its own store of responses
     app.add_middleware(GatewayMiddleware, settings=settings, metrics=metrics)
     if settings.cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET", "POST"],
-                           allow_headers=["Authorization", "Content-Type"], max_age=600)
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET", "POST", "DELETE"],
+                           allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version",
+                                          "anthropic-beta"], max_age=600)
     return app

@@ -7,11 +7,15 @@ Contract:
     * ``ApiError`` is the one exception routes raise; ``from_daemon_failure`` turns what the protocol
       client raises into one: ``invalid_request`` and a daemon's host-work limit -> 400, ``not_found`` ->
       404, a reply too large to send -> 413, ``overloaded`` -> 429, daemon down / timeout / shutting down
-      -> 503, anything else -> 500. 429 and 503 carry ``Retry-After``.
+      -> 503, anything else -> 500. 429 and 503 carry ``Retry-After``. A prompt longer than the daemon's
+      context is llama-server's 400 ``exceed_context_size_error`` with ``n_prompt_tokens`` and ``n_ctx``.
     * No body names a Python exception, a file path or a socket path: a 500 says only that something
       failed (the log has the details), a 503 why no daemon serves without naming its endpoint, and a
       daemon's own message has any path in it replaced by ``<path>`` (``public_text``).
     * Validation errors answer 400 (not FastAPI's 422) with the first problem named field by field.
+    * On Anthropic's paths (``/v1/messages`` and below) the same errors have Anthropic's body instead,
+      ``{"type": "error", "error": {"type": str, "message": str}}`` (``anthropic_error_body``), whoever
+      answers them (a route, a handler here, the middleware).
 """
 
 from __future__ import annotations
@@ -58,6 +62,9 @@ def public_text(text: str) -> str:
 
 # How mlxd words an invalid_request whose reply could not be sent: past the protocol's frame limit.
 REPLY_TOO_LARGE_PREFIX = "the reply is larger than"
+# How mlxd words a prompt longer than its context bound (docs/protocol.md): llama-server's
+# exceed_context_size_error, with the two numbers as members of the error.
+_CONTEXT_EXCEEDED = re.compile(r"prompt of (?P<prompt>\d+) tokens does not fit the context bound of (?P<ctx>\d+)")
 
 
 def _status_of_daemon_code(code: str) -> int:
@@ -100,33 +107,63 @@ class ApiError(Exception):
         param: The request field at fault, if any.
         code: A short machine-readable code (e.g. "overloaded").
         error_type: OpenAI's error type; derived from ``status`` when None.
+        extra: Further members of the error object.
     """
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 error_type: str | None = None) -> None:
+                 error_type: str | None = None, extra: dict | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        self.extra = extra or {}  # more members of the error object (llama-server's n_prompt_tokens, n_ctx)
         self.error_type = error_type or _TYPE_BY_STATUS.get(status, "server_error" if status >= 500 else
                                                             "invalid_request_error")
 
     def body(self) -> dict:
         """The JSON body: ``{"error": {...}}``."""
-        return {"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code}}
+        return {"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code,
+                          **self.extra}}
 
     def headers(self) -> dict[str, str]:
         """Extra response headers: Retry-After for the statuses a client should retry."""
         return {"Retry-After": str(RETRY_AFTER_S)} if self.status in (429, 503) else {}
 
-    def response(self) -> JSONResponse:
-        """The error as a response."""
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers())
+    def body_for(self, path: str) -> dict:
+        """The JSON body for a request to ``path``: Anthropic's shape on its paths, else OpenAI's."""
+        return anthropic_error_body(self) if uses_anthropic_shape(path) else self.body()
 
-    def encoded(self) -> bytes:
+    def response(self, path: str = "") -> JSONResponse:
+        """The error as a response (to a request for ``path``)."""
+        return JSONResponse(self.body_for(path), status_code=self.status, headers=self.headers())
+
+    def encoded(self, path: str = "") -> bytes:
         """The body as bytes, for raw ASGI middleware and SSE error events."""
-        return json.dumps(self.body()).encode()
+        return json.dumps(self.body_for(path)).encode()
+
+
+# ---- Anthropic's Messages API: its error body on its paths -----------------------------------
+
+ANTHROPIC_PATH = "/v1/messages"
+# Anthropic's error "type" for each status we send (429 from an overloaded daemon: "overloaded_error").
+_ANTHROPIC_TYPE_BY_STATUS = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+    413: "request_too_large", 429: "rate_limit_error", 500: "api_error", 503: "overloaded_error",
+}
+
+
+def uses_anthropic_shape(path: str) -> bool:
+    """Whether errors of a request for ``path`` take Anthropic's body (``/v1/messages`` and below)."""
+    return path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/")
+
+
+def anthropic_error_body(error: ApiError) -> dict:
+    """Anthropic's error body: ``{"type": "error", "error": {"type": ..., "message": ...}}``."""
+    kind = _ANTHROPIC_TYPE_BY_STATUS.get(error.status, "api_error" if error.status >= 500 else "invalid_request_error")
+    if error.code == OVERLOADED:
+        kind = "overloaded_error"
+    return {"type": "error", "error": {"type": kind, "message": error.message}}
 
 
 class NoDaemonAvailable(Exception):
@@ -162,6 +199,12 @@ def from_daemon_failure(error: BaseException) -> ApiError:
             return ApiError(500, INTERNAL_MESSAGE, code=error.code)
         if status == 429:
             return ApiError(429, f"the daemon is overloaded: {public_text(error.message)}", code=OVERLOADED)
+        exceeded = _CONTEXT_EXCEEDED.search(error.message) if status == 400 else None
+        if exceeded:
+            n_prompt, n_ctx = int(exceeded["prompt"]), int(exceeded["ctx"])
+            return ApiError(400, f"the request ({n_prompt} tokens) exceeds the available context size ({n_ctx} "
+                                 "tokens), try increasing it", code="exceed_context_size",
+                            error_type="exceed_context_size_error", extra={"n_prompt_tokens": n_prompt, "n_ctx": n_ctx})
         return ApiError(status, public_text(error.message), code=error.code)
     log.error("unexpected failure talking to a daemon: %r", error)
     return ApiError(500, INTERNAL_MESSAGE, code="internal")
@@ -223,12 +266,12 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, error: ApiError) -> JSONResponse:
-        return error.response()
+        return error.response(request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
         message, param = describe_validation_error(list(error.errors()))
-        return ApiError(400, message, param=param, code="invalid_value").response()
+        return ApiError(400, message, param=param, code="invalid_value").response(request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
@@ -239,7 +282,7 @@ def install_error_handlers(app: FastAPI) -> None:
         else:
             message = str(error.detail)
         api_error = ApiError(error.status_code, message, code=getattr(error, "code", None) or _code_for(error.status_code))
-        response = api_error.response()
+        response = api_error.response(request.url.path)
         for name, value in (error.headers or {}).items():
             response.headers[name] = value  # e.g. Allow on 405
         return response
@@ -247,7 +290,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def unexpected_error(request: Request, error: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return ApiError(500, INTERNAL_MESSAGE, code="internal").response()
+        return ApiError(500, INTERNAL_MESSAGE, code="internal").response(request.url.path)
 
 
 def _code_for(status: int) -> str:

@@ -1,19 +1,23 @@
 """``mlx-serve-http``: serve mlxd over HTTP with OpenAI's and llama-server's APIs.
 
-    mlx-serve-http [--daemon ENDPOINT ...] [-m MODEL] [--alias NAME] [--host 127.0.0.1] [--port 8080]
+    mlx-serve-http [--daemon ENDPOINT ...] [-m MODEL] [--alias NAME] [--host 127.0.0.1 ...] [--port 8080]
                    [--api-key KEY] [--allowed-hosts NAMES] [--cors-origins ORIGINS]
                    [--draft-kind KIND] [--draft-block-size N] [--prompt-lookup-max-batch N]
+                   [--seed N] [--chat-template NAME|JINJA] [--chat-template-file FILE]
+                   [--n-predict N] [--metrics/--no-metrics] [--slots/--no-slots]
                    [--max-concurrency N] [--max-body-bytes N] [--header-timeout S] [--body-timeout S]
 
 Without ``--daemon`` the default endpoint is used and mlxd is started there if none answers (with
 ``-m`` and the daemon options); a daemon started here is supervised: restarted, with back-off, whenever
 it exits (``supervisor``). With one or more ``--daemon`` the daemons must be running already; requests
-go to the least busy one that is up, and one that goes away is waited for, never restarted.
+go to the least busy one that is up, and one that goes away is waited for, never restarted. ``--host``
+may be given several times (or as a comma-separated list): the gateway listens on every address.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 
 import click
@@ -28,20 +32,26 @@ from .settings import DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S
 from .supervisor import DaemonSupervisor
 
 
-def daemon_args(draft_kind: str | None, draft_block_size: int | None, prompt_lookup_max_batch: int | None) -> list[str]:
+def daemon_args(draft_kind: str | None, draft_block_size: int | None, prompt_lookup_max_batch: int | None,
+                seed: int | None = None, chat_template: str | None = None, chat_template_file: str | None = None,
+                ) -> list[str]:
     """The ``mlxd`` options for a daemon this command starts.
 
     Args:
         draft_kind: ``--draft-kind`` (prompt-lookup or none), or None.
         draft_block_size: ``--draft-block-size``, or None.
         prompt_lookup_max_batch: ``--prompt-lookup-max-batch``, or None.
+        seed: ``--seed`` (the default sampling seed), or None.
+        chat_template: ``--chat-template`` (a built-in name or Jinja text), or None.
+        chat_template_file: ``--chat-template-file``, or None.
 
     Returns:
         The argument list (empty when all are None).
     """
     args: list[str] = []
     for flag, value in (("--draft-kind", draft_kind), ("--draft-block-size", draft_block_size),
-                        ("--prompt-lookup-max-batch", prompt_lookup_max_batch)):
+                        ("--prompt-lookup-max-batch", prompt_lookup_max_batch), ("--seed", seed),
+                        ("--chat-template", chat_template), ("--chat-template-file", chat_template_file)):
         if value is not None:
             args += [flag, str(value)]
     return args
@@ -52,7 +62,8 @@ def daemon_args(draft_kind: str | None, draft_block_size: int | None, prompt_loo
               help="mlxd endpoint to forward to (repeatable; default: the private ipc socket, started if needed)")
 @click.option("-m", "--model", default=None, help="model for a daemon started by this command: checkpoint directory, .gguf file, hub id or 'embedded' (default: the default model, SmolLM2-135M-Instruct)")
 @click.option("--alias", default=None, help="the model name replies carry (default: the checkpoint's directory name)")
-@click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
+@click.option("--host", "hosts", multiple=True, default=["127.0.0.1"], show_default=True,
+              help="address to listen on (repeatable, or comma-separated: every one is listened on)")
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--api-key", default=None, envvar="MLXD_HTTP_API_KEY",
               help="require 'Authorization: Bearer KEY' on every endpoint but /health (env MLXD_HTTP_API_KEY)")
@@ -67,6 +78,20 @@ def daemon_args(draft_kind: str | None, draft_block_size: int | None, prompt_loo
 @click.option("--draft-block-size", default=None, type=click.IntRange(1), help="most draft tokens per verify round")
 @click.option("--prompt-lookup-max-batch", default=None, type=click.IntRange(0),
               help="verify gate of a daemon started here: no verify rounds above this many rows")
+@click.option("--seed", default=None, type=click.IntRange(0, 2**63 - 1),
+              help="default sampling seed of a daemon started here (requests that send none)")
+@click.option("--chat-template", default=None,
+              help="chat template of a daemon started here instead of the model's: chatml, llama2, llama3, "
+                   "command-r, or Jinja text")
+@click.option("--chat-template-file", default=None, type=click.Path(dir_okay=False, exists=True),
+              help="file holding the Jinja chat template of a daemon started here")
+@click.option("--n-predict", default=None, type=click.IntRange(-1),
+              help="llama-server's --n-predict: the most tokens a /completion generates, and its default "
+                   "(-1 or unset: until end of sequence)")
+@click.option("--metrics/--no-metrics", default=True, show_default=True,
+              help="serve /metrics (off: 501, as llama-server without --metrics)")
+@click.option("--slots/--no-slots", default=True, show_default=True,
+              help="serve llama-server's /slots (off: 501)")
 @click.option("--max-concurrency", default=None, type=click.IntRange(1),
               help="most requests in flight; more are answered 429 at once (default: no limit)")
 @click.option("--max-requests-per-client", default=32, show_default=True, type=click.IntRange(1),
@@ -79,14 +104,16 @@ def daemon_args(draft_kind: str | None, draft_block_size: int | None, prompt_loo
               help="seconds a client has to send a request's body, once its headers came; then 408")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
-def main(daemons, model, alias, host, port, api_key, allowed_hosts, cors_origins, draft_kind, draft_block_size,
-         prompt_lookup_max_batch, max_concurrency, max_requests_per_client, max_body_bytes, header_timeout,
+def main(daemons, model, alias, hosts, port, api_key, allowed_hosts, cors_origins, draft_kind, draft_block_size,
+         prompt_lookup_max_batch, seed, chat_template, chat_template_file, n_predict, metrics, slots, max_concurrency, max_requests_per_client, max_body_bytes, header_timeout,
          body_timeout, log_level):
     """Serve the mlxd daemon(s) over HTTP (OpenAI and llama-server APIs)."""
     import uvicorn
 
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    extra_args = daemon_args(draft_kind, draft_block_size, prompt_lookup_max_batch)
+    extra_args = daemon_args(draft_kind, draft_block_size, prompt_lookup_max_batch, seed, chat_template,
+                             chat_template_file)
+    hosts = list(dict.fromkeys(name.strip() for value in hosts for name in value.split(",") if name.strip()))
     endpoints = list(dict.fromkeys(daemons))  # the same daemon twice would only skew the balance
     supervisor = None
     try:
@@ -106,17 +133,44 @@ def main(daemons, model, alias, host, port, api_key, allowed_hosts, cors_origins
     except (ValueError, AutostartError) as error:
         click.echo(f"mlx-serve-http: {error}", err=True)
         sys.exit(1)
-    if host not in ("127.0.0.1", "::1", "localhost") and not api_key:
-        click.echo(f"mlx-serve-http: warning: listening on {host} without --api-key", err=True)
-    hosts = default_allowed_hosts(host, allowed_hosts.split(",") if allowed_hosts is not None else None)
+    for host in hosts:
+        if host not in ("127.0.0.1", "::1", "localhost") and not api_key:
+            click.echo(f"mlx-serve-http: warning: listening on {host} without --api-key", err=True)
+    names = allowed_hosts.split(",") if allowed_hosts is not None else None
+    allowed = frozenset().union(*(default_allowed_hosts(host, names) or {"*"} for host in hosts))
+    allowed = None if "*" in allowed else allowed
     settings = Settings(daemons=endpoints, api_key=api_key, max_concurrency=max_concurrency,
                         max_body_bytes=max_body_bytes, max_requests_per_client=max_requests_per_client,
-                        model_alias=alias, allowed_hosts=hosts,
+                        model_alias=alias, allowed_hosts=allowed, default_n_predict=None if n_predict == -1 else n_predict,
+                        metrics_enabled=metrics, slots_enabled=slots,
                         cors_origins=tuple(origin.strip().rstrip("/") for origin in cors_origins.split(",") if origin.strip()),
                         header_timeout_s=header_timeout, body_timeout_s=body_timeout)
-    click.echo(f"mlx-serve-http on http://{host}:{port} -> {', '.join(endpoints)}", err=True)
-    uvicorn.run(create_app(settings, supervisor), host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5,
-                http=header_timeout_protocol(header_timeout))
+    urls = ", ".join(f"http://{f'[{host}]' if ':' in host else host}:{port}" for host in hosts)
+    click.echo(f"mlx-serve-http on {urls} -> {', '.join(endpoints)}", err=True)
+    config = uvicorn.Config(create_app(settings, supervisor), host=hosts[0], port=port, log_level=log_level,
+                            timeout_graceful_shutdown=5, http=header_timeout_protocol(header_timeout))
+    if len(hosts) == 1:
+        uvicorn.Server(config).run()
+        return
+    try:
+        sockets = [listening_socket(host, port) for host in hosts]
+    except OSError as error:
+        click.echo(f"mlx-serve-http: cannot listen: {error}", err=True)
+        sys.exit(1)
+    uvicorn.Server(config).run(sockets=sockets)
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A bound, listening TCP socket on ``host`` (an IPv4 or IPv6 address, or a name) and ``port``."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)  # "::" and "0.0.0.0" may both be given
+    sock.bind(address)
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
 
 
 if __name__ == "__main__":

@@ -26,18 +26,29 @@ Metric names:
     mlxd_daemon_declined_governor_total{daemon} counter
     mlxd_daemon_declined_cost_total{daemon}    counter
     mlxd_daemon_padded_forwards_total{daemon}  counter
+
+llama-server's names (``llamacpp:``), from the same generations (``LlamaTotals``) and the daemons' Status:
+    llamacpp:prompt_tokens_total, prompt_tokens_cached_total, prompt_seconds_total, tokens_predicted_total,
+    tokens_predicted_seconds_total, n_decode_total (forward passes: one prefill and one per later token of
+    each generation), n_tokens_max (longest sequence seen), spec_decode_num_draft_tokens_total,
+    spec_decode_num_accepted_tokens_total, spec_decode_num_drafts_total (verify rounds)   counters
+    llamacpp:prompt_tokens_seconds, predicted_tokens_seconds (mean rates of those totals),
+    requests_processing (rows decoding), requests_deferred (queued), n_busy_slots_per_decode   gauges
 """
 
 from __future__ import annotations
 
+import time
 from collections import Counter, deque
+from dataclasses import dataclass
 
 from mlxd_protocol import Status
 
 RECENT_REQUESTS = 16
 KNOWN_ENDPOINTS = frozenset({
     "/v1/chat/completions", "/v1/completions", "/v1/models", "/completion", "/tokenize", "/detokenize",
-    "/health", "/metrics", "/openapi.json", "/docs",
+    "/health", "/metrics", "/openapi.json", "/docs", "/completions", "/chat/completions", "/models", "/props",
+    "/slots", "/apply-template",
 })
 # Status.totals key -> metric name suffix.
 DAEMON_TOTALS = {
@@ -61,6 +72,8 @@ class GatewayMetrics:
         self.prompt_tokens = 0
         self.generated_tokens = 0
         self.recent_tokens_per_s: deque[float] = deque(maxlen=RECENT_REQUESTS)
+        self.llama = LlamaTotals()
+        self.started = time.time()  # llama-server's Process-Start-Time-Unix header
 
     def count_request(self, path: str, status: int) -> None:
         """Record one answered HTTP request.
@@ -83,6 +96,7 @@ class GatewayMetrics:
         speed = timings.get("predicted_per_second")
         if speed:  # 0 for a one-token reply: no decode step was timed
             self.recent_tokens_per_s.append(float(speed))
+        self.llama.add(timings)
 
     def render(self, daemons: list[tuple[str, bool, Status | None]]) -> str:
         """The metrics page.
@@ -132,6 +146,7 @@ class GatewayMetrics:
         for key, suffix in DAEMON_TOTALS.items():
             _family(lines, f"mlxd_daemon_{suffix}", "counter", f"daemon total {key} since it started",
                     [(labels[endpoint], status.totals.get(key, 0)) for endpoint, status in answered])
+        self.llama.render(lines, answered)
         return "\n".join(lines) + "\n"
 
 
@@ -150,3 +165,62 @@ def _family(lines: list[str], name: str, kind: str, help_text: str, samples: lis
     for labels, value in samples:
         lines.append(f"{name}{{{labels}}} {value}" if labels else f"{name} {value}")
 
+
+
+@dataclass
+class LlamaTotals:
+    """What llama-server's ``llamacpp:`` metrics count, summed over finished generations' timings."""
+
+    prompt_tokens: int = 0
+    prompt_cached: int = 0
+    prompt_ms: float = 0.0
+    predicted_tokens: int = 0
+    predicted_ms: float = 0.0
+    decodes: int = 0
+    tokens_max: int = 0
+    draft_tokens: int = 0
+    draft_accepted: int = 0
+    drafts: int = 0
+
+    def add(self, timings: dict) -> None:
+        """Count one finished generation from its Done's timings."""
+        prompt_n, predicted_n = int(timings.get("prompt_n", 0)), int(timings.get("predicted_n", 0))
+        self.prompt_tokens += prompt_n
+        self.prompt_cached += int(timings.get("cache_n", 0))
+        self.prompt_ms += float(timings.get("prompt_ms", 0.0))
+        self.predicted_tokens += predicted_n
+        self.predicted_ms += float(timings.get("predicted_ms", 0.0))
+        self.decodes += (1 if prompt_n else 0) + max(predicted_n - 1, 0)
+        self.tokens_max = max(self.tokens_max, prompt_n + int(timings.get("cache_n", 0)) + predicted_n)
+        self.draft_tokens += int(timings.get("draft_n", 0))
+        self.draft_accepted += int(timings.get("draft_n_accepted", 0))
+        self.drafts += int(timings.get("draft_verify_n", 0))
+
+    def render(self, lines: list[str], answered: list[tuple[str, Status]]) -> None:
+        """Append the llamacpp: families (``answered``: (endpoint, Status) of the daemons that answered)."""
+        counters = [
+            ("prompt_tokens_total", "prompt tokens processed", self.prompt_tokens),
+            ("prompt_tokens_cached_total", "prompt tokens taken from the prefix cache", self.prompt_cached),
+            ("prompt_seconds_total", "prompt processing time", self.prompt_ms / 1e3),
+            ("tokens_predicted_total", "generation tokens processed", self.predicted_tokens),
+            ("tokens_predicted_seconds_total", "generation processing time", self.predicted_ms / 1e3),
+            ("n_decode_total", "forward passes of the generations (a prefill, then one per token)", self.decodes),
+            ("n_tokens_max", "largest sequence (prompt and output) seen", self.tokens_max),
+            ("spec_decode_num_draft_tokens_total", "draft tokens proposed", self.draft_tokens),
+            ("spec_decode_num_accepted_tokens_total", "draft tokens accepted", self.draft_accepted),
+            ("spec_decode_num_drafts_total", "verify rounds", self.drafts),
+        ]
+        for name, help_text, value in counters:
+            _family(lines, f"llamacpp:{name}", "counter", help_text, [("", value)])
+        active = sum(status.active for _, status in answered)
+        gauges = [
+            ("prompt_tokens_seconds", "average prompt throughput in tokens/s",
+             self.prompt_tokens / (self.prompt_ms / 1e3) if self.prompt_ms else 0.0),
+            ("predicted_tokens_seconds", "average generation throughput in tokens/s",
+             self.predicted_tokens / (self.predicted_ms / 1e3) if self.predicted_ms else 0.0),
+            ("requests_processing", "requests being decoded", active),
+            ("requests_deferred", "requests waiting for a row", sum(status.queued for _, status in answered)),
+            ("n_busy_slots_per_decode", "rows decoding together now", active),
+        ]
+        for name, help_text, value in gauges:
+            _family(lines, f"llamacpp:{name}", "gauge", help_text, [("", value)])

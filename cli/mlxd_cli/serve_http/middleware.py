@@ -3,19 +3,19 @@
 Contract: ``GatewayMiddleware`` (pure ASGI, so streaming and disconnects pass through untouched) runs
 before any route, in this order: count the request in the metrics; refuse a Host header the gateway does
 not answer to (400) and a browser request from a foreign origin (403), as ``request_guard`` says; demand
-``Authorization: Bearer KEY`` when an API key is set (every path but /health; compared in constant
-time); refuse a body that is not JSON (415); refuse bodies over ``max_body_bytes`` with 413, by
-Content-Length and by counting the bytes that actually arrive; answer 408 and close the connection when
-the body does not arrive within ``body_timeout_s``; refuse with 429 + Retry-After, at once, a request
-beyond ``max_concurrency`` in flight (no queue: the daemons already queue) or beyond
-``max_requests_per_client`` from one address.
+``Authorization: Bearer KEY`` or ``x-api-key: KEY`` (Anthropic's header) when an API key is set (every
+path but /health; compared in constant time); refuse a body that is not JSON (415); refuse bodies over
+``max_body_bytes`` with 413, by Content-Length and by counting the bytes that actually arrive; answer
+408 and close the connection when the body does not arrive within ``body_timeout_s``; refuse with 429 +
+Retry-After, at once, a request beyond ``max_concurrency`` in flight (no queue: the daemons already
+queue) or beyond ``max_requests_per_client`` from one address. Its errors have OpenAI's body, Anthropic's
+on ``/v1/messages`` paths (``errors.uses_anthropic_shape``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 
 from .errors import ApiError
 from .request_guard import content_type_problem, host_problem, origin_problem
@@ -42,6 +42,7 @@ class GatewayMiddleware:
         self.settings = settings
         self.metrics = metrics
         self._expected_auth = f"Bearer {settings.api_key}".encode() if settings.api_key else None
+        self._expected_key = settings.api_key.encode() if settings.api_key else None
         self._per_client: dict[str, int] = {}
 
     async def __call__(self, scope, receive, send) -> None:
@@ -67,11 +68,12 @@ class GatewayMiddleware:
         refused = (host_problem(host, self.settings.allowed_hosts)
                    or origin_problem(_header(scope, b"origin"), host, self.settings.cors_origins))
         if refused is not None:
-            await _send_error(send, refused)
+            await _send_error(send, path, refused)
             return
         if self._expected_auth is not None and path not in OPEN_PATHS and not self._authorized(scope):
-            await _send_error(send, ApiError(401, "missing or wrong API key: send Authorization: Bearer <key>",
-                                             code="invalid_api_key"), {"WWW-Authenticate": "Bearer"})
+            await _send_error(send, path, ApiError(401, "missing or wrong API key: send Authorization: Bearer "
+                                                   "<key> or x-api-key: <key>", code="invalid_api_key"),
+                              {"WWW-Authenticate": "Bearer"})
             return
         body_receive = await self._read_body(scope, receive, send)
         if body_receive is None:
@@ -79,14 +81,14 @@ class GatewayMiddleware:
         limit = self.settings.max_concurrency
         limited = path not in UNLIMITED_PATHS
         if limited and limit is not None and self.metrics.in_flight >= limit:
-            await _send_error(send, ApiError(429, f"the server is at its limit of {limit} requests in flight; "
-                                                  "retry shortly", code="too_many_requests"))
+            await _send_error(send, path, ApiError(429, f"the server is at its limit of {limit} requests in flight; "
+                                                        "retry shortly", code="too_many_requests"))
             return
         client = (scope.get("client") or ("?", 0))[0]
         per_client = self.settings.max_requests_per_client
         if limited and per_client is not None and self._per_client.get(client, 0) >= per_client:
-            await _send_error(send, ApiError(429, f"this client already has {per_client} requests in flight; "
-                                                  "retry when one finishes", code="too_many_requests"))
+            await _send_error(send, path, ApiError(429, f"this client already has {per_client} requests in flight; "
+                                                        "retry when one finishes", code="too_many_requests"))
             return
         if limited:
             self.metrics.in_flight += 1
@@ -101,12 +103,17 @@ class GatewayMiddleware:
                     del self._per_client[client]
 
     def _authorized(self, scope) -> bool:
-        given = b""
+        """The first Authorization header is ``Bearer KEY``, or the first x-api-key header is ``KEY``
+        (both compared in constant time, both always, so timing tells nothing of which was tried)."""
+        bearer = api_key = None
         for name, value in scope.get("headers", ()):
-            if name == b"authorization":
-                given = value
-                break
-        return hmac.compare_digest(given, self._expected_auth)
+            if name == b"authorization" and bearer is None:
+                bearer = value
+            elif name == b"x-api-key" and api_key is None:
+                api_key = value
+        bearer_ok = hmac.compare_digest(bearer or b"", self._expected_auth)
+        api_key_ok = hmac.compare_digest(api_key or b"", self._expected_key)
+        return bearer_ok or api_key_ok
 
     async def _read_body(self, scope, receive, send):
         """Read the whole body under the size limit; return a receive that replays it.
@@ -119,16 +126,17 @@ class GatewayMiddleware:
         declared = _header(scope, b"content-length")
         if declared is not None:
             if not declared.isdigit():
-                await _send_error(send, ApiError(400, f"invalid Content-Length {declared!r}", code="invalid_header"))
+                await _send_error(send, scope["path"], ApiError(400, f"invalid Content-Length {declared!r}",
+                                                                code="invalid_header"))
                 return None
             if int(declared) > limit:
-                await _send_error(send, _too_large(limit))
+                await _send_error(send, scope["path"], _too_large(limit))
                 return None
         if scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
             return receive
         refused = content_type_problem(_header(scope, b"content-type"))
         if refused is not None:
-            await _send_error(send, refused)
+            await _send_error(send, scope["path"], refused)
             return None
         _treat_body_as_json(scope)
         chunks: list[bytes] = []
@@ -142,15 +150,15 @@ class GatewayMiddleware:
                     chunk = message.get("body", b"")
                     size += len(chunk)
                     if size > limit:  # a chunked upload (or a lying Content-Length): stop reading now
-                        await _send_error(send, _too_large(limit))
+                        await _send_error(send, scope["path"], _too_large(limit))
                         return None
                     chunks.append(chunk)
                     if not message.get("more_body", False):
                         break
         except TimeoutError:
-            await _send_error(send, ApiError(408, f"the request body did not arrive within "
-                                                  f"{self.settings.body_timeout_s:g} s", code="request_timeout"),
-                              {"Connection": "close"})
+            timeout = ApiError(408, f"the request body did not arrive within {self.settings.body_timeout_s:g} s",
+                               code="request_timeout")
+            await _send_error(send, scope["path"], timeout, {"Connection": "close"})
             return None
         body = b"".join(chunks)
         replayed = False
@@ -190,9 +198,9 @@ def _header(scope, name: bytes) -> str | None:
     return None
 
 
-async def _send_error(send, error: ApiError, extra_headers: dict[str, str] | None = None) -> None:
-    """Answer an error straight from the middleware, in OpenAI's shape."""
-    body = json.dumps(error.body()).encode()
+async def _send_error(send, path: str, error: ApiError, extra_headers: dict[str, str] | None = None) -> None:
+    """Answer an error straight from the middleware, in OpenAI's shape (Anthropic's on its paths)."""
+    body = error.encoded(path)
     headers = {"content-type": "application/json", "content-length": str(len(body)), **error.headers(),
                **(extra_headers or {})}
     await send({"type": "http.response.start", "status": error.status,

@@ -10,17 +10,29 @@ Contract:
       chat chunk carrying ``delta.role``, the last one ``finish_reason`` (and ``timings``, an
       extension), then a usage chunk when ``stream_options.include_usage``, then ``data: [DONE]``.
       A daemon failure after the stream started is sent as one ``data: {"error": ...}`` event.
+    * ``n`` choices are ``n`` generations submitted at once (``choice_streams``), each its own ``index``;
+      with a ``seed``, choice i samples with seed + i (so choices differ at a temperature above 0; greedy
+      ones are equal). usage counts the prompt once and every choice's completion tokens.
+    * Every reply and chunk carries ``system_fingerprint``: a stable hash of the serving daemon's model and
+      mlxd release.
+    * Structured output: OpenAI's ``response_format`` or llama-server's ``json_schema`` / ``grammar`` (GBNF)
+      go to the daemon as its constraint; a schema or grammar it rejects is a 400 naming that field.
+    * Chat: text content parts are joined with a newline (as llama-server joins them). A final assistant
+      message is continued (assistant prefill: the template applied without a generation prompt, the reply
+      being only the continuation), unless ``continue_final_message`` is false (vLLM's field).
     * finish_reason: the daemon's "stop" and "length" as they are; "cancelled" (only seen when the
       client already left, or the daemon was shut down) is reported as "stop"; "tool_calls" when the
       model ended its turn with tool calls.
     * Tools: ``tools`` / ``tool_choice`` go to the daemon (the model's chat template; "required" or a named
       function enforced by a grammar); the daemon parses the calls with mlx-lm's parser for the model,
       they come back as ``message.tool_calls`` (content null when there is none), streamed as one
-      ``delta.tool_calls`` chunk before the finish chunk. A model without tool calling gets a 400.
+      ``delta.tool_calls`` chunk before the finish chunk. A model without tool calling gets a 400, except
+      for ``tool_choice: "none"``, which no call can follow (the tools are then not offered).
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -29,8 +41,9 @@ from fastapi import APIRouter, Request, Response
 
 from mlxd_protocol import Done, Generate, new_request_id
 
+from .choice_streams import ChoiceStreams, collect_choices, open_choices
 from .context import gateway
-from .daemon_pool import DaemonHandle, GenerationStream, open_generation
+from .daemon_pool import DaemonHandle
 from .errors import ERROR_RESPONSES, ApiError, NoDaemonAvailable, from_daemon_failure
 from .json_body import JsonBodyRoute
 from .schemas import (
@@ -39,11 +52,11 @@ from .schemas import (
     ModelList, OpenAIGenerationFields, PromptTokensDetails, ToolCallOut, Usage, build_sampling, normalize_stop)
 from .request_fields import (
     OPENAI_NO_EFFECT, OPENAI_UNIMPLEMENTED, check_extra_fields, ignored_fields_header, name_daemon_field)
-from .streaming import SSE_HEADERS, ClosingStreamingResponse, StreamedOutput, collect_generation, sse_body, sse_event
+from .streaming import SSE_HEADERS, ClosingStreamingResponse, StreamedOutput, sse_body, sse_event
 
 router = APIRouter(route_class=JsonBodyRoute)  # bodies read by json_body.parse_json
 FINISH_REASONS = {"stop": "stop", "length": "length", "cancelled": "stop"}
-CHAT_FIELDS = {"constraint": "response_format", "tools": "tools", "tool_choice": "tool_choice"}  # daemon -> HTTP
+CHAT_FIELDS = {"tools": "tools", "tool_choice": "tool_choice", "continue_final_message": "messages"}  # daemon -> HTTP
 FALLBACK_MAX_TOKENS = 256  # when the daemon has not reported its context bound
 STREAM_RESPONSES = {200: {"content": {"text/event-stream": {}}, "description": "the answer, or SSE when stream=true"}}
 
@@ -61,9 +74,31 @@ def usage_of(done: Done) -> Usage:
                  prompt_tokens_details=details, completion_tokens_details=predicted)
 
 
+def usage_of_choices(dones: list[Done]) -> Usage:
+    """OpenAI's usage object for a request's choices: the prompt once, every choice's completion tokens."""
+    usages = [usage_of(done) for done in dones]
+    first = usages[0]
+    completion = sum(usage.completion_tokens for usage in usages)
+    predicted = [usage.completion_tokens_details for usage in usages if usage.completion_tokens_details]
+    details = None if not predicted else CompletionTokensDetails(
+        accepted_prediction_tokens=sum(part.accepted_prediction_tokens for part in predicted),
+        rejected_prediction_tokens=sum(part.rejected_prediction_tokens for part in predicted))
+    return Usage(prompt_tokens=first.prompt_tokens, completion_tokens=completion,
+                 total_tokens=first.prompt_tokens + completion, prompt_tokens_details=first.prompt_tokens_details,
+                 completion_tokens_details=details)
+
+
+def system_fingerprint(handle: DaemonHandle) -> str | None:
+    """OpenAI's ``system_fingerprint``: a hash of the daemon's model and mlxd release (no path shows)."""
+    if handle.status is None:
+        return None
+    identity = f"{handle.status.model}\0{handle.status.daemon_version}".encode()
+    return "fp_" + hashlib.sha256(identity).hexdigest()[:12]
+
+
 def request_builder(body: OpenAIGenerationFields, prompt_fields: dict, max_tokens: int | None,
                     logprobs: int | None, chat: bool | None, tool_fields: dict | None = None,
-                    ) -> Callable[[DaemonHandle], Generate]:
+                    choice: int = 0) -> Callable[[DaemonHandle], Generate]:
     """A function building the Generate for the daemon the pool picks.
 
     Args:
@@ -73,12 +108,15 @@ def request_builder(body: OpenAIGenerationFields, prompt_fields: dict, max_token
         logprobs: Alternatives to report per token, None for no logprobs.
         chat: The protocol's ``chat`` flag.
         tool_fields: The protocol's tools / tool_choice / tool_name (chat only).
+        choice: The choice's index (of ``n``): a client's seed is moved by it, so choices differ.
 
     Returns:
         ``make_request(handle) -> Generate``, filling defaults from that daemon's status.
     """
     stop = normalize_stop(body.stop)
     overrides = body.sampling_overrides(logprobs)
+    if choice and "seed" in overrides:
+        overrides["seed"] += choice
     speculative = body.speculative.to_protocol() if body.speculative else None
     constraint = body.constraint()
 
@@ -119,37 +157,46 @@ def completion_logprobs(entries: list[dict], texts: dict[int, str], offset: int)
 
 
 @router.post("/v1/chat/completions", response_model=ChatCompletion, responses={**STREAM_RESPONSES, **ERROR_RESPONSES})
+@router.post("/chat/completions", include_in_schema=False)  # llama-server's name for it
 async def chat_completions(body: ChatCompletionRequest, request: Request, response: Response):
     """Chat completion through the model's chat template (OpenAI's API)."""
     headers = ignored_fields_header(check_extra_fields(body, OPENAI_UNIMPLEMENTED, OPENAI_NO_EFFECT))
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    make_request = request_builder(body, {"messages": [message.to_protocol() for message in body.messages]},
-                                   body.max_completion_tokens or body.max_tokens, logprobs, chat=None,
-                                   tool_fields=body.tool_fields())
+    prompt_fields: dict = {"messages": [message.to_protocol() for message in body.messages]}
+    if body.continues_final_message():
+        prompt_fields["continue_final_message"] = True
+    builders = [request_builder(body, prompt_fields, body.max_completion_tokens or body.max_tokens, logprobs,
+                                chat=None, tool_fields=body.tool_fields(), choice=index) for index in range(body.n)]
     try:
-        stream = await open_generation(gateway(request).pool, make_request)
+        choices = await open_choices(gateway(request).pool, builders)
     except ApiError as error:
         if error.status == 400 and "no chat template" in error.message:
             # The daemon's advice names protocol fields; say what to do over HTTP instead.
             raise ApiError(400, "this model has no chat template: send a plain prompt to /v1/completions or "
                                 "/completion instead", param="messages", code=error.code) from error
-        raise name_daemon_field(error, CHAT_FIELDS) from error
+        raise name_daemon_field(error, {**CHAT_FIELDS, "constraint": body.constraint_field()}) from error
     reply_id, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
     if body.stream:
-        events = _chat_events(stream, request, reply_id, created, logprobs is not None,
+        events = _chat_events(choices, request, reply_id, created, logprobs is not None,
                               body.stream_options is not None and body.stream_options.include_usage)
         return ClosingStreamingResponse(events, media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
-    result = await collect_generation(stream, request)
-    if result is None:
+    results = await collect_choices(choices, request)
+    if results is None:
         return Response(status_code=499)  # the client left; nobody reads this
     response.headers.update(headers)
-    gateway(request).count_generation(result.done)
-    choice_logprobs = chat_logprobs(result.logprobs, await gateway(request).token_texts(result.logprobs)) if logprobs is not None else None
-    calls = tool_calls_of(result.done)
-    message = ChatMessageOut(content=result.text or None, tool_calls=calls) if calls else ChatMessageOut(content=result.text)
+    answers = []
+    for index, result in enumerate(results):
+        gateway(request).count_generation(result.done)
+        choice_logprobs = (chat_logprobs(result.logprobs, await gateway(request).token_texts(result.logprobs))
+                           if logprobs is not None else None)
+        calls = tool_calls_of(result.done)
+        message = ChatMessageOut(content=result.text or None, tool_calls=calls) if calls else ChatMessageOut(content=result.text)
+        answers.append(ChatChoice(index=index, message=message, logprobs=choice_logprobs,
+                                  finish_reason=chat_finish_reason(result.done)))
     return ChatCompletion(
-        id=reply_id, created=created, model=gateway(request).model_name(stream.handle), usage=usage_of(result.done), timings=result.done.timings,
-        choices=[ChatChoice(message=message, logprobs=choice_logprobs, finish_reason=chat_finish_reason(result.done))])
+        id=reply_id, created=created, model=gateway(request).model_name(choices.handle),
+        system_fingerprint=system_fingerprint(choices.handle), usage=usage_of_choices([r.done for r in results]),
+        timings=results[0].done.timings, choices=answers)
 
 
 def tool_calls_of(done: Done) -> list[ToolCallOut] | None:
@@ -167,34 +214,41 @@ def chat_finish_reason(done: Done) -> str:
     return FINISH_REASONS[done.finish_reason]
 
 
-def _chat_events(stream: GenerationStream, request: Request, reply_id: str, created: int,
+def _chat_events(choices: ChoiceStreams, request: Request, reply_id: str, created: int,
                  want_logprobs: bool, include_usage: bool) -> AsyncIterator[bytes]:
-    model = gateway(request).model_name(stream.handle)
-    output = StreamedOutput()
+    model, fingerprint = gateway(request).model_name(choices.handle), system_fingerprint(choices.handle)
+    outputs = [StreamedOutput() for _ in choices.streams]
+    dones: dict[int, Done] = {}
 
-    def event(choices: list[ChatChunkChoice], **extra) -> bytes:
-        chunk = ChatCompletionChunk(id=reply_id, created=created, model=model, choices=choices, **extra)
+    def event(parts: list[ChatChunkChoice], **extra) -> bytes:
+        chunk = ChatCompletionChunk(id=reply_id, created=created, model=model, system_fingerprint=fingerprint,
+                                    choices=parts, **extra)
         return sse_event(chunk.model_dump_json())
 
-    async def events_for(reply) -> AsyncIterator[bytes]:
-        text, _ = output.add(reply)
+    async def events_for(indexed_reply) -> AsyncIterator[bytes]:
+        index, reply = indexed_reply
+        text, _ = outputs[index].add(reply)
         entries = getattr(reply, "logprobs", None) or []
         if text or entries:
             logprobs = chat_logprobs(entries, await gateway(request).token_texts(entries)) if want_logprobs and entries else None
-            yield event([ChatChunkChoice(delta=ChatDelta(content=text), logprobs=logprobs)])
+            yield event([ChatChunkChoice(index=index, delta=ChatDelta(content=text), logprobs=logprobs)])
         if isinstance(reply, Done):
+            dones[index] = reply
             gateway(request).count_generation(reply)
             calls = tool_calls_of(reply)
             if calls:
-                deltas = [{"index": index, **call.model_dump()} for index, call in enumerate(calls)]
-                yield event([ChatChunkChoice(delta=ChatDelta(tool_calls=deltas))])
-            yield event([ChatChunkChoice(delta=ChatDelta(), finish_reason=chat_finish_reason(reply))],
+                deltas = [{"index": number, **call.model_dump()} for number, call in enumerate(calls)]
+                yield event([ChatChunkChoice(index=index, delta=ChatDelta(tool_calls=deltas))])
+            yield event([ChatChunkChoice(index=index, delta=ChatDelta(), finish_reason=chat_finish_reason(reply))],
                         timings=reply.timings)
-            if include_usage:
-                yield event([], usage=usage_of(reply))
-            yield sse_event(b"[DONE]")
+            if len(dones) == len(outputs):
+                if include_usage:
+                    yield event([], usage=usage_of_choices([dones[number] for number in sorted(dones)]))
+                yield sse_event(b"[DONE]")
 
-    return sse_body(stream, request, events_for, opening=event([ChatChunkChoice(delta=ChatDelta(role="assistant", content=""))]))
+    opening = b"".join(event([ChatChunkChoice(index=index, delta=ChatDelta(role="assistant", content=""))])
+                       for index in range(len(outputs)))
+    return sse_body(choices, request, events_for, opening=opening)
 
 
 # ---- /v1/completions -------------------------------------------------------------------------
@@ -205,60 +259,71 @@ async def completions(body: CompletionRequest, request: Request, response: Respo
     """Plain text completion, no chat template (OpenAI's legacy completions API)."""
     headers = ignored_fields_header(check_extra_fields(body, OPENAI_UNIMPLEMENTED, OPENAI_NO_EFFECT))
     prompt_fields = {"prompt_tokens": body.prompt} if isinstance(body.prompt, list) else {"prompt": body.prompt}
-    make_request = request_builder(body, prompt_fields, body.max_tokens, body.logprobs, chat=False)
+    builders = [request_builder(body, prompt_fields, body.max_tokens, body.logprobs, chat=False, choice=index)
+                for index in range(body.n)]
     try:
-        stream = await open_generation(gateway(request).pool, make_request)
+        choices = await open_choices(gateway(request).pool, builders)
     except ApiError as error:
-        raise name_daemon_field(error, {"constraint": "response_format"}) from error
+        raise name_daemon_field(error, {"constraint": body.constraint_field()}) from error
     reply_id, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
     if body.stream:
-        events = _completion_events(stream, request, reply_id, created, body.logprobs is not None,
+        events = _completion_events(choices, request, reply_id, created, body.logprobs is not None,
                                     body.stream_options is not None and body.stream_options.include_usage)
         return ClosingStreamingResponse(events, media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
-    result = await collect_generation(stream, request)
-    if result is None:
+    results = await collect_choices(choices, request)
+    if results is None:
         return Response(status_code=499)
     response.headers.update(headers)
-    gateway(request).count_generation(result.done)
-    choice_logprobs = (completion_logprobs(result.logprobs, await gateway(request).token_texts(result.logprobs), 0)
-                       if body.logprobs is not None else None)
+    answers = []
+    for index, result in enumerate(results):
+        gateway(request).count_generation(result.done)
+        choice_logprobs = (completion_logprobs(result.logprobs, await gateway(request).token_texts(result.logprobs), 0)
+                           if body.logprobs is not None else None)
+        answers.append(CompletionChoice(index=index, text=result.text, logprobs=choice_logprobs,
+                                        finish_reason=FINISH_REASONS[result.done.finish_reason]))
     return Completion(
-        id=reply_id, created=created, model=gateway(request).model_name(stream.handle), usage=usage_of(result.done), timings=result.done.timings,
-        choices=[CompletionChoice(text=result.text, logprobs=choice_logprobs,
-                                  finish_reason=FINISH_REASONS[result.done.finish_reason])])
+        id=reply_id, created=created, model=gateway(request).model_name(choices.handle),
+        system_fingerprint=system_fingerprint(choices.handle), usage=usage_of_choices([r.done for r in results]),
+        timings=results[0].done.timings, choices=answers)
 
 
-def _completion_events(stream: GenerationStream, request: Request, reply_id: str, created: int,
+def _completion_events(choices: ChoiceStreams, request: Request, reply_id: str, created: int,
                        want_logprobs: bool, include_usage: bool) -> AsyncIterator[bytes]:
-    model = gateway(request).model_name(stream.handle)
-    output = StreamedOutput()
+    model, fingerprint = gateway(request).model_name(choices.handle), system_fingerprint(choices.handle)
+    outputs = [StreamedOutput() for _ in choices.streams]
+    dones: dict[int, Done] = {}
 
-    def event(choices: list[CompletionChoice], **extra) -> bytes:
-        return sse_event(Completion(id=reply_id, created=created, model=model, choices=choices, **extra).model_dump_json())
+    def event(parts: list[CompletionChoice], **extra) -> bytes:
+        return sse_event(Completion(id=reply_id, created=created, model=model, system_fingerprint=fingerprint,
+                                    choices=parts, **extra).model_dump_json())
 
-    async def events_for(reply) -> AsyncIterator[bytes]:
-        offset = len(output.text)
-        text, _ = output.add(reply)
+    async def events_for(indexed_reply) -> AsyncIterator[bytes]:
+        index, reply = indexed_reply
+        offset = len(outputs[index].text)
+        text, _ = outputs[index].add(reply)
         entries = getattr(reply, "logprobs", None) or []
         if text or entries:
             logprobs = (completion_logprobs(entries, await gateway(request).token_texts(entries), offset)
                         if want_logprobs and entries else None)
-            yield event([CompletionChoice(text=text, logprobs=logprobs)])
+            yield event([CompletionChoice(index=index, text=text, logprobs=logprobs)])
         if isinstance(reply, Done):
+            dones[index] = reply
             gateway(request).count_generation(reply)
-            yield event([CompletionChoice(text="", finish_reason=FINISH_REASONS[reply.finish_reason])],
+            yield event([CompletionChoice(index=index, text="", finish_reason=FINISH_REASONS[reply.finish_reason])],
                         timings=reply.timings)
-            if include_usage:
-                yield event([], usage=usage_of(reply))
-            yield sse_event(b"[DONE]")
+            if len(dones) == len(outputs):
+                if include_usage:
+                    yield event([], usage=usage_of_choices([dones[number] for number in sorted(dones)]))
+                yield sse_event(b"[DONE]")
 
-    return sse_body(stream, request, events_for)
+    return sse_body(choices, request, events_for)
 
 
 # ---- /v1/models ------------------------------------------------------------------------------
 
 
 @router.get("/v1/models", response_model=ModelList, responses=ERROR_RESPONSES)
+@router.get("/models", include_in_schema=False)  # llama-server's name for it
 async def list_models(request: Request) -> ModelList:
     """The model(s) the daemons serve."""
     pool = gateway(request).pool

@@ -2,7 +2,7 @@
 
 Contract:
     * A field that OpenAI or llama-server define and mlxd does not implement (``audio``, ``modalities``
-      with audio, llama-server's ``mirostat`` > 0, ``n_probs`` > 0, ...) is refused with a
+      with audio, llama-server's ``mirostat`` > 0, ``post_sampling_probs``, ...) is refused with a
       400 naming the field, unless the client sent it at its neutral value (the one that changes nothing:
       ``"mirostat": 0``, ``"typical_p": 1.0``); many llama-server clients send every sampler field at
       its default, and those must keep working.
@@ -66,7 +66,6 @@ OPENAI_NO_EFFECT = frozenset({"service_tier", "metadata", "safety_identifier", "
 
 # llama-server's /completion fields mlxd does not implement, with the value llama-server treats as "off".
 LLAMA_UNIMPLEMENTED: dict[str, tuple[Neutral, str]] = {
-    "n_probs": (_equals(0), "token probabilities (n_probs) are not supported on /completion: use /v1/completions with logprobs"),
     "mirostat": (_equals(0), "mirostat sampling is not supported"),
     "typical_p": (_equals(1, 1.0), "typical sampling is not supported"),
     "tfs_z": (_equals(1, 1.0), "tail-free sampling is not supported"),
@@ -84,8 +83,8 @@ LLAMA_UNIMPLEMENTED: dict[str, tuple[Neutral, str]] = {
     "n_cmpl": (_equals(1), "only one completion per request is supported"),
     "n": (_equals(1), "only one completion per request is supported"),
     "post_sampling_probs": (_equals(False), "post_sampling_probs is not supported"),
-    "return_tokens": (_equals(False), "return_tokens is not supported"),
-    "response_fields": (_empty, "response_fields is not supported"),
+    "return_progress": (_equals(False), "prompt progress events (return_progress) are not supported"),
+    "timings_per_token": (_equals(False), "per-token timings are not supported: timings come with the last event"),
     "input_prefix": (_empty, "infill is not supported"),
     "input_suffix": (_empty, "infill is not supported"),
     "t_max_predict_ms": (_equals(0), "t_max_predict_ms is not supported"),
@@ -93,8 +92,8 @@ LLAMA_UNIMPLEMENTED: dict[str, tuple[Neutral, str]] = {
 }
 LLAMA_NO_EFFECT = frozenset({
     "mirostat_tau", "mirostat_eta", "dynatemp_exponent", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
-    "dry_sequence_breakers", "xtc_threshold", "n_keep", "id_slot", "min_keep", "timings_per_token",
-    "return_progress", "t_max_prompt_ms", "n_discard",
+    "dry_sequence_breakers", "xtc_threshold", "n_keep", "id_slot", "min_keep", "t_max_prompt_ms",
+    "n_discard",
 })
 
 _logged: set[str] = set()

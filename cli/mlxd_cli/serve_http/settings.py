@@ -32,6 +32,10 @@ class Settings:
         cors_origins: Browser origins allowed to call the API (CORS); empty: none, "*" in it: any.
         header_timeout_s: Longest wait for a request's headers.
         body_timeout_s: Longest wait for a request's whole body, once its headers came.
+        default_n_predict: llama-server's ``--n-predict``: the most tokens a /completion may generate, also
+            its ``n_predict`` when the request sends none (None: no bound but the context).
+        metrics_enabled: Serve ``/metrics`` (False: 501, as llama-server without ``--metrics``).
+        slots_enabled: Serve ``/slots`` (False: 501, as llama-server with ``--no-slots``).
     """
 
     daemons: list[str]
@@ -45,3 +49,6 @@ class Settings:
     cors_origins: tuple[str, ...] = ()
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    default_n_predict: int | None = None
+    metrics_enabled: bool = True
+    slots_enabled: bool = True

@@ -49,13 +49,15 @@ class ClosingStreamingResponse(StreamingResponse):
 
 async def sse_body(stream: GenerationStream, request: Request,
                    events_for: Callable[[Chunk | Done], AsyncIterator[bytes]], opening: bytes | None = None,
-                   ) -> AsyncIterator[bytes]:
+                   error_event: Callable[[ApiError], bytes] | None = None) -> AsyncIterator[bytes]:
     """The body of a streaming answer: ``opening`` (if any), then ``events_for(reply)`` for every reply.
 
     Shared by every streaming route, which only says what each reply becomes. The stream ends after the
     Done's events, or when the client has gone (the ``finally`` cancels the generation on the daemon). A
-    daemon failure mid-stream is told in-band as one error event, in OpenAI's error shape.
+    daemon failure mid-stream is told in-band as one error event, in OpenAI's error shape (or as
+    ``error_event(error)`` makes it: Anthropic's routes name the event and use their shape).
     """
+    error_event = error_event or (lambda error: sse_event(error.encoded()))
     try:
         if opening is not None:
             yield opening
@@ -65,9 +67,9 @@ async def sse_body(stream: GenerationStream, request: Request,
             if isinstance(reply, Done) or await request.is_disconnected():
                 return
     except ApiError as error:
-        yield sse_event(error.encoded())
+        yield error_event(error)
     except Exception as error:  # noqa: BLE001 - the daemon failed mid-stream: tell the client in-band
-        yield sse_event(from_daemon_failure(error).encoded())
+        yield error_event(from_daemon_failure(error))
     finally:
         await stream.aclose()
 

@@ -21,11 +21,12 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInf
 
 from mlxd_protocol import Constraint, Sampling, Speculative
 from mlxd_protocol.field_checks import MAX_LIST_ITEMS
-from mlxd_protocol.messages import MAX_DRAFT_LIMIT, MAX_LOGPROBS, MAX_STOP_CHARS, MAX_STOP_STRINGS
+from mlxd_protocol.messages import MAX_DRAFT_LIMIT, MAX_EMBED_INPUTS, MAX_LOGPROBS, MAX_STOP_CHARS, MAX_STOP_STRINGS
 
 from ..json_body import INT64_MAX, UnsafeJson, parse_json
 
 MAX_TOKENS_LIMIT = MAX_LIST_ITEMS  # the protocol's bound on max_tokens; larger is refused
+MAX_CHOICES = 32  # n: each choice is a generation of its own on the daemons
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 # Sampling fields the daemon reports as its defaults (Status.options["sampling"]).
 _SAMPLING_FIELDS = frozenset(Sampling.__dataclass_fields__)
@@ -178,6 +179,8 @@ class OpenAIGenerationFields(RequestBody):
     repetition_penalty: FiniteFloat | None = Field(None, ge=0)
     speculative: SpeculativeOptions | None = None
     response_format: ResponseFormat | None = None
+    json_schema: dict | None = None  # llama-server's: the output follows this JSON schema ({}: any JSON)
+    grammar: str | None = None  # llama-server's: a GBNF grammar the output follows
     cache_prompt: bool = True  # as llama-server's: False bypasses the daemon's prefix cache
     prediction: Prediction | None = None  # OpenAI's predicted outputs
 
@@ -191,15 +194,37 @@ class OpenAIGenerationFields(RequestBody):
             value.to_protocol()  # raises for a json_schema without a schema
         return value
 
+    def constraint_fields_given(self) -> list[str]:
+        """The fields asking for a constraint: response_format (but "text"), json_schema, grammar (non-empty)."""
+        given = {"response_format": self.response_format is not None and self.response_format.type != "text",
+                 "json_schema": self.json_schema is not None, "grammar": bool(self.grammar)}
+        return [name for name, asked in given.items() if asked]
+
+    @model_validator(mode="after")
+    def _one_constraint(self):
+        given = self.constraint_fields_given()
+        if len(given) > 1:
+            raise ValueError(f"give one of response_format, json_schema, grammar; got {' and '.join(given)}")
+        return self
+
+    def constraint_field(self) -> str:
+        """The request field the constraint came from (named in a refusal of it)."""
+        return next(iter(self.constraint_fields_given()), "response_format")
+
     def constraint(self) -> Constraint | None:
-        """The protocol Constraint this request asks for (``response_format``), or None."""
+        """The protocol Constraint this request asks for (``response_format``, llama-server's
+        ``json_schema`` or ``grammar``), or None."""
+        if self.json_schema is not None:
+            return Constraint(kind="json_schema", text=json.dumps(self.json_schema))
+        if self.grammar:
+            return Constraint(kind="gbnf", text=self.grammar)
         return self.response_format.to_protocol() if self.response_format is not None else None
 
     @field_validator("n")
     @classmethod
-    def _only_one_choice(cls, n: int) -> int:
-        if n != 1:
-            raise ValueError("only n=1 is supported")
+    def _choices_in_range(cls, n: int) -> int:
+        if not 1 <= n <= MAX_CHOICES:
+            raise ValueError(f"must be in [1, {MAX_CHOICES}]")
         return n
 
     @field_validator("logit_bias")
@@ -277,9 +302,10 @@ class ChatMessage(StrictModel):
         return self
 
     def to_protocol(self) -> dict:
-        """``{"role", "content"}`` for the daemon's chat template (text parts joined), plus earlier tool
-        calls (arguments as objects, as chat templates expect) and a tool reply's ``tool_call_id``."""
-        content = self.content if isinstance(self.content, str) else "".join(part.text for part in self.content or ())
+        """``{"role", "content"}`` for the daemon's chat template (text parts joined by a newline, as
+        llama-server joins them), plus earlier tool calls (arguments as objects, as chat templates expect)
+        and a tool reply's ``tool_call_id``."""
+        content = self.content if isinstance(self.content, str) else "\n".join(part.text for part in self.content or ())
         # Chat templates know "system"; "developer" is OpenAI's newer name for it.
         message: dict = {"role": "system" if self.role == "developer" else self.role, "content": content}
         if self.tool_calls:
@@ -333,6 +359,29 @@ class ChatCompletionRequest(OpenAIGenerationFields):
     tools: list[Tool] | None = Field(None, max_length=128)
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None  # accepted: "required" asks for exactly one call, "auto" allows several
+    # vLLM's: continue the final (assistant) message instead of opening a new turn; None: continue it when
+    # the last message is the assistant's (llama-server's assistant prefill)
+    continue_final_message: bool | None = None
+    add_generation_prompt: bool | None = None  # vLLM's: false only where the final message is continued
+
+    @model_validator(mode="after")
+    def _prefill_possible(self):
+        last = self.messages[-1]
+        if self.continue_final_message and last.role != "assistant":
+            raise ValueError("continue_final_message: the last message must be the assistant's")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
+        if self.add_generation_prompt is False and not self.continues_final_message():
+            raise ValueError("add_generation_prompt: false is only supported with a final assistant message, "
+                             "which is then continued")
+        return self
+
+    def continues_final_message(self) -> bool:
+        """Whether the last message is continued (assistant prefill) rather than followed by a new turn."""
+        last = self.messages[-1]
+        if last.role != "assistant" or last.content is None or self.add_generation_prompt:
+            return False
+        return self.continue_final_message is not False
 
     @field_validator("tool_choice")
     @classmethod
@@ -345,8 +394,9 @@ class ChatCompletionRequest(OpenAIGenerationFields):
         return choice
 
     def tool_fields(self) -> dict:
-        """The protocol's tools / tool_choice / tool_name for this request (empty without tools)."""
-        if not self.tools:
+        """The protocol's tools / tool_choice / tool_name for this request (empty without tools, and for
+        tool_choice "none": no call can happen, so any model takes the request)."""
+        if not self.tools or self.tool_choice == "none":
             return {}
         if isinstance(self.tool_choice, NamedToolChoice):
             return {"tools": [tool.to_protocol() for tool in self.tools], "tool_choice": "required",
@@ -442,6 +492,75 @@ class LlamaCompletionRequest(RequestBody):
             "frequency_penalty": self.frequency_penalty, "seed": self.seed if self.seed != -1 else None,
         }
         return {name: value for name, value in given.items() if value is not None}
+
+
+# ---- /v1/embeddings (OpenAI) and /embedding (llama-server) -----------------------------------
+
+EmbeddingInput = str | list[str] | list[int] | list[list[int]]
+
+
+def embedding_inputs(value: EmbeddingInput) -> dict:
+    """The protocol's ``texts`` or ``token_inputs`` for an embeddings input (a string, strings, a token list
+    or token lists); raises ValueError for an empty one, a negative token id or too many inputs."""
+    if isinstance(value, str):
+        value = [value]
+    elif value and isinstance(value[0], int):
+        value = [value]
+    if not value:
+        raise ValueError("must hold at least one input")
+    if len(value) > MAX_EMBED_INPUTS:
+        raise ValueError(f"at most {MAX_EMBED_INPUTS} inputs")
+    if any(len(one) == 0 for one in value):
+        raise ValueError("an input must not be empty")
+    if isinstance(value[0], str):
+        return {"texts": list(value)}
+    if min(min(tokens) for tokens in value) < 0:
+        raise ValueError("token ids must be >= 0")
+    return {"token_inputs": [list(tokens) for tokens in value]}
+
+
+class EmbeddingRequest(RequestBody):
+    """OpenAI's /v1/embeddings body."""
+
+    input: EmbeddingInput
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)  # refused unless it is the model's own
+    user: str | None = None
+
+    @field_validator("input")
+    @classmethod
+    def _usable_input(cls, value):
+        embedding_inputs(value)
+        return value
+
+    def protocol_inputs(self) -> dict:
+        return embedding_inputs(self.input)
+
+
+class LlamaEmbeddingRequest(RequestBody):
+    """llama-server's /embedding body: ``content`` (or ``input``), and ``embd_normalize`` (2: L2, -1: none)."""
+
+    content: EmbeddingInput | None = None
+    input: EmbeddingInput | None = None
+    embd_normalize: int = 2
+
+    @model_validator(mode="after")
+    def _one_input(self):
+        if (self.content is None) == (self.input is None):
+            raise ValueError("give content or input (one of them)")
+        embedding_inputs(self.content if self.content is not None else self.input)
+        return self
+
+    @field_validator("embd_normalize")
+    @classmethod
+    def _supported_norm(cls, value: int) -> int:
+        if value not in (-1, 2):
+            raise ValueError("only 2 (Euclidean) and -1 (none) are supported")
+        return value
+
+    def protocol_inputs(self) -> dict:
+        return embedding_inputs(self.content if self.content is not None else self.input)
 
 
 class TokenizeRequest(StrictModel):

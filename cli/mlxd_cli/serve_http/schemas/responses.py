@@ -55,6 +55,7 @@ class ChatCompletion(BaseModel):
     object: Literal["chat.completion"] = "chat.completion"
     created: int
     model: str
+    system_fingerprint: str | None = None  # the model and mlxd release that answered
     choices: list[ChatChoice]
     usage: Usage
     timings: dict = Field(default_factory=dict, description="the daemon's timings (extension)")
@@ -78,6 +79,7 @@ class ChatCompletionChunk(BaseModel):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     created: int
     model: str
+    system_fingerprint: str | None = None
     choices: list[ChatChunkChoice]
     usage: Usage | None = Field(None, exclude_if=_exclude_none)
     timings: dict | None = Field(None, exclude_if=_exclude_none)
@@ -97,6 +99,7 @@ class Completion(BaseModel):
     object: Literal["text_completion"] = "text_completion"
     created: int
     model: str
+    system_fingerprint: str | None = None
     choices: list[CompletionChoice]
     usage: Usage | None = Field(None, exclude_if=_exclude_none)
     timings: dict | None = Field(None, exclude_if=_exclude_none)
@@ -120,6 +123,34 @@ class LlamaCompletion(BaseModel):
 class LlamaStreamChunk(BaseModel):
     content: str
     stop: bool = False
+
+
+class EmbeddingData(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str  # a string with encoding_format "base64": little-endian float32 values
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingList(BaseModel):
+    """OpenAI's /v1/embeddings answer."""
+
+    object: Literal["list"] = "list"
+    data: list[EmbeddingData]
+    model: str
+    usage: EmbeddingUsage
+
+
+class LlamaEmbedding(BaseModel):
+    """One input's entry in llama-server's /embedding answer: its pooled vector as a one-row list, or (pooling
+    none) a vector per token."""
+
+    index: int
+    embedding: list[list[float]]
 
 
 class ModelCard(BaseModel):

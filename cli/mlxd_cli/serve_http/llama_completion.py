@@ -1,0 +1,258 @@
+"""llama-server's completion endpoint: POST /completion (and /completions, its other name there).
+
+Contract:
+    * Prompts: every form ``schemas.llama.LlamaCompletionBody`` takes. A string goes to the daemon as
+      ``prompt`` (BOS added), token ids as ``prompt_tokens``; a list mixing ids and strings is one prompt,
+      its strings tokenized here (BOS only before a leading string); a list of prompts gets a list of
+      answers, generated concurrently (not streamed: 400 naming ``prompt``).
+    * ``n_predict`` -1 (the default) means "until end of sequence", bounded by the daemon's context; the
+      gateway's ``--n-predict`` is the default and the upper bound. ``cache_prompt: false`` bypasses the
+      prefix cache; ``speculative`` and ``ignore_eos`` pass through; ``n_probs`` asks for that many
+      alternatives per token (``completion_probabilities``, log-probabilities of the model's distribution).
+    * The answer has llama-server's fields: index, content, tokens (the output's ids with
+      ``return_tokens``, else []), id_slot (-1: mlxd has no fixed slots), stop, model, tokens_predicted,
+      tokens_evaluated, tokens_cached, generation_settings (the settings the request ran with), prompt
+      (the prompt's tokens as text), has_new_line, truncated (true when the context bound ended the
+      output), stop_type ("eos" | "word" | "limit", "none" when cancelled), stopping_word and timings
+      (the daemon's, unrounded, with draft_kind / draft_n / draft_n_accepted when speculation ran).
+      ``response_fields`` keeps only the named fields, "a/b" naming b inside a (the key stays "a/b").
+    * Streaming sends one event per daemon chunk (one token each when the daemon streams every token:
+      ``mlxd --stream-interval-ms 0``) with content, tokens, stop false and, with ``n_probs``, that chunk's
+      ``completion_probabilities``; then the full answer with empty content and tokens, stop true (no
+      ``[DONE]``, as llama-server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+
+from mlxd_protocol import Done, Generate, new_request_id
+
+from .context import GatewayContext, gateway
+from .daemon_pool import DaemonHandle, DaemonPool, GenerationStream, call_daemon, open_generation
+from .errors import ERROR_RESPONSES, ApiError
+from .json_body import JsonBodyRoute
+from .request_fields import LLAMA_NO_EFFECT, LLAMA_UNIMPLEMENTED, check_extra_fields, ignored_fields_header, name_daemon_field
+from .schemas import MAX_TOKENS_LIMIT, build_sampling, normalize_stop
+from .schemas.llama import LlamaCompletionBody, PromptObject, is_single_prompt
+from .streaming import SSE_HEADERS, ClosingStreamingResponse, StreamedOutput, collect_generation, sse_body, sse_event
+
+router = APIRouter(route_class=JsonBodyRoute)
+FALLBACK_CONTEXT = 4096  # n_predict -1 on a daemon that has not reported its context bound
+# llama.cpp's defaults for the samplers mlxd does not implement: reported, they say "off"
+NEUTRAL_SAMPLERS = {"mirostat": 0, "typical_p": 1.0, "xtc_probability": 0.0, "dry_multiplier": 0.0,
+                    "dynatemp_range": 0.0, "top_n_sigma": -1.0, "adaptive_target": -1.0, "adaptive_decay": 0.9}
+
+
+async def prompt_fields(pool: DaemonPool, prompt: Any) -> dict:
+    """The Generate fields of one llama-server prompt (``prompt`` or ``prompt_tokens``).
+
+    Raises:
+        ApiError: 400 for a JSON prompt carrying media.
+    """
+    if isinstance(prompt, dict):
+        item = PromptObject.model_validate(prompt)
+        if item.multimodal_data:
+            raise ApiError(400, "prompt: multimodal_data is not supported (this model takes text only)",
+                           param="prompt", code="unsupported_field")
+        return {"prompt": item.prompt_string}
+    if isinstance(prompt, str):
+        return {"prompt": prompt}
+    if all(isinstance(part, int) for part in prompt):
+        return {"prompt_tokens": list(prompt)}
+    tokens: list[int] = []
+    for index, part in enumerate(prompt):  # llama-server's mixed prompt: BOS only before a leading string
+        if isinstance(part, int):
+            tokens.append(part)
+        else:
+            tokens += await call_daemon(pool, lambda client, text=part, first=index == 0: client.tokenize(
+                text=text, add_special_tokens=first))
+    return {"prompt_tokens": tokens}
+
+
+def effective_n_predict(body: LlamaCompletionBody, server_limit: int | None) -> int:
+    """The request's n_predict under the gateway's ``--n-predict`` (-1: until end of sequence)."""
+    if server_limit is None:
+        return body.n_predict
+    return server_limit if body.n_predict == -1 else min(body.n_predict, server_limit)
+
+
+def request_builder(body: LlamaCompletionBody, fields: dict, n_predict: int):
+    """``make_request(handle) -> Generate`` for one prompt, using that daemon's defaults."""
+    overrides = body.sampling_overrides()
+    if body.n_probs:
+        overrides["logprobs"] = body.n_probs
+    speculative = body.speculative.to_protocol() if body.speculative else None
+
+    def make_request(handle: DaemonHandle) -> Generate:
+        context = min(handle.context_bound or FALLBACK_CONTEXT, MAX_TOKENS_LIMIT)
+        max_tokens = context if n_predict == -1 else min(n_predict, context)
+        return Generate(id=new_request_id(), **fields, chat=False, max_tokens=max_tokens, stop=normalize_stop(body.stop),
+                        stream=True, sampling=build_sampling(overrides, handle.sampling_defaults),
+                        speculative=speculative, ignore_eos=body.ignore_eos, constraint=body.constraint(),
+                        cache_prompt=body.cache_prompt)
+
+    return make_request
+
+
+async def stop_reason(pool: DaemonPool, done: Done, tokens: list[int], stop: list[str]) -> tuple[str, str]:
+    """llama-server's (stop_type, stopping_word) for a finished generation.
+
+    The daemon says "stop" for both an end-of-sequence token and a stop string; which one it was is
+    read off the raw output: the output text is cut before the first stop string, so if the
+    detokenized tokens contain a stop string, the earliest one is what matched.
+    """
+    if done.finish_reason == "length":
+        return "limit", ""
+    if done.finish_reason == "cancelled":
+        return "none", ""
+    if not stop or not tokens:
+        return "eos", ""
+    raw = await call_daemon(pool, lambda client: client.detokenize(tokens))
+    found = [(raw.find(word), word) for word in stop if word in raw]
+    return ("word", min(found)[1]) if found else ("eos", "")
+
+
+def generation_settings(body: LlamaCompletionBody, handle: DaemonHandle, n_predict: int) -> dict:
+    """llama-server's ``generation_settings``: what this request ran with (its fields over the daemon's defaults)."""
+    sampling = {**handle.sampling_defaults, **body.sampling_overrides()}
+    eos = handle.status.options.get("eos_token_ids", []) if handle.status else []
+    bias = [{"token": token, "bias": None} for token in eos] if body.ignore_eos else []  # null: -inf, as llama-server
+    return {
+        "n_predict": n_predict, "seed": sampling.get("seed") if sampling.get("seed") is not None else -1,
+        "temperature": sampling.get("temperature", 0.0), "top_k": sampling.get("top_k", 0),
+        "top_p": sampling.get("top_p", 1.0), "min_p": sampling.get("min_p", 0.0),
+        "repeat_penalty": sampling.get("repetition_penalty", 1.0),
+        "presence_penalty": sampling.get("presence_penalty", 0.0),
+        "frequency_penalty": sampling.get("frequency_penalty", 0.0), "stop": normalize_stop(body.stop),
+        "ignore_eos": body.ignore_eos, "stream": body.stream, "cache_prompt": body.cache_prompt,
+        "n_probs": body.n_probs, "logit_bias": bias, **NEUTRAL_SAMPLERS,
+    }
+
+
+async def probabilities(context: GatewayContext, entries: list[dict]) -> list[dict]:
+    """llama-server's ``completion_probabilities`` from the daemon's logprob entries."""
+    texts = await context.token_texts(entries)
+
+    def item(token: int, logprob: float) -> dict:
+        text = texts[token]
+        return {"id": token, "token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+    return [{**item(entry["token"], entry["logprob"]),
+             "top_logprobs": [item(token, logprob) for token, logprob in entry.get("top") or ()]} for entry in entries]
+
+
+def pick_fields(answer: dict, names: list[str]) -> dict:
+    """llama-server's ``response_fields``: only the named fields; "a/b" is b inside a, kept as key "a/b"."""
+    picked = {}
+    for name in names:
+        value: Any = answer
+        for part in name.split("/"):
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is not None:
+            picked[name] = value
+    return picked
+
+
+async def final_answer(request: Request, body: LlamaCompletionBody, stream: GenerationStream, done: Done,
+                       content: str, tokens: list[int], prompt_text: str, n_predict: int, index: int) -> dict:
+    """The whole /completion answer for one prompt (the last streamed event too, with empty content)."""
+    context = gateway(request)
+    stop_type, word = await stop_reason(context.pool, done, tokens, normalize_stop(body.stop))
+    prompt_n, predicted_n = int(done.usage.get("prompt_tokens", 0)), int(done.usage.get("completion_tokens", 0))
+    bound = stream.handle.context_bound
+    truncated = stop_type == "limit" and bound is not None and prompt_n + predicted_n >= bound
+    return {
+        "index": index, "content": content, "tokens": tokens if body.return_tokens and not body.stream else [],
+        "id_slot": -1, "stop": True, "model": context.model_name(stream.handle), "tokens_predicted": predicted_n,
+        "tokens_evaluated": prompt_n, "tokens_cached": int(done.usage.get("cached_tokens", 0)),
+        "generation_settings": generation_settings(body, stream.handle, n_predict), "prompt": prompt_text,
+        "has_new_line": "\n" in content, "truncated": truncated, "stop_type": stop_type, "stopping_word": word,
+        "timings": done.timings,
+    }
+
+
+async def prompt_as_text(pool: DaemonPool, fields: dict) -> str:
+    """The prompt's tokens as text (llama-server's ``prompt``: "<s> Once upon a time")."""
+    tokens = fields.get("prompt_tokens")
+    if tokens is None:
+        tokens = await call_daemon(pool, lambda client: client.tokenize(text=fields["prompt"]))
+    return await call_daemon(pool, lambda client: client.detokenize(tokens))
+
+
+async def open_one(request: Request, body: LlamaCompletionBody, prompt: Any, n_predict: int):
+    """Open the generation of one prompt: (stream, its Generate fields)."""
+    pool = gateway(request).pool
+    fields = await prompt_fields(pool, prompt)
+    try:
+        stream = await open_generation(pool, request_builder(body, fields, n_predict))
+    except ApiError as error:
+        raise name_daemon_field(error, {"constraint": "grammar" if body.grammar else "json_schema"}) from error
+    return stream, fields
+
+
+@router.post("/completion", responses={200: {"content": {"text/event-stream": {}}}, **ERROR_RESPONSES})
+@router.post("/completions", include_in_schema=False)
+async def completion(body: LlamaCompletionBody, request: Request, response: Response):
+    """Text completion, llama-server's native API (no chat template)."""
+    headers = ignored_fields_header(check_extra_fields(body, LLAMA_UNIMPLEMENTED, LLAMA_NO_EFFECT))
+    prompts = body.prompts()
+    if body.stream and len(prompts) > 1:
+        raise ApiError(400, "prompt: a streamed completion takes one prompt", param="prompt", code="invalid_value")
+    n_predict = effective_n_predict(body, gateway(request).settings.default_n_predict)
+    if body.stream:
+        stream, fields = await open_one(request, body, prompts[0], n_predict)
+        events = _completion_events(request, body, stream, fields, n_predict)
+        return ClosingStreamingResponse(events, media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
+    answers = await asyncio.gather(*(_answer_one(request, body, prompt, n_predict, index)
+                                     for index, prompt in enumerate(prompts)))
+    if any(answer is None for answer in answers):
+        return Response(status_code=499)  # the client left; nobody reads this
+    if body.response_fields:
+        answers = [pick_fields(answer, body.response_fields) for answer in answers]
+    return JSONResponse(answers[0] if is_single_prompt(body.prompt) else answers, headers=headers)
+
+
+async def _answer_one(request: Request, body: LlamaCompletionBody, prompt: Any, n_predict: int, index: int) -> dict | None:
+    stream, fields = await open_one(request, body, prompt, n_predict)
+    result = await collect_generation(stream, request)
+    if result is None:
+        return None
+    gateway(request).count_generation(result.done)
+    prompt_text = await prompt_as_text(gateway(request).pool, fields)
+    answer = await final_answer(request, body, stream, result.done, result.text, result.tokens, prompt_text, n_predict, index)
+    if body.n_probs:
+        answer["completion_probabilities"] = await probabilities(gateway(request), result.logprobs)
+    return answer
+
+
+def _completion_events(request: Request, body: LlamaCompletionBody, stream: GenerationStream, fields: dict,
+                       n_predict: int) -> AsyncIterator[bytes]:
+    output = StreamedOutput()
+
+    async def events_for(reply) -> AsyncIterator[bytes]:
+        text, tokens = output.add(reply)
+        if isinstance(reply, Done):
+            if text or tokens:
+                yield sse_event(json.dumps({"index": 0, "content": text, "tokens": tokens, "stop": False, "id_slot": -1}))
+            gateway(request).count_generation(reply)
+            prompt_text = await prompt_as_text(gateway(request).pool, fields)
+            answer = await final_answer(request, body, stream, reply, "", output.tokens, prompt_text, n_predict, 0)
+            if body.response_fields:
+                answer = pick_fields(answer, body.response_fields) | {"stop": True}
+            yield sse_event(json.dumps(answer))
+            return
+        if not (text or tokens):
+            return
+        event: dict = {"index": 0, "content": text, "tokens": tokens, "stop": False, "id_slot": -1}
+        if body.n_probs and reply.logprobs:
+            event["completion_probabilities"] = await probabilities(gateway(request), reply.logprobs)
+        yield sse_event(json.dumps(event))
+
+    return sse_body(stream, request, events_for)

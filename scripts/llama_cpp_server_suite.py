@@ -1,0 +1,164 @@
+"""Run llama.cpp's own server test suite against mlx-serve-http + mlxd.
+
+    .venv/bin/python scripts/llama_cpp_server_suite.py [--files test_basic.py ...] [-k EXPR] [--list-deselected]
+
+Contract: at set-up time (nothing of llama.cpp is kept in this repository) it fetches the PyPI sdist of
+llama-cpp-python ``SDIST_VERSION`` with pip into ``<cache>/llama-cpp-suite/`` (``<cache>``: $MLXD_CACHE_DIR,
+else $XDG_CACHE_HOME/mlxd, else ~/.cache/mlxd), extracts ``vendor/llama.cpp/tools/server/tests`` and
+the chat templates beside it (``vendor/llama.cpp/models/templates``, which the tests read by relative
+path), builds a virtual environment with the suite's own ``requirements.txt``, and runs pytest there on
+``OFFLINE_FILES``, with ``LLAMA_SERVER_BIN_PATH`` pointing at ``scripts/llama_server_compat.py`` (through
+a small wrapper that runs it with this interpreter). Tests in ``DESELECTED`` are deselected, each for
+the reason given (llama.cpp's sampler RNG at temperature > 0, or a model / mode that cannot run
+offline). It prints the pass / fail / deselect counts and the deselected tests, and exits with pytest's
+status (non-zero when a test failed).
+
+Loaded by that pytest as a plugin (``-p llama_cpp_server_suite``), this module also makes the suite's
+session fixture ``ServerPreset.load_all`` (which starts every preset once, only to download its model)
+a no-op: the models are local, and presets of other models cannot start offline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SDIST_VERSION = "0.3.36"
+SDIST_NAME = f"llama_cpp_python-{SDIST_VERSION}"
+TESTS_IN_SDIST = f"{SDIST_NAME}/vendor/llama.cpp/tools/server/tests"
+TEMPLATES_IN_SDIST = f"{SDIST_NAME}/vendor/llama.cpp/models/templates"
+OFFLINE_FILES = ["test_basic.py", "test_chat_completion.py", "test_completion.py", "test_ctx_shift.py",
+                 "test_ignore_eos.py", "test_tokenize.py", "test_security.py", "test_metrics.py", "test_template.py"]
+_RNG = "compares text sampled at temperature > 0 with llama.cpp's sampler RNG (mt19937 + its sampler chain)"
+_OFFLINE = "needs a hub model other than stories260K, which cannot be had offline"
+_ROUTER = "router mode (a server without a model, loading models on demand), which mlxd does not have"
+DESELECTED: dict[str, str] = {
+    "test_basic.py::test_load_split_model": _OFFLINE + " (stories15M split GGUF)",
+    "test_completion.py::test_completion_stream_with_openai_library_stops": _OFFLINE + " (Phi-3.5-mini)",
+    "test_metrics.py::test_metrics_embedding_prompt_is_counted": _OFFLINE + " (bert-bge-small)",
+    "test_security.py::test_local_media_file": _OFFLINE + " (tinygemma3)",
+    "test_security.py::test_cors_origins_localhost_reflects": _ROUTER,
+    "test_security.py::test_cors_origins_localhost_rejects": _ROUTER,
+    "test_security.py::test_cors_origins_defaults_to_localhost_with_tools_enabled": _ROUTER,
+    "test_completion.py::test_completion[I believe the meaning of life is-8-(going|bed)+-18-8-False-False]": _RNG,
+    "test_completion.py::test_completion[Write a joke about AI from a very long prompt which will not be "
+    "truncated-64-(princesses|everyone|kids|Anna|forest)+-46-64-False-True]": _RNG,
+    "test_completion.py::test_completion_stream[I believe the meaning of life is-8-(going|bed)+-18-8-False]": _RNG,
+    "test_completion.py::test_completion_stream[Write a joke about AI from a very long prompt which will not be "
+    "truncated-64-(princesses|everyone|kids|Anna|forest)+-46-64-False]": _RNG,
+    "test_completion.py::test_completion_with_openai_library": _RNG,
+    "test_completion.py::test_completion_stream_with_openai_library": _RNG,
+    "test_chat_completion.py::test_chat_completion_with_openai_library": _RNG,
+    "test_chat_completion.py::test_chat_completion_stream[Book-What is the best book-8-(Suddenly)+-77-8-length]": _RNG,
+    "test_chat_completion.py::test_chat_completion_stream[You are a coding assistant.-Write the fibonacci function "
+    "in c++.-128-(Aside|she|felter|alonger)+-104-128-length]": _RNG,
+}
+
+
+def cache_dir() -> Path:
+    """Where the sdist, the extracted suite and its virtual environment live."""
+    if os.environ.get("MLXD_CACHE_DIR"):
+        base = Path(os.environ["MLXD_CACHE_DIR"])
+    else:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mlxd"
+    return base / "llama-cpp-suite"
+
+
+def fetch_sdist(cache: Path) -> Path:
+    """The sdist archive, downloaded once with pip (no build, no dependencies)."""
+    archive = cache / f"{SDIST_NAME}.tar.gz"
+    if not archive.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                        f"llama-cpp-python=={SDIST_VERSION}", "-d", str(cache)], check=True)
+    return archive
+
+
+def extract_suite(cache: Path, archive: Path) -> Path:
+    """The suite's ``tests`` folder, extracted once (with the templates it reads by relative path)."""
+    tests = cache / TESTS_IN_SDIST
+    if not (tests / "utils.py").exists():
+        with tarfile.open(archive) as tar:
+            members = [member for member in tar.getmembers()
+                       if member.name.startswith((TESTS_IN_SDIST + "/", TEMPLATES_IN_SDIST + "/"))]
+            tar.extractall(cache, members=members, filter="data")
+    return tests
+
+
+def suite_python(cache: Path, tests: Path) -> Path:
+    """A virtual environment with the suite's requirements (built once)."""
+    venv = cache / "venv"
+    python = venv / "bin" / "python"
+    marker = venv / ".requirements-installed"
+    if not marker.exists():
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "-r", str(tests / "requirements.txt")], check=True)
+        marker.write_text("ok\n")
+    return python
+
+
+def launcher_wrapper(cache: Path) -> Path:
+    """An executable running the launcher with this interpreter (the suite executes the path it is given)."""
+    wrapper = cache / "llama-server"
+    text = f'#!/bin/sh\nexec "{sys.executable}" "{ROOT / "scripts" / "llama_server_compat.py"}" "$@"\n'
+    if not wrapper.exists() or wrapper.read_text() != text:
+        wrapper.write_text(text)
+        wrapper.chmod(0o755)
+    return wrapper
+
+
+def run_suite(files: list[str], keyword: str | None) -> int:
+    cache = cache_dir()
+    tests = extract_suite(cache, fetch_sdist(cache))
+    python = suite_python(cache, tests)
+    env = {**os.environ, "LLAMA_SERVER_BIN_PATH": str(launcher_wrapper(cache)),
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "scripts"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    env.setdefault("PORT", "8089")  # the suite's port; not the 8080 a real server may hold
+    command = [str(python), "-m", "pytest", "-p", "llama_cpp_server_suite", "-q", "-rfE", "--tb=line",
+               *[f"unit/{name}" for name in files]]
+    for test_id in DESELECTED:
+        if test_id.split("::")[0] in files:
+            command += ["--deselect", f"unit/{test_id}"]
+    if keyword:
+        command += ["-k", keyword]
+    started = time.monotonic()
+    result = subprocess.run(command, cwd=tests, env=env, capture_output=True, text=True)
+    elapsed = time.monotonic() - started
+    output = result.stdout + result.stderr
+    print("\n".join(line for line in output.splitlines() if line.startswith(("FAILED", "ERROR"))))
+    summary = next((line for line in reversed(output.splitlines()) if re.search(r"\d+ (passed|failed)", line)), "")
+    print(f"\nllama.cpp server suite ({len(files)} files) in {elapsed:.0f} s: {summary.strip('= ')}")
+    print(f"deselected ({sum(test_id.split('::')[0] in files for test_id in DESELECTED)}):")
+    for test_id, reason in DESELECTED.items():
+        if test_id.split("::")[0] in files:
+            print(f"  {test_id}: {reason}")
+    if result.returncode not in (0, 1):
+        print(output[-4000:])
+    return result.returncode
+
+
+def pytest_configure(config) -> None:
+    """As a pytest plugin: the suite's model-download warm-up starts nothing (see the module docstring)."""
+    utils = sys.modules.get("utils")
+    if utils is None:
+        import utils  # the suite's own module, on its path once its conftest is loaded
+    utils.ServerPreset.load_all = staticmethod(lambda: None)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--files", nargs="+", default=OFFLINE_FILES, help="test files of the suite's unit/ folder")
+    parser.add_argument("-k", dest="keyword", default=None, help="pytest -k expression")
+    args = parser.parse_args()
+    return run_suite(args.files, args.keyword)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""llama.cpp's own server test suite against mlx-serve-http + mlxd (``scripts/llama_cpp_server_suite.py``).
+
+Fetches the suite (PyPI sdist of llama-cpp-python) and its requirements on first use, so it needs the
+network once; skipped when PyPI cannot be reached and nothing is cached.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import llama_cpp_server_suite as suite  # noqa: E402
+import llama_server_compat as compat  # noqa: E402
+
+# A quick part of the suite (about 40 s here; the whole offline selection takes about 4.5 minutes: run the
+# script without --files). Not every test in it passes yet (see the script's docstring for what is missing):
+# the count that does is held, so a change that breaks a passing one fails here.
+QUICK_FILES = ["test_tokenize.py", "test_basic.py", "test_ignore_eos.py", "test_metrics.py"]
+MIN_PASSING = 14  # passed when this was written, of 21 selected
+
+
+def _pypi_reachable() -> bool:
+    try:
+        socket.create_connection(("pypi.org", 443), timeout=5).close()
+        return True
+    except OSError:
+        return False
+
+
+def test_launcher_refuses_an_unknown_flag_and_maps_the_known_ones():
+    with pytest.raises(compat.UsageError, match="--context-shift"):
+        compat.parse_llama_args(["--port", "1", "--context-shift"])
+    args = compat.parse_llama_args(["-c", "512", "-np", "2", "--seed=7", "-ngl", "99", "--jinja", "--metrics"])
+    command = compat.daemon_command(args, compat.STORIES_260K, "ipc:///tmp/x.sock")
+    assert command[command.index("--max-kv-size") + 1] == "256" and command[command.index("--max-batch") + 1] == "2"
+    assert command[command.index("--seed") + 1] == "7" and "99" not in command
+    assert "--metrics" in compat.gateway_args(args, "ipc:///tmp/x.sock")
+
+
+@pytest.mark.slow
+def test_llama_cpp_server_suite_keeps_its_passing_tests():
+    archive = suite.cache_dir() / f"{suite.SDIST_NAME}.tar.gz"
+    if not archive.exists() and not _pypi_reachable():
+        pytest.skip("PyPI is not reachable and the llama.cpp suite is not cached")
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "llama_cpp_server_suite.py"), "--files",
+                             *QUICK_FILES],
+                            capture_output=True, text=True, timeout=3600)
+    summary = re.search(r"(\d+) passed", result.stdout)
+    assert summary, result.stdout[-3000:] + result.stderr[-3000:]
+    assert int(summary.group(1)) >= MIN_PASSING, result.stdout[-6000:]

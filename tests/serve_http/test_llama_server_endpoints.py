@@ -1,0 +1,118 @@
+"""llama-server's endpoints and options beyond /completion's basics: /props, /slots, /metrics names,
+un-prefixed routes, prompt forms, response_fields, n_probs, the context error and the server defaults."""
+
+from __future__ import annotations
+
+import pytest
+
+from ..daemon.conftest import STORIES, private_endpoint, start_daemon, stop_daemon
+from .conftest import Gateway, sse_events
+
+
+@pytest.fixture(scope="module")
+def llama_daemon():
+    """stories260K as llama-server's test preset runs it: 2 rows of 256 tokens, seed 42, chatml."""
+    if not STORIES.is_dir():
+        pytest.skip(f"{STORIES} is not present")
+    endpoint = private_endpoint("l")
+    process = start_daemon(endpoint, "-m", str(STORIES), "--max-batch", "2", "--max-kv-size", "256", "--seed", "42",
+                           "--chat-template", "chatml", "--stream-interval-ms", "0")
+    yield endpoint
+    stop_daemon(process, endpoint)
+
+
+@pytest.fixture(scope="module")
+def llama_gateway(llama_daemon):
+    gateway = Gateway([llama_daemon], "--n-predict", "16", "--alias", "tinyllama-2")
+    yield gateway
+    gateway.stop()
+
+
+def test_props_and_slots_describe_the_daemon(llama_gateway):
+    props = llama_gateway.client.get("/props").json()
+    assert props["total_slots"] == 2 and props["default_generation_settings"]["n_ctx"] == 256
+    assert props["default_generation_settings"]["params"]["seed"] == 42
+    assert props["model_alias"] == "tinyllama-2" and "im_start" in props["chat_template"]
+    assert llama_gateway.client.post("/props", json={}).status_code == 501
+    slots = llama_gateway.client.get("/slots").json()
+    assert [slot["id"] for slot in slots] == [0, 1] and not any(slot["is_processing"] for slot in slots)
+
+
+def test_disabled_slots_and_metrics_answer_501(llama_daemon):
+    gateway = Gateway([llama_daemon], "--no-slots", "--no-metrics")
+    try:
+        for path in ("/slots", "/metrics"):
+            response = gateway.client.get(path)
+            assert response.status_code == 501 and response.json()["error"]["type"] == "not_supported_error"
+    finally:
+        gateway.stop()
+
+
+def test_completion_has_llama_server_fields_and_obeys_n_predict(llama_gateway):
+    answer = llama_gateway.client.post("/completions", json={"prompt": "Once upon a time", "return_tokens": True}).json()
+    assert answer["tokens_predicted"] == 16 and len(answer["tokens"]) == 16  # --n-predict is the default
+    assert answer["generation_settings"]["n_predict"] == 16 and answer["generation_settings"]["seed"] == 42
+    assert answer["prompt"].startswith("<s>") and answer["id_slot"] == -1 and answer["index"] == 0
+    assert answer["has_new_line"] == ("\n" in answer["content"])
+    capped = llama_gateway.client.post("/completion", json={"prompt": "Once upon a time", "n_predict": 64}).json()
+    assert capped["tokens_predicted"] == 16 and capped["tokens"] == []
+
+
+def test_seeded_default_repeats_and_a_list_of_prompts_gets_a_list(llama_gateway):
+    body = {"prompt": "Once upon a time", "temperature": 1.0}
+    first, again = (llama_gateway.client.post("/completion", json=body).json()["content"] for _ in range(2))
+    assert first == again  # the daemon's --seed applies to a request that sends none
+    tokens = llama_gateway.client.post("/tokenize", json={"content": "Once upon a time", "add_special": True}).json()["tokens"]
+    answers = llama_gateway.client.post("/completion", json={"prompt": [tokens, "Once upon a time"],
+                                                             "temperature": 0}).json()
+    assert [answer["index"] for answer in answers] == [0, 1] and answers[0]["content"] == answers[1]["content"]
+
+
+def test_response_fields_and_n_probs(llama_gateway):
+    picked = llama_gateway.client.post("/completion", json={
+        "prompt": "Once", "n_predict": 4, "response_fields": ["content", "generation_settings/n_predict"]}).json()
+    assert set(picked) == {"content", "generation_settings/n_predict"} and picked["generation_settings/n_predict"] == 4
+    answer = llama_gateway.client.post("/completion", json={"prompt": "Once", "n_predict": 3, "n_probs": 5,
+                                                            "temperature": 0}).json()
+    probabilities = answer["completion_probabilities"]
+    assert len(probabilities) == 3 and all(len(entry["top_logprobs"]) == 5 for entry in probabilities)
+    # the daemon's text drops the leading space of a reply's first token; the token texts keep it
+    assert "".join(entry["token"] for entry in probabilities).lstrip() == answer["content"].lstrip()
+
+
+def test_stream_sends_tokens_per_event(llama_gateway):
+    with llama_gateway.client.stream("POST", "/completion", json={"prompt": "Once", "n_predict": 6,
+                                                                   "stream": True}) as response:
+        events = sse_events(response.iter_lines())
+    partial = [event for event in events if not event["stop"]]
+    assert sum(len(event["tokens"]) for event in partial) == 6 and all(event["tokens"] for event in partial)
+    assert events[-1]["stop"] is True and events[-1]["generation_settings"]["n_predict"] == 6
+
+
+def test_prompt_over_the_context_is_exceed_context_size_error(llama_gateway):
+    response = llama_gateway.client.post("/chat/completions", json={
+        "messages": [{"role": "user", "content": "Once upon a time there was a dog. " * 40}]})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["type"] == "exceed_context_size_error" and error["n_ctx"] == 256 and error["n_prompt_tokens"] > 256
+    assert "exceeds the available context size" in error["message"]
+
+
+def test_ignore_eos_shows_in_logit_bias(llama_gateway):
+    answer = llama_gateway.client.post("/completion", json={"prompt": "Once upon a time", "n_predict": 16,
+                                                            "ignore_eos": True}).json()
+    assert answer["truncated"] is False
+    assert answer["generation_settings"]["logit_bias"] and answer["generation_settings"]["logit_bias"][0]["bias"] is None
+
+
+def test_metrics_carry_llama_server_names(llama_gateway):
+    answer = llama_gateway.client.post("/completion", json={"prompt": "Once upon", "n_predict": 4}).json()
+    page = llama_gateway.client.get("/metrics")
+    assert "Process-Start-Time-Unix" in page.headers
+    values = dict(line.split(" ", 1) for line in page.text.splitlines() if line.startswith("llamacpp:"))
+    assert float(values["llamacpp:tokens_predicted_total"]) >= answer["timings"]["predicted_n"]
+    assert "# TYPE llamacpp:requests_processing gauge" in page.text
+
+
+def test_unprefixed_models_route(llama_gateway):
+    assert llama_gateway.client.get("/models").json()["data"][0]["id"] == "tinyllama-2"
