@@ -15,10 +15,13 @@ Contract:
   allocated or grown to the storage's capacity, or the model failed to trace once: then it stays off).
   The caller runs its ordinary forward instead. Bookkeeping is the ordinary forward's: every row gets T
   pending appends from position ``state.written``.
-- Shapes are fixed inside a trace: attention reads every position of the rows' slots up to the storage
-  capacity and a mask hides what the query may not see (positions past its own, or outside a sliding
-  window). Each (first slot, batch size, T, capacity) has its own trace, made on first use (a few ms
-  for the embedded model); the ``MAX_TRACES`` most recently used are kept.
+- Shapes are fixed inside a trace: attention reads the rows' slots up to a span, the smallest of
+  ``SPANS`` that holds the longest row's context after the new tokens (the storage capacity when none
+  does), and a mask hides what the query may not see (positions past its own, or outside a sliding
+  window). The span, not the capacity, sets what a forward reads: capacity only grows (another row's long
+  context grows it for every slot), and a short row read the whole of it. Each (first slot, batch size,
+  T, capacity, span) has its own trace, made on first use (a few ms for the embedded model); the
+  ``MAX_TRACES`` most recently used are kept.
 - The new tokens' keys and values are written into the layer buffers (one row: a slice update; several:
   one scatter of every row's tokens), which are passed in and returned;
   MLX updates them in place when nothing else holds the old buffers (the storage swaps in the returned
@@ -52,18 +55,30 @@ MAX_COMPILED_ROWS = 1
 # row) is as fast or faster (measured: docs/benchmark_results/code_notes.md#compiled-forward).
 MAX_COMPILED_CAPACITY = 2048
 MAX_TRACES = 64  # compiled signatures kept (least recently used goes first); a new one traces in a few ms
+# What a forward's attention reads of the slots: the smallest span that holds its rows' contexts, so the
+# cost follows the context and a handful of spans keeps the traces few
+# (measured: docs/benchmark_results/code_notes.md#compiled-forward).
+SPANS = (256, 512, 1024, 2048)
 
 
 def compile_wanted() -> bool:
     return os.environ.get(DISABLE_ENV, "1").strip() != "0"
 
 
+def read_span(context: int, capacity: int) -> int:
+    """The positions of each slot a forward reads: the smallest of ``SPANS`` that holds ``context``, else
+    the whole ``capacity``."""
+    return next((span for span in SPANS if context <= span < capacity), capacity)
+
+
 class _TracedView:
     """mlx-lm cache protocol inside the traced step: one layer's buffers, rows first..first+B-1."""
 
-    def __init__(self, keys: mx.array, values: mx.array, first: int, positions: mx.array, mask_axes: int | None):
+    def __init__(self, keys: mx.array, values: mx.array, first: int, positions: mx.array, mask_axes: int | None,
+                 span: int):
         self.keys, self.values = keys, values
         self.mask_axes = mask_axes
+        self.span = span  # positions of each slot that attention reads (the rest are past every row's context)
         self.first, self.rows = first, positions.shape[0]
         self.offset = positions  # RoPE position of each row's new token
 
@@ -80,11 +95,11 @@ class _TracedView:
             self.keys = scatter_tokens(self.keys, slots, positions, keys)
             self.values = scatter_tokens(self.values, slots, positions, values)
         rows = slice(self.first, self.first + self.rows)
-        return self.keys[rows], self.values[rows]
+        return self.keys[rows, :, :self.span], self.values[rows, :, :self.span]
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> mx.array:
-        # [B, 1, T, capacity]: query i of a row sees the row's positions up to its own
-        key_positions = mx.arange(self.keys.shape[2])[None, None, :]
+        # [B, 1, T, span]: query i of a row sees the row's positions up to its own
+        key_positions = mx.arange(self.span)[None, None, :]
         query_positions = (self.offset[:, None] + mx.arange(n)[None, :])[:, :, None]
         mask = key_positions <= query_positions
         if window_size is not None:
@@ -109,13 +124,13 @@ class CompiledDecode:
         self.enabled = True
         self.steps = 0  # forwards that ran compiled (tests, diagnostics)
         self.max_traces = max_traces
-        # (first slot, batch, tokens, capacity) -> its own compiled function, least recently used first:
+        # (first slot, batch, tokens, capacity, span) -> its own compiled function, least recently used first:
         # a trace holds its graph, so a long-lived daemon keeps only the ones it uses (rows grow into new
         # capacities and leave the old traces behind)
         self._traces: OrderedDict[tuple, Callable] = OrderedDict()
 
-    def _trace_for(self, first: int, batch: int, tokens: int, capacity: int) -> Callable:
-        key = (first, batch, tokens, capacity)
+    def _trace_for(self, first: int, batch: int, tokens: int, capacity: int, span: int) -> Callable:
+        key = (first, batch, tokens, capacity, span)
         traced = self._traces.get(key)
         if traced is not None:
             self._traces.move_to_end(key)
@@ -123,7 +138,7 @@ class CompiledDecode:
         model, mask_axes = self.model, self.mask_axes
 
         def step(inputs: mx.array, positions: mx.array, *buffers: mx.array):
-            views = [_TracedView(buffers[2 * i], buffers[2 * i + 1], first, positions, mask_axes)
+            views = [_TracedView(buffers[2 * i], buffers[2 * i + 1], first, positions, mask_axes, span)
                      for i in range(len(buffers) // 2)]
             logits = model(inputs, cache=views)
             return (logits, *[array for view in views for array in (view.keys, view.values)])
@@ -144,9 +159,10 @@ class CompiledDecode:
         if any(k is None or k.shape[2] != storage.capacity for k in storage.keys):
             return None  # the ordinary forward allocates or grows the buffers first
         positions = mx.array([s.written for s in states], dtype=mx.int32)
+        span = read_span(max(s.written for s in states) + inputs.shape[1], storage.capacity)
         buffers = [array for pair in zip(storage.keys, storage.values) for array in pair]
         try:
-            traced = self._trace_for(first, len(states), inputs.shape[1], storage.capacity)
+            traced = self._trace_for(first, len(states), inputs.shape[1], storage.capacity, span)
             logits, *updated = traced(inputs, positions, *buffers)
         except Exception as error:  # noqa: BLE001 - a model the trace cannot follow runs uncompiled
             self.enabled = False

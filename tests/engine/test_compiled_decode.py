@@ -200,7 +200,35 @@ def test_least_recently_used_traces_are_dropped(tiny_random_model):
     for rows in ([seqs[0]], [seqs[1]], [seqs[0]], seqs):  # (0, 1), (1, 1), (0, 1) again, (0, 3)
         engine.step(rows)
     assert engine.compiled_decode.steps == 4
-    assert list(engine.compiled_decode._traces) == [(0, 1, 1, engine.storage.capacity), (0, 3, 1, engine.storage.capacity)]
+    capacity = engine.storage.capacity
+    assert list(engine.compiled_decode._traces) == [(0, 1, 1, capacity, capacity), (0, 3, 1, capacity, capacity)]
+
+
+def test_a_short_row_reads_a_span_of_its_context_not_the_grown_capacity(tiny_random_model):
+    """Another row's long context grows every slot's capacity; a short row's compiled forward still reads
+    only the smallest span that holds its own context, with the ordinary forward's results."""
+    prompts, forced = _random_rows(tiny_random_model.vocab_size, [9], 3, seed=7)
+    results = {}
+    for compiled in (False, True):
+        engine = Engine(tiny_random_model, max_sequences=2, compile_decode=compiled)
+        long = engine.add_sequence(list(range(3, 3 + 3 * GROW_CHUNK)))
+        while engine.prefill(long) is None:
+            pass
+        assert engine.storage.capacity > 2 * GROW_CHUNK
+        seq = engine.add_sequence(prompts[0])
+        engine.prefill(seq)
+        logits = []
+        for token in forced[0]:
+            seq.tokens[-1] = token
+            handle = engine.submit_step([seq])
+            engine.read_step(handle)
+            logits.append(handle.logits)
+        results[compiled] = logits, engine
+    plain, (compiled, engine) = results[False][0], results[True]
+    assert engine.compiled_decode.steps == 3
+    assert {key[-1] for key in engine.compiled_decode._traces} == {256}  # (first, rows, tokens, capacity, span)
+    for a, b in zip(plain, compiled):
+        assert mx.allclose(a, b, atol=1e-4, rtol=1e-4).item()
 
 
 def test_long_contexts_take_the_ordinary_forward(tiny_random_model):
