@@ -19,8 +19,8 @@ Mapped flags: --host (comma-separated: several addresses), --port, --model/-m, -
 --max-kv-size ctx/np; with --kv-unified the np slots share one pool of ctx tokens: paged storage),
 --batch-size/-b (mlxd --prefill-chunk), --n-predict/-n, --temp, --top-k, --top-p, --min-p, --seed/-s,
 --alias/-a, --api-key, --cors-origins, --chat-template, --chat-template-file, --metrics, --slots/--no-slots,
---pooling, --spec-type ngram-* (prompt lookup), --cache-ram MiB (mlxd --prefix-cache-bytes), --verbose
-(debug logs).
+--pooling, --reasoning on|off|auto, --spec-type ngram-* (prompt lookup), --cache-ram MiB (mlxd
+--prefix-cache-bytes), --verbose (debug logs).
 
 Ignored, because they mean nothing on an MLX server (``IGNORED_FLAGS``): --n-gpu-layers/-ngl and
 --threads/-t (MLX uses one device, and mlxd measures its own thread count), --ubatch-size/-ub (no
@@ -64,7 +64,7 @@ ALIASES = {"-m": "--model", "-hfr": "--hf-repo", "-hf": "--hf-repo", "-hff": "--
 VALUE_FLAGS = {"--host", "--port", "--model", "--hf-repo", "--hf-file", "--ctx-size", "--parallel", "--batch-size",
                "--n-predict", "--temp", "--top-k", "--top-p", "--min-p", "--seed", "--alias", "--api-key",
                "--cors-origins", "--chat-template", "--chat-template-file", "--pooling", "--spec-type",
-               "--cache-ram"}
+               "--cache-ram", "--reasoning"}
 SWITCH_FLAGS = {"--metrics", "--slots", "--no-slots", "--kv-unified", "--verbose"}
 LLAMA_DEFAULT_PARALLEL = 4  # llama-server's slot count when -np is not given
 
@@ -162,7 +162,8 @@ def daemon_command(args: LlamaArgs, model: Path, endpoint: str) -> list[str]:
         command += ["--seed", values["--seed"]]
     for flag, option in (("--top-k", "--top-k"), ("--top-p", "--top-p"), ("--min-p", "--min-p"),
                          ("--batch-size", "--prefill-chunk"), ("--pooling", "--pooling"),
-                         ("--chat-template", "--chat-template"), ("--chat-template-file", "--chat-template-file")):
+                         ("--chat-template", "--chat-template"), ("--chat-template-file", "--chat-template-file"),
+                         ("--reasoning", "--reasoning")):
         if flag in values:
             command += [option, values[flag]]
     if "--chat-template" not in values and "--chat-template-file" not in values and not has_chat_template(model):

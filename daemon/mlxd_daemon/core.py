@@ -144,7 +144,8 @@ class DaemonCore:
             loaded=loaded, scheduler=self.scheduler, streams=self.streams, sampling=options.sampling,
             started=self.started, options_summary=self.options_summary, kv_usage=self.kv_usage,
             request_stop=self.request_stop, is_draining=lambda: self.draining, limits=options.limits,
-            grammar_limits=options.limits.grammar(), offload=self.offload, embeddings=self.embeddings)
+            grammar_limits=options.limits.grammar(), offload=self.offload, embeddings=self.embeddings,
+            reasoning=options.reasoning)
 
     def kv_usage(self) -> dict:
         """The KV storage's occupancy, and the prefix cache's entries, bytes, hits and tokens saved."""

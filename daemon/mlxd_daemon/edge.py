@@ -22,14 +22,16 @@ from mlxd_protocol import (
     INTERNAL, INVALID, Chunk, Constraint, Done, Error, Generate, ProtocolError, Sampling, Tick, TickRow)
 from mlxd_scheduler import FinishEvent, Request, SpeculativeRequest, TextStream, TickRecord, TokenEvent
 
+from .reasoning import close_open_thinking, template_variables, thinking_off, today_variables
 from .tool_calls import ToolCallSplitter, required_call_grammar, tool_support_problem
 
 _EXCEPTION_PREFIX = re.compile(r"([A-Z]\w*(?:Error|Exception|Full|Exhausted)): ")
 MAX_CHARS_PER_TOKEN = 32  # no tokenizer packs more characters than this into one token on real text
 
 
-def prompt_tokens(loaded: LoadedModel, message: Generate) -> list[int]:
-    """Token ids of a Generate's prompt (text, token ids, or chat messages)."""
+def prompt_tokens(loaded: LoadedModel, message: Generate, reasoning: str = "auto") -> list[int]:
+    """Token ids of a Generate's prompt (text, token ids, or chat messages; ``reasoning``: the daemon's
+    ``--reasoning`` mode for the chat template)."""
     tokenizer = loaded.tokenizer
     if message.prompt is not None and not message.prompt:
         raise ProtocolError(INVALID, "prompt: must not be empty")
@@ -56,7 +58,8 @@ def prompt_tokens(loaded: LoadedModel, message: Generate) -> list[int]:
             messages = [{"role": "system", "content": message.system}, *messages]
         if message.continue_final_message and messages[-1].get("role") != "assistant":
             raise ProtocolError(INVALID, "continue_final_message: the last message must be the assistant's")
-        return chat_tokens(tokenizer, messages, offered_tools(message), message.continue_final_message)
+        return chat_tokens(tokenizer, messages, offered_tools(message), message.continue_final_message,
+                           template_variables(reasoning, message.chat_template_kwargs))
     if message.continue_final_message:
         raise ProtocolError(INVALID, "continue_final_message: needs the chat template")
     if messages is not None:
@@ -66,20 +69,35 @@ def prompt_tokens(loaded: LoadedModel, message: Generate) -> list[int]:
 
 
 def chat_tokens(tokenizer, messages: list[dict], tools: list[dict] | None = None,
-                continue_final: bool = False) -> list[int]:
-    """Token ids of ``messages`` through the model's chat template (with ``tools`` when given). With
-    ``continue_final`` the last message is continued (assistant prefill): no generation prompt, and the
-    rendering ends where that message's content ends (the template's ``continue_final_message``).
+                continue_final: bool = False, variables: dict | None = None) -> list[int]:
+    """Token ids of ``messages`` through the model's chat template (``render_chat``)."""
+    return list(tokenizer.encode(render_chat(tokenizer, messages, tools, continue_final, variables),
+                                 add_special_tokens=False))
+
+
+def render_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None, continue_final: bool = False,
+                variables: dict | None = None, add_generation_prompt: bool = True) -> str:
+    """The prompt text of ``messages`` through the model's chat template, with ``tools`` when given and the
+    template ``variables`` (``reasoning.template_variables``); with thinking off, an open thinking block is
+    closed (``reasoning.close_open_thinking``). With ``continue_final`` the last message is continued
+    (assistant prefill): no generation prompt, and the rendering ends where that message's content ends (the
+    template's ``continue_final_message``). The text's tokens (``encode`` without special tokens) are what
+    the template's own tokenizing gives.
 
     Raises:
         ProtocolError(INVALID): the template refuses the messages (its own error, e.g. roles that do
             not alternate) or they nest too deeply to render.
     """
+    template = getattr(tokenizer, "chat_template", None)
+    template = template if isinstance(template, str) else None
+    variables = {**today_variables(template), **(variables or {})}
     extra = {"tools": tools} if tools is not None else {}
     if continue_final:
         extra["continue_final_message"] = True
+    generation_prompt = add_generation_prompt and not continue_final
     try:
-        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=not continue_final, **extra))
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=False,
+                                             **extra, **variables)
     except RecursionError:
         raise ProtocolError(INVALID, "messages: nested too deeply for the chat template") from None
     except Exception as error:  # noqa: BLE001 - a template's own refusal is the client's error
@@ -89,6 +107,9 @@ def chat_tokens(tokenizer, messages: list[dict], tools: list[dict] | None = None
         if type(error).__module__.split(".")[0] != "jinja2":
             raise
         raise ProtocolError(INVALID, f"the chat template refused the messages: {error}") from None
+    if generation_prompt and thinking_off(variables):
+        text = close_open_thinking(text, template)
+    return text
 
 
 def offered_tools(message: Generate) -> list[dict] | None:
@@ -128,12 +149,12 @@ def sampling_params(message: Generate, defaults: Sampling) -> SamplingParams:
 
 
 def to_request(loaded: LoadedModel, message: Generate, internal_id: str, defaults: Sampling,
-               grammar_limits: GrammarLimits | None = None) -> Request:
+               grammar_limits: GrammarLimits | None = None, reasoning: str = "auto") -> Request:
     """Build the scheduler request for a Generate. Raises ProtocolError(INVALID) for bad input (the
     sampler rules that need the vocabulary are checked when the scheduler takes the request). Touches no
     daemon state, so it may run on a host-work thread (``host_work``)."""
     tools_grammar = tool_constraint(loaded, message)  # first: a model that cannot take tools says so
-    tokens = prompt_tokens(loaded, message)
+    tokens = prompt_tokens(loaded, message, reasoning)
     if not tokens:
         raise ProtocolError(INVALID, "the prompt is empty")
     params = sampling_params(message, defaults)

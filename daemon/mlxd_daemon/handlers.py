@@ -35,7 +35,8 @@ from mlxd_protocol.field_checks import MAX_LIST_ITEMS
 from mlxd_scheduler import BatchScheduler, QueueFull, Request
 
 from . import __version__
-from .edge import chat_tokens, to_request, tool_call_splitter
+from .edge import render_chat, to_request, tool_call_splitter
+from .reasoning import template_variables
 from .embeddings import EmbeddingQueue
 from .host_limits import (
     HostLimits, check_embed, check_generate, check_tokenize, runs_inline_detokenize, runs_inline_embed,
@@ -63,6 +64,7 @@ class HandlerContext:
     offload: Offload | None = None  # None: every piece of host work runs at once, on the caller's thread
     preparing: dict[str, Preparing] = field(default_factory=dict)  # internal id -> a Generate on a worker
     embeddings: EmbeddingQueue | None = None  # Embed requests, computed between ticks (None: not served)
+    reasoning: str = "auto"  # --reasoning: thinking on, off or as the chat template has it (reasoning.py)
 
 
 @dataclass
@@ -123,7 +125,7 @@ def generate(ctx: HandlerContext, identity: bytes, message: Generate) -> Message
         ctx.preparing[running_as] = Preparing(identity, message.id)
 
     def work() -> Request:
-        return to_request(ctx.loaded, message, running_as, ctx.sampling, ctx.grammar_limits)
+        return to_request(ctx.loaded, message, running_as, ctx.sampling, ctx.grammar_limits, ctx.reasoning)
 
     def finish(prepared: Future) -> Message | None:
         state = ctx.preparing.pop(running_as, None)
@@ -174,17 +176,20 @@ def tokenize(ctx: HandlerContext, identity: bytes, message: Tokenize) -> Message
     if message.messages is not None and not tokenizer.has_chat_template:
         raise ProtocolError(INVALID, "this model has no chat template")
 
-    def work() -> list[int]:
+    def work() -> tuple[list[int], str | None]:
         if message.messages is not None:
-            return chat_tokens(tokenizer, message.messages, message.tools)
-        return list(tokenizer.encode(message.text, add_special_tokens=message.add_special_tokens))
+            text = render_chat(tokenizer, message.messages, message.tools,
+                               variables=template_variables(ctx.reasoning, message.chat_template_kwargs),
+                               add_generation_prompt=message.add_generation_prompt)
+            return list(tokenizer.encode(text, add_special_tokens=False)), text
+        return list(tokenizer.encode(message.text, add_special_tokens=message.add_special_tokens)), None
 
     def finish(done: Future) -> TokenizeResult:
-        tokens = done.result()
+        tokens, text = done.result()
         if len(tokens) > MAX_LIST_ITEMS:
             raise ProtocolError(INVALID, f"the text is {len(tokens)} tokens; a reply carries at most "
                                          f"{MAX_LIST_ITEMS} (tokenize it in parts)")
-        return TokenizeResult(tokens=tokens, id=message.id)
+        return TokenizeResult(tokens=tokens, id=message.id, text=text if message.return_text else None)
 
     return _run(ctx, identity, message.id, runs_inline_tokenize(message), work, finish)
 

@@ -85,6 +85,9 @@ def _endpoint_option(function):
 @click.option("--pooling", default="mean", show_default=True, type=click.Choice(["mean", "last", "cls", "none"]),
               help="embeddings: how the last hidden state's token vectors become one vector per input "
                    "(none: a vector per token, for llama-server's /embedding)")
+@click.option("--reasoning", default="auto", show_default=True, type=click.Choice(["on", "off", "auto"]),
+              help="thinking in chat templates that have it: on, off (enable_thinking false, an open thinking block "
+                   "closed), or auto (the same as on: thinking wherever the template has it); a request's chat_template_kwargs override it")
 @click.option("--host-workers", default=2, show_default=True, type=click.IntRange(1, 64),
               help="threads for host work off the serving loop (chat templates, tokenizing, grammar compilation)")
 @click.option("--max-messages", default=HostLimits.max_messages, show_default=True, type=click.IntRange(1),
@@ -104,7 +107,7 @@ def _endpoint_option(function):
 def cli(ctx, model, endpoint, max_batch, max_kv_size, prefill_chunk, max_queue, lookahead, decode_steps, temp, top_p, top_k,
         min_p, seed, chat_template, chat_template_file, draft_kind, draft_model, draft_block_size, prompt_lookup_max_batch, storage_backend, kv_block_size,
         kv_pool_tokens, kv_memory_fraction, prefix_cache_bytes, cpu_weight_budget, drain_timeout, allow_public, auth_token_file, stream_interval_ms,
-        distributed, distributed_backend, pooling, host_workers, max_messages, max_tokenize_chars, max_grammar_bytes,
+        distributed, distributed_backend, pooling, reasoning, host_workers, max_messages, max_tokenize_chars, max_grammar_bytes,
         max_grammar_rules, max_grammar_depth, max_grammar_repeat, log_level):
     """mlxd: serve an mlx-lm model to many clients over ZeroMQ."""
     if ctx.invoked_subcommand is not None:
@@ -118,7 +121,8 @@ def cli(ctx, model, endpoint, max_batch, max_kv_size, prefill_chunk, max_queue, 
         prompt_lookup_max_batch=prompt_lookup_max_batch, storage_backend=storage_backend,
         kv_block_size=kv_block_size, kv_pool_tokens=kv_pool_tokens, kv_memory_fraction=kv_memory_fraction,
         prefix_cache_bytes=prefix_cache_bytes, cpu_weight_budget=cpu_weight_budget, drain_timeout_s=drain_timeout, stream_interval_s=stream_interval_ms / 1000.0, auth_token=_read_auth_token(auth_token_file),
-        distributed=distributed, distributed_backend=distributed_backend, pooling=pooling, host_workers=host_workers,
+        distributed=distributed, distributed_backend=distributed_backend, pooling=pooling, reasoning=reasoning,
+        host_workers=host_workers,
         limits=HostLimits(max_messages=max_messages, max_tokenize_chars=max_tokenize_chars,
                           max_grammar_bytes=max_grammar_bytes, max_grammar_rules=max_grammar_rules,
                           max_grammar_depth=max_grammar_depth, max_grammar_repeat=max_grammar_repeat),

@@ -46,6 +46,7 @@ class DaemonOptions:
     auth_token: str | None = field(default=None, repr=False)  # clients must send it in a Hello first
     chat_template: str | None = None  # Jinja text used instead of the model's chat template (None: the model's)
     pooling: str = "mean"  # how an Embed's token states become one vector: mean, last, cls or none
+    reasoning: str = "auto"  # thinking in the chat template: on (= auto) or off (reasoning.py)
     host_workers: int = 2  # threads for host work off the loop: templates, tokenizing, grammars (host_work.py)
     limits: HostLimits = field(default_factory=HostLimits)  # per-request bounds on host work (host_limits.py)
 

@@ -289,6 +289,24 @@ class Client:
                            id=new_request_id(), tools=tools)
         return self._call(request, TokenizeResult).tokens
 
+    def render_chat(self, messages: list[dict], tools: list[dict] | None = None,
+                    add_generation_prompt: bool = True, chat_template_kwargs: dict | None = None) -> str:
+        """The prompt text of chat ``messages`` through the model's chat template (what a Generate of them
+        would be given; llama-server's /apply-template).
+
+        Args:
+            messages: Chat messages, each ``{"role": ..., "content": ...}``.
+            tools: Tool definitions the template renders.
+            add_generation_prompt: End with the assistant's header.
+            chat_template_kwargs: Extra template variables (e.g. ``{"enable_thinking": False}``).
+
+        Returns:
+            The rendered text.
+        """
+        request = Tokenize(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                           chat_template_kwargs=chat_template_kwargs, return_text=True, id=new_request_id())
+        return self._call(request, TokenizeResult).text
+
     def detokenize(self, tokens: list[int]) -> str:
         """Turn token ids back into text.
 

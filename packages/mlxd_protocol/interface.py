@@ -34,6 +34,10 @@ class DaemonClient(Protocol):
                  add_special_tokens: bool = True, tools: list[dict] | None = None) -> list[int]:
         """Token ids of text, or of chat messages (with ``tools``) through the chat template."""
 
+    def render_chat(self, messages: list[dict], tools: list[dict] | None = None,
+                    add_generation_prompt: bool = True, chat_template_kwargs: dict | None = None) -> str:
+        """The prompt text of chat messages through the chat template (llama-server's /apply-template)."""
+
     def detokenize(self, tokens: list[int]) -> str:
         """The text of token ids."""
 

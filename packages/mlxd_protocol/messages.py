@@ -91,6 +91,24 @@ def _check_chat_messages(messages: list[dict] | None, where: str) -> None:
             _require(type(message.get(key)) is str, f"{where}[{index}].{key}: expected str")
 
 
+MAX_TEMPLATE_KWARGS = 32  # chat_template_kwargs: names per request
+
+
+def _check_template_kwargs(kwargs: dict | None, messages: list[dict] | None) -> None:
+    if kwargs is None:
+        return
+    _require(messages is not None, "chat_template_kwargs: with messages only")
+    _require(len(kwargs) <= MAX_TEMPLATE_KWARGS, f"chat_template_kwargs: at most {MAX_TEMPLATE_KWARGS} names")
+    _require(all(name.isidentifier() for name in kwargs), "chat_template_kwargs: names must be identifiers")
+    _require(not set(kwargs) & RENDER_ARGUMENTS,
+             f"chat_template_kwargs: {sorted(set(kwargs) & RENDER_ARGUMENTS)} are set by the request itself")
+
+
+# what the renderer is given from the request's own fields, never from chat_template_kwargs
+RENDER_ARGUMENTS = frozenset({"messages", "conversation", "tools", "add_generation_prompt", "continue_final_message",
+                              "tokenize", "return_dict", "chat_template", "documents", "padding", "truncation"})
+
+
 def _tool_name(tool: Any) -> str | None:
     """The function name of an OpenAI-style tool definition, None when it has none."""
     function = tool.get("function") if isinstance(tool, dict) else None
@@ -226,9 +244,13 @@ class Generate(Message):
     # messages only: the last message (an assistant's) is continued, not followed by a new turn: the chat
     # template is applied without a generation prompt and cut after that message's content (assistant prefill)
     continue_final_message: bool = False
+    # messages only: extra variables for the chat template (vLLM's and llama-server's name), e.g.
+    # {"enable_thinking": false}; they override the daemon's --reasoning default
+    chat_template_kwargs: dict | None = None
 
     def validate(self) -> None:
         _exactly_one(self, ("prompt", "prompt_tokens", "messages"))
+        _check_template_kwargs(self.chat_template_kwargs, self.messages)
         _require(not self.continue_final_message or bool(self.messages),
                  "continue_final_message: needs messages")
         _require(self.tool_choice is None or self.tool_choice in TOOL_CHOICES,
@@ -272,10 +294,17 @@ class Tokenize(Message):
     # messages only: OpenAI-style tool definitions the chat template renders, as a Generate's ``tools`` do
     # (so the count equals that Generate's prompt tokens)
     tools: list[dict] | None = None
+    # messages only: end the rendering with the assistant's header (a Generate always does)
+    add_generation_prompt: bool = True
+    chat_template_kwargs: dict | None = None  # messages only: as Generate's
+    return_text: bool = False  # messages only: the reply carries the rendered prompt text as well
 
     def validate(self) -> None:
         _exactly_one(self, ("text", "messages"))
         _check_chat_messages(self.messages, "messages")
+        _check_template_kwargs(self.chat_template_kwargs, self.messages)
+        _require(self.messages is not None or (self.add_generation_prompt and not self.return_text),
+                 "add_generation_prompt / return_text: with messages only")
         _require(self.tools is None or (self.messages is not None and 0 < len(self.tools) <= 128
                                         and all(_tool_name(tool) for tool in self.tools)),
                  "tools: with messages only; 1 to 128 maps, each {\"type\": \"function\", \"function\": {\"name\": str, ...}}")
@@ -400,6 +429,7 @@ class TokenizeResult(Message):
     TYPE: ClassVar[str] = "tokenize_result"
     tokens: list[int]
     id: str | None = None
+    text: str | None = None  # the rendered chat, when the Tokenize asked for it (return_text)
 
 
 @dataclass(slots=True)

@@ -116,3 +116,31 @@ def test_metrics_carry_llama_server_names(llama_gateway):
 
 def test_unprefixed_models_route(llama_gateway):
     assert llama_gateway.client.get("/models").json()["data"][0]["id"] == "tinyllama-2"
+
+
+def test_apply_template_renders_the_chat_as_a_completion_would_be_prompted(llama_gateway):
+    chat = {"messages": [{"role": "user", "content": "What is today?"}]}
+    prompt = llama_gateway.client.post("/apply-template", json=chat).json()["prompt"]
+    assert prompt.endswith("<|im_start|>user\nWhat is today?<|im_end|>\n<|im_start|>assistant\n")
+    bare = llama_gateway.client.post("/apply-template", json={**chat, "add_generation_prompt": False}).json()["prompt"]
+    assert bare == prompt.removesuffix("<|im_start|>assistant\n")
+    tokens = llama_gateway.client.post("/tokenize", json={"content": prompt}).json()["tokens"]
+    answer = llama_gateway.client.post("/v1/chat/completions", json={
+        **chat, "max_tokens": 1, "chat_template_kwargs": {"enable_thinking": False}}).json()
+    assert answer["usage"]["prompt_tokens"] == len(tokens)
+
+
+@pytest.mark.parametrize("body", [
+    {"messages": [{"role": "user", "content": "x"}], "n_predict": 3},  # not a field of /apply-template
+    {"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"add_generation_prompt": False}},
+    {"messages": []},
+])
+def test_apply_template_refuses_what_it_cannot_honour(llama_gateway, body):
+    response = llama_gateway.client.post("/apply-template", json=body)
+    assert response.status_code == 400 and "error" in response.json()
+
+
+def test_chat_template_kwargs_are_checked_on_chat_completions(llama_gateway):
+    response = llama_gateway.client.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"messages": []}})
+    assert response.status_code == 400 and "chat_template_kwargs" in response.text

@@ -3,7 +3,10 @@
 
 Contract:
     * ``/completion`` (and ``/completions``, its other name in llama-server) is ``llama_completion``;
-      ``/props``, ``/slots`` and ``/apply-template`` are ``llama_props``. This router includes both.
+      ``/props`` and ``/slots`` are ``llama_props``. This router includes both.
+    * ``/apply-template``: ``{"prompt": text}``, the chat (``messages``, ``tools``, ``add_generation_prompt``,
+      ``chat_template_kwargs``) through the chat template as a chat completion of it would be prompted
+      (the daemon's ``--reasoning`` included); nothing is generated. Fields it does not define are a 400.
     * ``/tokenize``: ``{"tokens": [...]}``, with ``with_pieces`` ``{"tokens": [{"id", "piece"}, ...]}`` (a
       piece is the token's text; bytes that are not whole UTF-8 characters come as a list of byte values,
       as llama-server sends them).
@@ -23,7 +26,7 @@ from .errors import ERROR_RESPONSES, ApiError, NoDaemonAvailable, from_daemon_fa
 from .json_body import JsonBodyRoute
 from .metrics import CONTENT_TYPE
 from .schemas import DetokenizeRequest, DetokenizeResponse, Health
-from .schemas.llama import TokenizeBody
+from .schemas.llama import ApplyTemplateBody, TokenizeBody
 
 router = APIRouter(route_class=JsonBodyRoute)  # bodies read by json_body.parse_json
 router.include_router(llama_completion.router)
@@ -40,6 +43,25 @@ async def tokenize(body: TokenizeBody, request: Request) -> dict:
         return {"tokens": tokens}
     texts = await context.token_texts([{"token": token} for token in tokens])
     return {"tokens": [{"id": token, "piece": _piece(texts[token])} for token in tokens]}
+
+
+@router.post("/apply-template", responses=ERROR_RESPONSES)
+async def apply_template(body: ApplyTemplateBody, request: Request) -> dict:
+    """The prompt text a chat renders to through the model's chat template."""
+    unknown = sorted(body.model_extra or {})
+    if unknown:
+        raise ApiError(400, f"{unknown[0]}: not a field of /apply-template", param=unknown[0], code="unsupported_field")
+    messages = [message.to_protocol() for message in body.messages]
+    tools = [tool.to_protocol() for tool in body.tools] if body.tools else None
+    try:
+        text = await call_daemon(gateway(request).pool, lambda client: client.render_chat(
+            messages, tools, body.add_generation_prompt, body.chat_template_kwargs))
+    except ApiError as error:
+        if error.status == 400 and "no chat template" in error.message:
+            raise ApiError(400, "this model has no chat template (start the server with --chat-template)",
+                           param="messages", code=error.code) from error
+        raise
+    return {"prompt": text}
 
 
 def _piece(text: str) -> str | list[int]:

@@ -3,7 +3,7 @@
     mlx-serve-http [--daemon ENDPOINT ...] [-m MODEL] [--alias NAME] [--host 127.0.0.1 ...] [--port 8080]
                    [--api-key KEY] [--allowed-hosts NAMES] [--cors-origins ORIGINS]
                    [--draft-kind KIND] [--draft-block-size N] [--prompt-lookup-max-batch N]
-                   [--seed N] [--chat-template NAME|JINJA] [--chat-template-file FILE]
+                   [--seed N] [--chat-template NAME|JINJA] [--chat-template-file FILE] [--reasoning on|off|auto]
                    [--n-predict N] [--metrics/--no-metrics] [--slots/--no-slots]
                    [--max-concurrency N] [--max-body-bytes N] [--header-timeout S] [--body-timeout S]
 
@@ -34,7 +34,7 @@ from .supervisor import DaemonSupervisor
 
 def daemon_args(draft_kind: str | None, draft_block_size: int | None, prompt_lookup_max_batch: int | None,
                 seed: int | None = None, chat_template: str | None = None, chat_template_file: str | None = None,
-                ) -> list[str]:
+                reasoning: str | None = None) -> list[str]:
     """The ``mlxd`` options for a daemon this command starts.
 
     Args:
@@ -44,6 +44,7 @@ def daemon_args(draft_kind: str | None, draft_block_size: int | None, prompt_loo
         seed: ``--seed`` (the default sampling seed), or None.
         chat_template: ``--chat-template`` (a built-in name or Jinja text), or None.
         chat_template_file: ``--chat-template-file``, or None.
+        reasoning: ``--reasoning`` (on, off or auto), or None.
 
     Returns:
         The argument list (empty when all are None).
@@ -51,7 +52,8 @@ def daemon_args(draft_kind: str | None, draft_block_size: int | None, prompt_loo
     args: list[str] = []
     for flag, value in (("--draft-kind", draft_kind), ("--draft-block-size", draft_block_size),
                         ("--prompt-lookup-max-batch", prompt_lookup_max_batch), ("--seed", seed),
-                        ("--chat-template", chat_template), ("--chat-template-file", chat_template_file)):
+                        ("--chat-template", chat_template), ("--chat-template-file", chat_template_file),
+                        ("--reasoning", reasoning)):
         if value is not None:
             args += [flag, str(value)]
     return args
@@ -85,6 +87,8 @@ def daemon_args(draft_kind: str | None, draft_block_size: int | None, prompt_loo
                    "command-r, or Jinja text")
 @click.option("--chat-template-file", default=None, type=click.Path(dir_okay=False, exists=True),
               help="file holding the Jinja chat template of a daemon started here")
+@click.option("--reasoning", default=None, type=click.Choice(["on", "off", "auto"]),
+              help="thinking in the chat template of a daemon started here (mlxd --reasoning; default auto)")
 @click.option("--n-predict", default=None, type=click.IntRange(-1),
               help="llama-server's --n-predict: the most tokens a /completion generates, and its default "
                    "(-1 or unset: until end of sequence)")
@@ -105,14 +109,14 @@ def daemon_args(draft_kind: str | None, draft_block_size: int | None, prompt_loo
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def main(daemons, model, alias, hosts, port, api_key, allowed_hosts, cors_origins, draft_kind, draft_block_size,
-         prompt_lookup_max_batch, seed, chat_template, chat_template_file, n_predict, metrics, slots, max_concurrency, max_requests_per_client, max_body_bytes, header_timeout,
+         prompt_lookup_max_batch, seed, chat_template, chat_template_file, reasoning, n_predict, metrics, slots, max_concurrency, max_requests_per_client, max_body_bytes, header_timeout,
          body_timeout, log_level):
     """Serve the mlxd daemon(s) over HTTP (OpenAI and llama-server APIs)."""
     import uvicorn
 
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     extra_args = daemon_args(draft_kind, draft_block_size, prompt_lookup_max_batch, seed, chat_template,
-                             chat_template_file)
+                             chat_template_file, reasoning)
     hosts = list(dict.fromkeys(name.strip() for value in hosts for name in value.split(",") if name.strip()))
     endpoints = list(dict.fromkeys(daemons))  # the same daemon twice would only skew the balance
     supervisor = None

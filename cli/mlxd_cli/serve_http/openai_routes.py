@@ -165,6 +165,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, respon
     prompt_fields: dict = {"messages": [message.to_protocol() for message in body.messages]}
     if body.continues_final_message():
         prompt_fields["continue_final_message"] = True
+    if body.chat_template_kwargs is not None:
+        prompt_fields["chat_template_kwargs"] = body.chat_template_kwargs
     builders = [request_builder(body, prompt_fields, body.max_completion_tokens or body.max_tokens, logprobs,
                                 chat=None, tool_fields=body.tool_fields(), choice=index) for index in range(body.n)]
     try:

@@ -1,0 +1,88 @@
+"""Thinking on / off in chat templates (``mlxd --reasoning``, ``chat_template_kwargs``): the rules, the
+tokens a rendering gives, and the daemon's answers through the protocol."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlxd_daemon.edge import chat_tokens, render_chat
+from mlxd_daemon.reasoning import close_open_thinking, template_variables, thinking_off
+from mlxd_protocol import Client, Generate, ProtocolError, Tokenize, new_request_id
+from mlxd_protocol.codec import encode
+
+from .conftest import STORIES, private_endpoint, start_daemon, stop_daemon
+
+# a DeepSeek-R1-like template: its generation prompt opens a thinking block itself
+FORCED_OPEN = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
+               "{% if add_generation_prompt %}<|assistant|><think>\n{% endif %}")
+# a Qwen3-like template: enable_thinking false writes an empty block, anything else leaves it to the model
+QWEN3_LIKE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+              "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and "
+              "enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}")
+
+
+def test_modes_set_enable_thinking_and_a_request_overrides_them():
+    assert template_variables("auto", None) == template_variables("on", None) == {"enable_thinking": True}
+    assert template_variables("off", {"enable_thinking": True, "x": 1}) == {"enable_thinking": True, "x": 1}
+    assert thinking_off(template_variables("off", None)) and not thinking_off({})
+
+
+@pytest.mark.parametrize("prompt,template,expected", [
+    ("<|assistant|><think>\n", FORCED_OPEN, "<|assistant|><think>\n</think>"),  # an open block is closed
+    ("<|im_start|>assistant\n<think>\n\n</think>\n\n", QWEN3_LIKE, "<|im_start|>assistant\n<think>\n\n</think>\n\n"),
+    ("<|CHATBOT_TOKEN|>", "{{ '<|START_THINKING|>' }}{{ '<|END_THINKING|>' }}",
+     "<|CHATBOT_TOKEN|><|START_THINKING|><|END_THINKING|>"),  # a template that knows a block: an empty one
+    ("<|im_start|>assistant\n", "no thinking here", "<|im_start|>assistant\n"),
+    ("<|im_start|>assistant\n", None, "<|im_start|>assistant\n"),
+])
+def test_close_open_thinking(prompt, template, expected):
+    assert close_open_thinking(prompt, template) == expected
+
+
+def test_rendered_tokens_are_the_templates_own(embedded_model):
+    """chat_tokens (render, then encode) gives what the tokenizer's own chat-template tokenizing gives."""
+    tokenizer = embedded_model.tokenizer
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi, twice."}]
+    assert chat_tokens(tokenizer, messages) == list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+    text = render_chat(tokenizer, messages, add_generation_prompt=False)
+    assert text == tokenizer.apply_chat_template(messages, add_generation_prompt=False, tokenize=False)
+
+
+@pytest.fixture(scope="module")
+def thinking_daemon():
+    """stories260K with a forced-open thinking template and --reasoning off."""
+    if not STORIES.is_dir():
+        pytest.skip(f"{STORIES} is not present")
+    endpoint = private_endpoint("r")
+    process = start_daemon(endpoint, "-m", str(STORIES), "--chat-template", FORCED_OPEN, "--reasoning", "off")
+    yield endpoint
+    stop_daemon(process, endpoint)
+
+
+def test_the_daemon_closes_the_block_unless_the_request_asks_for_thinking(thinking_daemon):
+    messages = [{"role": "user", "content": "What is today?"}]
+    with Client(thinking_daemon, timeout_s=30) as client:
+        closed = client.render_chat(messages)
+        assert closed.endswith("<|assistant|><think>\n</think>")
+        assert client.render_chat(messages, chat_template_kwargs={"enable_thinking": True}).endswith("<think>\n")
+        assert not client.render_chat(messages, add_generation_prompt=False).endswith("</think>")
+        tokens = client.tokenize(messages=messages)
+        assert tokens == client.tokenize(text=closed, add_special_tokens=False)
+        # a Generate of the same messages is prompted with those tokens
+        replies = list(client.generate(Generate(id=new_request_id(), messages=messages, max_tokens=1)))
+        assert replies[-1].usage["prompt_tokens"] == len(tokens)
+        opened = list(client.generate(Generate(id=new_request_id(), messages=messages, max_tokens=1,
+                                               chat_template_kwargs={"enable_thinking": True})))
+        assert opened[-1].usage["prompt_tokens"] == len(client.tokenize(text=closed.removesuffix("</think>"),
+                                                                        add_special_tokens=False))
+
+
+@pytest.mark.parametrize("fields,problem", [
+    ({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"tools": []}}, "set by the request"),
+    ({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"not a name": 1}}, "identifiers"),
+    ({"text": "x", "chat_template_kwargs": {"a": 1}}, "with messages only"),
+    ({"text": "x", "return_text": True}, "with messages only"),
+])
+def test_bad_template_fields_are_refused(fields, problem):
+    with pytest.raises(ProtocolError, match=problem):
+        encode(Tokenize(**fields))
