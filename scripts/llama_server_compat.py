@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-STORIES_260K = Path(os.environ.get("MLXD_STORIES260K", ROOT.parent / "shared" / "models" / "stories260K"))
+STORIES_260K = Path(os.environ.get("MLXD_STORIES260K", ROOT / "models" / "stories260K"))
 # (hub repository, file or None) -> the local copy of that model
 HUB_MODELS = {
     ("ggml-org/test-model-stories260K", None): STORIES_260K,

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from .model_paths import STORIES_260K
+
 ROOT = Path(__file__).resolve().parent.parent
-STORIES_260K = ROOT.parent / "shared" / "models" / "stories260K"
 
 
 @pytest.fixture(scope="session")

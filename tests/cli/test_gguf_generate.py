@@ -15,9 +15,8 @@ import pytest
 
 from mlxd_engine.default_model import downloaded_gguf
 
-from ..daemon.conftest import ROOT
+from ..model_paths import SMOLLM2
 
-SMOLLM2 = ROOT.parent / "shared" / "models" / "smollm2-135m-instruct-q4"
 GGUF = downloaded_gguf()
 PROMPTS = ("What is the capital of France?", "Repeat the following sentence exactly: the cat sat on the mat by the door.")
 

@@ -15,8 +15,10 @@ import pytest
 
 from mlxd_protocol import Client
 
+from ..model_paths import STORIES_260K
+
 ROOT = Path(__file__).resolve().parents[2]
-STORIES = ROOT.parent / "shared" / "models" / "stories260K"
+STORIES = STORIES_260K
 
 
 def start_daemon(endpoint: str, *args: str, timeout_s: float = 120.0) -> subprocess.Popen:

@@ -31,9 +31,9 @@ import pytest
 from mlxd_protocol import Client, DaemonError, Generate, Speculative
 
 from .conftest import private_endpoint, start_daemon, stop_daemon
+from ..model_paths import SMOLLM2
 
 ROOT = Path(__file__).resolve().parents[2]
-SMOLLM2 = ROOT.parent / "shared" / "models" / "smollm2-135m-instruct-q4"
 MLXD = [sys.executable, "-m", "mlxd_daemon"]
 COPY = ("Repeat the following paragraph exactly: The quick brown fox jumps over the lazy dog. "
         "A stitch in time saves nine, and the early bird catches the worm.")

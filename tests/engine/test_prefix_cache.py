@@ -7,7 +7,6 @@ request on an engine without a cache, token for token (greedy), with and without
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
@@ -16,6 +15,7 @@ from mlxd_engine.prefix_cache import PrefixCache
 from mlxd_scheduler.single_sequence import generate_plain, generate_with_prompt_lookup
 
 from .architectures import build, loaded, prompt, repeating_prompt
+from ..model_paths import SMOLLM2
 
 BUDGET = 64 * 2**20
 
@@ -134,9 +134,6 @@ def test_lru_eviction_budget_and_superseded_entries():
     assert boundary.lookup([1, 2, 3, 9, 9]) == (None, 0)
     assert boundary.lookup([1, 2, 3, 4, 5])[1] == 4
     assert boundary.lookup([1, 2, 3, 4]) == (None, 0)  # nothing would be left to forward
-
-
-SMOLLM2 = Path(__file__).resolve().parents[2].parent / "shared" / "models" / "smollm2-135m-instruct-q4"
 
 
 @pytest.mark.slow

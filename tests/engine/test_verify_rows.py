@@ -10,7 +10,6 @@ stories260K, SmolLM2 (slow); storage kinds: contiguous and paged attention, slid
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
@@ -18,6 +17,7 @@ from mlxd_engine import Engine, verify_rows
 from mlxd_scheduler.single_sequence import generate_plain
 
 from .architectures import build, loaded, prompt
+from ..model_paths import SMOLLM2
 
 NEW_TOKENS = 30
 LENGTHS = (70, 41, 23, 9)
@@ -108,9 +108,6 @@ def test_a_stop_or_eos_inside_an_accepted_block_ends_only_its_row(stories_model)
     assert outcomes[2].finish_reason is None and rows[2].output == references[2][:10]  # 1 + 8 accepted + its own
     for row in rows:
         assert row.kv.pending == 0
-
-
-SMOLLM2 = Path(__file__).resolve().parents[2].parent / "shared" / "models" / "smollm2-135m-instruct-q4"
 
 
 @pytest.mark.slow

@@ -144,3 +144,12 @@ def test_chat_template_kwargs_are_checked_on_chat_completions(llama_gateway):
     response = llama_gateway.client.post("/v1/chat/completions", json={
         "messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"messages": []}})
     assert response.status_code == 400 and "chat_template_kwargs" in response.text
+
+
+def test_chat_input_tokens_counts_the_prompt_of_a_chat_completion(llama_gateway):
+    chat = {"messages": [{"role": "system", "content": "Book"}, {"role": "user", "content": "What is the best book"}]}
+    for path in ("/chat/completions/input_tokens", "/v1/chat/completions/input_tokens"):
+        counted = llama_gateway.client.post(path, json=chat).json()["input_tokens"]
+        answer = llama_gateway.client.post("/v1/chat/completions", json={**chat, "max_tokens": 1}).json()
+        assert counted == answer["usage"]["prompt_tokens"] > 5
+    assert llama_gateway.client.post("/chat/completions/input_tokens", json={"messages": []}).status_code == 400

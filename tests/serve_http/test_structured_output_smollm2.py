@@ -12,10 +12,10 @@ import jsonschema
 import openai
 import pytest
 
-from ..daemon.conftest import ROOT, private_endpoint, start_daemon, stop_daemon
+from ..daemon.conftest import private_endpoint, start_daemon, stop_daemon
 from .conftest import Gateway
+from ..model_paths import SMOLLM2
 
-SMOLLM2 = ROOT.parent / "shared" / "models" / "smollm2-135m-instruct-q4"
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not SMOLLM2.is_dir(), reason=f"{SMOLLM2} is not present")]
 
 PERSON = "Alice Smith is 34 years old, lives in Paris, France, and likes chess and tennis."

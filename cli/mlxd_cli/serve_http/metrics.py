@@ -48,7 +48,8 @@ RECENT_REQUESTS = 16
 KNOWN_ENDPOINTS = frozenset({
     "/v1/chat/completions", "/v1/completions", "/v1/models", "/completion", "/tokenize", "/detokenize",
     "/health", "/metrics", "/openapi.json", "/docs", "/completions", "/chat/completions", "/models", "/props",
-    "/slots", "/apply-template",
+    "/slots", "/apply-template", "/v1/chat/completions/input_tokens", "/chat/completions/input_tokens",
+    "/v1/responses", "/v1/messages", "/v1/messages/count_tokens", "/v1/embeddings", "/embedding", "/embeddings",
 })
 # Status.totals key -> metric name suffix.
 DAEMON_TOTALS = {

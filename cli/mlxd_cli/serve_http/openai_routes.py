@@ -20,6 +20,10 @@ Contract:
     * Chat: text content parts are joined with a newline (as llama-server joins them). A final assistant
       message is continued (assistant prefill: the template applied without a generation prompt, the reply
       being only the continuation), unless ``continue_final_message`` is false (vLLM's field).
+    * ``POST /v1/chat/completions/input_tokens`` (and llama-server's ``/chat/completions/input_tokens``):
+      ``{"input_tokens": n}``, the tokens the chat template makes of the body's ``messages``, ``tools`` and
+      ``chat_template_kwargs`` (nothing is generated; a final assistant message is counted as a finished
+      turn, so a prefill's count is a few tokens over).
     * finish_reason: the daemon's "stop" and "length" as they are; "cancelled" (only seen when the
       client already left, or the daemon was shut down) is reported as "stop"; "tool_calls" when the
       model ended its turn with tool calls.
@@ -43,7 +47,7 @@ from mlxd_protocol import Done, Generate, new_request_id
 
 from .choice_streams import ChoiceStreams, collect_choices, open_choices
 from .context import gateway
-from .daemon_pool import DaemonHandle
+from .daemon_pool import DaemonHandle, call_daemon
 from .errors import ERROR_RESPONSES, ApiError, NoDaemonAvailable, from_daemon_failure
 from .json_body import JsonBodyRoute
 from .schemas import (
@@ -254,6 +258,24 @@ def _chat_events(choices: ChoiceStreams, request: Request, reply_id: str, create
 
 
 # ---- /v1/completions -------------------------------------------------------------------------
+
+
+@router.post("/v1/chat/completions/input_tokens", responses=ERROR_RESPONSES)
+@router.post("/chat/completions/input_tokens", include_in_schema=False)  # llama-server's name for it
+async def chat_input_tokens(body: ChatCompletionRequest, request: Request) -> dict:
+    """The number of prompt tokens a chat completion of this body would have."""
+    messages = [message.to_protocol() for message in body.messages]
+    tools = body.tool_fields().get("tools")
+    generation_prompt = not body.continues_final_message()
+
+    async def count(client) -> int:
+        text = await client.render_chat(messages, tools, generation_prompt, body.chat_template_kwargs)
+        return len(await client.tokenize(text=text, add_special_tokens=False))
+
+    try:
+        return {"input_tokens": await call_daemon(gateway(request).pool, count)}
+    except ApiError as error:
+        raise name_daemon_field(error, CHAT_FIELDS) from error
 
 
 @router.post("/v1/completions", response_model=Completion, responses={**STREAM_RESPONSES, **ERROR_RESPONSES})
