@@ -178,9 +178,9 @@ def tokenize(ctx: HandlerContext, identity: bytes, message: Tokenize) -> Message
 
     def work() -> tuple[list[int], str | None]:
         if message.messages is not None:
-            text = render_chat(tokenizer, message.messages, message.tools,
-                               variables=template_variables(ctx.reasoning, message.chat_template_kwargs),
-                               add_generation_prompt=message.add_generation_prompt)
+            text = render_chat(tokenizer, message.messages, message.tools, message.continue_final_message,
+                               template_variables(ctx.reasoning, message.chat_template_kwargs),
+                               message.add_generation_prompt)
             return list(tokenizer.encode(text, add_special_tokens=False)), text
         return list(tokenizer.encode(message.text, add_special_tokens=message.add_special_tokens)), None
 

@@ -290,7 +290,8 @@ class Client:
         return self._call(request, TokenizeResult).tokens
 
     def render_chat(self, messages: list[dict], tools: list[dict] | None = None,
-                    add_generation_prompt: bool = True, chat_template_kwargs: dict | None = None) -> str:
+                    add_generation_prompt: bool = True, chat_template_kwargs: dict | None = None,
+                    continue_final_message: bool = False) -> str:
         """The prompt text of chat ``messages`` through the model's chat template (what a Generate of them
         would be given; llama-server's /apply-template).
 
@@ -299,12 +300,14 @@ class Client:
             tools: Tool definitions the template renders.
             add_generation_prompt: End with the assistant's header.
             chat_template_kwargs: Extra template variables (e.g. ``{"enable_thinking": False}``).
+            continue_final_message: Continue the last (assistant) message, as a Generate's assistant prefill.
 
         Returns:
             The rendered text.
         """
         request = Tokenize(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                           chat_template_kwargs=chat_template_kwargs, return_text=True, id=new_request_id())
+                           chat_template_kwargs=chat_template_kwargs, return_text=True,
+                           continue_final_message=continue_final_message, id=new_request_id())
         return self._call(request, TokenizeResult).text
 
     def detokenize(self, tokens: list[int]) -> str:

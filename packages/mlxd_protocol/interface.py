@@ -35,7 +35,8 @@ class DaemonClient(Protocol):
         """Token ids of text, or of chat messages (with ``tools``) through the chat template."""
 
     def render_chat(self, messages: list[dict], tools: list[dict] | None = None,
-                    add_generation_prompt: bool = True, chat_template_kwargs: dict | None = None) -> str:
+                    add_generation_prompt: bool = True, chat_template_kwargs: dict | None = None,
+                    continue_final_message: bool = False) -> str:
         """The prompt text of chat messages through the chat template (llama-server's /apply-template)."""
 
     def detokenize(self, tokens: list[int]) -> str:

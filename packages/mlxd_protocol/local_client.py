@@ -129,9 +129,11 @@ class LocalClient:
         return self._call(request, TokenizeResult).tokens
 
     def render_chat(self, messages: list[dict], tools: list[dict] | None = None,
-                    add_generation_prompt: bool = True, chat_template_kwargs: dict | None = None) -> str:
+                    add_generation_prompt: bool = True, chat_template_kwargs: dict | None = None,
+                    continue_final_message: bool = False) -> str:
         request = Tokenize(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                           chat_template_kwargs=chat_template_kwargs, return_text=True, id=new_request_id())
+                           chat_template_kwargs=chat_template_kwargs, return_text=True,
+                           continue_final_message=continue_final_message, id=new_request_id())
         return self._call(request, TokenizeResult).text
 
     def detokenize(self, tokens: list[int]) -> str:

@@ -298,13 +298,18 @@ class Tokenize(Message):
     add_generation_prompt: bool = True
     chat_template_kwargs: dict | None = None  # messages only: as Generate's
     return_text: bool = False  # messages only: the reply carries the rendered prompt text as well
+    # messages only: the last message (an assistant's) is continued, as a Generate's (so a prefill counts exactly)
+    continue_final_message: bool = False
 
     def validate(self) -> None:
         _exactly_one(self, ("text", "messages"))
         _check_chat_messages(self.messages, "messages")
         _check_template_kwargs(self.chat_template_kwargs, self.messages)
-        _require(self.messages is not None or (self.add_generation_prompt and not self.return_text),
-                 "add_generation_prompt / return_text: with messages only")
+        _require(self.messages is not None or (self.add_generation_prompt and not self.return_text
+                                               and not self.continue_final_message),
+                 "add_generation_prompt / return_text / continue_final_message: with messages only")
+        _require(not self.continue_final_message or self.messages[-1].get("role") == "assistant",
+                 "continue_final_message: the last message must be the assistant's")
         _require(self.tools is None or (self.messages is not None and 0 < len(self.tools) <= 128
                                         and all(_tool_name(tool) for tool in self.tools)),
                  "tools: with messages only; 1 to 128 maps, each {\"type\": \"function\", \"function\": {\"name\": str, ...}}")

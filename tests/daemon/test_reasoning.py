@@ -82,6 +82,7 @@ def test_the_daemon_closes_the_block_unless_the_request_asks_for_thinking(thinki
     ({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"not a name": 1}}, "identifiers"),
     ({"text": "x", "chat_template_kwargs": {"a": 1}}, "with messages only"),
     ({"text": "x", "return_text": True}, "with messages only"),
+    ({"messages": [{"role": "user", "content": "x"}], "continue_final_message": True}, "the assistant's"),
 ])
 def test_bad_template_fields_are_refused(fields, problem):
     with pytest.raises(ProtocolError, match=problem):

@@ -165,6 +165,8 @@ def test_assistant_prefill_is_continued(client):
     prefilled = [*QUESTION, {"role": "assistant", "content": "Once upon a time"}]
     reply = client.messages.create(model="tiny", max_tokens=8, extra_body=GREEDY, messages=prefilled)
     assert reply.usage.output_tokens > 0 and reply.stop_reason in ("end_turn", "max_tokens")
+    counted = client.messages.count_tokens(model="tiny", messages=prefilled)  # the prefill counted exactly
+    assert counted.input_tokens == reply.usage.input_tokens + reply.usage.cache_read_input_tokens
 
 
 def test_x_api_key_and_bearer_auth_and_anthropic_401(gateway):

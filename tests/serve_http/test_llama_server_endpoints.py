@@ -152,4 +152,8 @@ def test_chat_input_tokens_counts_the_prompt_of_a_chat_completion(llama_gateway)
         counted = llama_gateway.client.post(path, json=chat).json()["input_tokens"]
         answer = llama_gateway.client.post("/v1/chat/completions", json={**chat, "max_tokens": 1}).json()
         assert counted == answer["usage"]["prompt_tokens"] > 5
+    prefilled = {"messages": [*chat["messages"], {"role": "assistant", "content": "Once upon"}]}
+    counted = llama_gateway.client.post("/chat/completions/input_tokens", json=prefilled).json()["input_tokens"]
+    answer = llama_gateway.client.post("/v1/chat/completions", json={**prefilled, "max_tokens": 1}).json()
+    assert counted == answer["usage"]["prompt_tokens"]
     assert llama_gateway.client.post("/chat/completions/input_tokens", json={"messages": []}).status_code == 400

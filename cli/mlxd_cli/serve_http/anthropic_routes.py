@@ -18,8 +18,7 @@ Contract:
       daemon failure mid-stream is one ``error`` event in Anthropic's error shape.
     * count_tokens is the number of tokens the daemon's chat template makes of the same conversation and
       tools (a Tokenize with messages and tools): ``input_tokens`` + ``cache_read_input_tokens`` of the
-      same Generate (a final assistant message is counted as a finished turn, not as a prefill, so such a
-      count is a few tokens over). Errors on these paths have Anthropic's shape (``errors.uses_anthropic_shape``).
+      same Generate (a final assistant message counted as the prefill it is). Errors on these paths have Anthropic's shape (``errors.uses_anthropic_shape``).
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ from fastapi import APIRouter, Request, Response
 from mlxd_protocol import Done, Generate, new_request_id
 
 from .context import gateway
-from .daemon_pool import DaemonHandle, DaemonPool, GenerationStream, call_daemon, open_generation
+from .daemon_pool import DaemonHandle, DaemonPool, GenerationStream, call_daemon, count_chat_tokens, open_generation
 from .errors import ApiError, anthropic_error_body
 from .json_body import JsonBodyRoute, UnsafeJson, parse_json
 from .request_fields import name_daemon_field
@@ -209,7 +208,7 @@ async def count_conversation_tokens(pool: DaemonPool, body: MessagesInput) -> in
     conversation = body.chat_conversation()
     tools = body.tool_fields().get("tools")
     try:
-        tokens = await call_daemon(pool, lambda client: client.tokenize(messages=conversation.messages, tools=tools))
+        return await call_daemon(pool, lambda client: count_chat_tokens(
+            client, conversation.messages, tools, continue_final_message=conversation.continue_final_message))
     except ApiError as error:
         raise _refusal_named_for_http(error) from error
-    return len(tokens)

@@ -22,8 +22,7 @@ Contract:
       being only the continuation), unless ``continue_final_message`` is false (vLLM's field).
     * ``POST /v1/chat/completions/input_tokens`` (and llama-server's ``/chat/completions/input_tokens``):
       ``{"input_tokens": n}``, the tokens the chat template makes of the body's ``messages``, ``tools`` and
-      ``chat_template_kwargs`` (nothing is generated; a final assistant message is counted as a finished
-      turn, so a prefill's count is a few tokens over).
+      ``chat_template_kwargs`` (nothing is generated; a final assistant message counted as the prefill it is).
     * finish_reason: the daemon's "stop" and "length" as they are; "cancelled" (only seen when the
       client already left, or the daemon was shut down) is reported as "stop"; "tool_calls" when the
       model ended its turn with tool calls.
@@ -47,7 +46,7 @@ from mlxd_protocol import Done, Generate, new_request_id
 
 from .choice_streams import ChoiceStreams, collect_choices, open_choices
 from .context import gateway
-from .daemon_pool import DaemonHandle, call_daemon
+from .daemon_pool import DaemonHandle, call_daemon, count_chat_tokens
 from .errors import ERROR_RESPONSES, ApiError, NoDaemonAvailable, from_daemon_failure
 from .json_body import JsonBodyRoute
 from .schemas import (
@@ -266,14 +265,9 @@ async def chat_input_tokens(body: ChatCompletionRequest, request: Request) -> di
     """The number of prompt tokens a chat completion of this body would have."""
     messages = [message.to_protocol() for message in body.messages]
     tools = body.tool_fields().get("tools")
-    generation_prompt = not body.continues_final_message()
-
-    async def count(client) -> int:
-        text = await client.render_chat(messages, tools, generation_prompt, body.chat_template_kwargs)
-        return len(await client.tokenize(text=text, add_special_tokens=False))
-
     try:
-        return {"input_tokens": await call_daemon(gateway(request).pool, count)}
+        return {"input_tokens": await call_daemon(gateway(request).pool, lambda client: count_chat_tokens(
+            client, messages, tools, body.chat_template_kwargs, body.continues_final_message()))}
     except ApiError as error:
         raise name_daemon_field(error, CHAT_FIELDS) from error
 
