@@ -22,6 +22,7 @@ from mlxd_protocol.endpoints import default_endpoint
 from .convert_command import convert_gguf_command
 from .host_limits import HostLimits
 from .options import DaemonOptions, SamplingDefaults
+from .reasoning import REASONING_MODES
 from .speculative import resolve_speculative
 
 
@@ -85,7 +86,7 @@ def _endpoint_option(function):
 @click.option("--pooling", default="mean", show_default=True, type=click.Choice(["mean", "last", "cls", "none"]),
               help="embeddings: how the last hidden state's token vectors become one vector per input "
                    "(none: a vector per token, for llama-server's /embedding)")
-@click.option("--reasoning", default="auto", show_default=True, type=click.Choice(["on", "off", "auto"]),
+@click.option("--reasoning", default="auto", show_default=True, type=click.Choice(REASONING_MODES),
               help="thinking in chat templates that have it: on, off (enable_thinking false, an open thinking block "
                    "closed), or auto (the same as on: thinking wherever the template has it); a request's chat_template_kwargs override it")
 @click.option("--host-workers", default=2, show_default=True, type=click.IntRange(1, 64),

@@ -29,7 +29,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from .client import (
     CLOSE_LINGER_MS, DaemonError, DaemonTimeout, connect_dealer, needs_hello, new_request_id, resolve_auth_token,
-    unwrap_reply)
+    tokenize_request, unwrap_reply)
 from .codec import ProtocolError, decode, encode
 from .endpoints import default_endpoint
 from .messages import (
@@ -297,41 +297,20 @@ class AsyncClient:
             return False
 
     async def tokenize(self, text: str | None = None, messages: list[dict] | None = None,
-                       add_special_tokens: bool = True, tools: list[dict] | None = None) -> list[int]:
-        """Tokenize text, or chat messages through the model's chat template.
-
-        Args:
-            text: Plain text (exactly one of text / messages).
-            messages: Chat messages, each ``{"role": ..., "content": ...}``.
-            add_special_tokens: Let the tokenizer add BOS and the like.
-            tools: Tool definitions the chat template renders with ``messages`` (as a Generate's).
-
-        Returns:
-            The token ids.
-        """
-        request = Tokenize(text=text, messages=messages, add_special_tokens=add_special_tokens,
-                           id=new_request_id(), tools=tools)
+                       add_special_tokens: bool = True, tools: list[dict] | None = None,
+                       chat_template_kwargs: dict | None = None, continue_final_message: bool = False) -> list[int]:
+        """Tokenize text, or chat messages through the model's chat template (as ``Client.tokenize``)."""
+        request = tokenize_request(text, messages, add_special_tokens, tools, chat_template_kwargs=chat_template_kwargs,
+                                   continue_final_message=continue_final_message)
         return (await self._call(request, TokenizeResult)).tokens
 
     async def render_chat(self, messages: list[dict], tools: list[dict] | None = None,
                           add_generation_prompt: bool = True, chat_template_kwargs: dict | None = None,
                           continue_final_message: bool = False) -> str:
-        """The prompt text of chat ``messages`` through the model's chat template (what a Generate of them
-        would be given; llama-server's /apply-template).
-
-        Args:
-            messages: Chat messages, each ``{"role": ..., "content": ...}``.
-            tools: Tool definitions the template renders.
-            add_generation_prompt: End with the assistant's header.
-            chat_template_kwargs: Extra template variables (e.g. ``{"enable_thinking": False}``).
-            continue_final_message: Continue the last (assistant) message, as a Generate's assistant prefill.
-
-        Returns:
-            The rendered text.
-        """
-        request = Tokenize(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                           chat_template_kwargs=chat_template_kwargs, return_text=True,
-                           continue_final_message=continue_final_message, id=new_request_id())
+        """The prompt text of chat messages through the chat template (as ``Client.render_chat``)."""
+        request = tokenize_request(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                                   chat_template_kwargs=chat_template_kwargs,
+                                   continue_final_message=continue_final_message, return_text=True)
         return (await self._call(request, TokenizeResult)).text
 
     async def detokenize(self, tokens: list[int]) -> str:

@@ -66,6 +66,16 @@ def new_request_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
+def tokenize_request(text: str | None = None, messages: list[dict] | None = None, add_special_tokens: bool = True,
+                     tools: list[dict] | None = None, *, add_generation_prompt: bool = True,
+                     chat_template_kwargs: dict | None = None, continue_final_message: bool = False,
+                     return_text: bool = False) -> Tokenize:
+    """The Tokenize every client sends for its ``tokenize`` and ``render_chat`` (fields as ``Tokenize``'s)."""
+    return Tokenize(text=text, messages=messages, add_special_tokens=add_special_tokens, tools=tools,
+                    add_generation_prompt=add_generation_prompt, chat_template_kwargs=chat_template_kwargs,
+                    continue_final_message=continue_final_message, return_text=return_text, id=new_request_id())
+
+
 def resolve_auth_token(auth_token: str | None) -> str | None:
     """The token to authenticate with: ``auth_token``, else ``$MLXD_AUTH_TOKEN``, else None."""
     if auth_token is not None:
@@ -273,7 +283,8 @@ class Client:
             return False
 
     def tokenize(self, text: str | None = None, messages: list[dict] | None = None,
-                 add_special_tokens: bool = True, tools: list[dict] | None = None) -> list[int]:
+                 add_special_tokens: bool = True, tools: list[dict] | None = None,
+                 chat_template_kwargs: dict | None = None, continue_final_message: bool = False) -> list[int]:
         """Tokenize text, or chat messages through the model's chat template.
 
         Args:
@@ -281,33 +292,25 @@ class Client:
             messages: Chat messages, each ``{"role": ..., "content": ...}``.
             add_special_tokens: Let the tokenizer add BOS and the like.
             tools: Tool definitions the chat template renders with ``messages`` (as a Generate's).
+            chat_template_kwargs: Extra template variables (e.g. ``{"enable_thinking": False}``).
+            continue_final_message: Continue the last (assistant) message, as a Generate's assistant prefill.
 
         Returns:
-            The token ids.
+            The token ids (for messages: a Generate of the same fields is prompted with exactly these).
         """
-        request = Tokenize(text=text, messages=messages, add_special_tokens=add_special_tokens,
-                           id=new_request_id(), tools=tools)
+        request = tokenize_request(text, messages, add_special_tokens, tools, chat_template_kwargs=chat_template_kwargs,
+                                   continue_final_message=continue_final_message)
         return self._call(request, TokenizeResult).tokens
 
     def render_chat(self, messages: list[dict], tools: list[dict] | None = None,
                     add_generation_prompt: bool = True, chat_template_kwargs: dict | None = None,
                     continue_final_message: bool = False) -> str:
         """The prompt text of chat ``messages`` through the model's chat template (what a Generate of them
-        would be given; llama-server's /apply-template).
-
-        Args:
-            messages: Chat messages, each ``{"role": ..., "content": ...}``.
-            tools: Tool definitions the template renders.
-            add_generation_prompt: End with the assistant's header.
-            chat_template_kwargs: Extra template variables (e.g. ``{"enable_thinking": False}``).
-            continue_final_message: Continue the last (assistant) message, as a Generate's assistant prefill.
-
-        Returns:
-            The rendered text.
-        """
-        request = Tokenize(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                           chat_template_kwargs=chat_template_kwargs, return_text=True,
-                           continue_final_message=continue_final_message, id=new_request_id())
+        would be given; llama-server's /apply-template). Arguments as ``tokenize``'s; ``add_generation_prompt``
+        false ends the rendering without the assistant's header."""
+        request = tokenize_request(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                                   chat_template_kwargs=chat_template_kwargs,
+                                   continue_final_message=continue_final_message, return_text=True)
         return self._call(request, TokenizeResult).text
 
     def detokenize(self, tokens: list[int]) -> str:

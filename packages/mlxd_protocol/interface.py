@@ -31,8 +31,10 @@ class DaemonClient(Protocol):
         """True when the daemon answers; never raises."""
 
     def tokenize(self, text: str | None = None, messages: list[dict] | None = None,
-                 add_special_tokens: bool = True, tools: list[dict] | None = None) -> list[int]:
-        """Token ids of text, or of chat messages (with ``tools``) through the chat template."""
+                 add_special_tokens: bool = True, tools: list[dict] | None = None,
+                 chat_template_kwargs: dict | None = None, continue_final_message: bool = False) -> list[int]:
+        """Token ids of text, or of chat messages (with ``tools``, template variables, a continued final
+        message) through the chat template."""
 
     def render_chat(self, messages: list[dict], tools: list[dict] | None = None,
                     add_generation_prompt: bool = True, chat_template_kwargs: dict | None = None,

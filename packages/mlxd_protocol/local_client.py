@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
-from .client import DaemonError, new_request_id, unwrap_reply
+from .client import DaemonError, new_request_id, tokenize_request, unwrap_reply
 from .codec import decode, encode
 from .messages import (
     INTERNAL, Cancel, Chunk, Detokenize, DetokenizeResult, Done, Embed, EmbedResult, Generate, Hello, Message, Ok,
@@ -123,17 +123,18 @@ class LocalClient:
             return False
 
     def tokenize(self, text: str | None = None, messages: list[dict] | None = None,
-                 add_special_tokens: bool = True, tools: list[dict] | None = None) -> list[int]:
-        request = Tokenize(text=text, messages=messages, add_special_tokens=add_special_tokens, id=new_request_id(),
-                           tools=tools)
+                 add_special_tokens: bool = True, tools: list[dict] | None = None,
+                 chat_template_kwargs: dict | None = None, continue_final_message: bool = False) -> list[int]:
+        request = tokenize_request(text, messages, add_special_tokens, tools, chat_template_kwargs=chat_template_kwargs,
+                                   continue_final_message=continue_final_message)
         return self._call(request, TokenizeResult).tokens
 
     def render_chat(self, messages: list[dict], tools: list[dict] | None = None,
                     add_generation_prompt: bool = True, chat_template_kwargs: dict | None = None,
                     continue_final_message: bool = False) -> str:
-        request = Tokenize(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                           chat_template_kwargs=chat_template_kwargs, return_text=True,
-                           continue_final_message=continue_final_message, id=new_request_id())
+        request = tokenize_request(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                                   chat_template_kwargs=chat_template_kwargs,
+                                   continue_final_message=continue_final_message, return_text=True)
         return self._call(request, TokenizeResult).text
 
     def detokenize(self, tokens: list[int]) -> str:

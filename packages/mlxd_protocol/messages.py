@@ -98,6 +98,16 @@ def _check_template_kwargs(kwargs: dict | None, messages: list[dict] | None) -> 
     if kwargs is None:
         return
     _require(messages is not None, "chat_template_kwargs: with messages only")
+    check_template_kwargs(kwargs)
+
+
+def check_template_kwargs(kwargs: dict) -> None:
+    """The names ``chat_template_kwargs`` may hold (the HTTP gateway checks bodies with it too).
+
+    Raises:
+        FieldError: more than ``MAX_TEMPLATE_KWARGS`` names, a name that is not an identifier, or one the
+            request's own fields set (``RENDER_ARGUMENTS``).
+    """
     _require(len(kwargs) <= MAX_TEMPLATE_KWARGS, f"chat_template_kwargs: at most {MAX_TEMPLATE_KWARGS} names")
     _require(all(name.isidentifier() for name in kwargs), "chat_template_kwargs: names must be identifiers")
     _require(not set(kwargs) & RENDER_ARGUMENTS,

@@ -32,7 +32,7 @@ from fastapi import APIRouter, Request, Response
 from mlxd_protocol import Done, Generate, new_request_id
 
 from .context import gateway
-from .daemon_pool import DaemonHandle, DaemonPool, GenerationStream, call_daemon, count_chat_tokens, open_generation
+from .daemon_pool import DaemonHandle, DaemonPool, GenerationStream, call_daemon, open_generation
 from .errors import ApiError, anthropic_error_body
 from .json_body import JsonBodyRoute, UnsafeJson, parse_json
 from .request_fields import name_daemon_field
@@ -208,7 +208,8 @@ async def count_conversation_tokens(pool: DaemonPool, body: MessagesInput) -> in
     conversation = body.chat_conversation()
     tools = body.tool_fields().get("tools")
     try:
-        return await call_daemon(pool, lambda client: count_chat_tokens(
-            client, conversation.messages, tools, continue_final_message=conversation.continue_final_message))
+        tokens = await call_daemon(pool, lambda client: client.tokenize(
+            messages=conversation.messages, tools=tools, continue_final_message=conversation.continue_final_message))
     except ApiError as error:
         raise _refusal_named_for_http(error) from error
+    return len(tokens)

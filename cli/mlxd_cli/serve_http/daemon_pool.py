@@ -420,10 +420,3 @@ async def call_daemon(pool: DaemonPool, operation: Callable[[AsyncClient], Await
     except (NoDaemonAvailable, DaemonError, DaemonTimeout, ProtocolError) as error:
         raise from_daemon_failure(error) from error
 
-
-async def count_chat_tokens(client: AsyncClient, messages: list[dict], tools: list[dict] | None = None,
-                            chat_template_kwargs: dict | None = None, continue_final_message: bool = False) -> int:
-    """The prompt tokens a chat Generate of these fields would have: its rendering through the daemon's chat
-    template, tokenized as the daemon tokenizes it (no special tokens added; the template writes its own)."""
-    text = await client.render_chat(messages, tools, True, chat_template_kwargs, continue_final_message)
-    return len(await client.tokenize(text=text, add_special_tokens=False))

@@ -46,7 +46,7 @@ from mlxd_protocol import Done, Generate, new_request_id
 
 from .choice_streams import ChoiceStreams, collect_choices, open_choices
 from .context import gateway
-from .daemon_pool import DaemonHandle, call_daemon, count_chat_tokens
+from .daemon_pool import DaemonHandle, call_daemon
 from .errors import ERROR_RESPONSES, ApiError, NoDaemonAvailable, from_daemon_failure
 from .json_body import JsonBodyRoute
 from .schemas import (
@@ -266,10 +266,12 @@ async def chat_input_tokens(body: ChatCompletionRequest, request: Request) -> di
     messages = [message.to_protocol() for message in body.messages]
     tools = body.tool_fields().get("tools")
     try:
-        return {"input_tokens": await call_daemon(gateway(request).pool, lambda client: count_chat_tokens(
-            client, messages, tools, body.chat_template_kwargs, body.continues_final_message()))}
+        tokens = await call_daemon(gateway(request).pool, lambda client: client.tokenize(
+            messages=messages, tools=tools, chat_template_kwargs=body.chat_template_kwargs,
+            continue_final_message=body.continues_final_message()))
     except ApiError as error:
         raise name_daemon_field(error, CHAT_FIELDS) from error
+    return {"input_tokens": len(tokens)}
 
 
 @router.post("/v1/completions", response_model=Completion, responses={**STREAM_RESPONSES, **ERROR_RESPONSES})

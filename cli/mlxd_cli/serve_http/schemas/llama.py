@@ -16,7 +16,7 @@ from pydantic import Field, field_validator
 
 from mlxd_protocol.messages import MAX_LOGPROBS
 
-from .requests import ChatMessage, LlamaCompletionRequest, RequestBody, StrictModel, Tool, check_template_kwargs
+from .requests import ChatMessage, LlamaCompletionRequest, RequestBody, StrictModel, TemplateKwargs, Tool
 
 MAX_PROMPTS = 32  # prompts of one /completion; each is a generation of its own on the daemons
 MAX_RESPONSE_FIELDS = 64
@@ -95,9 +95,4 @@ class ApplyTemplateBody(RequestBody):
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[Tool] | None = Field(None, max_length=128)
     add_generation_prompt: bool = True
-    chat_template_kwargs: dict[str, Any] | None = None
-
-    @field_validator("chat_template_kwargs")
-    @classmethod
-    def _template_kwargs(cls, value):
-        return check_template_kwargs(value)
+    chat_template_kwargs: TemplateKwargs = None

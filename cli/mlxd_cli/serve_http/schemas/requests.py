@@ -22,7 +22,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInf
 from mlxd_protocol import Constraint, Sampling, Speculative
 from mlxd_protocol.field_checks import MAX_LIST_ITEMS
 from mlxd_protocol.messages import (
-    MAX_DRAFT_LIMIT, MAX_EMBED_INPUTS, MAX_LOGPROBS, MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_TEMPLATE_KWARGS, RENDER_ARGUMENTS)
+    MAX_DRAFT_LIMIT, MAX_EMBED_INPUTS, MAX_LOGPROBS, MAX_STOP_CHARS, MAX_STOP_STRINGS, check_template_kwargs)
 
 from ..json_body import INT64_MAX, UnsafeJson, parse_json
 
@@ -48,20 +48,14 @@ class RequestBody(StrictModel):
 # ---- shared request parts --------------------------------------------------------------------
 
 
-def check_template_kwargs(value: dict | None) -> dict | None:
-    """``chat_template_kwargs``: at most ``MAX_TEMPLATE_KWARGS`` identifier names, none of the ones the request
-    sets through its own fields (the protocol's rule, checked here for a 400 that names the field)."""
-    if value is None:
-        return None
-    if len(value) > MAX_TEMPLATE_KWARGS:
-        raise ValueError(f"at most {MAX_TEMPLATE_KWARGS} names")
-    bad = sorted(name for name in value if not name.isidentifier())
-    if bad:
-        raise ValueError(f"names must be identifiers: {bad[:3]}")
-    reserved = sorted(set(value) & RENDER_ARGUMENTS)
-    if reserved:
-        raise ValueError(f"{reserved} are set by the request's own fields")
+def _template_kwargs(value: dict | None) -> dict | None:
+    if value is not None:
+        check_template_kwargs(value)  # the protocol's rule, checked here for a 400 that names the field
     return value
+
+
+# vLLM's and llama-server's chat_template_kwargs: extra chat-template variables, e.g. {"enable_thinking": false}
+TemplateKwargs = Annotated[dict[str, Any] | None, AfterValidator(_template_kwargs)]
 
 
 
@@ -381,13 +375,7 @@ class ChatCompletionRequest(OpenAIGenerationFields):
     # the last message is the assistant's (llama-server's assistant prefill)
     continue_final_message: bool | None = None
     add_generation_prompt: bool | None = None  # vLLM's: false only where the final message is continued
-    # vLLM's and llama-server's: extra chat-template variables, e.g. {"enable_thinking": false}
-    chat_template_kwargs: dict[str, Any] | None = None
-
-    @field_validator("chat_template_kwargs")
-    @classmethod
-    def _template_kwargs(cls, value):
-        return check_template_kwargs(value)
+    chat_template_kwargs: TemplateKwargs = None
 
     @model_validator(mode="after")
     def _prefill_possible(self):
