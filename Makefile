@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 UNAME := $(shell uname -s)
 
-.PHONY: setup blas qmatmul default-model test test-fast demo bench clean
+.PHONY: setup blas qmatmul default-model lint test test-fast demo bench clean
 
 setup: $(STAMP) blas qmatmul default-model
 
@@ -14,6 +14,13 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
+
+# Style and types: ruff (lint rules and formatting) over the whole tree, mypy over the packages, daemon and tools
+# (configured in pyproject.toml).
+lint: $(STAMP)
+	$(PY) -m ruff check packages daemon cli tests scripts
+	$(PY) -m ruff format --check packages daemon cli tests scripts
+	$(PY) -m mypy
 
 # Linux CPU: MLX's bundled reference BLAS is ~30x slower than OpenBLAS. Install Debian's OpenBLAS when we
 # can (root with apt-get); otherwise carry on with the bundled one (the tools log which BLAS they use).
@@ -59,4 +66,4 @@ bench: setup
 	MODEL=$(SMOLLM2) OUT=docs/benchmark_results/reference_smollm2 ROUNDS=2 MAX_TOKENS=64 bash scripts/bench_reference.sh
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
