@@ -78,17 +78,26 @@ def main() -> None:
             out = subprocess.run(command, capture_output=True, text=True, check=True, env={**os.environ, **env})
             runs[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
             print(name, runs[name][-1], flush=True)
-    lines = ["# BLAS on Linux CPU, and step vs verify cost of the embedded model", "",
-             f"Command: `.venv/bin/python scripts/bench_blas_and_verify.py {' '.join(sys.argv[1:])}`".rstrip(), "",
-             f"Medians of {args.rounds} alternating child processes; step/verify at a 256-token context, "
-             "median of 25 timed forwards each, through the engine (which on the CPU fuses RMSNorm and RoPE and "
-             "runs a lone row's step and verify forward as one compiled graph).", "",
-             "| BLAS | matmul 1024 GFLOP/s | matmul 2048 GFLOP/s | step ms | verify (9 tokens) ms | verify/step |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "# BLAS on Linux CPU, and step vs verify cost of the embedded model",
+        "",
+        f"Command: `.venv/bin/python scripts/bench_blas_and_verify.py {' '.join(sys.argv[1:])}`".rstrip(),
+        "",
+        f"Medians of {args.rounds} alternating child processes; step/verify at a 256-token context, "
+        "median of 25 timed forwards each, through the engine (which on the CPU fuses RMSNorm and RoPE and "
+        "runs a lone row's step and verify forward as one compiled graph).",
+        "",
+        "| BLAS | matmul 1024 GFLOP/s | matmul 2048 GFLOP/s | step ms | verify (9 tokens) ms | verify/step |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, results in runs.items():
-        med = {k: statistics.median(r[k] for r in results) for k in ("gflops_1024", "gflops_2048", "step_ms", "verify8_ms")}
-        lines.append(f"| {results[0]['blas'].split(' (')[0]} | {med['gflops_1024']:.1f} | {med['gflops_2048']:.1f} | "
-                     f"{med['step_ms']:.2f} | {med['verify8_ms']:.2f} | {med['verify8_ms'] / med['step_ms']:.2f} |")
+        med = {
+            k: statistics.median(r[k] for r in results) for k in ("gflops_1024", "gflops_2048", "step_ms", "verify8_ms")
+        }
+        lines.append(
+            f"| {results[0]['blas'].split(' (')[0]} | {med['gflops_1024']:.1f} | {med['gflops_2048']:.1f} | "
+            f"{med['step_ms']:.2f} | {med['verify8_ms']:.2f} | {med['verify8_ms'] / med['step_ms']:.2f} |"
+        )
     text = "\n".join(lines) + "\n"
     args.out.write_text(text)
     print(text)

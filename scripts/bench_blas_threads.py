@@ -32,7 +32,10 @@ from bench_common import ROOT, command_line, machine_facts, ratio_spread, spread
 from mlxd_protocol import AsyncClient, Client, Generate, new_request_id  # noqa: E402
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
-MODELS = {"embedded (mlxd-qwen3-tiny)": "embedded", "SmolLM2-135M-Instruct q4": "../shared/models/smollm2-135m-instruct-q4"}
+MODELS = {
+    "embedded (mlxd-qwen3-tiny)": "embedded",
+    "SmolLM2-135M-Instruct q4": "../shared/models/smollm2-135m-instruct-q4",
+}
 
 
 def start(model: str, env: dict) -> tuple[subprocess.Popen, str, Path]:
@@ -41,9 +44,13 @@ def start(model: str, env: dict) -> tuple[subprocess.Popen, str, Path]:
     endpoint = f"ipc://{directory}/d.sock"
     log = directory / "mlxd.log"
     with open(log, "w") as stderr:
-        process = subprocess.Popen([sys.executable, "-m", "mlxd_daemon", "-m", model, "--endpoint", endpoint,
-                                    "--log-level", "info"], stdout=subprocess.PIPE, stderr=stderr, text=True,
-                                   env={**os.environ, **env})
+        process = subprocess.Popen(
+            [sys.executable, "-m", "mlxd_daemon", "-m", model, "--endpoint", endpoint, "--log-level", "info"],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            env={**os.environ, **env},
+        )
     if not process.stdout.readline().startswith("mlxd ready"):
         process.kill()
         raise RuntimeError(f"daemon did not start: {log.read_text()[-2000:]}")
@@ -61,6 +68,7 @@ def stop(process: subprocess.Popen, endpoint: str, directory: Path) -> str:
 
 async def streamed(endpoint: str, n: int, concurrency: int) -> float:
     async with AsyncClient(endpoint, timeout_s=600) as client:
+
         async def one():
             request = Generate(id=new_request_id(), prompt=PROMPT, max_tokens=n, ignore_eos=True, stream=True)
             return [reply async for reply in client.generate(request)][-1]
@@ -80,11 +88,17 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmark_results" / "blas_threads.md")
     args = parser.parse_args()
     old_rule = {"MLXD_BLAS_THREADS": str(max(1, (os.cpu_count() or 1) - 1))}
-    lines = ["# BLAS threads: measured at start-up vs one thread fewer than the machine has", "",
-             f"Command: `.venv/bin/python {command_line()}`", "",
-             "Machine: " + ", ".join(f"{k} {v}" for k, v in machine_facts().items()), "",
-             f"{args.rounds} interleaved rounds of {args.max_tokens} tokens; B=1: the daemon's decode tok/s; c=4: aggregate "
-             "tok/s at the client; every request streams its chunks to this process; median [min-max], ratios per round.", ""]
+    lines = [
+        "# BLAS threads: measured at start-up vs one thread fewer than the machine has",
+        "",
+        f"Command: `.venv/bin/python {command_line()}`",
+        "",
+        "Machine: " + ", ".join(f"{k} {v}" for k, v in machine_facts().items()),
+        "",
+        f"{args.rounds} interleaved rounds of {args.max_tokens} tokens; B=1: the daemon's decode tok/s; c=4: aggregate "
+        "tok/s at the client; every request streams its chunks to this process; median [min-max], ratios per round.",
+        "",
+    ]
     for label, model in MODELS.items():
         if model != "embedded" and not Path(model).is_dir():
             continue
@@ -97,16 +111,31 @@ def main() -> None:
                 order = list(daemons.items())[:: -1 if round_number % 2 else 1]
                 for concurrency in (1, 4):
                     for name, (_, endpoint, _) in order:
-                        results[(name, concurrency)].append(asyncio.run(streamed(endpoint, args.max_tokens, concurrency)))
-                print(label, round_number + 1, {f"{n} c={c}": round(v[-1], 1) for (n, c), v in results.items()}, flush=True)
+                        results[(name, concurrency)].append(
+                            asyncio.run(streamed(endpoint, args.max_tokens, concurrency))
+                        )
+                print(
+                    label,
+                    round_number + 1,
+                    {f"{n} c={c}": round(v[-1], 1) for (n, c), v in results.items()},
+                    flush=True,
+                )
         finally:
             choices = {name: stop(*parts) for name, parts in daemons.items()}
-        lines += [f"## {label}", "", f"Old rule: {choices['old rule']}. Measured: {choices['measured']}.", "",
-                  "| | old rule tok/s | measured tok/s | measured / old rule |", "|---|---|---|---|"]
+        lines += [
+            f"## {label}",
+            "",
+            f"Old rule: {choices['old rule']}. Measured: {choices['measured']}.",
+            "",
+            "| | old rule tok/s | measured tok/s | measured / old rule |",
+            "|---|---|---|---|",
+        ]
         for concurrency in (1, 4):
             old, new = results[("old rule", concurrency)], results[("measured", concurrency)]
-            lines.append(f"| {'B=1' if concurrency == 1 else 'c=4'} | {spread(old)} | {spread(new)} | "
-                         f"{ratio_spread([b / a for a, b in zip(old, new)])} |")
+            lines.append(
+                f"| {'B=1' if concurrency == 1 else 'c=4'} | {spread(old)} | {spread(new)} | "
+                f"{ratio_spread([b / a for a, b in zip(old, new)])} |"
+            )
         lines.append("")
     text = "\n".join(lines)
     args.out.write_text(text)

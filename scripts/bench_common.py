@@ -21,8 +21,12 @@ def start_daemon(*args: str) -> tuple[subprocess.Popen, str]:
     directory = Path(tempfile.mkdtemp(prefix="mlxd-b-", dir="/tmp"))
     directory.chmod(0o700)
     endpoint = f"ipc://{directory}/d.sock"
-    process = subprocess.Popen([sys.executable, "-m", "mlxd_daemon", "--endpoint", endpoint, "--log-level", "warning", *args],
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "mlxd_daemon", "--endpoint", endpoint, "--log-level", "warning", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     line = process.stdout.readline()
     if not line.startswith("mlxd ready"):
         process.kill()
@@ -69,13 +73,24 @@ def machine_facts() -> dict:
         memory = f"{psutil.virtual_memory().total / 2**30:.0f} GiB"
     except ImportError:
         memory = "?"
-    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "memory": memory,
-            "mlx": mx.__version__, "device": str(mx.default_device()), "blas": blas_in_use(),
-            "python": platform.python_version()}
+    return {
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "memory": memory,
+        "mlx": mx.__version__,
+        "device": str(mx.default_device()),
+        "blas": blas_in_use(),
+        "python": platform.python_version(),
+    }
 
 
 def command_line() -> str:
-    return " ".join([Path(sys.argv[0]).relative_to(ROOT).as_posix() if Path(sys.argv[0]).is_absolute() else sys.argv[0], *sys.argv[1:]])
+    return " ".join(
+        [
+            Path(sys.argv[0]).relative_to(ROOT).as_posix() if Path(sys.argv[0]).is_absolute() else sys.argv[0],
+            *sys.argv[1:],
+        ]
+    )
 
 
 def serving_engine(model: str, rows: int = 8, max_kv: int = 4096):

@@ -62,8 +62,12 @@ def child(model: str, form: str, tokens: int) -> dict:
     for _ in range(n):
         engine.step([seq])
     decode = n / (time.perf_counter() - started)
-    return {"weights": loaded.weights, "step_ms": statistics.median(steps) * 1e3,
-            "verify9_ms": statistics.median(verifies) * 1e3, "tok_s": decode}
+    return {
+        "weights": loaded.weights,
+        "step_ms": statistics.median(steps) * 1e3,
+        "verify9_ms": statistics.median(verifies) * 1e3,
+        "tok_s": decode,
+    }
 
 
 def main() -> None:
@@ -85,26 +89,35 @@ def main() -> None:
             if form == "stored" and round_number > 0:
                 continue
             command = [sys.executable, __file__, "--child", form, "--model", args.model, "--tokens", str(args.tokens)]
-            out = subprocess.run(command, capture_output=True, text=True, check=True,
-                                 env={**os.environ, "MLXD_CPU_WEIGHTS": form})
+            out = subprocess.run(
+                command, capture_output=True, text=True, check=True, env={**os.environ, "MLXD_CPU_WEIGHTS": form}
+            )
             runs[form].append(json.loads(out.stdout.strip().splitlines()[-1]))
             print(form, runs[form][-1], flush=True)
     from bench_common import command_line, machine_facts
 
     facts = machine_facts()
-    lines = [f"# The CPU weight rule on {Path(args.model).name}", "",
-             f"Command: `.venv/bin/python {command_line()}`", "",
-             f"Machine: {facts['cpu']}, {facts['cores']} cores, {facts['memory']}; MLX {facts['mlx']} ({facts['device']}); "
-             f"BLAS {facts['blas'].split(' (')[0]}, its default thread count.", "",
-             f"Medians over {args.rounds} alternating child processes (the stored form: one); per child, median of the "
-             f"timed forwards at a {CONTEXT}-token context through the engine, and greedy decode over {args.tokens} steps "
-             f"(stored: a {STORED_CONTEXT}-token context, 2 forwards each, 3 decode steps).", "",
-             "| weights (`MLXD_CPU_WEIGHTS`) | what the rule did | step ms | verify (9 tokens) ms | verify/step | decode tok/s |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"# The CPU weight rule on {Path(args.model).name}",
+        "",
+        f"Command: `.venv/bin/python {command_line()}`",
+        "",
+        f"Machine: {facts['cpu']}, {facts['cores']} cores, {facts['memory']}; MLX {facts['mlx']} ({facts['device']}); "
+        f"BLAS {facts['blas'].split(' (')[0]}, its default thread count.",
+        "",
+        f"Medians over {args.rounds} alternating child processes (the stored form: one); per child, median of the "
+        f"timed forwards at a {CONTEXT}-token context through the engine, and greedy decode over {args.tokens} steps "
+        f"(stored: a {STORED_CONTEXT}-token context, 2 forwards each, 3 decode steps).",
+        "",
+        "| weights (`MLXD_CPU_WEIGHTS`) | what the rule did | step ms | verify (9 tokens) ms | verify/step | decode tok/s |",
+        "|---|---|---|---|---|---|",
+    ]
     for form, results in runs.items():
         med = {k: statistics.median(r[k] for r in results) for k in ("step_ms", "verify9_ms", "tok_s")}
-        lines.append(f"| {form} | {results[0]['weights']} | {med['step_ms']:.1f} | {med['verify9_ms']:.1f} | "
-                     f"{med['verify9_ms'] / med['step_ms']:.2f} | {med['tok_s']:.2f} |")
+        lines.append(
+            f"| {form} | {results[0]['weights']} | {med['step_ms']:.1f} | {med['verify9_ms']:.1f} | "
+            f"{med['verify9_ms'] / med['step_ms']:.2f} | {med['tok_s']:.2f} |"
+        )
     text = "\n".join(lines) + "\n"
     args.out.write_text(text)
     print(text)

@@ -27,8 +27,10 @@ ensure_fast_blas()
 import mlx.core as mx  # noqa: E402
 from bench_common import ROOT, command_line, machine_facts, ratio_spread, spread, start_daemon, stop_daemon  # noqa: E402
 
-PROMPT = ("The Python standard library contains built-in modules that provide access to system functionality "
-          "such as file I/O that would otherwise be inaccessible to Python programmers, as well as modules")
+PROMPT = (
+    "The Python standard library contains built-in modules that provide access to system functionality "
+    "such as file I/O that would otherwise be inaccessible to Python programmers, as well as modules"
+)
 
 
 def bare_loop(model, prompt: list[int], n: int) -> float:
@@ -89,17 +91,35 @@ def mlxd_request(endpoint: str, prompt: str, n: int) -> float:
     from mlxd_protocol import Client, Generate, new_request_id
 
     with Client(endpoint, timeout_s=300) as client:
-        done = list(client.generate(Generate(id=new_request_id(), prompt=prompt, chat=False, max_tokens=n,
-                                             ignore_eos=True)))[-1]
+        done = list(
+            client.generate(Generate(id=new_request_id(), prompt=prompt, chat=False, max_tokens=n, ignore_eos=True))
+        )[-1]
     assert done.timings["predicted_n"] == n, done.timings
     return done.timings["predicted_per_second"]
 
 
 def mlx_generate_process(endpoint: str, prompt: str, n: int) -> float:
     """The real tool, as a user runs it (includes its process start-up in nothing: tok/s is the daemon's)."""
-    out = subprocess.run([sys.executable, "-m", "mlxd_cli.generate", "--endpoint", endpoint, "--no-autostart",
-                          "--no-chat", "--max-tokens", str(n), "--ignore-eos", "--json", prompt], capture_output=True, text=True,
-                         timeout=300, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mlxd_cli.generate",
+            "--endpoint",
+            endpoint,
+            "--no-autostart",
+            "--no-chat",
+            "--max-tokens",
+            str(n),
+            "--ignore-eos",
+            "--json",
+            prompt,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
     return json.loads(out.stdout)["timings"]["predicted_per_second"]
 
 
@@ -107,9 +127,14 @@ async def aggregate(endpoint: str, prompt: str, n: int, concurrency: int) -> flo
     from mlxd_protocol import AsyncClient, Generate, new_request_id
 
     async with AsyncClient(endpoint, timeout_s=600) as client:
+
         async def one():
-            replies = [r async for r in client.generate(Generate(id=new_request_id(), prompt=prompt, chat=False,
-                                                                  max_tokens=n, ignore_eos=True))]
+            replies = [
+                r
+                async for r in client.generate(
+                    Generate(id=new_request_id(), prompt=prompt, chat=False, max_tokens=n, ignore_eos=True)
+                )
+            ]
             return replies[-1].usage["completion_tokens"]
 
         started = time.perf_counter()
@@ -137,8 +162,16 @@ def main() -> None:
     pipelined = start_daemon(*model_args)
     one_step = start_daemon(*model_args, "--decode-steps", "1")
     unpipelined = start_daemon(*model_args, "--no-lookahead")
-    names = ("bare loop", "bare loop, fused layers", "engine forward loop", "mlx_lm.generate",
-             "mlxd (mlx-generate)", "mlxd pipelined", "mlxd pipelined, 1 step per tick", "mlxd unpipelined")
+    names = (
+        "bare loop",
+        "bare loop, fused layers",
+        "engine forward loop",
+        "mlx_lm.generate",
+        "mlxd (mlx-generate)",
+        "mlxd pipelined",
+        "mlxd pipelined, 1 step per tick",
+        "mlxd unpipelined",
+    )
     results: dict[str, list[float]] = {k: [] for k in names}
     levels = [int(c) for c in args.concurrency.split(",")]
     aggregate_results: dict[int, list[float]] = {c: [] for c in levels}
@@ -154,15 +187,19 @@ def main() -> None:
             results["bare loop"].append(bare_loop(loaded.model, prompt_ids, args.max_tokens))
             results["bare loop, fused layers"].append(bare_loop(fused.model, prompt_ids, args.max_tokens))
             results["engine forward loop"].append(engine_forward_loop(fused, prompt_ids, args.max_tokens))
-            results["mlx_lm.generate"].append(mlx_lm_generate(loaded.model, loaded.tokenizer, prompt_ids, args.max_tokens,
-                                                              loaded.eos_token_ids))
+            results["mlx_lm.generate"].append(
+                mlx_lm_generate(loaded.model, loaded.tokenizer, prompt_ids, args.max_tokens, loaded.eos_token_ids)
+            )
             results["mlxd (mlx-generate)"].append(mlx_generate_process(pipelined[1], PROMPT, args.max_tokens))
             results["mlxd pipelined"].append(mlxd_request(pipelined[1], PROMPT, args.max_tokens))
             results["mlxd pipelined, 1 step per tick"].append(mlxd_request(one_step[1], PROMPT, args.max_tokens))
             results["mlxd unpipelined"].append(mlxd_request(unpipelined[1], PROMPT, args.max_tokens))
             for level in levels:
                 aggregate_results[level].append(asyncio.run(aggregate(pipelined[1], PROMPT, args.max_tokens, level)))
-            print(f"round {round_number + 1}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in results.items() if v), flush=True)
+            print(
+                f"round {round_number + 1}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in results.items() if v),
+                flush=True,
+            )
     finally:
         stop_daemon(*pipelined)
         stop_daemon(*one_step)
@@ -179,15 +216,15 @@ def main() -> None:
         "",
         f"Model: `{loaded.path}`; {args.max_tokens} tokens per run (end-of-sequence ignored); {args.rounds} "
         "interleaved rounds; decode tok/s excludes the first token; median [min-max]. mlxd streams chunks to the "
-        "client (coalesced, --stream-interval-ms 5); mlx-generate --json asks for no stream. \"pipelined\" is the "
-        "daemon's default (ticks chain up to --decode-steps 8 steps in steady decode); \"1 step per tick\" is "
-        "--decode-steps 1; \"unpipelined\" is --no-lookahead. Every model here is loaded with the CPU weight rule "
+        'client (coalesced, --stream-interval-ms 5); mlx-generate --json asks for no stream. "pipelined" is the '
+        'daemon\'s default (ticks chain up to --decode-steps 8 steps in steady decode); "1 step per tick" is '
+        '--decode-steps 1; "unpipelined" is --no-lookahead. Every model here is loaded with the CPU weight rule '
         f"({loaded.weights}). The loops in this process run the library's BLAS threads; each daemon chooses its own "
         "count by timing decode steps at start-up and whether a lone row's step runs compiled (daemon/mlxd_daemon/step_tuning.py). "
         f"On the CPU the daemon's engine fuses the model's RMSNorm and RoPE layers ({fused_count} modules here; "
         "packages/mlxd_engine/cpu_fusion.py); the bare loop and mlx_lm.generate run the stock layers, and the "
-        "\"fused layers\" bare loop runs the same fused layers as the daemon; \"fastest bare loop\" is the faster "
-        "of the two in each round. The \"engine forward loop\" is the "
+        '"fused layers" bare loop runs the same fused layers as the daemon; "fastest bare loop" is the faster '
+        'of the two in each round. The "engine forward loop" is the '
         "daemon's own forward in a bare loop: on the CPU the engine runs a lone row's decode step as one compiled graph "
         "(packages/mlxd_engine/compiled_decode.py), so it is the "
         "limit for the daemon's step, and the model-forward loops are the limit the model sets without it.",
@@ -220,9 +257,17 @@ def main() -> None:
     text = "\n".join(lines) + "\n"
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
-    args.out.with_suffix(".json").write_text(json.dumps({"results": results, "aggregate": aggregate_results,
-                                                          "median": {k: statistics.median(v) for k, v in results.items() if v}},
-                                                         indent=2) + "\n")
+    args.out.with_suffix(".json").write_text(
+        json.dumps(
+            {
+                "results": results,
+                "aggregate": aggregate_results,
+                "median": {k: statistics.median(v) for k, v in results.items() if v},
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(text)
 
 

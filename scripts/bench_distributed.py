@@ -38,8 +38,10 @@ ensure_fast_blas()
 from bench_common import command_line, machine_facts, spread, start_daemon, stop_daemon  # noqa: E402
 from mlxd_protocol import Client, Generate, Speculative  # noqa: E402
 
-PROMPT = ("The Python standard library contains built-in modules that provide access to system functionality "
-          "such as file I/O that would otherwise be inaccessible to Python programmers, as well as modules")
+PROMPT = (
+    "The Python standard library contains built-in modules that provide access to system functionality "
+    "such as file I/O that would otherwise be inaccessible to Python programmers, as well as modules"
+)
 
 
 def _free_ports(n: int) -> list[int]:
@@ -59,10 +61,27 @@ def start_group(ranks: int, mode: str, args: list[str]) -> tuple[list[subprocess
     hostfile = directory / "hosts.json"
     hostfile.write_text(json.dumps([[f"127.0.0.1:{port}"] for port in _free_ports(ranks)]))
     endpoint = f"ipc://{directory}/d.sock"
-    processes = [subprocess.Popen([sys.executable, "-m", "mlxd_daemon", "--endpoint", endpoint, "--log-level", "warning",
-                                   "--distributed", mode, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  env=dict(os.environ, MLX_RANK=str(rank), MLX_HOSTFILE=str(hostfile)))
-                 for rank in range(ranks)]
+    processes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "mlxd_daemon",
+                "--endpoint",
+                endpoint,
+                "--log-level",
+                "warning",
+                "--distributed",
+                mode,
+                *args,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, MLX_RANK=str(rank), MLX_HOSTFILE=str(hostfile)),
+        )
+        for rank in range(ranks)
+    ]
     line = processes[0].stdout.readline()
     if not line.startswith("mlxd ready"):
         for p in processes:
@@ -86,8 +105,14 @@ def stop_group(processes: list[subprocess.Popen], endpoint: str, directory: Path
 
 def _one(endpoint: str, max_tokens: int) -> tuple[int, float]:
     """(decoded tokens after the first, decode seconds) of one greedy request."""
-    request = Generate(id=uuid.uuid4().hex, prompt=PROMPT, max_tokens=max_tokens, stream=False, ignore_eos=True,
-                       speculative=Speculative(kind="none"))
+    request = Generate(
+        id=uuid.uuid4().hex,
+        prompt=PROMPT,
+        max_tokens=max_tokens,
+        stream=False,
+        ignore_eos=True,
+        speculative=Speculative(kind="none"),
+    )
     with Client(endpoint, timeout_s=600) as client:
         (done,) = list(client.generate(request))
     return done.timings["predicted_n"] - 1, done.timings["predicted_ms"] / 1000.0
@@ -112,7 +137,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="embedded")
     parser.add_argument("--ranks", type=int, default=2)
-    parser.add_argument("--modes", default="tensor,pipeline", help="the modes to try (a mode the model lacks is skipped)")
+    parser.add_argument(
+        "--modes", default="tensor,pipeline", help="the modes to try (a mode the model lacks is skipped)"
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--out", default=None, help="write the report (markdown) here as well")
@@ -149,13 +176,20 @@ def main() -> None:
             else:
                 stop_group(*entry[1:])
 
-    lines = ["# mlxd over mx.distributed on one machine: coordination cost per step", "",
-             f"Command: `{command_line()}`", "",
-             "Machine: " + ", ".join(f"{k} {v}" for k, v in machine_facts().items()), "",
-             f"Model {opts.model}; greedy, {opts.max_tokens} tokens per request (EOS ignored), prompt lookup off; "
-             f"{opts.rounds} interleaved rounds; median [min-max]. Overhead: ms per decode step of the group minus "
-             "that of one process (a step at c=4 decodes 4 rows).", "",
-             "| variant | B=1 tok/s | c=4 tok/s | B=1 overhead ms/step | c=4 overhead ms/step |", "|---|---|---|---|---|"]
+    lines = [
+        "# mlxd over mx.distributed on one machine: coordination cost per step",
+        "",
+        f"Command: `{command_line()}`",
+        "",
+        "Machine: " + ", ".join(f"{k} {v}" for k, v in machine_facts().items()),
+        "",
+        f"Model {opts.model}; greedy, {opts.max_tokens} tokens per request (EOS ignored), prompt lookup off; "
+        f"{opts.rounds} interleaved rounds; median [min-max]. Overhead: ms per decode step of the group minus "
+        "that of one process (a step at c=4 decodes 4 rows).",
+        "",
+        "| variant | B=1 tok/s | c=4 tok/s | B=1 overhead ms/step | c=4 overhead ms/step |",
+        "|---|---|---|---|---|",
+    ]
     base = {c: statistics.median(speeds[("one process", c)]) for c in concurrencies}
     for name in daemons:
         row = [name] + [spread(speeds[(name, c)]) for c in concurrencies]

@@ -32,8 +32,12 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=120)
     parser.add_argument("--rows", default="1,4,8")
     parser.add_argument("--widths", default="1,3,5,9")
-    parser.add_argument("--spread", type=int, default=0,
-                        help="row i starts at context + spread x i (rows at different positions, as when serving)")
+    parser.add_argument(
+        "--spread",
+        type=int,
+        default=0,
+        help="row i starts at context + spread x i (rows at different positions, as when serving)",
+    )
     args = parser.parse_args()
     loaded, engine = serving_engine(args.model)
     calibrate_forward_cost(engine)
@@ -42,7 +46,9 @@ def main() -> None:
     line = {(r, w): engine.forward_cost.estimate(r, w, args.context + args.spread * (r - 1) / 2) for r, w in shapes}
     seqs = prefilled_rows(engine, [args.context + args.spread * i for i in range(8)], 4096)
     vocab = loaded.vocab_size
-    print(f"Machine: {machine_facts()}\nModel: {args.model}; context {args.context} (+ {args.spread} x row); median of {args.repeats}\n")
+    print(
+        f"Machine: {machine_facts()}\nModel: {args.model}; context {args.context} (+ {args.spread} x row); median of {args.repeats}\n"
+    )
     print("| rows x width | verify_rows ms | the line's estimate | measured / line |\n|---|---|---|---|")
     for rows, width in shapes:
         group = seqs[:rows]

@@ -62,8 +62,9 @@ NO_EOS: dict[str, float] = {}
 
 def non_streaming(http: httpx.Client, prompt: str, max_tokens: int) -> dict:
     started = time.perf_counter()
-    response = http.post("/v1/completions", json={"prompt": prompt, "max_tokens": max_tokens,
-                                                   "temperature": 0.0, "logit_bias": NO_EOS})
+    response = http.post(
+        "/v1/completions", json={"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "logit_bias": NO_EOS}
+    )
     wall = time.perf_counter() - started
     response.raise_for_status()
     tokens = response.json()["usage"]["completion_tokens"]
@@ -71,8 +72,14 @@ def non_streaming(http: httpx.Client, prompt: str, max_tokens: int) -> dict:
 
 
 def streaming(http: httpx.Client, prompt: str, max_tokens: int) -> dict:
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
-            "stream_options": {"include_usage": True}, "logit_bias": NO_EOS}
+    body = {
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "logit_bias": NO_EOS,
+    }
     started = time.perf_counter()
     first = last = None
     chunks, usage_tokens = 0, None
@@ -91,8 +98,11 @@ def streaming(http: httpx.Client, prompt: str, max_tokens: int) -> dict:
                 chunks += 1
     tokens = usage_tokens if usage_tokens is not None else chunks
     decode_s = (last - first) if first and last and last > first else float("nan")
-    return {"tokens": tokens, "ttft_ms": ((first or started) - started) * 1000,
-            "tok_s": (tokens - 1) / decode_s if tokens > 1 else float("nan")}
+    return {
+        "tokens": tokens,
+        "ttft_ms": ((first or started) - started) * 1000,
+        "tok_s": (tokens - 1) / decode_s if tokens > 1 else float("nan"),
+    }
 
 
 def main() -> None:
@@ -108,12 +118,39 @@ def main() -> None:
     daemon, endpoint = start_daemon("-m", args.model, "--max-batch", "8")
     gateway_port, mlx_lm_port = free_port(), free_port()
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "env": dict(os.environ)}
-    gateway = subprocess.Popen([sys.executable, "-m", "mlxd_cli.serve_http.main", "--daemon", endpoint,
-                                "--port", str(gateway_port), "--log-level", "warning"], **quiet)
-    mlx_lm = subprocess.Popen([sys.executable, "-m", "mlx_lm", "server", "--model", args.model,
-                               "--port", str(mlx_lm_port), "--log-level", "WARNING"], **quiet)
-    servers = {"mlx-serve-http + mlxd": f"http://127.0.0.1:{gateway_port}",
-               "mlx_lm.server": f"http://127.0.0.1:{mlx_lm_port}"}
+    gateway = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlxd_cli.serve_http.main",
+            "--daemon",
+            endpoint,
+            "--port",
+            str(gateway_port),
+            "--log-level",
+            "warning",
+        ],
+        **quiet,
+    )
+    mlx_lm = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlx_lm",
+            "server",
+            "--model",
+            args.model,
+            "--port",
+            str(mlx_lm_port),
+            "--log-level",
+            "WARNING",
+        ],
+        **quiet,
+    )
+    servers = {
+        "mlx-serve-http + mlxd": f"http://127.0.0.1:{gateway_port}",
+        "mlx_lm.server": f"http://127.0.0.1:{mlx_lm_port}",
+    }
     results: dict[tuple[str, str], list[dict]] = {}
     try:
         wait_ready(servers["mlx-serve-http + mlxd"], "/health", gateway)
@@ -153,11 +190,15 @@ def write_report(path: Path, args, results: dict[tuple[str, str], list[dict]]) -
     for (name, mode), samples in results.items():
         ttft = spread([s["ttft_ms"] for s in samples]) if mode == "streaming" else "-"
         tokens = sorted({s["tokens"] for s in samples})
-        lines.append(f"| {name} | {mode} | {spread([s['tok_s'] for s in samples])} | {ttft} | "
-                     f"{', '.join(map(str, tokens))} |")
-    lines += ["", "Non-streaming tok/s counts the whole request (prefill included); streaming tok/s is the "
-              "decode rate after the first token. End-of-sequence ids get a logit bias of -100 on both "
-              "servers (OpenAI's logit_bias), so every reply is max_tokens long."]
+        lines.append(
+            f"| {name} | {mode} | {spread([s['tok_s'] for s in samples])} | {ttft} | {', '.join(map(str, tokens))} |"
+        )
+    lines += [
+        "",
+        "Non-streaming tok/s counts the whole request (prefill included); streaming tok/s is the "
+        "decode rate after the first token. End-of-sequence ids get a logit bias of -100 on both "
+        "servers (OpenAI's logit_bias), so every reply is max_tokens long.",
+    ]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

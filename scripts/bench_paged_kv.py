@@ -33,8 +33,14 @@ CONTEXTS = [1024, 2048, 4096, 8192]
 
 
 def prepared(loaded, backend: str, context: int, rng: random.Random):
-    engine = Engine(loaded, max_sequences=1, max_kv_size=context + 64, storage=backend, kv_block_size=64,
-                    kv_pool_tokens=context + 128)
+    engine = Engine(
+        loaded,
+        max_sequences=1,
+        max_kv_size=context + 64,
+        storage=backend,
+        kv_block_size=64,
+        kv_pool_tokens=context + 128,
+    )
     seq = engine.add_sequence([rng.randrange(3, loaded.vocab_size) for _ in range(context)], max_new_tokens=32)
     while engine.prefill(seq, 1024) is None:
         pass
@@ -124,7 +130,8 @@ def main() -> None:
             f"| {r['context']} | {r['contiguous_step_ms']:.2f} | {r['paged_step_ms']:.2f} | "
             f"{r['paged_step_ms'] / r['contiguous_step_ms']:.2f} | {r['contiguous_verify_ms']:.2f} | "
             f"{r['paged_verify_ms']:.2f} | {r['paged_verify_ms'] / r['contiguous_verify_ms']:.2f} | "
-            f"{r['paged_verify_ms'] / r['paged_step_ms']:.2f} |")
+            f"{r['paged_verify_ms'] / r['paged_step_ms']:.2f} |"
+        )
     lines += [
         "",
         f"B=1 decode tok/s (200 tokens after a short prompt, {args.rounds} alternating rounds, median [min-max]): "

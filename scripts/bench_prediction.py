@@ -34,8 +34,10 @@ CODE = '''def order_total(items, tax_rate=0.2, discount=None):
     total *= 1.0 + tax_rate
     return round(total, 2)
 '''
-ASK = ("Change the default tax_rate of this Python function from 0.2 to 0.25. Reply with the whole function "
-       "and nothing else.\n\n```python\n" + CODE + "```")
+ASK = (
+    "Change the default tax_rate of this Python function from 0.2 to 0.25. Reply with the whole function "
+    "and nothing else.\n\n```python\n" + CODE + "```"
+)
 
 
 def main() -> None:
@@ -58,9 +60,14 @@ def main() -> None:
     with local_client(DaemonOptions(model=args.model, max_batch=1)) as client:
         for _ in range(args.rounds + 1):  # the first round warms up and is not counted
             for name, fields in variants.items():
-                message = Generate(id=new_request_id(), messages=[{"role": "user", "content": ASK}],
-                                   max_tokens=args.max_tokens, sampling=Sampling(temperature=0.0),
-                                   cache_prompt=False, **fields)
+                message = Generate(
+                    id=new_request_id(),
+                    messages=[{"role": "user", "content": ASK}],
+                    max_tokens=args.max_tokens,
+                    sampling=Sampling(temperature=0.0),
+                    cache_prompt=False,
+                    **fields,
+                )
                 *_, done = list(client.generate(message))
                 results[name].append(done)
     results = {name: dones[1:] for name, dones in results.items()}
@@ -72,12 +79,16 @@ def main() -> None:
         ratios = [v / p for v, p in zip(values, speed["plain"]) if p]
         drafted = sum(d.timings.get("draft_n", 0) for d in dones)
         accepted = sum(d.timings.get("draft_n_accepted", 0) for d in dones)
-        line = (f"{name:11} {statistics.median(values):7.1f} tok/s [{min(values):.1f}-{max(values):.1f}]  "
-                f"vs plain {statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]  "
-                f"drafts accepted {accepted}/{drafted}  tokens {len(dones[0].tokens)}")
+        line = (
+            f"{name:11} {statistics.median(values):7.1f} tok/s [{min(values):.1f}-{max(values):.1f}]  "
+            f"vs plain {statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]  "
+            f"drafts accepted {accepted}/{drafted}  tokens {len(dones[0].tokens)}"
+        )
         if name == "prediction":
-            line += (f"  prediction accepted {dones[0].usage.get('accepted_prediction_tokens')}"
-                     f" / rejected {dones[0].usage.get('rejected_prediction_tokens')}")
+            line += (
+                f"  prediction accepted {dones[0].usage.get('accepted_prediction_tokens')}"
+                f" / rejected {dones[0].usage.get('rejected_prediction_tokens')}"
+            )
         print(line)
 
 

@@ -42,8 +42,13 @@ from mlxd_cli.bench.targets import ServedTarget  # noqa: E402
 SMOLLM2 = ROOT.parent / "shared" / "models" / "smollm2-135m-instruct-q4"
 BIN = Path(sys.executable).parent
 # (target, versus): the speedups the acceptance asks for, as versus's TTFT / target's TTFT per round.
-COMPARISONS = (("cache", "nocache"), ("cache_pl", "nocache_pl"), ("cache", "mlx_lm"), ("cache_pl", "mlx_lm"),
-               ("cache_pl", "cache"))
+COMPARISONS = (
+    ("cache", "nocache"),
+    ("cache_pl", "nocache_pl"),
+    ("cache", "mlx_lm"),
+    ("cache_pl", "mlx_lm"),
+    ("cache_pl", "cache"),
+)
 NO_CACHE_TARGETS = ("nocache", "nocache_pl")
 
 
@@ -67,18 +72,52 @@ def blas_preload() -> str:
 
 
 def bench_command(args: argparse.Namespace, urls: dict[str, str], mlx_lm_model: Path) -> list[str]:
-    mlx_lm = (f"env LD_PRELOAD='{blas_preload()}' '{sys.executable}' -m mlx_lm server --model '{mlx_lm_model}' "
-              "--port {port}")
+    mlx_lm = (
+        f"env LD_PRELOAD='{blas_preload()}' '{sys.executable}' -m mlx_lm server --model '{mlx_lm_model}' "
+        "--port {port}"
+    )
     return [
         str(BIN / "mlx-bench"),
-        "--target", f"cache={urls['off']}", "--target", f"nocache={urls['off']}",
-        "--target", f"cache_pl={urls['on']}", "--target", f"nocache_pl={urls['on']}",
-        "--serve", f"mlx_lm={mlx_lm}", "--target-model", "mlx_lm=default_model",
+        "--target",
+        f"cache={urls['off']}",
+        "--target",
+        f"nocache={urls['off']}",
+        "--target",
+        f"cache_pl={urls['on']}",
+        "--target",
+        f"nocache_pl={urls['on']}",
+        "--serve",
+        f"mlx_lm={mlx_lm}",
+        "--target-model",
+        "mlx_lm=default_model",
         *[part for name in NO_CACHE_TARGETS for part in ("--target-no-cache-prompt", name)],
-        "--baseline", "nocache", "--prompt-style", "chat", "--turns", str(args.turns),
-        "--concurrency", args.concurrency, "--requests", str(args.requests), "--rounds", str(args.rounds),
-        "--max-tokens", str(args.max_tokens), "--prompt-tokens", str(args.prompt_tokens), "--ignore-eos",
-        "--warmup", "1", "--seed", "0", "--temperature", "0", "--serve-timeout", "300", "--out", str(args.out),
+        "--baseline",
+        "nocache",
+        "--prompt-style",
+        "chat",
+        "--turns",
+        str(args.turns),
+        "--concurrency",
+        args.concurrency,
+        "--requests",
+        str(args.requests),
+        "--rounds",
+        str(args.rounds),
+        "--max-tokens",
+        str(args.max_tokens),
+        "--prompt-tokens",
+        str(args.prompt_tokens),
+        "--ignore-eos",
+        "--warmup",
+        "1",
+        "--seed",
+        "0",
+        "--temperature",
+        "0",
+        "--serve-timeout",
+        "300",
+        "--out",
+        str(args.out),
     ]
 
 
@@ -86,27 +125,40 @@ def acceptance_section(results: dict, script_command: str) -> str:
     """The figures issue 23 asks for, from mlx-bench's results.json."""
     cells = {(cell["concurrency"], cell["target"]): cell for cell in results["summary"] if cell.get("turns")}
     levels = sorted({level for level, _ in cells})
-    lines = ["", "## Prefix cache: acceptance figures", "",
-             f"Script: `{script_command}`. Speedup = the other target's TTFT p50 / this target's, per round "
-             "(the same sessions at the same turn), median [min-max] over rounds; above 1: this target answers "
-             "sooner. The last turn is the one the acceptance names (cache vs no cache at least 3x).", "",
-             "| c | target | vs | " + " | ".join(f"turn {turn}" for turn in _turns(cells)) + " |",
-             "|---|---|---|" + "---|" * len(_turns(cells))]
+    lines = [
+        "",
+        "## Prefix cache: acceptance figures",
+        "",
+        f"Script: `{script_command}`. Speedup = the other target's TTFT p50 / this target's, per round "
+        "(the same sessions at the same turn), median [min-max] over rounds; above 1: this target answers "
+        "sooner. The last turn is the one the acceptance names (cache vs no cache at least 3x).",
+        "",
+        "| c | target | vs | " + " | ".join(f"turn {turn}" for turn in _turns(cells)) + " |",
+        "|---|---|---|" + "---|" * len(_turns(cells)),
+    ]
     for level in levels:
         for target, versus in COMPARISONS:
             mine, other = cells.get((level, target)), cells.get((level, versus))
             if mine is None or other is None:
                 continue
             by_turn = {entry["turn"]: entry for entry in ttft_speedups(mine["turns"], other["turns"])}
-            texts = [format_spread(by_turn[turn]["ratio"], digits=2) if turn in by_turn and by_turn[turn]["ratio"]
-                     else "" for turn in _turns(cells)]
+            texts = [
+                format_spread(by_turn[turn]["ratio"], digits=2) if turn in by_turn and by_turn[turn]["ratio"] else ""
+                for turn in _turns(cells)
+            ]
             lines.append(f"| {level} | {target} | {versus} | " + " | ".join(texts) + " |")
-    lines += ["", "Aggregate tok/s of the batch of sessions (median [min-max] over rounds):", "",
-              "| c | " + " | ".join(name for name in _names(results)) + " |",
-              "|---|" + "---|" * len(_names(results))]
+    lines += [
+        "",
+        "Aggregate tok/s of the batch of sessions (median [min-max] over rounds):",
+        "",
+        "| c | " + " | ".join(name for name in _names(results)) + " |",
+        "|---|" + "---|" * len(_names(results)),
+    ]
     for level in levels:
-        row = [format_spread(cell["aggregate_tok_s"]) if (cell := _cell(results, level, name)) else ""
-               for name in _names(results)]
+        row = [
+            format_spread(cell["aggregate_tok_s"]) if (cell := _cell(results, level, name)) else ""
+            for name in _names(results)
+        ]
         lines.append(f"| {level} | " + " | ".join(row) + " |")
     lines += ["", _no_cache_check(cells)]
     return "\n".join(lines) + "\n"
@@ -126,15 +178,24 @@ def _cell(results: dict, level: int, name: str) -> dict | None:
 
 def _no_cache_check(cells: dict) -> str:
     """Whether the cache_prompt: false targets were served without the cache, from the cached tokens they report."""
-    reported = [spread_ for (level, name), cell in cells.items() if name in NO_CACHE_TARGETS
-                for entry in cell["turns"] if (spread_ := entry["cached_tokens_p50"]) is not None]
+    reported = [
+        spread_
+        for (level, name), cell in cells.items()
+        if name in NO_CACHE_TARGETS
+        for entry in cell["turns"]
+        if (spread_ := entry["cached_tokens_p50"]) is not None
+    ]
     if not reported:
-        return ("Check of cache_prompt: false: the mlxd targets reported no cached-token count, so it could not be "
-                "checked from the responses.")
+        return (
+            "Check of cache_prompt: false: the mlxd targets reported no cached-token count, so it could not be "
+            "checked from the responses."
+        )
     worst = spread(value["max"] for value in reported)["max"]
     if worst > 0:
-        return (f"WARNING: a cache_prompt: false target reported up to {worst:.0f} cached prompt tokens (median per "
-                "batch): the gateway or daemon did not honour cache_prompt: false, so nocache is not a cold baseline.")
+        return (
+            f"WARNING: a cache_prompt: false target reported up to {worst:.0f} cached prompt tokens (median per "
+            "batch): the gateway or daemon did not honour cache_prompt: false, so nocache is not a cold baseline."
+        )
     return "Check of cache_prompt: false: the nocache targets reported 0 cached prompt tokens at every turn."
 
 
@@ -145,8 +206,10 @@ def main() -> int:
     scratch = Path(tempfile.mkdtemp(prefix="mlxd-prefix-cache-", dir="/tmp"))
     daemons, gateways = [], []
     try:
-        subprocess.run([sys.executable, str(ROOT / "scripts" / "write_cpu_weights_copy.py"), model,
-                        str(scratch / "model")], check=True)
+        subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "write_cpu_weights_copy.py"), model, str(scratch / "model")],
+            check=True,
+        )
         urls = {}
         for key, draft_kind in (("off", "none"), ("on", "prompt-lookup")):
             process, endpoint = start_daemon("-m", model, "--draft-kind", draft_kind)

@@ -45,8 +45,12 @@ PARAGRAPHS = [
     "used for the longest time is removed first. Lookups move an entry to the front, so objects that are read "
     "often stay in memory while rarely used ones are dropped.",
 ]
-PLAIN_PROMPTS = ["Write a short story about a robot who learns to paint.", "Explain how a bicycle works.",
-                 "Describe a walk through an old city at night.", "What makes a good teacher?"]
+PLAIN_PROMPTS = [
+    "Write a short story about a robot who learns to paint.",
+    "Explain how a bicycle works.",
+    "Describe a walk through an old city at night.",
+    "What makes a good teacher?",
+]
 
 
 def copy_prompt(i: int) -> str:
@@ -72,12 +76,22 @@ async def run_batch(endpoint: str, prompts: list[tuple[str, bool, bool]], max_to
     dones: list = [None] * len(queue)
     next_index = iter(range(len(queue)))
     async with AsyncClient(endpoint, timeout_s=600) as client:
+
         async def worker():
             for index in next_index:
                 prompt, ignore_eos, cache_prompt = queue[index]
-                replies = [r async for r in client.generate(Generate(id=new_request_id(), prompt=prompt,
-                                                                      max_tokens=max_tokens, ignore_eos=ignore_eos,
-                                                                      cache_prompt=cache_prompt))]
+                replies = [
+                    r
+                    async for r in client.generate(
+                        Generate(
+                            id=new_request_id(),
+                            prompt=prompt,
+                            max_tokens=max_tokens,
+                            ignore_eos=ignore_eos,
+                            cache_prompt=cache_prompt,
+                        )
+                    )
+                ]
                 dones[index] = replies[-1]
 
         started = time.perf_counter()
@@ -87,8 +101,14 @@ async def run_batch(endpoint: str, prompts: list[tuple[str, bool, bool]], max_to
     drafted = sum(d.timings.get("draft_n", 0) for d in dones)
     accepted = sum(d.timings.get("draft_n_accepted", 0) for d in dones)
     rounds = sum(d.timings.get("draft_verify_n", 0) for d in dones)
-    return {"aggregate": tokens / wall, "decode": statistics.median(d.timings["predicted_per_second"] for d in dones),
-            "tokens": [d.tokens for d in dones[: len(prompts)]], "drafted": drafted, "accepted": accepted, "rounds": rounds}
+    return {
+        "aggregate": tokens / wall,
+        "decode": statistics.median(d.timings["predicted_per_second"] for d in dones),
+        "tokens": [d.tokens for d in dones[: len(prompts)]],
+        "drafted": drafted,
+        "accepted": accepted,
+        "rounds": rounds,
+    }
 
 
 def main() -> None:
@@ -96,13 +116,20 @@ def main() -> None:
     parser.add_argument("--model", default=None)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=200)
-    parser.add_argument("--repeat", type=int, default=5,
-                        help="requests per worker and measurement (c workers keep c requests in flight)")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=5,
+        help="requests per worker and measurement (c workers keep c requests in flight)",
+    )
     parser.add_argument("--concurrency", default="1,2,4,8", help="concurrent requests per case (comma list)")
-    parser.add_argument("--styles", default="plain,copy,copy-uncached,mixed",
-                        help="prompt styles to run (plain: little copying expected; copy: prompts from the prefix "
-                             "cache after the first; copy-uncached: the copies prefilled whole every time; mixed: "
-                             "half copy, half plain)")
+    parser.add_argument(
+        "--styles",
+        default="plain,copy,copy-uncached,mixed",
+        help="prompt styles to run (plain: little copying expected; copy: prompts from the prefix "
+        "cache after the first; copy-uncached: the copies prefilled whole every time; mixed: "
+        "half copy, half plain)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmark_results" / "prompt_lookup.md")
     args = parser.parse_args()
     model_args = ["-m", args.model or "embedded"]
@@ -136,8 +163,11 @@ def main() -> None:
                         acceptance[key]["accepted"] += result["accepted"]
                         acceptance[key]["rounds"] += result["rounds"]
                 mismatches += outputs["on"] != outputs["off"]
-                print(f"round {round_number + 1} {key}: " + ", ".join(f"{n} {v[-1]:.1f}" for n, v in results[key].items()),
-                      flush=True)
+                print(
+                    f"round {round_number + 1} {key}: "
+                    + ", ".join(f"{n} {v[-1]:.1f}" for n, v in results[key].items()),
+                    flush=True,
+                )
         with_status = {}
         from mlxd_protocol import Client
 
@@ -175,14 +205,21 @@ def main() -> None:
         "|---|---|---|---|---|",
     ]
     for key, by_name in results.items():
+
         def per_round(name: str) -> str:
             return ratio_spread([a / b for a, b in zip(by_name[name], by_name["off"])])
 
-        lines.append(f"| {key} | {spread(by_name['off'])} | {spread(by_name['on'])} "
-                     f"| {per_round('on')} | {per_round('off, again')} |")
-    lines += ["", "Acceptance with the flag on, summed over rounds:", "",
-              "| case | verify rounds | drafted | accepted | accepted / drafted | accepted per verify |",
-              "|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {key} | {spread(by_name['off'])} | {spread(by_name['on'])} "
+            f"| {per_round('on')} | {per_round('off, again')} |"
+        )
+    lines += [
+        "",
+        "Acceptance with the flag on, summed over rounds:",
+        "",
+        "| case | verify rounds | drafted | accepted | accepted / drafted | accepted per verify |",
+        "|---|---|---|---|---|---|",
+    ]
     for key, a in acceptance.items():
         rate = a["accepted"] / a["drafted"] if a["drafted"] else 0.0
         per_round = a["accepted"] / a["rounds"] if a["rounds"] else 0.0
@@ -193,7 +230,9 @@ def main() -> None:
     lines += ["", f"Outputs with the flag on differed from off in {mismatches} of {args.rounds * len(cases)} cases."]
     text = "\n".join(lines) + "\n"
     args.out.write_text(text)
-    args.out.with_suffix(".json").write_text(json.dumps({"results": results, "acceptance": acceptance}, indent=2) + "\n")
+    args.out.with_suffix(".json").write_text(
+        json.dumps({"results": results, "acceptance": acceptance}, indent=2) + "\n"
+    )
     print(text)
 
 

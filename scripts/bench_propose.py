@@ -123,10 +123,7 @@ def bench_draft_block(context: list[int], stream: list[int]) -> tuple[float, flo
 def main() -> None:
     """Run every benchmark for each context size and print a table."""
     rng = random.Random(1234)
-    header = (
-        f"{'context':>8} {'observe us/tok':>15} {'propose us':>11} "
-        f"{'hit%':>5} {'draft_block us':>15} {'hit%':>5}"
-    )
+    header = f"{'context':>8} {'observe us/tok':>15} {'propose us':>11} {'hit%':>5} {'draft_block us':>15} {'hit%':>5}"
     print(f"calls per measurement: {CALLS}, max_draft: {MAX_DRAFT}")
     print(header)
     print("-" * len(header))

@@ -32,13 +32,18 @@ def main() -> None:
     args = parser.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     gs, bits = args.group_size, args.bits
-    lines = ["# The CPU quantized-matmul kernel alone", "",
-             f"Command: `.venv/bin/python scripts/bench_qmatmul.py --rows {args.rows} --bits {bits} --group-size {gs}`", "",
-             f"Machine: {platform.machine()}, kernel {mlxd_qmatmul.kernel_isa()} on {mlxd_qmatmul.describe_threads()}; "
-             f"MLX {mx.__version__}. Best of 3 passes over distinct weight copies (~128 MB packed, streamed from memory); "
-             "float32 over 2 copies (cached where they fit).", "",
-             "| shape (out x in) | rows | kernel ms | kernel GB/s (packed) | MLX quantized ms | float32 BLAS ms |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "# The CPU quantized-matmul kernel alone",
+        "",
+        f"Command: `.venv/bin/python scripts/bench_qmatmul.py --rows {args.rows} --bits {bits} --group-size {gs}`",
+        "",
+        f"Machine: {platform.machine()}, kernel {mlxd_qmatmul.kernel_isa()} on {mlxd_qmatmul.describe_threads()}; "
+        f"MLX {mx.__version__}. Best of 3 passes over distinct weight copies (~128 MB packed, streamed from memory); "
+        "float32 over 2 copies (cached where they fit).",
+        "",
+        "| shape (out x in) | rows | kernel ms | kernel GB/s (packed) | MLX quantized ms | float32 BLAS ms |",
+        "|---|---|---|---|---|---|",
+    ]
     for out_dims, in_dims in SHAPES:
         w = mx.random.normal((out_dims, in_dims), key=mx.random.key(0))
         wq, s, b = mx.quantize(w, group_size=gs, bits=bits)
@@ -52,8 +57,9 @@ def main() -> None:
             mx.eval(x)
             k = best_ms(lambda: [mlxd_qmatmul.quantized_matmul(x, *p, gs, bits) for p in packs], 3) / copies
             few = packs[: max(1, copies // 8)]
-            q = best_ms(lambda: [mx.quantized_matmul(x, *p, transpose=True, group_size=gs, bits=bits) for p in few],
-                        2) / len(few)
+            q = best_ms(
+                lambda: [mx.quantized_matmul(x, *p, transpose=True, group_size=gs, bits=bits) for p in few], 2
+            ) / len(few)
             f = best_ms(lambda: [x @ d.T for d in dense], 3) / len(dense)
             line = f"| {out_dims} x {in_dims} | {n} | {k:.3f} | {packed_bytes / k / 1e6:.1f} | {q:.3f} | {f:.3f} |"
             print(line, flush=True)

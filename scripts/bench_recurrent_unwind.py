@@ -57,6 +57,7 @@ def measure(name: str, reps: int) -> dict[str, float]:
             engine.commit_appends(seq, accepted + 1)
             engine.unwind_appends(seq, DRAFT - accepted)
             mx.eval(engine.storage.arrays())
+
         return run
 
     kinds = {"step": step, "full": verify(DRAFT), **{f"partial {a}": verify(a) for a in ACCEPTS}}
@@ -81,8 +82,14 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--models", nargs="*", default=MODELS)
     args = parser.parse_args()
-    print(f"B=1, context {CONTEXT}, verify of 1 + {DRAFT} tokens, medians of {args.reps} repetitions (ms; x = in plain steps)")
-    print(f"{'model':18} {'step':>7} {'full':>13} " + " ".join(f"{'partial ' + str(a):>15}" for a in ACCEPTS) + "  break-even")
+    print(
+        f"B=1, context {CONTEXT}, verify of 1 + {DRAFT} tokens, medians of {args.reps} repetitions (ms; x = in plain steps)"
+    )
+    print(
+        f"{'model':18} {'step':>7} {'full':>13} "
+        + " ".join(f"{'partial ' + str(a):>15}" for a in ACCEPTS)
+        + "  break-even"
+    )
     for name in args.models:
         ms = measure(name, args.reps)
         step = ms["step"]
@@ -91,7 +98,9 @@ def main() -> None:
         # round cost with a accepted, interpolated between the measured points; a + 1 tokens come out
         points = sorted((a, ms[f"partial {a}"]) for a in ACCEPTS)
         even = next((a for a in range(DRAFT + 1) if _cost(points, a) < (a + 1) * step), None)
-        print(f"{name:18} {step:7.2f} " + " ".join(f"{c:>15}" for c in cells) + f"  {even if even is not None else '>8'}")
+        print(
+            f"{name:18} {step:7.2f} " + " ".join(f"{c:>15}" for c in cells) + f"  {even if even is not None else '>8'}"
+        )
 
 
 def _cost(points: list[tuple[int, float]], a: int) -> float:

@@ -29,8 +29,12 @@ ensure_fast_blas()
 from bench_common import command_line, machine_facts, prefilled_rows, ratio_spread, serving_engine, spread  # noqa: E402
 from mlxd_engine.kv_storage import RowPlan  # noqa: E402
 
-SHAPES = {"8 adjacent": list(range(8)), "7 adjacent": list(range(7)), "7, one gap": [0, 1, 2, 4, 5, 6, 7],
-          "6, two gaps": [0, 1, 3, 4, 6, 7]}
+SHAPES = {
+    "8 adjacent": list(range(8)),
+    "7 adjacent": list(range(7)),
+    "7, one gap": [0, 1, 2, 4, 5, 6, 7],
+    "6, two gaps": [0, 1, 3, 4, 6, 7],
+}
 
 
 def main() -> None:
@@ -61,18 +65,22 @@ def main() -> None:
         step_ms(slots, "runs"), step_ms(slots, "gather")
     for number in range(args.rounds):
         for shape, slots in SHAPES.items():
-            for read in (("runs", "gather") if number % 2 == 0 else ("gather", "runs")):
+            for read in ("runs", "gather") if number % 2 == 0 else ("gather", "runs"):
                 results[shape, read].append(step_ms(slots, read))
     RowPlan.slot_runs = runs
     facts = machine_facts()
     print(f"$ {command_line()}")
-    print(f"model {args.model}; contexts {args.context} + 7 x row (+ the steps taken); {args.rounds} rounds of {args.steps} steps; "
-          f"{facts.get('cpu', '')}")
+    print(
+        f"model {args.model}; contexts {args.context} + 7 x row (+ the steps taken); {args.rounds} rounds of {args.steps} steps; "
+        f"{facts.get('cpu', '')}"
+    )
     print(f"{'rows':>12} {'runs ms':>18} {'gather ms':>18} {'gather/runs':>20}")
     for shape in SHAPES:
         by_runs, by_gather = results[shape, "runs"], results[shape, "gather"]
-        print(f"{shape:>12} {spread(by_runs):>18} {spread(by_gather):>18}"
-              f" {ratio_spread([g / r for g, r in zip(by_gather, by_runs)]):>20}")
+        print(
+            f"{shape:>12} {spread(by_runs):>18} {spread(by_gather):>18}"
+            f" {ratio_spread([g / r for g, r in zip(by_gather, by_runs)]):>20}"
+        )
 
 
 if __name__ == "__main__":

@@ -33,14 +33,36 @@ from mlxd_protocol import AsyncClient, Constraint, Generate, Speculative, new_re
 
 SMOLLM2 = ROOT.parent / "shared" / "models" / "smollm2-135m-instruct-q4"
 # long enough to run to --tokens: a list of records
-LIST_SCHEMA = {"type": "object", "required": ["people"], "properties": {"people": {"type": "array", "items": {
-    "type": "object", "required": ["name", "city", "age"], "additionalProperties": False,
-    "properties": {"name": {"type": "string", "maxLength": 30}, "city": {"type": "string", "maxLength": 30},
-                   "age": {"type": "integer", "minimum": 0, "maximum": 120}}}}}}
-RECORDS = [("Alice Smith", "Paris", 34), ("Bob Jones", "Berlin", 51), ("Chen Wei", "Shanghai", 27),
-           ("Dana Levi", "Haifa", 45), ("Emil Novak", "Prague", 38), ("Fatima Zahra", "Rabat", 29)]
+LIST_SCHEMA = {
+    "type": "object",
+    "required": ["people"],
+    "properties": {
+        "people": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["name", "city", "age"],
+                "additionalProperties": False,
+                "properties": {
+                    "name": {"type": "string", "maxLength": 30},
+                    "city": {"type": "string", "maxLength": 30},
+                    "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                },
+            },
+        }
+    },
+}
+RECORDS = [
+    ("Alice Smith", "Paris", 34),
+    ("Bob Jones", "Berlin", 51),
+    ("Chen Wei", "Shanghai", 27),
+    ("Dana Levi", "Haifa", 45),
+    ("Emil Novak", "Prague", 38),
+    ("Fatima Zahra", "Rabat", 29),
+]
 EXTRACTION_TEXT = "Return these fields as JSON, a list of people with name, city and age: " + "; ".join(
-    f"name {name}, city {city}, age {age}" for name, city, age in RECORDS)
+    f"name {name}, city {city}, age {age}" for name, city, age in RECORDS
+)
 FREE_PROMPT = "Write a short story about a robot who learns to paint."
 
 
@@ -70,18 +92,30 @@ def mask_cost(model: str) -> dict:
         mx.eval(mx.where(mask, logits, -mx.inf))
         apply_ms.append((time.perf_counter() - started) * 1000)
         output.append(token)
-    return {"tokens": len(tokens), "mask_ms_median": statistics.median(mask_ms), "mask_ms_mean": statistics.mean(mask_ms),
-            "mask_ms_max": max(mask_ms), "apply_ms_median": statistics.median(apply_ms)}
+    return {
+        "tokens": len(tokens),
+        "mask_ms_median": statistics.median(mask_ms),
+        "mask_ms_mean": statistics.mean(mask_ms),
+        "mask_ms_max": max(mask_ms),
+        "apply_ms_median": statistics.median(apply_ms),
+    }
 
 
 def request(text: str, tokens: int, constrained: bool, speculative: str = "none") -> Generate:
     constraint = Constraint(kind="json_schema", text=json.dumps(LIST_SCHEMA)) if constrained else None
-    return Generate(id=new_request_id(), messages=[{"role": "user", "content": text}], max_tokens=tokens,
-                    stream=False, constraint=constraint, speculative=Speculative(kind=speculative))
+    return Generate(
+        id=new_request_id(),
+        messages=[{"role": "user", "content": text}],
+        max_tokens=tokens,
+        stream=False,
+        constraint=constraint,
+        speculative=Speculative(kind=speculative),
+    )
 
 
 async def run_batch(endpoint: str, requests: list[Generate]) -> dict:
     async with AsyncClient(endpoint, timeout_s=600) as client:
+
         async def one(message: Generate):
             return [reply async for reply in client.generate(message)][-1]
 
@@ -89,10 +123,12 @@ async def run_batch(endpoint: str, requests: list[Generate]) -> dict:
         dones = await asyncio.gather(*(one(message) for message in requests))
         wall = time.perf_counter() - started
     completion = sum(done.usage["completion_tokens"] for done in dones)
-    return {"aggregate_tok_s": completion / wall,
-            "decode_tok_s": statistics.median(done.timings["predicted_per_second"] for done in dones),
-            "accepted": sum(done.timings.get("draft_n_accepted", 0) for done in dones),
-            "drafted": sum(done.timings.get("draft_n", 0) for done in dones)}
+    return {
+        "aggregate_tok_s": completion / wall,
+        "decode_tok_s": statistics.median(done.timings["predicted_per_second"] for done in dones),
+        "accepted": sum(done.timings.get("draft_n_accepted", 0) for done in dones),
+        "drafted": sum(done.timings.get("draft_n", 0) for done in dones),
+    }
 
 
 def variants(tokens: int) -> dict[str, list[Generate]]:
@@ -126,20 +162,32 @@ def main() -> None:
     finally:
         stop_daemon(process, endpoint)
 
-    lines = [f"# Structured output: mask cost and constrained vs free decode", "",
-             f"`{command_line()}`", "", f"machine: {json.dumps(machine_facts())}", "",
-             f"(a) mask per token over a {mask['tokens']}-token reference reply: median {mask['mask_ms_median']:.3f} ms, "
-             f"mean {mask['mask_ms_mean']:.3f} ms, max {mask['mask_ms_max']:.3f} ms; applying it: median "
-             f"{mask['apply_ms_median']:.3f} ms", "",
-             "| variant | decode tok/s per request | aggregate tok/s | drafts accepted / drafted |", "|---|---|---|---|"]
+    lines = [
+        f"# Structured output: mask cost and constrained vs free decode",
+        "",
+        f"`{command_line()}`",
+        "",
+        f"machine: {json.dumps(machine_facts())}",
+        "",
+        f"(a) mask per token over a {mask['tokens']}-token reference reply: median {mask['mask_ms_median']:.3f} ms, "
+        f"mean {mask['mask_ms_mean']:.3f} ms, max {mask['mask_ms_max']:.3f} ms; applying it: median "
+        f"{mask['apply_ms_median']:.3f} ms",
+        "",
+        "| variant | decode tok/s per request | aggregate tok/s | drafts accepted / drafted |",
+        "|---|---|---|---|",
+    ]
     for name, rounds in results.items():
-        lines.append(f"| {name} | {spread([r['decode_tok_s'] for r in rounds])} | "
-                     f"{spread([r['aggregate_tok_s'] for r in rounds])} | "
-                     f"{sum(r['accepted'] for r in rounds)} / {sum(r['drafted'] for r in rounds)} |")
+        lines.append(
+            f"| {name} | {spread([r['decode_tok_s'] for r in rounds])} | "
+            f"{spread([r['aggregate_tok_s'] for r in rounds])} | "
+            f"{sum(r['accepted'] for r in rounds)} / {sum(r['drafted'] for r in rounds)} |"
+        )
     lines += ["", "| ratio (per round) | median [min-max] |", "|---|---|"]
-    for label, over, under, key in [("constrained / free, B=1", "constrained B=1", "free B=1", "decode_tok_s"),
-                                    ("constrained / free, c=8 aggregate", "constrained c=8", "free c=8", "aggregate_tok_s"),
-                                    ("extraction lookup on / off", "extraction, lookup on", "extraction, lookup off", "decode_tok_s")]:
+    for label, over, under, key in [
+        ("constrained / free, B=1", "constrained B=1", "free B=1", "decode_tok_s"),
+        ("constrained / free, c=8 aggregate", "constrained c=8", "free c=8", "aggregate_tok_s"),
+        ("extraction lookup on / off", "extraction, lookup on", "extraction, lookup off", "decode_tok_s"),
+    ]:
         ratios = [a[key] / b[key] for a, b in zip(results[over], results[under]) if b[key]]
         lines.append(f"| {label} | {ratio_spread(ratios)} |")
     report = "\n".join(lines) + "\n"

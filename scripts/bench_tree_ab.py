@@ -24,8 +24,10 @@ from mlxd_fast_blas import ensure_fast_blas  # noqa: E402
 
 ensure_fast_blas()
 
-PROMPT = ("The Python standard library contains built-in modules that provide access to system functionality "
-          "such as file I/O that would otherwise be inaccessible to Python programmers, as well as modules")
+PROMPT = (
+    "The Python standard library contains built-in modules that provide access to system functionality "
+    "such as file I/O that would otherwise be inaccessible to Python programmers, as well as modules"
+)
 
 CHILD = r"""
 import json, sys
@@ -44,11 +46,13 @@ result = generate_plain(engine, prompt, tokens)
 print(json.dumps({"tok_s": (len(result.tokens) - 1) / result.decode_seconds}))
 """
 
+
 def run(tree: str, model: str, tokens: int) -> float:
     root = Path(tree).resolve()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(root / p) for p in ("packages", "daemon", "cli")))
-    out = subprocess.run([sys.executable, "-c", CHILD, model, str(tokens), PROMPT], env=env, check=True,
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, model, str(tokens), PROMPT], env=env, check=True, capture_output=True, text=True
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])["tok_s"]
 
 
@@ -69,8 +73,10 @@ def main() -> None:
         print(f"{name:3} {statistics.median(values):8.1f} tok/s [{min(values):.1f}-{max(values):.1f}]")
     b_a = [b / a for a, b in zip(results["A"], results["B"])]
     a_a = [a2 / a for a, a2 in zip(results["A"], results["A2"])]
-    print(f"B/A median {statistics.median(b_a):.3f} [{min(b_a):.3f}-{max(b_a):.3f}]   "
-          f"A2/A median {statistics.median(a_a):.3f} [{min(a_a):.3f}-{max(a_a):.3f}]")
+    print(
+        f"B/A median {statistics.median(b_a):.3f} [{min(b_a):.3f}-{max(b_a):.3f}]   "
+        f"A2/A median {statistics.median(a_a):.3f} [{min(a_a):.3f}-{max(a_a):.3f}]"
+    )
 
 
 if __name__ == "__main__":

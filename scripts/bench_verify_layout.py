@@ -72,21 +72,28 @@ def main() -> None:
             results[shape]["padded"].append(timed(lambda: padded(rows, proposing)))
     cost = engine.forward_cost
     facts = machine_facts()
-    print(f"model {args.model}; context {args.context}, drafts of {args.draft} (rejected); {args.rounds} rounds; "
-          f"{facts.get('cpu', '')}")
+    print(
+        f"model {args.model}; context {args.context}, drafts of {args.draft} (rejected); {args.rounds} rounds; "
+        f"{facts.get('cpu', '')}"
+    )
     print(f"forward cost model after the run: {cost.summary()}")
-    print(f"{'rows':>4} {'verify':>6} {'plain ms':>18} {'beside ms':>18} {'padded ms':>18} {'padded/beside':>18}"
-          f" {'model beside':>12} {'model padded':>12}")
+    print(
+        f"{'rows':>4} {'verify':>6} {'plain ms':>18} {'beside ms':>18} {'padded ms':>18} {'padded/beside':>18}"
+        f" {'model beside':>12} {'model padded':>12}"
+    )
     for shape in SHAPES:
         rows, proposing = shape
         r = results[shape]
         ratios = [p / b for p, b in zip(r["padded"], r["beside"])]
         context = args.context + 2
         model_beside = cost.estimate(proposing, 1 + args.draft, context) + (
-            cost.estimate(rows - proposing, 1, context) if rows > proposing else 0.0)
+            cost.estimate(rows - proposing, 1, context) if rows > proposing else 0.0
+        )
         model_padded = cost.estimate(rows, 1 + args.draft, context)
-        print(f"{rows:>4} {proposing:>6} {spread(r['plain']):>18} {spread(r['beside']):>18} {spread(r['padded']):>18}"
-              f" {ratio_spread(ratios):>18} {model_beside:>12.2f} {model_padded:>12.2f}")
+        print(
+            f"{rows:>4} {proposing:>6} {spread(r['plain']):>18} {spread(r['beside']):>18} {spread(r['padded']):>18}"
+            f" {ratio_spread(ratios):>18} {model_beside:>12.2f} {model_padded:>12.2f}"
+        )
 
 
 if __name__ == "__main__":

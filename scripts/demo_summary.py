@@ -14,12 +14,13 @@ def main(on_path: str, off_path: str) -> int:
     print(on["text"])
     for name, reply in (("on ", on), ("off", off)):
         t = reply["timings"]
-        drafts = (f", {t['draft_n_accepted']} of {t['draft_n']} drafted tokens accepted"
-                  if t.get("draft_kind") else "")
+        drafts = f", {t['draft_n_accepted']} of {t['draft_n']} drafted tokens accepted" if t.get("draft_kind") else ""
         print(f"prompt lookup {name}: {t['predicted_n']} tokens at {t['predicted_per_second']:.1f} tok/s{drafts}")
     speedup = on["timings"]["predicted_per_second"] / off["timings"]["predicted_per_second"]
     same = on["tokens"] == off["tokens"]
-    print(f"speed-up {speedup:.2f}x; replies identical: {'yes' if same else 'NO'} ({len(on['tokens'])} vs {len(off['tokens'])} tokens)")
+    print(
+        f"speed-up {speedup:.2f}x; replies identical: {'yes' if same else 'NO'} ({len(on['tokens'])} vs {len(off['tokens'])} tokens)"
+    )
     return 0 if same else 1
 
 

@@ -49,8 +49,10 @@ def main() -> None:
     paragraphs = fitting[: args.count or None]
     engine = Engine(loaded, max_sequences=1)
     # greedy, and llama-server's default sampler (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05), seeded
-    plain_samplers = {"greedy": SamplingParams(),
-                      "sampled": SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=0)}
+    plain_samplers = {
+        "greedy": SamplingParams(),
+        "sampled": SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=0),
+    }
     scores = {}
     for frame in ("chat", "raw"):
         positional = aligned = total = perfect = 0
@@ -71,11 +73,17 @@ def main() -> None:
             perfect += reply == reference
             if i < args.show:
                 print(f"--- {frame} reference:\n{paragraph}\n--- reply:\n{tokenizer.decode(reply)}\n")
-        scores[frame] = {"positional": round(positional / total, 4), "aligned": round(aligned / total, 4),
-                         "paragraphs_exact": perfect, "tokens": total}
+        scores[frame] = {
+            "positional": round(positional / total, 4),
+            "aligned": round(aligned / total, 4),
+            "paragraphs_exact": perfect,
+            "tokens": total,
+        }
     vocabulary = known_words(corpus)
-    plain_ids = [tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
-                 for prompt in PLAIN_PROMPTS]
+    plain_ids = [
+        tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+        for prompt in PLAIN_PROMPTS
+    ]
     for name, params in plain_samplers.items():
         plausible = 0
         for i, (prompt, ids) in enumerate(zip(PLAIN_PROMPTS, plain_ids)):

@@ -34,8 +34,17 @@ SDIST_VERSION = "0.3.36"
 SDIST_NAME = f"llama_cpp_python-{SDIST_VERSION}"
 TESTS_IN_SDIST = f"{SDIST_NAME}/vendor/llama.cpp/tools/server/tests"
 TEMPLATES_IN_SDIST = f"{SDIST_NAME}/vendor/llama.cpp/models/templates"
-OFFLINE_FILES = ["test_basic.py", "test_chat_completion.py", "test_completion.py", "test_ctx_shift.py",
-                 "test_ignore_eos.py", "test_tokenize.py", "test_security.py", "test_metrics.py", "test_template.py"]
+OFFLINE_FILES = [
+    "test_basic.py",
+    "test_chat_completion.py",
+    "test_completion.py",
+    "test_ctx_shift.py",
+    "test_ignore_eos.py",
+    "test_tokenize.py",
+    "test_security.py",
+    "test_metrics.py",
+    "test_template.py",
+]
 _RNG = "compares text sampled at temperature > 0 with llama.cpp's sampler RNG (mt19937 + its sampler chain)"
 _OFFLINE = "needs a hub model other than stories260K, which cannot be had offline"
 _ROUTER = "router mode (a server without a model, loading models on demand), which mlxd does not have"
@@ -76,8 +85,21 @@ def fetch_sdist(cache: Path) -> Path:
     archive = cache / f"{SDIST_NAME}.tar.gz"
     if not archive.exists():
         cache.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                        f"llama-cpp-python=={SDIST_VERSION}", "-d", str(cache)], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                f"llama-cpp-python=={SDIST_VERSION}",
+                "-d",
+                str(cache),
+            ],
+            check=True,
+        )
     return archive
 
 
@@ -86,8 +108,11 @@ def extract_suite(cache: Path, archive: Path) -> Path:
     tests = cache / TESTS_IN_SDIST
     if not (tests / "utils.py").exists():
         with tarfile.open(archive) as tar:
-            members = [member for member in tar.getmembers()
-                       if member.name.startswith((TESTS_IN_SDIST + "/", TEMPLATES_IN_SDIST + "/"))]
+            members = [
+                member
+                for member in tar.getmembers()
+                if member.name.startswith((TESTS_IN_SDIST + "/", TEMPLATES_IN_SDIST + "/"))
+            ]
             tar.extractall(cache, members=members, filter="data")
     return tests
 
@@ -118,11 +143,23 @@ def run_suite(files: list[str], keyword: str | None) -> int:
     cache = cache_dir()
     tests = extract_suite(cache, fetch_sdist(cache))
     python = suite_python(cache, tests)
-    env = {**os.environ, "LLAMA_SERVER_BIN_PATH": str(launcher_wrapper(cache)),
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "scripts"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    env = {
+        **os.environ,
+        "LLAMA_SERVER_BIN_PATH": str(launcher_wrapper(cache)),
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "scripts"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+    }
     env.setdefault("PORT", "8089")  # the suite's port; not the 8080 a real server may hold
-    command = [str(python), "-m", "pytest", "-p", "llama_cpp_server_suite", "-q", "-rfE", "--tb=line",
-               *[f"unit/{name}" for name in files]]
+    command = [
+        str(python),
+        "-m",
+        "pytest",
+        "-p",
+        "llama_cpp_server_suite",
+        "-q",
+        "-rfE",
+        "--tb=line",
+        *[f"unit/{name}" for name in files],
+    ]
     for test_id in DESELECTED:
         if test_id.split("::")[0] in files:
             command += ["--deselect", f"unit/{test_id}"]

@@ -52,19 +52,69 @@ HUB_MODELS = {
 }
 # flag -> takes a value (True) or is a switch (False)
 IGNORED_FLAGS = {
-    "--n-gpu-layers": True, "-ngl": True, "--gpu-layers": True, "--threads": True, "-t": True,
-    "--threads-batch": True, "-tb": True, "--ubatch-size": True, "-ub": True, "--flash-attn": True, "-fa": True,
-    "--cont-batching": False, "-cb": False, "--jinja": False, "--no-jinja": False, "--embedding": False,
-    "--embeddings": False, "--offline": False, "--no-webui": False, "--no-ui": False, "--no-mmproj": False,
+    "--n-gpu-layers": True,
+    "-ngl": True,
+    "--gpu-layers": True,
+    "--threads": True,
+    "-t": True,
+    "--threads-batch": True,
+    "-tb": True,
+    "--ubatch-size": True,
+    "-ub": True,
+    "--flash-attn": True,
+    "-fa": True,
+    "--cont-batching": False,
+    "-cb": False,
+    "--jinja": False,
+    "--no-jinja": False,
+    "--embedding": False,
+    "--embeddings": False,
+    "--offline": False,
+    "--no-webui": False,
+    "--no-ui": False,
+    "--no-mmproj": False,
     "--no-cache-idle-slots": False,
 }
-ALIASES = {"-m": "--model", "-hfr": "--hf-repo", "-hf": "--hf-repo", "-hff": "--hf-file", "-c": "--ctx-size",
-           "-np": "--parallel", "-b": "--batch-size", "-n": "--n-predict", "--predict": "--n-predict",
-           "-s": "--seed", "-a": "--alias", "-v": "--verbose", "--embeddings": "--embedding"}
-VALUE_FLAGS = {"--host", "--port", "--model", "--hf-repo", "--hf-file", "--ctx-size", "--parallel", "--batch-size",
-               "--n-predict", "--temp", "--top-k", "--top-p", "--min-p", "--seed", "--alias", "--api-key",
-               "--cors-origins", "--chat-template", "--chat-template-file", "--pooling", "--spec-type",
-               "--cache-ram", "--reasoning"}
+ALIASES = {
+    "-m": "--model",
+    "-hfr": "--hf-repo",
+    "-hf": "--hf-repo",
+    "-hff": "--hf-file",
+    "-c": "--ctx-size",
+    "-np": "--parallel",
+    "-b": "--batch-size",
+    "-n": "--n-predict",
+    "--predict": "--n-predict",
+    "-s": "--seed",
+    "-a": "--alias",
+    "-v": "--verbose",
+    "--embeddings": "--embedding",
+}
+VALUE_FLAGS = {
+    "--host",
+    "--port",
+    "--model",
+    "--hf-repo",
+    "--hf-file",
+    "--ctx-size",
+    "--parallel",
+    "--batch-size",
+    "--n-predict",
+    "--temp",
+    "--top-k",
+    "--top-p",
+    "--min-p",
+    "--seed",
+    "--alias",
+    "--api-key",
+    "--cors-origins",
+    "--chat-template",
+    "--chat-template-file",
+    "--pooling",
+    "--spec-type",
+    "--cache-ram",
+    "--reasoning",
+}
 SWITCH_FLAGS = {"--metrics", "--slots", "--no-slots", "--kv-unified", "--verbose"}
 LLAMA_DEFAULT_PARALLEL = 4  # llama-server's slot count when -np is not given
 
@@ -110,8 +160,10 @@ def parse_llama_args(argv: list[str]) -> LlamaArgs:
                 value, index = argv[index], index + 1
             parsed.values[flag] = value
         else:
-            raise UsageError(f"{flag} is not supported by mlxd's llama-server launcher (see its docstring for the "
-                             "flags it maps and the ones it ignores)")
+            raise UsageError(
+                f"{flag} is not supported by mlxd's llama-server launcher (see its docstring for the "
+                "flags it maps and the ones it ignores)"
+            )
     return parsed
 
 
@@ -124,8 +176,10 @@ def resolve_model(args: LlamaArgs) -> Path:
         raise UsageError("no model: give --model PATH or --hf-repo (router mode is not supported)")
     key = (repo, args.values.get("--hf-file"))
     if key not in HUB_MODELS:
-        raise UsageError(f"--hf-repo {repo} --hf-file {key[1]}: not available offline (known: "
-                         f"{sorted(f'{r}/{f}' if f else r for r, f in HUB_MODELS)})")
+        raise UsageError(
+            f"--hf-repo {repo} --hf-file {key[1]}: not available offline (known: "
+            f"{sorted(f'{r}/{f}' if f else r for r, f in HUB_MODELS)})"
+        )
     path = HUB_MODELS[key]
     if not path.exists():
         raise UsageError(f"{repo}: its local copy {path} is not present")
@@ -148,22 +202,50 @@ def daemon_command(args: LlamaArgs, model: Path, endpoint: str) -> list[str]:
     """The ``mlxd`` command line for the llama-server flags."""
     values = args.values
     parallel = int(values.get("--parallel", LLAMA_DEFAULT_PARALLEL))
-    command = [sys.executable, "-m", "mlxd_daemon", "--endpoint", endpoint, "--model", str(model),
-               "--max-batch", str(parallel), "--drain-timeout", "1", "--stream-interval-ms", "0",
-               "--temp", values.get("--temp", "0.8")]
+    command = [
+        sys.executable,
+        "-m",
+        "mlxd_daemon",
+        "--endpoint",
+        endpoint,
+        "--model",
+        str(model),
+        "--max-batch",
+        str(parallel),
+        "--drain-timeout",
+        "1",
+        "--stream-interval-ms",
+        "0",
+        "--temp",
+        values.get("--temp", "0.8"),
+    ]
     if "--ctx-size" in values and int(values["--ctx-size"]) > 0:
         ctx = int(values["--ctx-size"])
         if "--kv-unified" in args.switches:  # every slot may use the whole pool
-            command += ["--max-kv-size", str(ctx), "--decode-storage-backend", "paged", "--kv-pool-tokens", str(ctx),
-                        "--kv-block-size", "16"]
+            command += [
+                "--max-kv-size",
+                str(ctx),
+                "--decode-storage-backend",
+                "paged",
+                "--kv-pool-tokens",
+                str(ctx),
+                "--kv-block-size",
+                "16",
+            ]
         else:
             command += ["--max-kv-size", str(ctx // parallel)]
     if int(values.get("--seed", -1)) >= 0:  # -1 (llama-server's default): a random seed, i.e. no default seed
         command += ["--seed", values["--seed"]]
-    for flag, option in (("--top-k", "--top-k"), ("--top-p", "--top-p"), ("--min-p", "--min-p"),
-                         ("--batch-size", "--prefill-chunk"), ("--pooling", "--pooling"),
-                         ("--chat-template", "--chat-template"), ("--chat-template-file", "--chat-template-file"),
-                         ("--reasoning", "--reasoning")):
+    for flag, option in (
+        ("--top-k", "--top-k"),
+        ("--top-p", "--top-p"),
+        ("--min-p", "--min-p"),
+        ("--batch-size", "--prefill-chunk"),
+        ("--pooling", "--pooling"),
+        ("--chat-template", "--chat-template"),
+        ("--chat-template-file", "--chat-template-file"),
+        ("--reasoning", "--reasoning"),
+    ):
         if flag in values:
             command += [option, values[flag]]
     if "--chat-template" not in values and "--chat-template-file" not in values and not has_chat_template(model):
@@ -184,8 +266,14 @@ def daemon_command(args: LlamaArgs, model: Path, endpoint: str) -> list[str]:
 def gateway_args(args: LlamaArgs, endpoint: str) -> list[str]:
     """The ``mlx-serve-http`` options for the llama-server flags."""
     values = args.values
-    gateway = ["--daemon", endpoint, "--port", values.get("--port", "8080"), "--log-level",
-               "debug" if "--verbose" in args.switches else "warning"]
+    gateway = [
+        "--daemon",
+        endpoint,
+        "--port",
+        values.get("--port", "8080"),
+        "--log-level",
+        "debug" if "--verbose" in args.switches else "warning",
+    ]
     for host in values.get("--host", "127.0.0.1").split(","):
         gateway += ["--host", host.strip()]
     for flag in ("--alias", "--api-key", "--cors-origins", "--n-predict"):

@@ -37,8 +37,10 @@ ROOT = Path(__file__).resolve().parents[1]
 EMBEDDED = ROOT / "models" / "mlxd-qwen3-tiny"
 FD_SLACK = 8
 
-WORDS = ("the cat sat on the mat and the dog ran to the park where a little girl played with a red ball "
-         "under a tall tree while the sun was shining").split()
+WORDS = (
+    "the cat sat on the mat and the dog ran to the park where a little girl played with a red ball "
+    "under a tall tree while the sun was shining"
+).split()
 
 
 def free_port() -> int:
@@ -48,10 +50,27 @@ def free_port() -> int:
 
 
 def start_daemon(model: str, endpoint: str) -> subprocess.Popen:
-    process = subprocess.Popen([sys.executable, "-m", "mlxd_daemon", "-m", model, "--endpoint", endpoint,
-                                "--draft-kind", "prompt-lookup", "--max-batch", "8", "--log-level", "warning"],
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                               env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlxd_daemon",
+            "-m",
+            model,
+            "--endpoint",
+            endpoint,
+            "--draft-kind",
+            "prompt-lookup",
+            "--max-batch",
+            "8",
+            "--log-level",
+            "warning",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
     line = process.stdout.readline()
     if not line.startswith("mlxd ready"):
         process.kill()
@@ -61,17 +80,33 @@ def start_daemon(model: str, endpoint: str) -> subprocess.Popen:
 
 def daemon_status(endpoint: str) -> dict:
     """``mlxd status --json`` on the daemon's endpoint."""
-    result = subprocess.run([sys.executable, "-m", "mlxd_daemon", "status", "--endpoint", endpoint, "--json"],
-                            capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        [sys.executable, "-m", "mlxd_daemon", "status", "--endpoint", endpoint, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     if result.returncode != 0:
         raise RuntimeError(f"mlxd status failed: {result.stderr}")
     return json.loads(result.stdout)
 
 
 def start_gateway(endpoint: str, port: int) -> subprocess.Popen:
-    process = subprocess.Popen([sys.executable, "-m", "mlxd_cli.serve_http.main", "--daemon", endpoint,
-                                "--port", str(port), "--log-level", "warning"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlxd_cli.serve_http.main",
+            "--daemon",
+            endpoint,
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
@@ -99,13 +134,24 @@ def make_request(rng: random.Random, chat: bool, max_tokens: int) -> tuple[str, 
     if route == "completion":
         return kind, "/completion", {"prompt": prompt, "n_predict": max_tokens, "stream": stream, **extra}
     if route == "chat":
-        return kind, "/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}],
-                                              "max_tokens": max_tokens, "stream": stream, **extra}
+        return (
+            kind,
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "stream": stream, **extra},
+        )
     return kind, "/v1/completions", {"prompt": prompt, "max_tokens": max_tokens, "stream": stream, **extra}
 
 
-async def one_request(client: httpx.AsyncClient, rng: random.Random, chat: bool, max_tokens: int,
-                      cancel_rate: float, timeout_s: float, counts: Counter, errors: list) -> None:
+async def one_request(
+    client: httpx.AsyncClient,
+    rng: random.Random,
+    chat: bool,
+    max_tokens: int,
+    cancel_rate: float,
+    timeout_s: float,
+    counts: Counter,
+    errors: list,
+) -> None:
     kind, path, body = make_request(rng, chat, max_tokens)
     cancel = body["stream"] and rng.random() < cancel_rate
     counts[f"kind:{kind}"] += 1
@@ -135,13 +181,15 @@ async def one_request(client: httpx.AsyncClient, rng: random.Random, chat: bool,
         errors.append(f"{type(error).__name__}: {error}")
 
 
-async def run_load(url: str, duration_s: float, concurrency: int, chat: bool, max_tokens: int, seed: int,
-                   timeout_s: float) -> tuple[Counter, list]:
+async def run_load(
+    url: str, duration_s: float, concurrency: int, chat: bool, max_tokens: int, seed: int, timeout_s: float
+) -> tuple[Counter, list]:
     counts: Counter = Counter()
     errors: list = []
     deadline = time.monotonic() + duration_s
     limits = httpx.Limits(max_connections=concurrency * 2)
     async with httpx.AsyncClient(base_url=url, timeout=timeout_s, limits=limits) as client:
+
         async def worker(index: int) -> None:
             rng = random.Random(seed * 1000 + index)
             while time.monotonic() < deadline:
@@ -171,8 +219,9 @@ def kv_leaks(kv: dict) -> str | None:
     return None
 
 
-def soak(model: str, duration_s: float, concurrency: int, chat: bool | None, max_tokens: int, seed: int,
-         timeout_s: float) -> dict:
+def soak(
+    model: str, duration_s: float, concurrency: int, chat: bool | None, max_tokens: int, seed: int, timeout_s: float
+) -> dict:
     directory = Path(tempfile.mkdtemp(prefix="mlxd-soak-", dir="/tmp"))
     directory.chmod(0o700)
     endpoint = f"ipc://{directory}/d.sock"
@@ -182,16 +231,19 @@ def soak(model: str, duration_s: float, concurrency: int, chat: bool | None, max
         status = daemon_status(endpoint)
         process = psutil.Process(status["pid"])
         if chat is None:
-            chat = Path(model, "tokenizer_config.json").is_file() and "chat_template" in Path(
-                model, "tokenizer_config.json").read_text()
+            chat = (
+                Path(model, "tokenizer_config.json").is_file()
+                and "chat_template" in Path(model, "tokenizer_config.json").read_text()
+            )
         port = free_port()
         gateway = start_gateway(endpoint, port)
         # one warm-up request, so start figures include the model's first allocations
         httpx.post(f"http://127.0.0.1:{port}/completion", json={"prompt": "warm up", "n_predict": 4}, timeout=60)
         rss_start, fds_start = process.memory_info().rss, process.num_fds()
         started = time.monotonic()
-        counts, errors = asyncio.run(run_load(f"http://127.0.0.1:{port}", duration_s, concurrency, chat, max_tokens,
-                                              seed, timeout_s))
+        counts, errors = asyncio.run(
+            run_load(f"http://127.0.0.1:{port}", duration_s, concurrency, chat, max_tokens, seed, timeout_s)
+        )
         elapsed = time.monotonic() - started
         end = wait_idle(endpoint)
         rss_end, fds_end = process.memory_info().rss, process.num_fds()
@@ -200,8 +252,9 @@ def soak(model: str, duration_s: float, concurrency: int, chat: bool | None, max
         if gateway is not None:
             gateway.terminate()
             gateway.wait(timeout=15)
-        subprocess.run([sys.executable, "-m", "mlxd_daemon", "stop", "--endpoint", endpoint], capture_output=True,
-                       timeout=30)
+        subprocess.run(
+            [sys.executable, "-m", "mlxd_daemon", "stop", "--endpoint", endpoint], capture_output=True, timeout=30
+        )
         try:
             daemon.wait(timeout=30)
         except subprocess.TimeoutExpired:
@@ -225,14 +278,26 @@ def soak(model: str, duration_s: float, concurrency: int, chat: bool | None, max
     if health != 200:
         failures.append(f"/health answered {health} at the end")
     return {
-        "model": model, "duration_s": round(elapsed, 1), "concurrency": concurrency, "chat": chat,
-        "requests_sent": counts["sent"], "completed": counts["completed"],
-        "cancelled_on_purpose": counts["cancelled_on_purpose"], "errors": counts["errors"], "hung": counts["hung"],
+        "model": model,
+        "duration_s": round(elapsed, 1),
+        "concurrency": concurrency,
+        "chat": chat,
+        "requests_sent": counts["sent"],
+        "completed": counts["completed"],
+        "cancelled_on_purpose": counts["cancelled_on_purpose"],
+        "errors": counts["errors"],
+        "hung": counts["hung"],
         "by_kind": {k.split(":", 1)[1]: v for k, v in counts.items() if k.startswith("kind:")},
         "requests_per_s": round(counts["sent"] / elapsed, 2) if elapsed else None,
-        "rss_start_mib": round(rss_start / 2**20, 1), "rss_end_mib": round(rss_end / 2**20, 1),
-        "fds_start": fds_start, "fds_end": fds_end, "kv_end": end["memory"]["kv"],
-        "daemon_totals": end.get("totals"), "first_errors": errors[:10], "failures": failures, "ok": not failures,
+        "rss_start_mib": round(rss_start / 2**20, 1),
+        "rss_end_mib": round(rss_end / 2**20, 1),
+        "fds_start": fds_start,
+        "fds_end": fds_end,
+        "kv_end": end["memory"]["kv"],
+        "daemon_totals": end.get("totals"),
+        "first_errors": errors[:10],
+        "failures": failures,
+        "ok": not failures,
     }
 
 

@@ -166,8 +166,9 @@ def save_checkpoint(out: Path, model, args: qwen3.ModelArgs, tokenizer, eos_ids:
     weights = dict(tree_flatten(model.parameters()))
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
     config = {key: value for key, value in vars(args).items() if value is not None}
-    config.update({"architectures": ["Qwen3ForCausalLM"], "eos_token_id": eos_ids, "bos_token_id": None,
-                   "torch_dtype": "float32"})
+    config.update(
+        {"architectures": ["Qwen3ForCausalLM"], "eos_token_id": eos_ids, "bos_token_id": None, "torch_dtype": "float32"}
+    )
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     tokenizer.save(str(out / "tokenizer.json"))
     tokenizer_config = {
@@ -185,8 +186,10 @@ def save_checkpoint(out: Path, model, args: qwen3.ModelArgs, tokenizer, eos_ids:
 
 def write_model_card(out: Path, report: dict) -> None:
     """README.md of the checkpoint: data, size, steps, loss, copy accuracy, how to regenerate."""
-    history = "\n".join(f"| {h['step']} | {h['loss']} | {h['copy_accuracy']:.1%} | {h['copy_accuracy_aligned']:.1%} |"
-                        for h in report["history"])
+    history = "\n".join(
+        f"| {h['step']} | {h['loss']} | {h['copy_accuracy']:.1%} | {h['copy_accuracy_aligned']:.1%} |"
+        for h in report["history"]
+    )
     size_mb = (out / "model.safetensors").stat().st_size / 1e6
     card = f"""# mlxd-qwen3-tiny: the embedded default model of mlxd
 
@@ -197,55 +200,55 @@ get the text back, plain prompts do not get useful text (through the chat templa
 user's message; raw continuations fall into repetition). A model this small spends its capacity on copying.
 
 ## Size
-- {report['layers']} layers, hidden size {report['hidden']}, {report['heads']} heads (head dim {report['hidden'] // report['heads']}), SwiGLU width {report['hidden'] * 3},
-  tied embeddings, RoPE theta {report['rope_theta']:g} (slowly rotating pairs let a 32-wide head match tokens hundreds of positions apart); {report['parameters']:,} parameters, float32, {size_mb:.1f} MB.
+- {report["layers"]} layers, hidden size {report["hidden"]}, {report["heads"]} heads (head dim {report["hidden"] // report["heads"]}), SwiGLU width {report["hidden"] * 3},
+  tied embeddings, RoPE theta {report["rope_theta"]:g} (slowly rotating pairs let a 32-wide head match tokens hundreds of positions apart); {report["parameters"]:,} parameters, float32, {size_mb:.1f} MB.
 - Context: `max_position_embeddings` 16384 (trained on rows of at most 512 tokens; quality past that is
   not claimed, but the model runs there, which cost measurements need).
-- Tokenizer: byte-level BPE with {report['vocab']} tokens made with the `tokenizers` library on the training text;
+- Tokenizer: byte-level BPE with {report["vocab"]} tokens made with the `tokenizers` library on the training text;
   special tokens `<|endoftext|>` (0), `<|im_start|>` (1), `<|im_end|>` (2); ChatML chat template;
   end-of-sequence ids 2 and 0.
 
 ## Data (all offline, from the Python that runs the script)
 - Prose: paragraphs of Python's own documentation (`pydoc_data.topics`) and of the standard library's
-  docstrings: {report['train_paragraphs']} training paragraphs; {report['heldout_prose']} more held out by a hash of
+  docstrings: {report["train_paragraphs"]} training paragraphs; {report["heldout_prose"]} more held out by a hash of
   their text and never trained on.
-- Code: {report['code_snippets']} short functions from the standard library's sources.
+- Code: {report["code_snippets"]} short functions from the standard library's sources.
 
-## Training (`scripts/train_embedded_model.py`, seed {report['seed']}, AdamW {report['lr']:g}, warm-up 100 steps)
-Learning rate: a cosine over {report['lr_horizon']} steps through phases 1-2, then a second cosine from there down to 5%
-over phase 3. Data parallel over {report['workers']} local processes (MLX's ring backend, one BLAS thread each): every
+## Training (`scripts/train_embedded_model.py`, seed {report["seed"]}, AdamW {report["lr"]:g}, warm-up 100 steps)
+Learning rate: a cosine over {report["lr_horizon"]} steps through phases 1-2, then a second cosine from there down to 5%
+over phase 3. Data parallel over {report["workers"]} local processes (MLX's ring backend, one BLAS thread each): every
 process packs the same whole batch and trains on its share of the rows, and the shares' gradients are
 summed, so each update is the whole batch's (as in one process) while both cores work through the
 elementwise parts of a step that one process runs on a single core.
-1. synthetic copies ({report['synthetic_steps']} steps, 64 rows x 128): random token ids from the whole vocabulary,
+1. synthetic copies ({report["synthetic_steps"]} steps, 64 rows x 128): random token ids from the whole vocabulary,
    loss only on the copy;
-2. transfer ({report['transfer_steps']} steps, 32 x 256): longer random copies (half with ids repeated as words
+2. transfer ({report["transfer_steps"]} steps, 32 x 256): longer random copies (half with ids repeated as words
    repeat in text), and copies of short real paragraphs;
-3. text mixture ({report['text_steps']} steps, 16 x 512): "Repeat the following paragraph exactly: ..." and
+3. text mixture ({report["text_steps"]} steps, 16 x 512): "Repeat the following paragraph exactly: ..." and
    similar copy tasks raw and through the chat template, chat turns that quote the user, code with a
    renamed identifier, copies of random ids drawn with Zipf weights from a small pool so that ids recur
    as words do (10% of samples: the copy must place itself by more than its last token; loss on the
    reply only), plain prose and code (loss everywhere).
 
-A moving average of the weights runs through the text phase (decay {report['ema_decay']}). At the end the final
+A moving average of the weights runs through the text phase (decay {report["ema_decay"]}). At the end the final
 weights and the average are scored on 20 other held-out paragraphs (validation, chat), and the better one
-is kept: final {report['validation']['final']:.1%}, average {report['validation']['average']:.1%}; this checkpoint holds the
-**{'moving average' if report['weights'] == 'average' else 'final weights'}**. The score below is on paragraphs the choice never saw.
+is kept: final {report["validation"]["final"]:.1%}, average {report["validation"]["average"]:.1%}; this checkpoint holds the
+**{"moving average" if report["weights"] == "average" else "final weights"}**. The score below is on paragraphs the choice never saw.
 
 | step | loss (last batch) | greedy copy accuracy, positional (6 validation paragraphs, chat) | aligned |
 |---|---|---|---|
 {history}
 
-Final loss (last batch): {report['final_loss']}. Wall time: {report['minutes']} minutes on 2 CPU cores
-(MLX {report['mlx']} on CPU with OpenBLAS, Python {report['python']}).
+Final loss (last batch): {report["final_loss"]}. Wall time: {report["minutes"]} minutes on 2 CPU cores
+(MLX {report["mlx"]} on CPU with OpenBLAS, Python {report["python"]}).
 
 ## Copy accuracy
-Greedy replies to "Repeat the following paragraph exactly: <paragraph>" for {report['heldout_paragraphs']} held-out
+Greedy replies to "Repeat the following paragraph exactly: <paragraph>" for {report["heldout_paragraphs"]} held-out
 paragraphs of 60-200 tokens. Positional accuracy = reference tokens reproduced at the same position;
 aligned = reference tokens found in order in the reply (one skipped or inserted token costs one token).
 The reference is the paragraph's tokens as they stand in the prompt.
-- through the chat template: **{report['copy_accuracy_chat']:.1%}** positional, {report['copy_accuracy_chat_aligned']:.1%} aligned
-- raw prompt: **{report['copy_accuracy_raw']:.1%}** positional, {report['copy_accuracy_raw_aligned']:.1%} aligned
+- through the chat template: **{report["copy_accuracy_chat"]:.1%}** positional, {report["copy_accuracy_chat_aligned"]:.1%} aligned
+- raw prompt: **{report["copy_accuracy_raw"]:.1%}** positional, {report["copy_accuracy_raw_aligned"]:.1%} aligned
 
 ## Regenerate
 ```sh
@@ -272,16 +275,24 @@ def main() -> None:
     parser.add_argument("--transfer-steps", type=int, default=400)
     parser.add_argument("--text-steps", type=int, default=1100)
     parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--lr-horizon", type=int, default=1220,
-                        help="length of the first cosine (the recipe was tuned with 1220 steps in all)")
+    parser.add_argument(
+        "--lr-horizon",
+        type=int,
+        default=1220,
+        help="length of the first cosine (the recipe was tuned with 1220 steps in all)",
+    )
     # RoPE base: with head_dim 32, only the slowly rotating pairs can match content hundreds of tokens
     # apart. Measured (2 x 128, 300 synthetic steps): copy loss 2.22 with base 1e6 against 3.74 with 1e4.
     parser.add_argument("--rope-theta", type=float, default=1e6)
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--ema-decay", type=float, default=0.995, help="moving average of the text phase's weights")
     parser.add_argument("--time-steps", type=int, default=0, help="only time this many steps of each phase")
-    parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
-                        help="data-parallel processes (each packs the whole batch and trains on its share of the rows)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        help="data-parallel processes (each packs the whole batch and trains on its share of the rows)",
+    )
     options = parser.parse_args()
     if options.workers > 1 and "MLX_RANK" not in os.environ:
         relaunch_data_parallel(options.workers)
@@ -298,9 +309,12 @@ def main() -> None:
     corpus = build_corpus()
     tokenizer = train_tokenizer(corpus, options.vocab)
     maker = SampleMaker(tokenizer, corpus, rng)
-    print(f"corpus: {len(corpus.train_prose)} train paragraphs, {len(corpus.heldout_prose)} held out, "
-          f"{len(corpus.train_code)} code snippets; tokenizer {tokenizer.get_vocab_size()} "
-          f"({time.time() - started:.0f}s)", flush=True)
+    print(
+        f"corpus: {len(corpus.train_prose)} train paragraphs, {len(corpus.heldout_prose)} held out, "
+        f"{len(corpus.train_code)} code snippets; tokenizer {tokenizer.get_vocab_size()} "
+        f"({time.time() - started:.0f}s)",
+        flush=True,
+    )
     # The reported score (final_set) and the weights choice (validation_set) use disjoint held-out
     # paragraphs, so the choice never sees the paragraphs it is scored on. The probe during training is
     # the first 6 validation paragraphs.
@@ -313,8 +327,11 @@ def main() -> None:
     args = model_args(tokenizer.get_vocab_size(), options.layers, options.hidden, options.heads, options.rope_theta)
     model = qwen3.Model(args)
     n_params = sum(v.size for _, v in tree_flatten(model.parameters()))
-    print(f"model: {options.layers} layers x {options.hidden}, {n_params / 1e6:.2f}M parameters; "
-          f"{workers} data-parallel worker(s)", flush=True)
+    print(
+        f"model: {options.layers} layers x {options.hidden}, {n_params / 1e6:.2f}M parameters; "
+        f"{workers} data-parallel worker(s)",
+        flush=True,
+    )
 
     phases = [
         # (name, steps, rows, row length, sample maker)
@@ -329,8 +346,11 @@ def main() -> None:
     first = optim.cosine_decay(options.lr, options.lr_horizon, options.lr * 0.05)
     at_text = float(first(early - warmup))
     schedule = optim.join_schedules(
-        [optim.linear_schedule(1e-5, options.lr, warmup), first,
-         optim.cosine_decay(at_text, max(options.text_steps, 1), options.lr * 0.05)],
+        [
+            optim.linear_schedule(1e-5, options.lr, warmup),
+            first,
+            optim.cosine_decay(at_text, max(options.text_steps, 1), options.lr * 0.05),
+        ],
         [warmup, early],
     )
     optimizer = optim.AdamW(learning_rate=schedule, weight_decay=0.01)
@@ -370,12 +390,21 @@ def main() -> None:
                 ema = model.parameters() if ema is None else ema_update(ema, model.parameters())
                 mx.eval(ema)
             if step % 25 == 0 or i == steps - 1:
-                print(f"[{name}] step {step} loss {loss.item():.3f} "
-                      f"({(time.time() - phase_start) / (i + 1):.2f}s/step, {time.time() - started:.0f}s)", flush=True)
+                print(
+                    f"[{name}] step {step} loss {loss.item():.3f} "
+                    f"({(time.time() - phase_start) / (i + 1):.2f}s/step, {time.time() - started:.0f}s)",
+                    flush=True,
+                )
             if rank == 0 and not options.time_steps and (step % options.eval_every == 0 or i == steps - 1):
                 accuracy, aligned = copy_accuracy(model, maker, probe_set)
-                history.append({"step": step, "loss": round(loss.item(), 4), "copy_accuracy": round(accuracy, 4),
-                                "copy_accuracy_aligned": round(aligned, 4)})
+                history.append(
+                    {
+                        "step": step,
+                        "loss": round(loss.item(), 4),
+                        "copy_accuracy": round(accuracy, 4),
+                        "copy_accuracy_aligned": round(aligned, 4),
+                    }
+                )
                 print(f"  eval step {step}: held-out copy accuracy {accuracy:.1%} (aligned {aligned:.1%})", flush=True)
     if options.time_steps or rank != 0:
         return
@@ -389,27 +418,51 @@ def main() -> None:
     chosen = "average" if validation["average"][0] >= validation["final"][0] else "final"
     if chosen == "final":
         model.update(tree_unflatten(final_weights))
-    print(f"validation copy accuracy (chat, {len(validation_set)} paragraphs): final weights "
-          f"{validation['final'][0]:.1%}, moving average {validation['average'][0]:.1%}; keeping {chosen}", flush=True)
+    print(
+        f"validation copy accuracy (chat, {len(validation_set)} paragraphs): final weights "
+        f"{validation['final'][0]:.1%}, moving average {validation['average'][0]:.1%}; keeping {chosen}",
+        flush=True,
+    )
     final_chat, final_chat_aligned = copy_accuracy(model, maker, final_set, chat=True)
     final_raw, final_raw_aligned = copy_accuracy(model, maker, final_set, chat=False)
     minutes = (time.time() - started) / 60
-    print(f"final: chat copy accuracy {final_chat:.1%} (aligned {final_chat_aligned:.1%}), raw {final_raw:.1%} "
-          f"(aligned {final_raw_aligned:.1%}) on {len(final_set)} held-out paragraphs; {minutes:.1f} min", flush=True)
+    print(
+        f"final: chat copy accuracy {final_chat:.1%} (aligned {final_chat_aligned:.1%}), raw {final_raw:.1%} "
+        f"(aligned {final_raw_aligned:.1%}) on {len(final_set)} held-out paragraphs; {minutes:.1f} min",
+        flush=True,
+    )
     eos_ids = [tokenizer.token_to_id(IM_END), tokenizer.token_to_id(ENDOFTEXT)]
     save_checkpoint(options.out, model, args, tokenizer, eos_ids)
     report = {
-        "seed": options.seed, "parameters": n_params, "layers": options.layers, "hidden": options.hidden,
-        "heads": options.heads, "rope_theta": options.rope_theta, "lr": options.lr, "lr_horizon": options.lr_horizon, "workers": workers,
-        "vocab": tokenizer.get_vocab_size(), "synthetic_steps": options.synthetic_steps,
-        "transfer_steps": options.transfer_steps, "text_steps": options.text_steps, "final_loss": history[-1]["loss"] if history else None,
-        "heldout_paragraphs": len(final_set), "copy_accuracy_chat": round(final_chat, 4),
-        "copy_accuracy_raw": round(final_raw, 4), "copy_accuracy_chat_aligned": round(final_chat_aligned, 4),
-        "copy_accuracy_raw_aligned": round(final_raw_aligned, 4), "minutes": round(minutes, 1),
-        "train_paragraphs": len(corpus.train_prose), "heldout_prose": len(corpus.heldout_prose),
-        "code_snippets": len(corpus.train_code), "history": history, "ema_decay": decay, "weights": chosen,
+        "seed": options.seed,
+        "parameters": n_params,
+        "layers": options.layers,
+        "hidden": options.hidden,
+        "heads": options.heads,
+        "rope_theta": options.rope_theta,
+        "lr": options.lr,
+        "lr_horizon": options.lr_horizon,
+        "workers": workers,
+        "vocab": tokenizer.get_vocab_size(),
+        "synthetic_steps": options.synthetic_steps,
+        "transfer_steps": options.transfer_steps,
+        "text_steps": options.text_steps,
+        "final_loss": history[-1]["loss"] if history else None,
+        "heldout_paragraphs": len(final_set),
+        "copy_accuracy_chat": round(final_chat, 4),
+        "copy_accuracy_raw": round(final_raw, 4),
+        "copy_accuracy_chat_aligned": round(final_chat_aligned, 4),
+        "copy_accuracy_raw_aligned": round(final_raw_aligned, 4),
+        "minutes": round(minutes, 1),
+        "train_paragraphs": len(corpus.train_prose),
+        "heldout_prose": len(corpus.heldout_prose),
+        "code_snippets": len(corpus.train_code),
+        "history": history,
+        "ema_decay": decay,
+        "weights": chosen,
         "validation": {k: round(v[0], 4) for k, v in validation.items()},
-        "python": sys.version.split()[0], "mlx": mx.__version__,
+        "python": sys.version.split()[0],
+        "mlx": mx.__version__,
     }
     (options.out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
     write_model_card(options.out, report)

@@ -37,11 +37,28 @@ def tiny_random_model():
 
     mx.random.seed(7)
     args = qwen3.ModelArgs(
-        model_type="qwen3", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
-        num_attention_heads=4, rms_norm_eps=1e-6, vocab_size=97, num_key_value_heads=2,
-        max_position_embeddings=4096, head_dim=16, tie_word_embeddings=True, rope_theta=10000.0,
+        model_type="qwen3",
+        hidden_size=64,
+        num_hidden_layers=2,
+        intermediate_size=128,
+        num_attention_heads=4,
+        rms_norm_eps=1e-6,
+        vocab_size=97,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        head_dim=16,
+        tie_word_embeddings=True,
+        rope_theta=10000.0,
     )
     model = qwen3.Model(args)
     mx.eval(model.parameters())
-    return LoadedModel(model=model, tokenizer=None, path="<random>", model_type="qwen3", n_layers=2,
-                       vocab_size=97, eos_token_ids=frozenset({0}), context_length=4096)
+    return LoadedModel(
+        model=model,
+        tokenizer=None,
+        path="<random>",
+        model_type="qwen3",
+        n_layers=2,
+        vocab_size=97,
+        eos_token_ids=frozenset({0}),
+        context_length=4096,
+    )

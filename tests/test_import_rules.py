@@ -97,28 +97,42 @@ def test_the_daemon_never_imports_the_tools_nor_library_internals():
 
 def test_the_protocol_is_a_leaf_and_messages_never_imports_the_codec():
     allowed = set(sys.stdlib_module_names) | {"msgpack", "zmq"}
-    wrong = [f"{imp.path}: imports {imp.module}" for path in modules_under("packages/mlxd_protocol")
-             for imp in imports_of(path) if not imp.relative and top(imp.module) not in allowed]
+    wrong = [
+        f"{imp.path}: imports {imp.module}"
+        for path in modules_under("packages/mlxd_protocol")
+        for imp in imports_of(path)
+        if not imp.relative and top(imp.module) not in allowed
+    ]
     assert not wrong, wrong
     messages = imports_of(ROOT / "packages/mlxd_protocol/messages.py")
     assert {imp.module for imp in messages if imp.relative} == {"field_checks", "sampling_rules"}
 
 
-@pytest.mark.parametrize("package, forbidden", [
-    ("packages/mlxd_scheduler", MLX | {"mlxd_daemon", "mlxd_cli"}),
-    ("packages/mlxd_drafters", MLX | {"mlxd_engine", "mlxd_scheduler", "mlxd_daemon", "mlxd_cli", "mlxd_protocol"}),
-    ("packages/mlxd_engine", {"mlxd_scheduler", "mlxd_drafters", "mlxd_daemon", "mlxd_cli"}),
-])
+@pytest.mark.parametrize(
+    "package, forbidden",
+    [
+        ("packages/mlxd_scheduler", MLX | {"mlxd_daemon", "mlxd_cli"}),
+        ("packages/mlxd_drafters", MLX | {"mlxd_engine", "mlxd_scheduler", "mlxd_daemon", "mlxd_cli", "mlxd_protocol"}),
+        ("packages/mlxd_engine", {"mlxd_scheduler", "mlxd_drafters", "mlxd_daemon", "mlxd_cli"}),
+    ],
+)
 def test_libraries_import_only_downwards(package, forbidden):
-    wrong = [f"{imp.path}: imports {imp.module}" for path in modules_under(package)
-             for imp in imports_of(path) if not imp.relative and top(imp.module) in forbidden]
+    wrong = [
+        f"{imp.path}: imports {imp.module}"
+        for path in modules_under(package)
+        for imp in imports_of(path)
+        if not imp.relative and top(imp.module) in forbidden
+    ]
     assert not wrong, wrong
 
 
 def test_the_drafters_use_the_standard_library_only():
-    wrong = [f"{imp.path}: imports {imp.module}" for path in modules_under("packages/mlxd_drafters")
-             for imp in imports_of(path)
-             if not imp.relative and top(imp.module) not in set(sys.stdlib_module_names) | {"mlxd_drafters"}]
+    wrong = [
+        f"{imp.path}: imports {imp.module}"
+        for path in modules_under("packages/mlxd_drafters")
+        for imp in imports_of(path)
+        if not imp.relative and top(imp.module) not in set(sys.stdlib_module_names) | {"mlxd_drafters"}
+    ]
     assert not wrong, wrong
 
 
@@ -135,12 +149,17 @@ def test_gateway_routes_import_helpers_not_the_app_and_leave_app_state_to_the_co
 
 
 def test_importing_every_tool_loads_no_mlx():
-    modules = sorted(".".join(p.relative_to(ROOT / "cli").with_suffix("").parts).removesuffix(".__init__")
-                     for p in modules_under("cli") if p.name != "__main__.py")
-    code = ("import importlib, sys\n"
-            f"for name in {modules!r}: importlib.import_module(name)\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mlx', 'mlx_lm', 'mlxd_engine', "
-            "'mlxd_scheduler', 'mlxd_daemon')))")
+    modules = sorted(
+        ".".join(p.relative_to(ROOT / "cli").with_suffix("").parts).removesuffix(".__init__")
+        for p in modules_under("cli")
+        if p.name != "__main__.py"
+    )
+    code = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}: importlib.import_module(name)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mlx', 'mlx_lm', 'mlxd_engine', "
+        "'mlxd_scheduler', 'mlxd_daemon')))"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]", result.stdout

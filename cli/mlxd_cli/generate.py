@@ -15,14 +15,36 @@ import time
 import click
 
 from mlxd_protocol import (
-    Client, Constraint, DaemonError, DaemonTimeout, Done, Generate, ProtocolError, Sampling, Speculative, new_request_id)
+    Client,
+    Constraint,
+    DaemonError,
+    DaemonTimeout,
+    Done,
+    Generate,
+    ProtocolError,
+    Sampling,
+    Speculative,
+    new_request_id,
+)
 from mlxd_protocol.autostart import AutostartError, ensure_daemon
 from mlxd_protocol.endpoints import default_endpoint
 
 
-def build_request(prompt: str, max_tokens: int, temp, top_p, seed, system, chat, stop,
-                  prompt_lookup: bool | None = None, draft_block_size: int | None = None,
-                  stream: bool = True, ignore_eos: bool = False, constraint: Constraint | None = None) -> Generate:
+def build_request(
+    prompt: str,
+    max_tokens: int,
+    temp,
+    top_p,
+    seed,
+    system,
+    chat,
+    stop,
+    prompt_lookup: bool | None = None,
+    draft_block_size: int | None = None,
+    stream: bool = True,
+    ignore_eos: bool = False,
+    constraint: Constraint | None = None,
+) -> Generate:
     sampling = None
     if temp is not None or top_p is not None or seed is not None:
         sampling = Sampling(temperature=temp or 0.0, top_p=top_p if top_p is not None else 1.0, seed=seed)
@@ -30,9 +52,19 @@ def build_request(prompt: str, max_tokens: int, temp, top_p, seed, system, chat,
     if prompt_lookup is not None or draft_block_size is not None:
         kind = None if prompt_lookup is None else ("prompt-lookup" if prompt_lookup else "none")
         speculative = Speculative(kind=kind, max_draft=draft_block_size)
-    return Generate(id=new_request_id(), prompt=prompt, chat=chat, system=system, max_tokens=max_tokens,
-                    stop=list(stop), stream=stream, sampling=sampling, speculative=speculative, ignore_eos=ignore_eos,
-                    constraint=constraint)
+    return Generate(
+        id=new_request_id(),
+        prompt=prompt,
+        chat=chat,
+        system=system,
+        max_tokens=max_tokens,
+        stop=list(stop),
+        stream=stream,
+        sampling=sampling,
+        speculative=speculative,
+        ignore_eos=ignore_eos,
+        constraint=constraint,
+    )
 
 
 def read_constraint(json_schema_file, grammar_file) -> Constraint | None:
@@ -53,7 +85,12 @@ def read_constraint(json_schema_file, grammar_file) -> Constraint | None:
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("prompt")
-@click.option("-m", "--model", default=None, help="model for a daemon started by this call (or for --local): checkpoint directory, .gguf file, hub id or 'embedded' (default: SmolLM2-135M-Instruct)")
+@click.option(
+    "-m",
+    "--model",
+    default=None,
+    help="model for a daemon started by this call (or for --local): checkpoint directory, .gguf file, hub id or 'embedded' (default: SmolLM2-135M-Instruct)",
+)
 @click.option("--endpoint", default=None, help="daemon endpoint (default: the private ipc socket)")
 @click.option("--max-tokens", default=256, show_default=True, type=click.IntRange(1))
 @click.option("--temp", default=None, type=click.FloatRange(0), help="temperature (default: the daemon's)")
@@ -62,19 +99,50 @@ def read_constraint(json_schema_file, grammar_file) -> Constraint | None:
 @click.option("--system", default=None, help="system prompt")
 @click.option("--chat/--no-chat", default=None, help="apply the chat template (default: when the model has one)")
 @click.option("--stop", multiple=True, help="stop string (repeatable)")
-@click.option("--prompt-lookup/--no-prompt-lookup", default=None,
-              help="ask for prompt-lookup speculative decoding, or refuse it (default: the daemon's)")
+@click.option(
+    "--prompt-lookup/--no-prompt-lookup",
+    default=None,
+    help="ask for prompt-lookup speculative decoding, or refuse it (default: the daemon's)",
+)
 @click.option("--draft-block-size", default=None, type=click.IntRange(1), help="lower the most draft tokens per round")
 @click.option("--ignore-eos", is_flag=True, help="generate until --max-tokens or a stop string, past end-of-sequence")
-@click.option("--json-schema", "json_schema_file", type=click.File("r"), default=None,
-              help="structured output: the reply follows the JSON schema in this file")
-@click.option("--grammar", "grammar_file", type=click.File("r"), default=None,
-              help="structured output: the reply follows the GBNF grammar in this file (llama.cpp's format)")
+@click.option(
+    "--json-schema",
+    "json_schema_file",
+    type=click.File("r"),
+    default=None,
+    help="structured output: the reply follows the JSON schema in this file",
+)
+@click.option(
+    "--grammar",
+    "grammar_file",
+    type=click.File("r"),
+    default=None,
+    help="structured output: the reply follows the GBNF grammar in this file (llama.cpp's format)",
+)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of streaming text")
 @click.option("--autostart/--no-autostart", default=True, show_default=True, help="start mlxd if none answers")
 @click.option("--local", is_flag=True, help="run the scheduler in this process instead of talking to mlxd")
-def main(prompt, model, endpoint, max_tokens, temp, top_p, seed, system, chat, stop, prompt_lookup, draft_block_size,
-         ignore_eos, json_schema_file, grammar_file, as_json, autostart, local):
+def main(
+    prompt,
+    model,
+    endpoint,
+    max_tokens,
+    temp,
+    top_p,
+    seed,
+    system,
+    chat,
+    stop,
+    prompt_lookup,
+    draft_block_size,
+    ignore_eos,
+    json_schema_file,
+    grammar_file,
+    as_json,
+    autostart,
+    local,
+):
     """Generate a reply to PROMPT."""
     if local:
         from mlxd_fast_blas import ensure_fast_blas
@@ -85,9 +153,21 @@ def main(prompt, model, endpoint, max_tokens, temp, top_p, seed, system, chat, s
     if not prompt.strip():
         raise click.UsageError("the prompt is empty")
     # --json prints one object at the end: no chunks are asked for (the daemon then sends one reply)
-    request = build_request(prompt, max_tokens, temp, top_p, seed, system, chat, stop, prompt_lookup, draft_block_size,
-                            stream=not as_json, ignore_eos=ignore_eos,
-                            constraint=read_constraint(json_schema_file, grammar_file))
+    request = build_request(
+        prompt,
+        max_tokens,
+        temp,
+        top_p,
+        seed,
+        system,
+        chat,
+        stop,
+        prompt_lookup,
+        draft_block_size,
+        stream=not as_json,
+        ignore_eos=ignore_eos,
+        constraint=read_constraint(json_schema_file, grammar_file),
+    )
     started = time.perf_counter()
     try:
         if local:
@@ -101,8 +181,11 @@ def main(prompt, model, endpoint, max_tokens, temp, top_p, seed, system, chat, s
             else:
                 with Client(endpoint, timeout_s=2.0) as probe:
                     if not probe.ping(2.0):
-                        click.echo(f"mlx-generate: no daemon answers at {endpoint} (start one with mlxd, "
-                                   "or drop --no-autostart)", err=True)
+                        click.echo(
+                            f"mlx-generate: no daemon answers at {endpoint} (start one with mlxd, "
+                            "or drop --no-autostart)",
+                            err=True,
+                        )
                         sys.exit(1)
             client = Client(endpoint, timeout_s=300.0)
         with client:
@@ -111,8 +194,17 @@ def main(prompt, model, endpoint, max_tokens, temp, top_p, seed, system, chat, s
         click.echo(f"mlx-generate: {error}", err=True)
         sys.exit(1)
     if as_json:
-        click.echo(json.dumps({"text": done.text, "tokens": done.tokens, "finish_reason": done.finish_reason,
-                               "usage": done.usage, "timings": done.timings}))
+        click.echo(
+            json.dumps(
+                {
+                    "text": done.text,
+                    "tokens": done.tokens,
+                    "finish_reason": done.finish_reason,
+                    "usage": done.usage,
+                    "timings": done.timings,
+                }
+            )
+        )
     else:
         _print_stats(done, time.perf_counter() - started)
 
@@ -132,9 +224,11 @@ def _render(replies, as_json: bool) -> Done:
 
 def _print_stats(done: Done, wall_s: float) -> None:
     t = done.timings
-    line = (f"{t.get('predicted_n', 0)} tokens, {t.get('predicted_per_second', 0):.1f} tok/s; "
-            f"prompt {t.get('prompt_n', 0)} tokens, {t.get('prompt_per_second', 0):.1f} tok/s; "
-            f"finish {done.finish_reason}; {wall_s:.2f}s")
+    line = (
+        f"{t.get('predicted_n', 0)} tokens, {t.get('predicted_per_second', 0):.1f} tok/s; "
+        f"prompt {t.get('prompt_n', 0)} tokens, {t.get('prompt_per_second', 0):.1f} tok/s; "
+        f"finish {done.finish_reason}; {wall_s:.2f}s"
+    )
     if "draft_kind" in t:
         line += f"; {t['draft_kind']}: {t['draft_n_accepted']}/{t['draft_n']} drafts accepted"
     click.echo(line, err=True)

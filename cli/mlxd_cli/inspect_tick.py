@@ -26,8 +26,9 @@ from mlxd_protocol.endpoints import default_endpoint
 
 def tick_record(tick: Tick) -> dict:
     """A Tick as a plain dict: its fields, each row without the fields it left unset (no ``id``)."""
-    record = {name: getattr(tick, name) for name in ("tick", "batch", "pipelined", "duration_ms", "prefill_tokens",
-                                                     "steps")}
+    record = {
+        name: getattr(tick, name) for name in ("tick", "batch", "pipelined", "duration_ms", "prefill_tokens", "steps")
+    }
     record["rows"] = [{key: value for key, value in asdict(row).items() if value is not None} for row in tick.rows]
     return record
 
@@ -52,16 +53,28 @@ def render(ticks) -> "Table":
     from rich.table import Table
 
     table = Table(title="mlxd scheduler ticks", expand=False)
-    for name, justify in (("tick", "right"), ("batch", "right"), ("mode", "left"), ("rows", "left"),
-                          ("prefill", "right"), ("ms", "right")):
+    for name, justify in (
+        ("tick", "right"),
+        ("batch", "right"),
+        ("mode", "left"),
+        ("rows", "left"),
+        ("prefill", "right"),
+        ("ms", "right"),
+    ):
         table.add_column(name, justify=justify)
     for tick in ticks:
         rows = ", ".join(f"{short_id(r['request_id'])}:{describe_row(r)}" for r in tick["rows"])
         mode = "[green]pipelined[/]" if tick["pipelined"] else "[yellow]sync[/]"
         if tick.get("steps", 1) > 1:
             mode += f" x{tick['steps']}"
-        table.add_row(str(tick["tick"]), str(tick["batch"]), mode, rows, str(tick.get("prefill_tokens", 0) or ""),
-                      f"{tick['duration_ms']:.2f}")
+        table.add_row(
+            str(tick["tick"]),
+            str(tick["batch"]),
+            mode,
+            rows,
+            str(tick.get("prefill_tokens", 0) or ""),
+            f"{tick['duration_ms']:.2f}",
+        )
     return table
 
 
@@ -80,9 +93,15 @@ def _read_token(path: str | None) -> str | None:
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per tick on stdout")
 @click.option("--count", default=0, type=click.IntRange(0), help="exit after this many ticks (0: run until ^C)")
 @click.option("--rows", default=20, show_default=True, type=click.IntRange(1), help="ticks shown in the table")
-@click.option("--timeout", default=0.0, type=click.FloatRange(0), help="give up after this many seconds without a tick (0: wait)")
-@click.option("--auth-token-file", default=None, type=click.Path(dir_okay=False),
-              help="file holding the daemon's auth token (else $MLXD_AUTH_TOKEN); the trace socket needs it too")
+@click.option(
+    "--timeout", default=0.0, type=click.FloatRange(0), help="give up after this many seconds without a tick (0: wait)"
+)
+@click.option(
+    "--auth-token-file",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="file holding the daemon's auth token (else $MLXD_AUTH_TOKEN); the trace socket needs it too",
+)
 def main(endpoint, as_json, count, rows, timeout, auth_token_file):
     """Show mlxd's scheduler ticks as they happen."""
     endpoint = endpoint or default_endpoint()
@@ -126,6 +145,7 @@ def main(endpoint, as_json, count, rows, timeout, auth_token_file):
     if count and seen < count:
         click.echo(f"mlx-inspect-tick: saw {seen} of {count} ticks before the timeout", err=True)
         sys.exit(1)
+
 
 if __name__ == "__main__":
     main()

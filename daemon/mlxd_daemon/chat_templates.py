@@ -15,21 +15,25 @@ from typing import Any
 BUILT_IN_TEMPLATES = {
     "chatml": (
         "{{ bos_token }}{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
-        "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"),
+        "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    ),
     "llama2": (
         "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'system' %}[INST] <<SYS>>\n"
         "{{ message['content'] }}\n<</SYS>>\n\n{% elif message['role'] == 'user' %}"
         "{% if loop.index0 == 0 or messages[loop.index0 - 1]['role'] != 'system' %}[INST] {% endif %}"
-        "{{ message['content'] }} [/INST]{% else %}{{ message['content'] }}</s>{% endif %}{% endfor %}"),
+        "{{ message['content'] }} [/INST]{% else %}{{ message['content'] }}</s>{% endif %}{% endfor %}"
+    ),
     "llama3": (
         "{{ bos_token }}{% for message in messages %}<|start_header_id|>{{ message['role'] }}<|end_header_id|>\n\n"
         "{{ message['content'] }}<|eot_id|>{% endfor %}"
-        "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"),
+        "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+    ),
     "command-r": (
         "{{ bos_token }}{% for message in messages %}<|START_OF_TURN_TOKEN|>"
         "{% if message['role'] == 'system' %}<|SYSTEM_TOKEN|>{% elif message['role'] == 'user' %}<|USER_TOKEN|>"
         "{% else %}<|CHATBOT_TOKEN|>{% endif %}{{ message['content'] }}<|END_OF_TURN_TOKEN|>{% endfor %}"
-        "{% if add_generation_prompt %}<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>{% endif %}"),
+        "{% if add_generation_prompt %}<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>{% endif %}"
+    ),
 }
 
 

@@ -25,7 +25,16 @@ from typing import Callable
 
 from mlxd_engine import Engine, LoadedModel, kv_bytes_per_token
 from mlxd_protocol import (
-    FINISH_CANCELLED, INTERNAL, INVALID, UNKNOWN_TYPE, Done, Error, Message, ProtocolError, error_reply)
+    FINISH_CANCELLED,
+    INTERNAL,
+    INVALID,
+    UNKNOWN_TYPE,
+    Done,
+    Error,
+    Message,
+    ProtocolError,
+    error_reply,
+)
 from mlxd_scheduler import BatchScheduler, SchedulerOptions, TickRecord
 
 from .embeddings import EmbeddingQueue
@@ -63,17 +72,24 @@ def prefix_cache_budget(loaded: LoadedModel, options: DaemonOptions) -> int:
 def build_engine(loaded: LoadedModel, options: DaemonOptions) -> Engine:
     """The engine for ``options``; every rank of a distributed group builds the same one (no compiled
     steps there: each rank must run the very same forwards, and tuning them by timing could differ)."""
-    return Engine(loaded, max_sequences=options.max_batch, max_kv_size=options.max_kv_size,
-                  storage=options.storage_backend, kv_block_size=options.kv_block_size,
-                  kv_pool_tokens=pool_tokens(loaded, options),
-                  compile_decode=False if loaded.group is not None else None,
-                  # a group's ranks replay rank 0's engine operations; the cache's own choices are not among them
-                  prefix_cache_bytes=prefix_cache_budget(loaded, options) if loaded.group is None else 0)
+    return Engine(
+        loaded,
+        max_sequences=options.max_batch,
+        max_kv_size=options.max_kv_size,
+        storage=options.storage_backend,
+        kv_block_size=options.kv_block_size,
+        kv_pool_tokens=pool_tokens(loaded, options),
+        compile_decode=False if loaded.group is not None else None,
+        # a group's ranks replay rank 0's engine operations; the cache's own choices are not among them
+        prefix_cache_bytes=prefix_cache_budget(loaded, options) if loaded.group is None else 0,
+    )
 
 
-def build_scheduler(loaded: LoadedModel, options: DaemonOptions,
-                    trace_sink: Callable[[TickRecord], None] | None = None,
-                    ) -> tuple[Engine, SpeculativeDispatch, BatchScheduler]:
+def build_scheduler(
+    loaded: LoadedModel,
+    options: DaemonOptions,
+    trace_sink: Callable[[TickRecord], None] | None = None,
+) -> tuple[Engine, SpeculativeDispatch, BatchScheduler]:
     """The engine, speculative dispatch and scheduler for ``options`` (the only place they are built).
 
     Raises:
@@ -85,13 +101,19 @@ def build_scheduler(loaded: LoadedModel, options: DaemonOptions,
         from .distributed import GroupInfo, Leader
 
         group = loaded.group
-        engine = Leader(engine, group, GroupInfo(options.distributed, options.distributed_backend,
-                                                 group.size(), group.rank()))
+        engine = Leader(
+            engine, group, GroupInfo(options.distributed, options.distributed_backend, group.size(), group.rank())
+        )
     speculative = resolve_speculative(options.draft_kind, options.draft_model, options.draft_block_size)
-    scheduler_options = SchedulerOptions(max_batch=options.max_batch, prefill_chunk=options.prefill_chunk,
-                                         lookahead=options.lookahead, max_decode_steps=options.decode_steps,
-                                         max_queue=options.max_queue, prompt_lookup=speculative.config,
-                                         prompt_lookup_cap=speculative.cap)
+    scheduler_options = SchedulerOptions(
+        max_batch=options.max_batch,
+        prefill_chunk=options.prefill_chunk,
+        lookahead=options.lookahead,
+        max_decode_steps=options.decode_steps,
+        max_queue=options.max_queue,
+        prompt_lookup=speculative.config,
+        prompt_lookup_cap=speculative.cap,
+    )
     if options.prompt_lookup_max_batch is not None:
         scheduler_options.prompt_lookup_max_batch = options.prompt_lookup_max_batch
     return engine, speculative, BatchScheduler(engine, scheduler_options, trace_sink=trace_sink)
@@ -122,8 +144,14 @@ class DaemonCore:
         endpoint: Reported in the options summary.
     """
 
-    def __init__(self, loaded: LoadedModel, options: DaemonOptions, send: Send,
-                 trace_sink: Callable[[TickRecord], None] | None = None, endpoint: str | None = None):
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        options: DaemonOptions,
+        send: Send,
+        trace_sink: Callable[[TickRecord], None] | None = None,
+        endpoint: str | None = None,
+    ):
         self.loaded = loaded
         self.options = options
         self.endpoint = endpoint
@@ -135,17 +163,34 @@ class DaemonCore:
         self.idle_hook: Callable[[], None] | None = getattr(self.engine, "heartbeat", None)
         self.send = send
         self.host = HostWork(options.host_workers)
-        self.embeddings = EmbeddingQueue(loaded, self.engine.max_kv_size, options.pooling, options.prefill_chunk,
-                                         send, failure_reply, max_queue=options.max_queue)
+        self.embeddings = EmbeddingQueue(
+            loaded,
+            self.engine.max_kv_size,
+            options.pooling,
+            options.prefill_chunk,
+            send,
+            failure_reply,
+            max_queue=options.max_queue,
+        )
         # how long a turn with nothing but host work in flight waits for it (the socket loop sets 0: it
         # polls ``host.wake_fd`` itself)
         self.host_wait_s = 0.05
         self.context = HandlerContext(
-            loaded=loaded, scheduler=self.scheduler, streams=self.streams, sampling=options.sampling,
-            started=self.started, options_summary=self.options_summary, kv_usage=self.kv_usage,
-            request_stop=self.request_stop, is_draining=lambda: self.draining, limits=options.limits,
-            grammar_limits=options.limits.grammar(), offload=self.offload, embeddings=self.embeddings,
-            reasoning=options.reasoning)
+            loaded=loaded,
+            scheduler=self.scheduler,
+            streams=self.streams,
+            sampling=options.sampling,
+            started=self.started,
+            options_summary=self.options_summary,
+            kv_usage=self.kv_usage,
+            request_stop=self.request_stop,
+            is_draining=lambda: self.draining,
+            limits=options.limits,
+            grammar_limits=options.limits.grammar(),
+            offload=self.offload,
+            embeddings=self.embeddings,
+            reasoning=options.reasoning,
+        )
 
     def kv_usage(self) -> dict:
         """The KV storage's occupancy, and the prefix cache's entries, bytes, hits and tokens saved."""
@@ -180,6 +225,7 @@ class DaemonCore:
     def offload(self, identity: bytes, request_id: str | None, work: Callable, finish: Callable) -> None:
         """Run ``work`` on a host-work thread; ``finish(future)`` later, on the loop thread, gives the reply
         (or None); a failure of either is the request's Error."""
+
         def answer(done) -> None:
             try:
                 reply = finish(done)

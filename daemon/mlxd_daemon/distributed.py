@@ -74,9 +74,11 @@ def join_group(mode: str, backend: str = "any") -> tuple[Any, GroupInfo]:
     try:
         group = mx.distributed.init(strict=True, backend=backend)
     except RuntimeError as error:
-        raise ValueError(f"--distributed {mode}: cannot join a group over the {backend} backend ({error}); "
-                         f"start every rank with mlx.launch, e.g. mlx.launch --backend ring --hosts "
-                         f"127.0.0.1,127.0.0.1 mlxd -m MODEL --distributed {mode}") from error
+        raise ValueError(
+            f"--distributed {mode}: cannot join a group over the {backend} backend ({error}); "
+            f"start every rank with mlx.launch, e.g. mlx.launch --backend ring --hosts "
+            f"127.0.0.1,127.0.0.1 mlxd -m MODEL --distributed {mode}"
+        ) from error
     if group.size() < 2:
         raise ValueError(f"--distributed {mode}: the group has one rank; start two or more with mlx.launch")
     return group, GroupInfo(mode, backend, group.size(), group.rank())
@@ -272,8 +274,7 @@ class Leader:
 
     def submit_step(self, rows, lookahead=None):
         handle_id = next(self._handle_ids)
-        self._broadcast(["submit", handle_id, [seq.seq_id for seq in rows],
-                         getattr(lookahead, "mirror_id", None)])
+        self._broadcast(["submit", handle_id, [seq.seq_id for seq in rows], getattr(lookahead, "mirror_id", None)])
         handle = self._guarded(self.engine.submit_step, rows, lookahead)
         handle.tokens = self.channel.share(handle.tokens)
         handle.mirror_id = handle_id
@@ -303,9 +304,17 @@ class Follower:
         self.rows: dict[int, Any] = {}  # rank 0's seq_id -> this rank's Sequence
         self.handles: OrderedDict[int, Any] = OrderedDict()
         self.done = threading.Event()
-        self.replay = {"add": self._add, "release": self._release, "commit": self._commit, "unwind": self._unwind,
-                       "tokens": self._tokens, "read": self._read, "prefill": self._prefill,
-                       "submit": self._submit, "verify": self._verify}
+        self.replay = {
+            "add": self._add,
+            "release": self._release,
+            "commit": self._commit,
+            "unwind": self._unwind,
+            "tokens": self._tokens,
+            "read": self._read,
+            "prefill": self._prefill,
+            "submit": self._submit,
+            "verify": self._verify,
+        }
 
     def run(self, watch=None) -> int:
         """Replay plans until rank 0 says stop (0) or the group breaks (1)."""
@@ -330,7 +339,9 @@ class Follower:
             try:
                 plan = self.channel.receive()
             except Exception as error:  # noqa: BLE001
-                log.error("rank %d: lost rank 0 (%s: %s); exiting", self.channel.group.rank(), type(error).__name__, error)
+                log.error(
+                    "rank %d: lost rank 0 (%s: %s); exiting", self.channel.group.rank(), type(error).__name__, error
+                )
                 return 1
             for op in plan:
                 if op[0] == "stop":
@@ -338,8 +349,13 @@ class Follower:
                 try:
                     self.replay[op[0]](*op[1:])
                 except Exception as error:  # noqa: BLE001 - out of step with rank 0: nothing can go on
-                    log.error("rank %d: replaying %s failed (%s: %s); exiting", self.channel.group.rank(), op[0],
-                              type(error).__name__, error)
+                    log.error(
+                        "rank %d: replaying %s failed (%s: %s); exiting",
+                        self.channel.group.rank(),
+                        op[0],
+                        type(error).__name__,
+                        error,
+                    )
                     return 1
 
     def _add(self, seq_id, prompt, max_new_tokens, options):
@@ -396,12 +412,17 @@ def abort_serving(server, reason: str) -> None:
     ``reason``, give ZeroMQ a moment to send the errors, remove the pid file and sockets, exit 1."""
     from mlxd_protocol.endpoints import socket_path, trace_endpoint
 
-    log.error("the main thread is waiting for the lost rank inside MLX: failing %d requests and exiting",
-              len(server.scheduler.by_id))
+    log.error(
+        "the main thread is waiting for the lost rank inside MLX: failing %d requests and exiting",
+        len(server.scheduler.by_id),
+    )
     server.scheduler.fail_all(reason)
     time.sleep(0.3)
-    for path in (getattr(server, "pid_path", None), socket_path(server.endpoint),
-                 socket_path(trace_endpoint(server.endpoint))):
+    for path in (
+        getattr(server, "pid_path", None),
+        socket_path(server.endpoint),
+        socket_path(trace_endpoint(server.endpoint)),
+    ):
         if path is not None and path.exists():
             path.unlink()
     print(f"mlxd: {reason}", file=__import__("sys").stderr, flush=True)
@@ -415,8 +436,13 @@ def serve_follower(loaded, options, watch=None) -> int:
     engine = build_engine(loaded, options)
     group = loaded.group
     steps = fixed_step_settings()
-    log.info("rank %d of %d following rank 0: model=%s blas_threads=%s", group.rank(), group.size(), loaded.path,
-             steps.blas_detail)
+    log.info(
+        "rank %d of %d following rank 0: model=%s blas_threads=%s",
+        group.rank(),
+        group.size(),
+        loaded.path,
+        steps.blas_detail,
+    )
     code = Follower(engine, group).run(watch)
     log.info("rank %d stopped (%s)", group.rank(), "rank 0 stopped" if code == 0 else "group lost")
     return code

@@ -19,7 +19,18 @@ from dataclasses import replace
 
 from mlxd_engine import GrammarError, GrammarLimits, LoadedModel, SamplingParams, compile_grammar
 from mlxd_protocol import (
-    INTERNAL, INVALID, Chunk, Constraint, Done, Error, Generate, ProtocolError, Sampling, Tick, TickRow)
+    INTERNAL,
+    INVALID,
+    Chunk,
+    Constraint,
+    Done,
+    Error,
+    Generate,
+    ProtocolError,
+    Sampling,
+    Tick,
+    TickRow,
+)
 from mlxd_scheduler import FinishEvent, Request, SpeculativeRequest, TextStream, TickRecord, TokenEvent
 
 from .reasoning import close_open_thinking, template_variables, thinking_off, today_variables
@@ -38,14 +49,18 @@ def prompt_tokens(loaded: LoadedModel, message: Generate, reasoning: str = "auto
     text_chars = len(message.prompt or "") + sum(len(str(m.get("content", ""))) for m in message.messages or [])
     if text_chars > MAX_CHARS_PER_TOKEN * loaded.context_length:
         # refuse before tokenizing: a huge prompt would hold the daemon's loop while it is encoded
-        raise ProtocolError(INVALID, f"the prompt ({text_chars} characters) cannot fit the model's context of "
-                                     f"{loaded.context_length} tokens")
+        raise ProtocolError(
+            INVALID,
+            f"the prompt ({text_chars} characters) cannot fit the model's context of {loaded.context_length} tokens",
+        )
     if message.messages is not None and not message.messages:
         raise ProtocolError(INVALID, "messages: must hold at least one message")
     if message.prompt_tokens is not None:
         bad = [t for t in message.prompt_tokens if not 0 <= t < loaded.vocab_size]
         if bad:
-            raise ProtocolError(INVALID, f"prompt_tokens: token {bad[0]} is outside the vocabulary of {loaded.vocab_size}")
+            raise ProtocolError(
+                INVALID, f"prompt_tokens: token {bad[0]} is outside the vocabulary of {loaded.vocab_size}"
+            )
         return list(message.prompt_tokens)
     messages = message.messages
     use_chat = message.chat if message.chat is not None else (messages is not None or tokenizer.has_chat_template)
@@ -58,8 +73,13 @@ def prompt_tokens(loaded: LoadedModel, message: Generate, reasoning: str = "auto
             messages = [{"role": "system", "content": message.system}, *messages]
         if message.continue_final_message and messages[-1].get("role") != "assistant":
             raise ProtocolError(INVALID, "continue_final_message: the last message must be the assistant's")
-        return chat_tokens(tokenizer, messages, offered_tools(message), message.continue_final_message,
-                           template_variables(reasoning, message.chat_template_kwargs))
+        return chat_tokens(
+            tokenizer,
+            messages,
+            offered_tools(message),
+            message.continue_final_message,
+            template_variables(reasoning, message.chat_template_kwargs),
+        )
     if message.continue_final_message:
         raise ProtocolError(INVALID, "continue_final_message: needs the chat template")
     if messages is not None:
@@ -68,15 +88,27 @@ def prompt_tokens(loaded: LoadedModel, message: Generate, reasoning: str = "auto
     return list(tokenizer.encode(text, add_special_tokens=message.add_special_tokens))
 
 
-def chat_tokens(tokenizer, messages: list[dict], tools: list[dict] | None = None,
-                continue_final: bool = False, variables: dict | None = None) -> list[int]:
+def chat_tokens(
+    tokenizer,
+    messages: list[dict],
+    tools: list[dict] | None = None,
+    continue_final: bool = False,
+    variables: dict | None = None,
+) -> list[int]:
     """Token ids of ``messages`` through the model's chat template (``render_chat``)."""
-    return list(tokenizer.encode(render_chat(tokenizer, messages, tools, continue_final, variables),
-                                 add_special_tokens=False))
+    return list(
+        tokenizer.encode(render_chat(tokenizer, messages, tools, continue_final, variables), add_special_tokens=False)
+    )
 
 
-def render_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None, continue_final: bool = False,
-                variables: dict | None = None, add_generation_prompt: bool = True) -> str:
+def render_chat(
+    tokenizer,
+    messages: list[dict],
+    tools: list[dict] | None = None,
+    continue_final: bool = False,
+    variables: dict | None = None,
+    add_generation_prompt: bool = True,
+) -> str:
     """The prompt text of ``messages`` through the model's chat template, with ``tools`` when given and the
     template ``variables`` (``reasoning.template_variables``); with thinking off, an open thinking block is
     closed (``reasoning.close_open_thinking``). With ``continue_final`` the last message is continued
@@ -96,8 +128,9 @@ def render_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None
         extra["continue_final_message"] = True
     generation_prompt = add_generation_prompt and not continue_final
     try:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=False,
-                                             **extra, **variables)
+        text = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=generation_prompt, tokenize=False, **extra, **variables
+        )
     except RecursionError:
         raise ProtocolError(INVALID, "messages: nested too deeply for the chat template") from None
     except Exception as error:  # noqa: BLE001 - a template's own refusal is the client's error
@@ -141,15 +174,27 @@ def sampling_params(message: Generate, defaults: Sampling) -> SamplingParams:
     """The engine's sampler settings for a Generate: its own ``sampling``, else the daemon's defaults."""
     sampling = message.sampling if message.sampling is not None else defaults
     return SamplingParams(
-        temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, min_p=sampling.min_p,
-        repetition_penalty=sampling.repetition_penalty, presence_penalty=sampling.presence_penalty,
-        frequency_penalty=sampling.frequency_penalty, logit_bias=tuple(sorted(sampling.logit_bias.items())),
-        seed=sampling.seed, logprobs=sampling.logprobs,
+        temperature=sampling.temperature,
+        top_k=sampling.top_k,
+        top_p=sampling.top_p,
+        min_p=sampling.min_p,
+        repetition_penalty=sampling.repetition_penalty,
+        presence_penalty=sampling.presence_penalty,
+        frequency_penalty=sampling.frequency_penalty,
+        logit_bias=tuple(sorted(sampling.logit_bias.items())),
+        seed=sampling.seed,
+        logprobs=sampling.logprobs,
     )
 
 
-def to_request(loaded: LoadedModel, message: Generate, internal_id: str, defaults: Sampling,
-               grammar_limits: GrammarLimits | None = None, reasoning: str = "auto") -> Request:
+def to_request(
+    loaded: LoadedModel,
+    message: Generate,
+    internal_id: str,
+    defaults: Sampling,
+    grammar_limits: GrammarLimits | None = None,
+    reasoning: str = "auto",
+) -> Request:
     """Build the scheduler request for a Generate. Raises ProtocolError(INVALID) for bad input (the
     sampler rules that need the vocabulary are checked when the scheduler takes the request). Touches no
     daemon state, so it may run on a host-work thread (``host_work``)."""
@@ -178,8 +223,17 @@ def to_request(loaded: LoadedModel, message: Generate, internal_id: str, default
         if len(message.prediction) > MAX_CHARS_PER_TOKEN * loaded.context_length:
             raise ProtocolError(INVALID, "prediction: longer than the model's context could ever use")
         prediction = list(loaded.tokenizer.encode(message.prediction, add_special_tokens=False))
-    return Request(internal_id, tokens, params, message.max_tokens, text, speculative, ignore_eos=message.ignore_eos,
-                   cache_prompt=message.cache_prompt, prediction=prediction)
+    return Request(
+        internal_id,
+        tokens,
+        params,
+        message.max_tokens,
+        text,
+        speculative,
+        ignore_eos=message.ignore_eos,
+        cache_prompt=message.cache_prompt,
+        prediction=prediction,
+    )
 
 
 def tool_call_splitter(loaded: LoadedModel, message: Generate) -> ToolCallSplitter | None:
@@ -203,8 +257,15 @@ def to_reply(event, client_id: str, stream: bool, splitter: ToolCallSplitter | N
     if splitter is not None:
         splitter.finish()
         text, tool_calls = splitter.content, splitter.calls
-    return Done(id=client_id, finish_reason=event.finish_reason, text=text, tokens=list(event.tokens),
-                usage=event.usage, timings=event.timings, tool_calls=tool_calls)
+    return Done(
+        id=client_id,
+        finish_reason=event.finish_reason,
+        text=text,
+        tokens=list(event.tokens),
+        usage=event.usage,
+        timings=event.timings,
+        tool_calls=tool_calls,
+    )
 
 
 def failure_reply(client_id: str, error: str | None) -> Error:
@@ -216,13 +277,21 @@ def failure_reply(client_id: str, error: str | None) -> Error:
     if named is None:
         return Error(id=client_id, code=INTERNAL, message=error or "generation failed")
     if named.group(1) == "GrammarError":
-        return Error(id=client_id, code=INVALID, message=f"constraint: {error[named.end():]}")
+        return Error(id=client_id, code=INVALID, message=f"constraint: {error[named.end() :]}")
     return Error(id=client_id, code=INTERNAL, message="generation failed inside the daemon (its log has the details)")
 
 
 def tick_message(record: TickRecord) -> Tick:
     """The trace message for a tick the scheduler recorded."""
-    return Tick(tick=record.tick, batch=record.batch, pipelined=record.pipelined,
-                rows=[TickRow(row.request_id, row.action, row.drafted, row.accepted, row.detail, row.tokens)
-                      for row in record.rows],
-                duration_ms=record.duration_ms, prefill_tokens=record.prefill_tokens, steps=record.steps)
+    return Tick(
+        tick=record.tick,
+        batch=record.batch,
+        pipelined=record.pipelined,
+        rows=[
+            TickRow(row.request_id, row.action, row.drafted, row.accepted, row.detail, row.tokens)
+            for row in record.rows
+        ],
+        duration_ms=record.duration_ms,
+        prefill_tokens=record.prefill_tokens,
+        steps=record.steps,
+    )

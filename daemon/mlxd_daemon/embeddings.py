@@ -41,8 +41,16 @@ class _Job:
 class EmbeddingQueue:
     """See the module docstring."""
 
-    def __init__(self, loaded: LoadedModel, context_bound: int, pooling: str, tokens_per_forward: int,
-                 send: Send, failure_reply: FailureReply, max_queue: int = 256):
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        context_bound: int,
+        pooling: str,
+        tokens_per_forward: int,
+        send: Send,
+        failure_reply: FailureReply,
+        max_queue: int = 256,
+    ):
         self.loaded = loaded
         self.context_bound = context_bound
         self.pooling = pooling  # mlxd --pooling: for an Embed that names none
@@ -76,8 +84,10 @@ class EmbeddingQueue:
         vocab = self.loaded.vocab_size
         for index, tokens in enumerate(inputs):
             if len(tokens) > self.context_bound:
-                raise ProtocolError(INVALID, f"input {index} is {len(tokens)} tokens, longer than the context of "
-                                             f"{self.context_bound} tokens")
+                raise ProtocolError(
+                    INVALID,
+                    f"input {index} is {len(tokens)} tokens, longer than the context of {self.context_bound} tokens",
+                )
             if message.token_inputs is not None and max(tokens) >= vocab:
                 bad = next(token for token in tokens if token >= vocab)
                 raise ProtocolError(INVALID, f"token_inputs[{index}]: token {bad} is outside the vocabulary of {vocab}")
@@ -85,8 +95,11 @@ class EmbeddingQueue:
         pooling = message.pooling or self.pooling
         vectors = sum(len(tokens) for tokens in inputs) if pooling == "none" else len(inputs)
         if vectors > MAX_LIST_ITEMS or vectors * source.hidden_size * WIRE_BYTES_PER_VALUE > MAX_FRAME_BYTES:
-            raise ProtocolError(INVALID, f"the reply would hold {vectors} vectors of {source.hidden_size} values, "
-                                         f"more than a reply carries (send fewer inputs at once)")
+            raise ProtocolError(
+                INVALID,
+                f"the reply would hold {vectors} vectors of {source.hidden_size} values, "
+                f"more than a reply carries (send fewer inputs at once)",
+            )
         run = EmbeddingRun(source, inputs, pooling, message.normalize, self.tokens_per_forward)
         self._jobs.append(_Job(identity, message.id, run, [len(tokens) for tokens in inputs]))
 
@@ -99,8 +112,9 @@ class EmbeddingQueue:
             job.run.advance()
             if not job.run.done:
                 return
-            reply = EmbedResult(embeddings=_rows(job.run), token_counts=job.token_counts, pooling=job.run.pooling,
-                                id=job.request_id)
+            reply = EmbedResult(
+                embeddings=_rows(job.run), token_counts=job.token_counts, pooling=job.run.pooling, id=job.request_id
+            )
         except Exception as error:  # noqa: BLE001 - one request fails, the daemon serves on
             reply = self.failure_reply(error, "embed", job.request_id)
         self._jobs.popleft()

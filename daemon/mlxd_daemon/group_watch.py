@@ -33,8 +33,11 @@ STALL_S = float(os.environ.get("MLXD_DISTRIBUTED_STALL_S", "120"))
 
 
 def _established() -> set[tuple]:
-    return {(c.laddr, c.raddr) for c in psutil.Process().net_connections(kind="tcp")
-            if c.status == psutil.CONN_ESTABLISHED and c.raddr}
+    return {
+        (c.laddr, c.raddr)
+        for c in psutil.Process().net_connections(kind="tcp")
+        if c.status == psutil.CONN_ESTABLISHED and c.raddr
+    }
 
 
 LOAD_GRACE_S = 3.0  # a rank refusing the model exits at once; the others get this long to say why too
@@ -72,8 +75,7 @@ class GroupWatch:
             closed = self.connections - _established()
             if closed:
                 local, remote = sorted(closed)[0]
-                return (f"the connection to the rank at {remote.ip}:{remote.port} closed "
-                        "(a rank exited or was killed)")
+                return f"the connection to the rank at {remote.ip}:{remote.port} closed (a rank exited or was killed)"
             return None
         since = self.busy()
         if since is not None and time.monotonic() - since > STALL_S:

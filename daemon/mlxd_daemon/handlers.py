@@ -28,8 +28,26 @@ import psutil
 
 from mlxd_engine import GrammarLimits, LoadedModel, memory_usage
 from mlxd_protocol import (
-    FINISH_CANCELLED, INVALID, OVERLOADED, PROTOCOL_VERSION, Cancel, Detokenize, DetokenizeResult, Done, Embed,
-    Generate, Hello, Message, Ok, ProtocolError, Sampling, Shutdown, Status, StatusRequest, Tokenize, TokenizeResult,
+    FINISH_CANCELLED,
+    INVALID,
+    OVERLOADED,
+    PROTOCOL_VERSION,
+    Cancel,
+    Detokenize,
+    DetokenizeResult,
+    Done,
+    Embed,
+    Generate,
+    Hello,
+    Message,
+    Ok,
+    ProtocolError,
+    Sampling,
+    Shutdown,
+    Status,
+    StatusRequest,
+    Tokenize,
+    TokenizeResult,
 )
 from mlxd_protocol.field_checks import MAX_LIST_ITEMS
 from mlxd_scheduler import BatchScheduler, QueueFull, Request
@@ -39,8 +57,15 @@ from .edge import render_chat, to_request, tool_call_splitter
 from .reasoning import template_variables
 from .embeddings import EmbeddingQueue
 from .host_limits import (
-    HostLimits, check_embed, check_generate, check_tokenize, runs_inline_detokenize, runs_inline_embed,
-    runs_inline_generate, runs_inline_tokenize)
+    HostLimits,
+    check_embed,
+    check_generate,
+    check_tokenize,
+    runs_inline_detokenize,
+    runs_inline_embed,
+    runs_inline_generate,
+    runs_inline_tokenize,
+)
 from .streams import ReplyStreams
 
 log = logging.getLogger("mlxd")
@@ -79,8 +104,14 @@ class Preparing:
 Offload = Callable[[bytes, "str | None", Callable[[], Any], Callable[[Future], "Message | None"]], None]
 
 
-def _run(ctx: HandlerContext, identity: bytes, request_id: str | None, inline: bool,
-         work: Callable[[], Any], finish: Callable[[Future], Message | None]) -> Message | None:
+def _run(
+    ctx: HandlerContext,
+    identity: bytes,
+    request_id: str | None,
+    inline: bool,
+    work: Callable[[], Any],
+    finish: Callable[[Future], Message | None],
+) -> Message | None:
     """Do ``work`` now (small, or no workers) and return ``finish``'s reply, or hand both to the workers."""
     if inline or ctx.offload is None:
         done: Future = Future()
@@ -99,10 +130,16 @@ def status(ctx: HandlerContext, identity: bytes, message: Message) -> Status:
     scheduler = ctx.scheduler
     memory = {"rss_bytes": psutil.Process(os.getpid()).memory_info().rss, **memory_usage(), "kv": ctx.kv_usage()}
     return Status(
-        model=ctx.loaded.path, protocol_version=PROTOCOL_VERSION, daemon_version=__version__,
-        uptime_s=round(time.monotonic() - ctx.started, 3), active=scheduler.active,
-        queued=len(scheduler.waiting), max_batch=scheduler.options.max_batch, memory=memory,
-        options=ctx.options_summary(), totals={**scheduler.totals, **scheduler.prompt_lookup.counters},
+        model=ctx.loaded.path,
+        protocol_version=PROTOCOL_VERSION,
+        daemon_version=__version__,
+        uptime_s=round(time.monotonic() - ctx.started, 3),
+        active=scheduler.active,
+        queued=len(scheduler.waiting),
+        max_batch=scheduler.options.max_batch,
+        memory=memory,
+        options=ctx.options_summary(),
+        totals={**scheduler.totals, **scheduler.prompt_lookup.counters},
         pid=os.getpid(),
         id=getattr(message, "id", None),
     )
@@ -178,17 +215,24 @@ def tokenize(ctx: HandlerContext, identity: bytes, message: Tokenize) -> Message
 
     def work() -> tuple[list[int], str | None]:
         if message.messages is not None:
-            text = render_chat(tokenizer, message.messages, message.tools, message.continue_final_message,
-                               template_variables(ctx.reasoning, message.chat_template_kwargs),
-                               message.add_generation_prompt)
+            text = render_chat(
+                tokenizer,
+                message.messages,
+                message.tools,
+                message.continue_final_message,
+                template_variables(ctx.reasoning, message.chat_template_kwargs),
+                message.add_generation_prompt,
+            )
             return list(tokenizer.encode(text, add_special_tokens=False)), text
         return list(tokenizer.encode(message.text, add_special_tokens=message.add_special_tokens)), None
 
     def finish(done: Future) -> TokenizeResult:
         tokens, text = done.result()
         if len(tokens) > MAX_LIST_ITEMS:
-            raise ProtocolError(INVALID, f"the text is {len(tokens)} tokens; a reply carries at most "
-                                         f"{MAX_LIST_ITEMS} (tokenize it in parts)")
+            raise ProtocolError(
+                INVALID,
+                f"the text is {len(tokens)} tokens; a reply carries at most {MAX_LIST_ITEMS} (tokenize it in parts)",
+            )
         return TokenizeResult(tokens=tokens, id=message.id, text=text if message.return_text else None)
 
     return _run(ctx, identity, message.id, runs_inline_tokenize(message), work, finish)
@@ -203,8 +247,14 @@ def detokenize(ctx: HandlerContext, identity: bytes, message: Detokenize) -> Mes
     def finish(done: Future) -> DetokenizeResult:
         return DetokenizeResult(text=done.result(), id=message.id)
 
-    return _run(ctx, identity, message.id, runs_inline_detokenize(message),
-                lambda: ctx.loaded.tokenizer.decode(message.tokens), finish)
+    return _run(
+        ctx,
+        identity,
+        message.id,
+        runs_inline_detokenize(message),
+        lambda: ctx.loaded.tokenizer.decode(message.tokens),
+        finish,
+    )
 
 
 def embed(ctx: HandlerContext, identity: bytes, message: Embed) -> Message | None:

@@ -39,14 +39,19 @@ class HostLimits:
         """The engine's ``GrammarLimits`` holding these bounds."""
         from mlxd_engine import GrammarLimits
 
-        return GrammarLimits(max_bytes=self.max_grammar_bytes, max_rules=self.max_grammar_rules,
-                             max_depth=self.max_grammar_depth, max_repeat=self.max_grammar_repeat)
+        return GrammarLimits(
+            max_bytes=self.max_grammar_bytes,
+            max_rules=self.max_grammar_rules,
+            max_depth=self.max_grammar_depth,
+            max_repeat=self.max_grammar_repeat,
+        )
 
 
 def _check_messages(messages: list[dict] | None, limits: HostLimits) -> None:
     if messages is not None and len(messages) > limits.max_messages:
-        raise ProtocolError(INVALID, f"messages: {len(messages)} messages; the limit is {limits.max_messages} "
-                                     f"(mlxd --max-messages)")
+        raise ProtocolError(
+            INVALID, f"messages: {len(messages)} messages; the limit is {limits.max_messages} (mlxd --max-messages)"
+        )
 
 
 def check_generate(message: Generate, limits: HostLimits) -> None:
@@ -58,16 +63,20 @@ def check_tokenize(message: Tokenize, limits: HostLimits) -> None:
     """Refuse a Tokenize over a limit."""
     _check_messages(message.messages, limits)
     if message.text is not None and len(message.text) > limits.max_tokenize_chars:
-        raise ProtocolError(INVALID, f"text: {len(message.text)} characters; the limit is "
-                                     f"{limits.max_tokenize_chars} (mlxd --max-tokenize-chars)")
+        raise ProtocolError(
+            INVALID,
+            f"text: {len(message.text)} characters; the limit is "
+            f"{limits.max_tokenize_chars} (mlxd --max-tokenize-chars)",
+        )
 
 
 def check_embed(message: Embed, limits: HostLimits) -> None:
     """Refuse an Embed whose texts are over the tokenize limit (all of them together)."""
     chars = sum(len(text) for text in message.texts or ())
     if chars > limits.max_tokenize_chars:
-        raise ProtocolError(INVALID, f"texts: {chars} characters; the limit is {limits.max_tokenize_chars} "
-                                     f"(mlxd --max-tokenize-chars)")
+        raise ProtocolError(
+            INVALID, f"texts: {chars} characters; the limit is {limits.max_tokenize_chars} (mlxd --max-tokenize-chars)"
+        )
 
 
 def _text_chars(text: str | None, messages: list[dict] | None) -> int:

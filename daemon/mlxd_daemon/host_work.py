@@ -51,8 +51,10 @@ class HostWork:
         self._live_lock = threading.Lock()
         previous = threading.stack_size(WORKER_STACK_BYTES)
         try:
-            self._threads = [threading.Thread(target=self._serve, name=f"mlxd-host-{index}", daemon=True)
-                             for index in range(max(1, workers))]
+            self._threads = [
+                threading.Thread(target=self._serve, name=f"mlxd-host-{index}", daemon=True)
+                for index in range(max(1, workers))
+            ]
             for thread in self._threads:
                 thread.start()
         finally:

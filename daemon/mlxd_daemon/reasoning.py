@@ -23,8 +23,7 @@ import datetime
 
 REASONING_MODES = ("on", "off", "auto")
 # (opening, closing) tags of the thinking blocks chat templates use
-THINKING_TAGS = (("<think>", "</think>"), ("<|START_THINKING|>", "<|END_THINKING|>"),
-                 ("<seed:think>", "</seed:think>"))
+THINKING_TAGS = (("<think>", "</think>"), ("<|START_THINKING|>", "<|END_THINKING|>"), ("<seed:think>", "</seed:think>"))
 
 
 def template_variables(mode: str, requested: dict | None) -> dict:

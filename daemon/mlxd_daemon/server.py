@@ -29,10 +29,28 @@ import zmq
 
 from mlxd_engine import LoadedModel
 from mlxd_protocol import (
-    BAD_FRAME, INTERNAL, INVALID, MAX_FRAME_BYTES, TICK_TOPIC, UNAUTHORIZED, Error, Hello, Message, ProtocolError,
-    decode, encode, error_reply)
+    BAD_FRAME,
+    INTERNAL,
+    INVALID,
+    MAX_FRAME_BYTES,
+    TICK_TOPIC,
+    UNAUTHORIZED,
+    Error,
+    Hello,
+    Message,
+    ProtocolError,
+    decode,
+    encode,
+    error_reply,
+)
 from mlxd_protocol.endpoints import (
-    TRACE_USER, check_bind_address, ensure_private_dir, pid_file, socket_path, trace_endpoint)
+    TRACE_USER,
+    check_bind_address,
+    ensure_private_dir,
+    pid_file,
+    socket_path,
+    trace_endpoint,
+)
 from mlxd_scheduler import TickRecord
 
 from .core import DaemonCore
@@ -117,8 +135,9 @@ class DaemonServer:
         if self._drain_deadline is not None:
             self.request_stop(reason)
             return
-        self.log.info("%s: draining %d requests for up to %.0fs", reason, len(self.scheduler.by_id),
-                      self.options.drain_timeout_s)
+        self.log.info(
+            "%s: draining %d requests for up to %.0fs", reason, len(self.scheduler.by_id), self.options.drain_timeout_s
+        )
         self._drain_deadline = time.monotonic() + self.options.drain_timeout_s
         self._drain_reason = reason
         self.core.draining = True
@@ -137,7 +156,11 @@ class DaemonServer:
         self.trace.close()
         if self._authenticator is not None:
             self._authenticator.stop()
-        for path in (getattr(self, "pid_path", None), socket_path(self.endpoint), socket_path(trace_endpoint(self.endpoint))):
+        for path in (
+            getattr(self, "pid_path", None),
+            socket_path(self.endpoint),
+            socket_path(trace_endpoint(self.endpoint)),
+        ):
             if path is not None and path.exists():
                 path.unlink()
 
@@ -158,7 +181,9 @@ class DaemonServer:
             if self.trace in ready:
                 self._track_subscriptions()
             self._turn()
-            if self._drain_deadline is not None and (not self.scheduler.by_id or time.monotonic() > self._drain_deadline):
+            if self._drain_deadline is not None and (
+                not self.scheduler.by_id or time.monotonic() > self._drain_deadline
+            ):
                 core.request_stop(self._drain_reason)
         return core.stop_reason
 
@@ -186,8 +211,9 @@ class DaemonServer:
 
     def _handle(self, identity: bytes, frame: bytes) -> None:
         if len(frame) > DECODE_OFF_LOOP_BYTES:
-            self.core.offload(identity, None, lambda: decode(frame),
-                              lambda decoded: self._answer(identity, decoded.result()))
+            self.core.offload(
+                identity, None, lambda: decode(frame), lambda decoded: self._answer(identity, decoded.result())
+            )
             return
         try:
             message = decode(frame)
@@ -236,11 +262,17 @@ class DaemonServer:
             request_id = getattr(message, "id", None)
             self.log.warning("reply %s to request %r cannot be sent: %s", message.TYPE, request_id, error.message)
             if isinstance(message, Error):
-                message = Error(id=request_id if isinstance(request_id, str) and request_id else None,
-                                code=INTERNAL, message="the reply could not be encoded")
+                message = Error(
+                    id=request_id if isinstance(request_id, str) and request_id else None,
+                    code=INTERNAL,
+                    message="the reply could not be encoded",
+                )
             else:
-                message = Error(id=request_id, code=INVALID,
-                                message=f"the reply is larger than the protocol carries ({error.message})")
+                message = Error(
+                    id=request_id,
+                    code=INVALID,
+                    message=f"the reply is larger than the protocol carries ({error.message})",
+                )
             try:
                 frame = encode(message)
             except ProtocolError:

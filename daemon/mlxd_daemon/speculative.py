@@ -31,8 +31,9 @@ class SpeculativeDispatch:
         return f"speculative=prompt-lookup (max_draft={self.config.max_draft}, policy={self.config.policy})"
 
 
-def resolve_speculative(draft_kind: str | None, draft_model: str | None = None,
-                        draft_block_size: int | None = None) -> SpeculativeDispatch:
+def resolve_speculative(
+    draft_kind: str | None, draft_model: str | None = None, draft_block_size: int | None = None
+) -> SpeculativeDispatch:
     """Resolve the daemon's speculative options.
 
     Args:
@@ -56,6 +57,8 @@ def resolve_speculative(draft_kind: str | None, draft_model: str | None = None,
             raise ValueError("prompt-lookup takes no draft model")
         return SpeculativeDispatch("prompt-lookup", cap, cap)
     if draft_model:
-        raise ValueError("--draft-model needs a draft kind that uses a draft model; the known kinds "
-                         f"({', '.join(KNOWN_DRAFT_KINDS)}) take none")
+        raise ValueError(
+            "--draft-model needs a draft kind that uses a draft model; the known kinds "
+            f"({', '.join(KNOWN_DRAFT_KINDS)}) take none"
+        )
     return SpeculativeDispatch("disabled", None, cap)

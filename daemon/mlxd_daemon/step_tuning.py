@@ -140,8 +140,9 @@ def tune_steps(engine: Engine) -> StepSettings:
         scratch.step()  # warm-up: compiles the step
         if tune_blas:
             counts = candidate_counts()
-            best = _time_variants(scratch, {f"{n} thread{'s' if n > 1 else ''}": (lambda n=n: set_blas_threads(n))
-                                                      for n in counts})
+            best = _time_variants(
+                scratch, {f"{n} thread{'s' if n > 1 else ''}": (lambda n=n: set_blas_threads(n)) for n in counts}
+            )
             times = dict(zip(counts, best.values()))
             if _is_long(min(times.values())):
                 blas_threads = max(n for n in counts if times[n] <= min(times.values()) * (1 + MARGIN))
@@ -154,6 +155,7 @@ def tune_steps(engine: Engine) -> StepSettings:
             op_by_op = _best_step(scratch, STEPS_PER_ROUND)
             compiled_detail = f"off (a long step: {op_by_op * 1e3:.1f} ms op by op)"
         if tune_compile and not _is_long(op_by_op):
+
             def use(value):
                 return lambda: setattr(engine, "compiled_decode", value)
 

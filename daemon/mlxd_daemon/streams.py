@@ -43,8 +43,9 @@ class ReplyStreams:
         """Some buffer keeps tokens that are not sent yet."""
         return bool(self._keeping)
 
-    def open(self, identity: bytes, message: Generate, internal_id: str,
-             splitter: ToolCallSplitter | None = None) -> Callable[[Event], None]:
+    def open(
+        self, identity: bytes, message: Generate, internal_id: str, splitter: ToolCallSplitter | None = None
+    ) -> Callable[[Event], None]:
         """Register ``message`` (running as ``internal_id``); returns the sink for its scheduler events.
         ``splitter``: takes tool calls out of the text of a request with tools (``tool_calls.py``)."""
         chunks = ChunkBuffer(message.id, self.interval_s)

@@ -34,16 +34,22 @@ def tool_support_problem(tokenizer) -> str | None:
     if not getattr(tokenizer, "has_chat_template", False):
         return "this model cannot be given tools: it lacks a chat template"
     if not getattr(tokenizer, "has_tool_calling", False):
-        return ("this model does not support tool calling: mlx-lm finds no tool-call format in its chat "
-                "template or vocabulary")
+        return (
+            "this model does not support tool calling: mlx-lm finds no tool-call format in its chat "
+            "template or vocabulary"
+        )
     return None
 
 
 def _call_schema(tool: dict) -> dict:
     function = tool.get("function", tool)
     parameters = function.get("parameters") or {"type": "object"}
-    return {"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-            "properties": {"name": {"const": function["name"]}, "arguments": parameters}}
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["name", "arguments"],
+        "properties": {"name": {"const": function["name"]}, "arguments": parameters},
+    }
 
 
 def required_call_grammar(tokenizer, tools: list[dict], name: str | None) -> str:
@@ -54,8 +60,10 @@ def required_call_grammar(tokenizer, tools: list[dict], name: str | None) -> str
     """
     parser = getattr(tokenizer, "tool_parser", None)
     if getattr(parser, "__module__", None) != JSON_TOOLS_PARSER:
-        raise ValueError("tool_choice 'required' or a named function is supported only for models whose tool "
-                         "calls are JSON between markers (mlx-lm's json_tools format)")
+        raise ValueError(
+            "tool_choice 'required' or a named function is supported only for models whose tool "
+            "calls are JSON between markers (mlx-lm's json_tools format)"
+        )
     chosen = [tool for tool in tools if name is None or tool.get("function", tool).get("name") == name]
     if not chosen:
         raise ValueError(f"tool_choice names {name!r}, which is not among the tools")
@@ -89,18 +97,18 @@ class ToolCallSplitter:
                 if at < 0:
                     break
                 self._finish_call(self._pending[:at])
-                self._pending = self._pending[at + len(self.end):]
+                self._pending = self._pending[at + len(self.end) :]
                 self._in_call = False
                 continue
             at = self._pending.find(self.start)
             if at >= 0:
                 shown.append(self._pending[:at])
-                self._pending = self._pending[at + len(self.start):]
+                self._pending = self._pending[at + len(self.start) :]
                 self._in_call = True
                 continue
             keep = self._marker_prefix_length(self._pending)
             shown.append(self._pending[: len(self._pending) - keep])
-            self._pending = self._pending[len(self._pending) - keep:]
+            self._pending = self._pending[len(self._pending) - keep :]
             break
         piece = "".join(shown)
         self.content += piece
@@ -133,5 +141,9 @@ class ToolCallSplitter:
         for call in parsed if isinstance(parsed, list) else [parsed]:
             if isinstance(call, dict) and "name" in call:
                 arguments = call.get("arguments", {})
-                self.calls.append({"name": str(call["name"]),
-                                   "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)})
+                self.calls.append(
+                    {
+                        "name": str(call["name"]),
+                        "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
+                    }
+                )

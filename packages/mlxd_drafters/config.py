@@ -62,20 +62,13 @@ class PromptLookupConfig:
 
     def __post_init__(self) -> None:
         if self.policy not in KNOWN_POLICIES:
-            raise ValueError(
-                f"unknown policy {self.policy!r}; known policies: "
-                f"{', '.join(KNOWN_POLICIES)}"
-            )
+            raise ValueError(f"unknown policy {self.policy!r}; known policies: {', '.join(KNOWN_POLICIES)}")
         _require(self.max_draft >= 1, "max_draft must be >= 1")
         _require(self.min_ngram >= 1, "min_ngram must be >= 1")
-        _require(
-            self.max_ngram >= self.min_ngram, "max_ngram must be >= min_ngram"
-        )
+        _require(self.max_ngram >= self.min_ngram, "max_ngram must be >= min_ngram")
         _require(self.governor_window >= 1, "governor_window must be >= 1")
         _require(0.0 <= self.gated_cutoff <= 1.0, "gated_cutoff must be in [0, 1]")
-        _require(
-            0.0 <= self.graded_cutoff <= 1.0, "graded_cutoff must be in [0, 1]"
-        )
+        _require(0.0 <= self.graded_cutoff <= 1.0, "graded_cutoff must be in [0, 1]")
         _require(self.probe_interval >= 1, "probe_interval must be >= 1")
         _require(self.probe_draft >= 1, "probe_draft must be >= 1")
         _require(
@@ -108,9 +101,7 @@ class PromptLookupConfig:
         if max_draft < 1:
             raise ValueError("max_draft must be >= 1")
         new_cap = min(max_draft, self.max_draft)
-        return dataclasses.replace(
-            self, max_draft=new_cap, min_draft=min(self.min_draft, new_cap)
-        )
+        return dataclasses.replace(self, max_draft=new_cap, min_draft=min(self.min_draft, new_cap))
 
 
 def _require(condition: bool, message: str) -> None:

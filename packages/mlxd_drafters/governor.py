@@ -106,7 +106,7 @@ class DraftGovernor:
         """Draft tokens a verify round of ``n_drafted`` is expected to accept: p + p^2 + ... + p^n
         (acceptance stops at the first rejection)."""
         p = self.acceptance_estimate(long_match)
-        return p * (1.0 - p ** n_drafted) / (1.0 - p)  # p < 1: the prior keeps a rejection in
+        return p * (1.0 - p**n_drafted) / (1.0 - p)  # p < 1: the prior keeps a rejection in
 
     def record(self, n_drafted: int, n_accepted: int) -> None:
         """Add the outcome of one verify round to the window.
@@ -120,10 +120,7 @@ class DraftGovernor:
             ValueError: If the counts are negative or accepted > drafted.
         """
         if n_drafted < 0 or not 0 <= n_accepted <= n_drafted:
-            raise ValueError(
-                f"need 0 <= n_accepted <= n_drafted, got "
-                f"n_drafted={n_drafted}, n_accepted={n_accepted}"
-            )
+            raise ValueError(f"need 0 <= n_accepted <= n_drafted, got n_drafted={n_drafted}, n_accepted={n_accepted}")
         self._probe_granted = False  # a verified probe is spent
         if n_drafted > 0:
             self._rounds.append((n_drafted, n_accepted))

@@ -81,9 +81,7 @@ class NgramIndex:
 
     __slots__ = ("_min_ngram", "_max_ngram", "_tokens", "_last_end_by_n", "last_match_length")
 
-    def __init__(
-        self, min_ngram: int = 1, max_ngram: int = 4, tokens: Iterable[int] = ()
-    ) -> None:
+    def __init__(self, min_ngram: int = 1, max_ngram: int = 4, tokens: Iterable[int] = ()) -> None:
         if min_ngram < 1 or max_ngram < min_ngram:
             raise ValueError("need 1 <= min_ngram <= max_ngram")
         self._min_ngram = min_ngram
@@ -92,9 +90,7 @@ class NgramIndex:
         self._tokens: list[int] = []
         # One table per n keeps keys short and lets propose() stop at the
         # longest n without touching the others.
-        self._last_end_by_n: dict[int, dict[tuple[int, ...], int]] = {
-            n: {} for n in range(min_ngram, max_ngram + 1)
-        }
+        self._last_end_by_n: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(min_ngram, max_ngram + 1)}
         self.extend(tokens)
 
     @property

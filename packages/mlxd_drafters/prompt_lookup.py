@@ -112,8 +112,9 @@ class PromptLookupDrafter:
     def __init__(self, config: PromptLookupConfig | None = None, prediction: list[int] | None = None) -> None:
         self._config = config if config is not None else PromptLookupConfig()
         # a predicted output (OpenAI's ``prediction``): looked up first, the context after it
-        self.prediction = (PredictionSource(prediction, self._config.min_ngram, self._config.max_ngram)
-                           if prediction else None)
+        self.prediction = (
+            PredictionSource(prediction, self._config.min_ngram, self._config.max_ngram) if prediction else None
+        )
         self._index = NgramIndex(self._config.min_ngram, self._config.max_ngram)
         # Observed tokens wait here until the index is next read: a row the verify gate holds back
         # observes every token it decodes and may never propose. Measured in-process (embedded model, 4
@@ -274,10 +275,7 @@ class PromptLookupDrafter:
             ValueError: If the counts are negative or accepted > drafted.
         """
         if n_drafted < 0 or not 0 <= n_accepted <= n_drafted:
-            raise ValueError(
-                f"need 0 <= n_accepted <= n_drafted, got "
-                f"n_drafted={n_drafted}, n_accepted={n_accepted}"
-            )
+            raise ValueError(f"need 0 <= n_accepted <= n_drafted, got n_drafted={n_drafted}, n_accepted={n_accepted}")
         outstanding_length = len(self._outstanding) if self._outstanding else 0
         self._stats.drafted_tokens += n_drafted - outstanding_length
         self._stats.verify_rounds += 1

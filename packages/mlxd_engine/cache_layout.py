@@ -90,8 +90,10 @@ class CacheLayout:
         """Why this model cannot be served, or None."""
         for i, entry in enumerate(self.entries):
             if entry.kind is None:
-                return (f"model type {self.model_type!r}: layer {i} uses {entry.cls} ({entry.why}), "
-                        f"which mlxd's KV storage does not serve yet")
+                return (
+                    f"model type {self.model_type!r}: layer {i} uses {entry.cls} ({entry.why}), "
+                    f"which mlxd's KV storage does not serve yet"
+                )
         return None
 
     def leaves(self) -> list[CacheEntry]:
@@ -132,8 +134,7 @@ def _describe_entry(cache) -> CacheEntry:
 
 def model_layers(model) -> list:
     """The model's decoder layers wherever they live (``model.layers`` on most mlx-lm models)."""
-    for path in ("layers", "model.layers", "language_model.layers", "language_model.model.layers",
-                 "backbone.layers"):
+    for path in ("layers", "model.layers", "language_model.layers", "language_model.model.layers", "backbone.layers"):
         obj = model
         try:
             for part in path.split("."):
@@ -250,8 +251,7 @@ def _probe(model, layout: CacheLayout) -> None:
         row0_still = bool(mx.allclose(first[0], second[0], rtol=1e-4, atol=1e-4))
         row1_moved = not bool(mx.allclose(first[1], second[1], rtol=1e-4, atol=1e-4))
         layout.vocab_size = int(first.shape[-1])
-        layout.kv_bytes_per_token = sum(k[1] * k[3] * dtype.size + v[1] * v[3] * dtype.size
-                                        for k, v, dtype in record)
+        layout.kv_bytes_per_token = sum(k[1] * k[3] * dtype.size + v[1] * v[3] * dtype.size for k, v, dtype in record)
         if row0_still and row1_moved:
             layout.mask_axes = axes
             if axes != 4:
@@ -261,8 +261,9 @@ def _probe(model, layout: CacheLayout) -> None:
     if layout.kv_bytes_per_token is None:
         from .loading import ModelLoadError
 
-        raise ModelLoadError(f"model type {layout.model_type!r}: a test forward through mlxd's KV views failed "
-                             f"({'; '.join(failures)})")
+        raise ModelLoadError(
+            f"model type {layout.model_type!r}: a test forward through mlxd's KV views failed ({'; '.join(failures)})"
+        )
     layout.mask_axes = None
     layout.notes.append("no batched mask form keeps rows apart; rows at different positions run one at a time")
     log.warning("model type %r: %s (%s)", layout.model_type, layout.notes[-1], "; ".join(failures))

@@ -74,8 +74,9 @@ def read_span(context: int, capacity: int) -> int:
 class _TracedView:
     """mlx-lm cache protocol inside the traced step: one layer's buffers, rows first..first+B-1."""
 
-    def __init__(self, keys: mx.array, values: mx.array, first: int, positions: mx.array, mask_axes: int | None,
-                 span: int):
+    def __init__(
+        self, keys: mx.array, values: mx.array, first: int, positions: mx.array, mask_axes: int | None, span: int
+    ):
         self.keys, self.values = keys, values
         self.mask_axes = mask_axes
         self.span = span  # positions of each slot that attention reads (the rest are past every row's context)
@@ -95,7 +96,7 @@ class _TracedView:
             self.keys = scatter_tokens(self.keys, slots, positions, keys)
             self.values = scatter_tokens(self.values, slots, positions, values)
         rows = slice(self.first, self.first + self.rows)
-        return self.keys[rows, :, :self.span], self.values[rows, :, :self.span]
+        return self.keys[rows, :, : self.span], self.values[rows, :, : self.span]
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> mx.array:
         # [B, 1, T, span]: query i of a row sees the row's positions up to its own
@@ -115,8 +116,14 @@ class CompiledDecode:
     """The model's forward over a few tokens per row (decode steps, verify forwards), compiled; see the
     module docstring."""
 
-    def __init__(self, model, max_traces: int = MAX_TRACES, max_rows: int = MAX_COMPILED_ROWS,
-                 max_capacity: int = MAX_COMPILED_CAPACITY, mask_axes: int | None = 4):
+    def __init__(
+        self,
+        model,
+        max_traces: int = MAX_TRACES,
+        max_rows: int = MAX_COMPILED_ROWS,
+        max_capacity: int = MAX_COMPILED_CAPACITY,
+        mask_axes: int | None = 4,
+    ):
         self.model = model
         self.mask_axes = mask_axes  # the model's batched mask form (cache_layout.py)
         self.max_rows = max_rows
@@ -138,8 +145,10 @@ class CompiledDecode:
         model, mask_axes = self.model, self.mask_axes
 
         def step(inputs: mx.array, positions: mx.array, *buffers: mx.array):
-            views = [_TracedView(buffers[2 * i], buffers[2 * i + 1], first, positions, mask_axes, span)
-                     for i in range(len(buffers) // 2)]
+            views = [
+                _TracedView(buffers[2 * i], buffers[2 * i + 1], first, positions, mask_axes, span)
+                for i in range(len(buffers) // 2)
+            ]
             logits = model(inputs, cache=views)
             return (logits, *[array for view in views for array in (view.keys, view.values)])
 

@@ -98,7 +98,10 @@ def _one_op_attention_applies(queries, keys, values, cache, mask, sinks) -> bool
     if not (queries.dtype == keys.dtype == values.dtype == mx.float32):
         return False
     batch, heads, length, size = queries.shape
-    if length > MAX_ONE_OP_ATTENTION_QUERIES or batch * heads * length * keys.shape[2] * size > MAX_ONE_OP_ATTENTION_PRODUCTS:
+    if (
+        length > MAX_ONE_OP_ATTENTION_QUERIES
+        or batch * heads * length * keys.shape[2] * size > MAX_ONE_OP_ATTENTION_PRODUCTS
+    ):
         return False
     if isinstance(mask, str):
         return mask == "causal" and keys.shape[2] >= length

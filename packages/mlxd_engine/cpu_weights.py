@@ -93,8 +93,9 @@ def apply_cpu_weight_rule(model: nn.Module, budget_bytes: int | None = None, cho
     if choice == "stored":
         return WeightForm("stored", f"weights as stored ({ENV}=stored; float16 math on the CPU is slow)")
     low_precision = [a for _, a in _flat_parameters(model) if _floating(a.dtype) and a.dtype != mx.float32]
-    stored_scales = {id(layer): (layer["scales"], layer["biases"]) for layer in quantized_layers(model)
-                     if "biases" in layer}  # the kernel reads them as stored
+    stored_scales = {
+        id(layer): (layer["scales"], layer["biases"]) for layer in quantized_layers(model) if "biases" in layer
+    }  # the kernel reads them as stored
     model.set_dtype(mx.float32)  # casts floating parameters only (scales and biases included)
     cast = f"cast {len(low_precision)} float16/bfloat16 tensors to float32" if low_precision else "float32"
     layers = quantized_layers(model)
@@ -107,19 +108,26 @@ def apply_cpu_weight_rule(model: nn.Module, budget_bytes: int | None = None, cho
     needed = dequantized_bytes(model)
     budget = default_budget_bytes() if budget_bytes is None else budget_bytes
     if choice == "quantized" or (choice == "auto" and needed > budget):
-        why = (f"{ENV}=quantized" if choice == "quantized" else
-               f"dequantized they would take {needed / 2**30:.2f} GiB, above the budget of {budget / 2**30:.2f} GiB")
+        why = (
+            f"{ENV}=quantized"
+            if choice == "quantized"
+            else f"dequantized they would take {needed / 2**30:.2f} GiB, above the budget of {budget / 2**30:.2f} GiB"
+        )
         mx.eval(model.parameters())
-        return WeightForm("float32 quantized",
-                          f"weights: {cast}; {len(layers)} quantized layers kept quantized with float32 scales ({why}): "
-                          "on the CPU a k-token verify forward then costs about k decode steps")
+        return WeightForm(
+            "float32 quantized",
+            f"weights: {cast}; {len(layers)} quantized layers kept quantized with float32 scales ({why}): "
+            "on the CPU a k-token verify forward then costs about k decode steps",
+        )
     from mlx_lm.utils import dequantize_model
 
     dequantize_model(model)
     mx.eval(model.parameters())
-    return WeightForm("float32 dequantized",
-                      f"weights: {cast}; {len(layers)} quantized layers dequantized to float32 "
-                      f"({needed / 2**30:.2f} GiB of a {budget / 2**30:.2f} GiB budget)")
+    return WeightForm(
+        "float32 dequantized",
+        f"weights: {cast}; {len(layers)} quantized layers dequantized to float32 "
+        f"({needed / 2**30:.2f} GiB of a {budget / 2**30:.2f} GiB budget)",
+    )
 
 
 def _set_scales(layers: list, scales: dict) -> None:
@@ -144,8 +152,12 @@ def _try_kernel(model: nn.Module, layers: list, choice: str, cast: str, stored_s
         return None
     capable = kernel_layers(model)
     if len(capable) != len(layers):
-        log.info("the CPU quantized-matmul kernel takes %d of %d quantized layers (affine, 4 or 8 bits, groups "
-                 "of 32/64/128); the float32 rule applies", len(capable), len(layers))
+        log.info(
+            "the CPU quantized-matmul kernel takes %d of %d quantized layers (affine, 4 or 8 bits, groups "
+            "of 32/64/128); the float32 rule applies",
+            len(capable),
+            len(layers),
+        )
         if choice == "kernel":
             raise ValueError(f"{ENV}=kernel: the kernel takes {len(capable)} of {len(layers)} quantized layers")
         return None
@@ -153,8 +165,12 @@ def _try_kernel(model: nn.Module, layers: list, choice: str, cast: str, stored_s
     _set_scales(capable, stored_scales)
     mx.eval(model.parameters())
     timing = measure(capable)
-    log.info("CPU quantized-matmul kernel (%s, %s) at load: %s", mlxd_qmatmul.kernel_isa(),
-             mlxd_qmatmul.describe_threads(), timing.describe())
+    log.info(
+        "CPU quantized-matmul kernel (%s, %s) at load: %s",
+        mlxd_qmatmul.kernel_isa(),
+        mlxd_qmatmul.describe_threads(),
+        timing.describe(),
+    )
     if choice == "auto" and not timing.faster:
         _set_scales(capable, wide)
         log.info("the kernel is not faster than float32 weights here; quantized layers are dequantized")
@@ -162,7 +178,9 @@ def _try_kernel(model: nn.Module, layers: list, choice: str, cast: str, stored_s
     switched = use_kernel(model, timing.max_rows)
     packed = sum(layer["weight"].nbytes + layer["scales"].nbytes + layer["biases"].nbytes for layer in capable)
     scale_types = sorted({str(layer["scales"].dtype).removeprefix("mlx.core.") for layer in capable})
-    return WeightForm("kernel quantized",
-                      f"weights: {cast} (quantized layers' scales kept {'/'.join(scale_types)}); {switched} quantized "
-                      f"layers ({packed / 2**20:.0f} MiB) kept {layers[0].bits}-bit on "
-                      f"the CPU quantized-matmul kernel ({mlxd_qmatmul.kernel_isa()}, {mlxd_qmatmul.describe_threads()}; {timing.describe()})")
+    return WeightForm(
+        "kernel quantized",
+        f"weights: {cast} (quantized layers' scales kept {'/'.join(scale_types)}); {switched} quantized "
+        f"layers ({packed / 2**20:.0f} MiB) kept {layers[0].bits}-bit on "
+        f"the CPU quantized-matmul kernel ({mlxd_qmatmul.kernel_isa()}, {mlxd_qmatmul.describe_threads()}; {timing.describe()})",
+    )

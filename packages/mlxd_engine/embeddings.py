@@ -62,23 +62,35 @@ def hidden_state_source(loaded: LoadedModel) -> HiddenStateSource:
     model = loaded.model
     wrapped = getattr(model, "language_model", None)
     owner = wrapped if isinstance(wrapped, nn.Module) else model
-    body = next((getattr(owner, name) for name in HIDDEN_STATE_MODULES
-                 if isinstance(getattr(owner, name, None), nn.Module)), None)
+    body = next(
+        (getattr(owner, name) for name in HIDDEN_STATE_MODULES if isinstance(getattr(owner, name, None), nn.Module)),
+        None,
+    )
     if body is None:
-        raise EmbeddingUnavailable(f"{what}: no module gives its final hidden state apart from the output head "
-                                   f"(looked for {', '.join(HIDDEN_STATE_MODULES)})")
+        raise EmbeddingUnavailable(
+            f"{what}: no module gives its final hidden state apart from the output head "
+            f"(looked for {', '.join(HIDDEN_STATE_MODULES)})"
+        )
     if "cache" not in inspect.signature(body.__call__).parameters:
         raise EmbeddingUnavailable(f"{what}: its {type(body).__name__} takes no cache")
-    expected = next((int(value) for value in (config_value(None, getattr(owner, "args", None), name)
-                                              for name in HIDDEN_SIZE_NAMES) if isinstance(value, int)), None)
+    expected = next(
+        (
+            int(value)
+            for value in (config_value(None, getattr(owner, "args", None), name) for name in HIDDEN_SIZE_NAMES)
+            if isinstance(value, int)
+        ),
+        None,
+    )
     probe = mx.array([[PAD_TOKEN, min(1, loaded.vocab_size - 1)]])  # [1, 2]
     hidden = body(probe, cache=make_prompt_cache(model))
     if not isinstance(hidden, mx.array) or hidden.ndim != 3 or tuple(hidden.shape[:2]) != (1, 2):
         raise EmbeddingUnavailable(f"{what}: its {type(body).__name__} does not return one state per token")
     width = int(hidden.shape[-1])
     if (expected is not None and width != expected) or (expected is None and width == loaded.vocab_size):
-        raise EmbeddingUnavailable(f"{what}: its {type(body).__name__} returns {width} values per token, "
-                                   f"not the hidden state (the output head is applied inside it)")
+        raise EmbeddingUnavailable(
+            f"{what}: its {type(body).__name__} returns {width} values per token, "
+            f"not the hidden state (the output head is applied inside it)"
+        )
     return HiddenStateSource(model=model, body=body, hidden_size=width)
 
 
@@ -125,7 +137,7 @@ class _BatchRun:
 
     def step(self) -> None:
         end = min(self.start + self.piece, self.needed)
-        hidden = self.source.body(self.tokens[:, self.start:end], cache=self.cache).astype(mx.float32)  # [B, c, H]
+        hidden = self.source.body(self.tokens[:, self.start : end], cache=self.cache).astype(mx.float32)  # [B, c, H]
         positions = mx.arange(self.start, end)  # [c]
         lengths = mx.array(self.lengths)  # [B]
         if self.pooling == "mean":
@@ -170,8 +182,9 @@ class EmbeddingRun:
         tokens_per_forward: Most padded tokens one forward takes (the daemon's prefill chunk).
     """
 
-    def __init__(self, source: HiddenStateSource, inputs: list[list[int]], pooling: str, normalize: bool,
-                 tokens_per_forward: int):
+    def __init__(
+        self, source: HiddenStateSource, inputs: list[list[int]], pooling: str, normalize: bool, tokens_per_forward: int
+    ):
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
         self.source = source
@@ -191,8 +204,10 @@ class EmbeddingRun:
         """Run the next forward (a piece of the current batch, or the first of the next one)."""
         if self._current is None:
             indices = self._batches.popleft()
-            self._current = (indices, _BatchRun(self.source, [self.inputs[i] for i in indices], self.pooling,
-                                                self.tokens_per_forward))
+            self._current = (
+                indices,
+                _BatchRun(self.source, [self.inputs[i] for i in indices], self.pooling, self.tokens_per_forward),
+            )
         indices, batch = self._current
         batch.step()
         if batch.finished:

@@ -126,11 +126,19 @@ class Engine:
     the batched masks; a layout the engine does not serve raises ``ModelLoadError`` here too, for a
     ``LoadedModel`` that did not come from ``load``."""
 
-    def __init__(self, loaded: LoadedModel, max_sequences: int = 8, max_kv_size: int | None = None,
-                 storage: str = "contiguous", kv_block_size: int = DEFAULT_BLOCK_SIZE,
-                 kv_pool_tokens: int | None = None, fuse_cpu_layers: bool | None = None,
-                 compile_decode: bool | None = None, prefix_cache_bytes: int = 0,
-                 prefix_cache_entries: int = DEFAULT_MAX_ENTRIES):
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        max_sequences: int = 8,
+        max_kv_size: int | None = None,
+        storage: str = "contiguous",
+        kv_block_size: int = DEFAULT_BLOCK_SIZE,
+        kv_pool_tokens: int | None = None,
+        fuse_cpu_layers: bool | None = None,
+        compile_decode: bool | None = None,
+        prefix_cache_bytes: int = 0,
+        prefix_cache_entries: int = DEFAULT_MAX_ENTRIES,
+    ):
         self.loaded = loaded
         self.model = loaded.model
         self.layout = loaded.layout()
@@ -143,27 +151,47 @@ class Engine:
             self.max_kv_size = min(max_kv_size or loaded.context_length, loaded.context_length)
         leaves = self.layout.leaves()
         kv_entries = [leaf for leaf in leaves if leaf.kind == ATTENTION]
-        self.storage = make_kv_storage(storage, len(kv_entries), max_sequences, self.max_kv_size,
-                                       kv_block_size, kv_pool_tokens, mask_axes=self.layout.mask_axes)
+        self.storage = make_kv_storage(
+            storage,
+            len(kv_entries),
+            max_sequences,
+            self.max_kv_size,
+            kv_block_size,
+            kv_pool_tokens,
+            mask_axes=self.layout.mask_axes,
+        )
         if len(kv_entries) < len(leaves):  # sliding windows or recurrent state: rows beside the KV backend
             self.storage = RowStorage(self.storage, self.layout.entries, max_sequences)
             limit = self.storage.max_forward_tokens
-            log.info("model type %s: %s%s%s", loaded.model_type, self.layout.describe(),
-                     f"; sliding windows in rings, one forward appends at most {limit} tokens per row" if limit else "",
-                     "; recurrent state unwinds by restore and replay" if self.layout.unwinds_by_replay else "")
+            log.info(
+                "model type %s: %s%s%s",
+                loaded.model_type,
+                self.layout.describe(),
+                f"; sliding windows in rings, one forward appends at most {limit} tokens per row" if limit else "",
+                "; recurrent state unwinds by restore and replay" if self.layout.unwinds_by_replay else "",
+            )
         self._ids = itertools.count()
         # what a forward costs by rows, query tokens and context: timed while serving (steps here, verify
         # rounds in verify_round.py), calibrated at start-up by the daemon (forward_cost.py)
         self.forward_cost = ForwardCost()
         # finished sequences' prefixes, reused by later prompts that start the same way (off at 0 bytes)
         # (paged storage: entries hold block references, given back through release_prefix when they go)
-        self.prefix_cache = (PrefixCache(prefix_cache_bytes, prefix_cache_entries,
-                                         boundary_only=self.storage.prefix_at_boundary_only,
-                                         on_remove=self.storage.release_prefix)
-                             if prefix_cache_bytes > 0 else None)
+        self.prefix_cache = (
+            PrefixCache(
+                prefix_cache_bytes,
+                prefix_cache_entries,
+                boundary_only=self.storage.prefix_at_boundary_only,
+                on_remove=self.storage.release_prefix,
+            )
+            if prefix_cache_bytes > 0
+            else None
+        )
         compiled = compile_wanted() if compile_decode is None else compile_decode
-        self.compiled_decode = (CompiledDecode(self.model, mask_axes=self.layout.mask_axes)
-                                if compiled and self.storage.compiles_forward else None)
+        self.compiled_decode = (
+            CompiledDecode(self.model, mask_axes=self.layout.mask_axes)
+            if compiled and self.storage.compiles_forward
+            else None
+        )
 
     @property
     def can_unwind(self) -> bool:
@@ -188,14 +216,20 @@ class Engine:
         if self.storage.can_admit(reservation):
             return True
         return self.prefix_cache is not None and self.storage.can_admit(
-            reservation, extra_blocks=self.storage.evictable_blocks())
+            reservation, extra_blocks=self.storage.evictable_blocks()
+        )
 
     def _reservation(self, prompt_tokens: int, max_new_tokens: int) -> int:
         return min(prompt_tokens + max_new_tokens, self.max_kv_size)
 
     # -- sequence lifetime ---------------------------------------------------------------------
-    def add_sequence(self, prompt: list[int], params: SamplingParams | None = None,
-                     max_new_tokens: int | None = None, cache_prompt: bool = True) -> Sequence:
+    def add_sequence(
+        self,
+        prompt: list[int],
+        params: SamplingParams | None = None,
+        max_new_tokens: int | None = None,
+        cache_prompt: bool = True,
+    ) -> Sequence:
         """Admit a sequence; raises KVStorageFull when there is no room for it now or the prompt cannot fit.
 
         ``max_new_tokens`` sizes the reservation on paged storage (default: up to the KV bound). With a
@@ -225,8 +259,15 @@ class Engine:
                 entry, reused, shared, pin = None, 0, 0, None
                 self._make_room(reservation, 0, None)
             kv = self.storage.allocate(reservation, shared_blocks=shared)
-            seq = Sequence(next(self._ids), kv, list(prompt), len(prompt), SamplerChain(params), self.max_kv_size,
-                           cache_prompt=cache_prompt)
+            seq = Sequence(
+                next(self._ids),
+                kv,
+                list(prompt),
+                len(prompt),
+                SamplerChain(params),
+                self.max_kv_size,
+                cache_prompt=cache_prompt,
+            )
             if use_cache:
                 self.prefix_cache.record(entry, reused)  # counted once admitted (a refused one looks up again)
             if entry is not None:
@@ -291,14 +332,17 @@ class Engine:
             inverse = [0] * len(order)
             for position, row in enumerate(order):
                 inverse[row] = position
-            return self._forward_in_order([states[i] for i in order], inputs[mx.array(order)], compiled)[mx.array(inverse)]
+            return self._forward_in_order([states[i] for i in order], inputs[mx.array(order)], compiled)[
+                mx.array(inverse)
+            ]
         return self._forward_in_order(states, inputs, compiled)
 
     def _forward_in_order(self, states: list[SlotState], inputs: mx.array, compiled: bool) -> mx.array:
         if len(states) > 1 and self.layout.mask_axes is None:
             # no batched mask keeps this model's rows apart (cache_layout.py): one forward per row
-            return mx.concatenate([self._forward_in_order([state], inputs[i : i + 1], compiled)
-                                   for i, state in enumerate(states)])
+            return mx.concatenate(
+                [self._forward_in_order([state], inputs[i : i + 1], compiled) for i, state in enumerate(states)]
+            )
         if compiled and self.compiled_decode is not None:
             logits = self.compiled_decode.forward(self.storage, states, inputs)
             if logits is not None:
@@ -315,8 +359,9 @@ class Engine:
         piece = self.storage.max_forward_tokens or n
         for offset in range(0, n, piece):  # a ring bounds one forward's appends: the chunk goes in pieces
             size = min(piece, n - offset)
-            logits = self._forward([seq], mx.array([seq.tokens[start + offset : start + offset + size]]),
-                                   compiled=False)
+            logits = self._forward(
+                [seq], mx.array([seq.tokens[start + offset : start + offset + size]]), compiled=False
+            )
             self.commit_appends(seq, size)
         if n < remaining:
             mx.eval(self.storage.arrays())
@@ -344,13 +389,16 @@ class Engine:
                     columns.append(lookahead.tokens[pending_index[seq.seq_id] : pending_index[seq.seq_id] + 1])
                 else:
                     if seq.kv.written != len(seq.tokens) - 1:
-                        raise ValueError(f"sequence {seq.seq_id} has {len(seq.tokens) - seq.kv.written} tokens outside storage; a step feeds exactly one")
+                        raise ValueError(
+                            f"sequence {seq.seq_id} has {len(seq.tokens) - seq.kv.written} tokens outside storage; a step feeds exactly one"
+                        )
                     columns.append(mx.array([seq.tokens[-1]], dtype=mx.int32))
             inputs = mx.concatenate(columns)[:, None] if len(columns) > 1 else columns[0][None]
         logits = self._forward(rows, inputs)[:, -1, :]
         # only rows with per-row sampler state (penalties) read their history
-        histories = [self._history_fn(seq, pending_index, lookahead) if seq.chain.has_row_state else None
-                     for seq in rows]
+        histories = [
+            self._history_fn(seq, pending_index, lookahead) if seq.chain.has_row_state else None for seq in rows
+        ]
         tokens = sample_rows([seq.chain for seq in rows], logits, histories)
         handle = StepHandle(rows=list(rows), tokens=tokens, logits=logits)
         if any(seq.params.logprobs is not None for seq in rows):

@@ -136,8 +136,11 @@ class ForwardCost:
         if self._theta is None and self.coefficients() is None or rows < 1:
             return None
         timings = self._timings.get((rows, width))
-        if (timings is not None and len(timings.samples) >= MIN_SHAPE_SAMPLES
-                and self.observations - timings.last_seen <= STALE_AFTER):
+        if (
+            timings is not None
+            and len(timings.samples) >= MIN_SHAPE_SAMPLES
+            and self.observations - timings.last_seen <= STALE_AFTER
+        ):
             # this shape's own timings, moved to the asked context by the fit's context term
             value = timings.median_ms + self._floats[2] * rows * width * (context - timings.mean_context) / 1024.0
         else:  # plain floats, no numpy: the gate asks many times a tick
@@ -146,15 +149,19 @@ class ForwardCost:
 
     def summary(self) -> dict:
         theta = self.coefficients()
-        return {"ready": self.ready, "observations": self.observations,
-                "fixed_ms": None if theta is None else round(float(theta[0]), 4),
-                "per_token_ms": None if theta is None else round(float(theta[1]), 4),
-                "per_token_kcontext_ms": None if theta is None else round(float(theta[2]), 6),
-                "shapes_timed": sum(len(t.samples) >= MIN_SHAPE_SAMPLES for t in self._timings.values())}
+        return {
+            "ready": self.ready,
+            "observations": self.observations,
+            "fixed_ms": None if theta is None else round(float(theta[0]), 4),
+            "per_token_ms": None if theta is None else round(float(theta[1]), 4),
+            "per_token_kcontext_ms": None if theta is None else round(float(theta[2]), 6),
+            "shapes_timed": sum(len(t.samples) >= MIN_SHAPE_SAMPLES for t in self._timings.values()),
+        }
 
 
-def calibrate_forward_cost(engine, batch: int = 4, width: int = 9, context: int = 32, long_context: int = 192,
-                           repeats: int = 2, wide: int = 16) -> list:
+def calibrate_forward_cost(
+    engine, batch: int = 4, width: int = 9, context: int = 32, long_context: int = 192, repeats: int = 2, wide: int = 16
+) -> list:
     """Time plain steps and verify-shaped forwards (1 and ``batch`` rows at ``context`` tokens, one row at
     ``long_context``; 1 and ``width`` tokens each, and a lone row ``wide`` tokens too: the longest verify
     forward a lone row's full draft makes) on scratch sequences and give the points to

@@ -44,10 +44,15 @@ HASH_CHUNK_BYTES = 1 << 20
 
 _GLOBAL_TENSORS = {"token_embd": "model.embed_tokens", "output": "lm_head", "output_norm": "model.norm"}
 _BLOCK_TENSORS = {
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
 }
 _SUFFIXES = ("weight", "scales", "biases", "bias")
 _BLOCK_NAME = re.compile(r"blk\.(\d+)\.([a-z_]+)\.([a-z]+)")
@@ -70,7 +75,9 @@ def read_gguf(gguf_path: str | Path) -> tuple[dict[str, mx.array], dict[str, Any
     try:
         tensors, metadata = mx.load(str(path), format="gguf", return_metadata=True)
     except Exception as error:  # mlx raises RuntimeError / ValueError with terse text for bad files
-        raise GGUFError(f"cannot read {path.name} as a GGUF file (unreadable, truncated or not GGUF): {error}") from error
+        raise GGUFError(
+            f"cannot read {path.name} as a GGUF file (unreadable, truncated or not GGUF): {error}"
+        ) from error
     return tensors, {key: _plain(value) for key, value in metadata.items()}
 
 
@@ -99,7 +106,9 @@ def hf_tensor_name(gguf_name: str) -> str:
     match = _BLOCK_NAME.fullmatch(gguf_name)
     if match and match.group(2) in _BLOCK_TENSORS and match.group(3) in _SUFFIXES:
         return f"model.layers.{match.group(1)}.{_BLOCK_TENSORS[match.group(2)]}.{match.group(3)}"
-    raise GGUFError(f"GGUF tensor {gguf_name!r} has no counterpart in the supported architectures {SUPPORTED_ARCHITECTURES}")
+    raise GGUFError(
+        f"GGUF tensor {gguf_name!r} has no counterpart in the supported architectures {SUPPORTED_ARCHITECTURES}"
+    )
 
 
 def unpermute_rows(w: mx.array, n_head: int) -> mx.array:
@@ -215,7 +224,9 @@ def model_config(meta: dict[str, Any], tensors: dict[str, mx.array], quantizatio
     for key, meta_key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id")):
         if f"tokenizer.ggml.{meta_key}" in meta:
             config[key] = int(meta[f"tokenizer.ggml.{meta_key}"])
-    float_dtypes = Counter(str(t.dtype).split(".")[-1] for n, t in tensors.items() if mx.issubdtype(t.dtype, mx.floating))
+    float_dtypes = Counter(
+        str(t.dtype).split(".")[-1] for n, t in tensors.items() if mx.issubdtype(t.dtype, mx.floating)
+    )
     scales = [t for n, t in tensors.items() if n.endswith(".scales")]
     config["torch_dtype"] = str(scales[0].dtype).split(".")[-1] if scales else float_dtypes.most_common(1)[0][0]
     config["use_cache"] = True
@@ -255,8 +266,10 @@ def _generation_config(meta: dict[str, Any]) -> dict:
 def _check_architecture(meta: dict[str, Any], path: Path) -> str:
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
-        raise GGUFError(f"GGUF architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
-                        f" in {path.name}")
+        raise GGUFError(
+            f"GGUF architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+            f" in {path.name}"
+        )
     return arch
 
 

@@ -21,10 +21,14 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED = 1, 2, 3, 4  # llama.cpp token types
 SPM_SPACE = "\u2581"
 
-LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA3_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+QWEN2_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
 def _gpt2_regex():
@@ -37,21 +41,30 @@ def _digits_then_gpt2():
 
 def _split_then_bytes(regex: str):
     def make():
-        return pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ])
+        return pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+
     return make
 
 
 # tokenizer.ggml.pre -> the pre-tokenizer llama.cpp's regexes for that name amount to
 PRE_TOKENIZERS = {
-    "default": _gpt2_regex, "gpt2": _gpt2_regex,
-    "smollm": _digits_then_gpt2, "starcoder": _digits_then_gpt2, "refact": _digits_then_gpt2,
-    "llama-bpe": _split_then_bytes(LLAMA3_REGEX), "llama3": _split_then_bytes(LLAMA3_REGEX),
-    "llama-v3": _split_then_bytes(LLAMA3_REGEX), "dbrx": _split_then_bytes(LLAMA3_REGEX),
+    "default": _gpt2_regex,
+    "gpt2": _gpt2_regex,
+    "smollm": _digits_then_gpt2,
+    "starcoder": _digits_then_gpt2,
+    "refact": _digits_then_gpt2,
+    "llama-bpe": _split_then_bytes(LLAMA3_REGEX),
+    "llama3": _split_then_bytes(LLAMA3_REGEX),
+    "llama-v3": _split_then_bytes(LLAMA3_REGEX),
+    "dbrx": _split_then_bytes(LLAMA3_REGEX),
     "smaug-bpe": _split_then_bytes(LLAMA3_REGEX),
-    "qwen2": _split_then_bytes(QWEN2_REGEX), "deepseek-r1-qwen": _split_then_bytes(QWEN2_REGEX),
+    "qwen2": _split_then_bytes(QWEN2_REGEX),
+    "deepseek-r1-qwen": _split_then_bytes(QWEN2_REGEX),
     "stablelm2": _split_then_bytes(QWEN2_REGEX),
 }
 
@@ -105,8 +118,8 @@ def split_merge(merge: str, vocab: dict[str, int]) -> tuple[str, str]:
     if merge.count(" ") == 1:
         return left, right
     for i, char in enumerate(merge):
-        if char == " " and merge[:i] in vocab and merge[i + 1:] in vocab:
-            return merge[:i], merge[i + 1:]
+        if char == " " and merge[:i] in vocab and merge[i + 1 :] in vocab:
+            return merge[:i], merge[i + 1 :]
     raise _error(f"GGUF merge {merge!r} does not split into two tokens of the vocabulary")
 
 
@@ -117,9 +130,18 @@ def _gpt2_tokenizer(meta: dict[str, Any]) -> Tokenizer:
         raise _error(f"GGUF pre-tokenizer {pre!r} is not supported (supported: {', '.join(sorted(PRE_TOKENIZERS))})")
     vocab = {token: i for i, token in enumerate(tokens)}
     merges = [split_merge(m, vocab) for m in meta.get("tokenizer.ggml.merges") or []]
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, dropout=None, unk_token=None,
-                                     continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False,
-                                     byte_fallback=False))
+    tokenizer = Tokenizer(
+        models.BPE(
+            vocab=vocab,
+            merges=merges,
+            dropout=None,
+            unk_token=None,
+            continuing_subword_prefix="",
+            end_of_word_suffix="",
+            fuse_unk=False,
+            byte_fallback=False,
+        )
+    )
     tokenizer.pre_tokenizer = PRE_TOKENIZERS[pre]()
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = _post_processor(meta, tokens, bool(meta.get("tokenizer.ggml.add_bos_token", False)))
@@ -136,8 +158,11 @@ def spm_merges(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]:
     score = {token: s for token, s in zip(tokens, scores)}
     merges = []
     for piece, piece_score in score.items():
-        local = [(piece[:i], piece[i:], piece_score) for i in range(1, len(piece))
-                 if piece[:i] in score and piece[i:] in score]
+        local = [
+            (piece[:i], piece[i:], piece_score)
+            for i in range(1, len(piece))
+            if piece[:i] in score and piece[i:] in score
+        ]
         local.sort(key=lambda m: (score[m[0]], score[m[1]]), reverse=True)
         merges.extend(local)
     merges.sort(key=lambda m: m[2], reverse=True)
@@ -150,15 +175,26 @@ def _spm_tokenizer(meta: dict[str, Any]) -> Tokenizer:
     if not scores or len(scores) != len(tokens):
         raise _error("GGUF SentencePiece vocabulary has no tokenizer.ggml.scores for its tokens")
     vocab = {token: i for i, token in enumerate(tokens)}
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=spm_merges(tokens, scores), dropout=None,
-                                     unk_token=_token(meta, "unknown_token_id", tokens), fuse_unk=True,
-                                     byte_fallback=True))
+    tokenizer = Tokenizer(
+        models.BPE(
+            vocab=vocab,
+            merges=spm_merges(tokens, scores),
+            dropout=None,
+            unk_token=_token(meta, "unknown_token_id", tokens),
+            fuse_unk=True,
+            byte_fallback=True,
+        )
+    )
     replace = normalizers.Replace(" ", SPM_SPACE)
     add_space_prefix = meta.get("tokenizer.ggml.add_space_prefix", True)
-    tokenizer.normalizer = normalizers.Sequence([normalizers.Prepend(SPM_SPACE), replace]) if add_space_prefix else replace
-    tokenizer.decoder = decoders.Sequence([decoders.Replace(SPM_SPACE, " "), decoders.ByteFallback(), decoders.Fuse(),
-                                           decoders.Strip(" ", 1, 0)] if add_space_prefix else
-                                          [decoders.Replace(SPM_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()])
+    tokenizer.normalizer = (
+        normalizers.Sequence([normalizers.Prepend(SPM_SPACE), replace]) if add_space_prefix else replace
+    )
+    tokenizer.decoder = decoders.Sequence(
+        [decoders.Replace(SPM_SPACE, " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+        if add_space_prefix
+        else [decoders.Replace(SPM_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    )
     tokenizer.post_processor = _post_processor(meta, tokens, bool(meta.get("tokenizer.ggml.add_bos_token", True)))
     _add_tokens(tokenizer, tokens, types, (UNKNOWN, CONTROL))
     return tokenizer
@@ -188,8 +224,12 @@ def tokenizer_config(meta: dict[str, Any], context_length: int) -> dict:
         "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
     }
     named = set()
-    for field, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"), ("unk_token", "unknown_token_id"),
-                       ("pad_token", "padding_token_id")):
+    for field, key in (
+        ("bos_token", "bos_token_id"),
+        ("eos_token", "eos_token_id"),
+        ("unk_token", "unknown_token_id"),
+        ("pad_token", "padding_token_id"),
+    ):
         token = _token(meta, key, tokens)
         if token is not None:
             config[field] = token

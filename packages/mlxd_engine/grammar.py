@@ -48,8 +48,10 @@ JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separa
 
 log = logging.getLogger("mlxd")
 TRIAL_TOKENS = 16  # tokens a new grammar is followed at compile time
-TOO_COMPLEX = ("the grammar or schema is too complex to follow (it may allow no finite output, or need more "
-               "work per token than the limits allow: simplify it)")
+TOO_COMPLEX = (
+    "the grammar or schema is too complex to follow (it may allow no finite output, or need more "
+    "work per token than the limits allow: simplify it)"
+)
 
 
 def _too_complex(tokens_followed: int) -> str:
@@ -74,8 +76,9 @@ def _llg_tokenizer(loaded):
         return cached[1]
     hf = getattr(wrapper, "_tokenizer", wrapper)
     try:
-        tokenizer = llguidance.hf.from_tokenizer(hf, n_vocab=loaded.vocab_size,
-                                                 eos_token=sorted(loaded.eos_token_ids) or None)
+        tokenizer = llguidance.hf.from_tokenizer(
+            hf, n_vocab=loaded.vocab_size, eos_token=sorted(loaded.eos_token_ids) or None
+        )
     except Exception as error:  # noqa: BLE001 - a slow or odd tokenizer: say why, do not crash the daemon
         raise GrammarError(f"this model's tokenizer cannot be used for structured output ({error})") from error
     _TOKENIZERS[id(wrapper)] = (wrapper, tokenizer)
@@ -164,8 +167,9 @@ def compile_grammar(loaded, kind: str, text: str | None = None, limits: GrammarL
         raise GrammarError(problem)
     definition = _grammar_text(kind, text)
     tokenizer = _llg_tokenizer(loaded)
-    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(definition, tokenizer,
-                                                                             limits=parser_limits())
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
+        definition, tokenizer, limits=parser_limits()
+    )
     if is_error:
         raise GrammarError(_first_line(messages[0]) if messages else "the grammar is invalid")
     grammar = Grammar(kind, definition, tokenizer, loaded.vocab_size)
@@ -211,7 +215,7 @@ class GrammarStage:
     def output(self) -> list[int]:
         if self._tokens is None:
             raise GrammarError("the grammar stage follows no sequence (Engine.add_sequence binds it)")
-        return self._tokens[self._start:]
+        return self._tokens[self._start :]
 
     def _sync(self, target: list[int]) -> None:
         """Bring the matcher to exactly ``target`` (rolling back tokens the row no longer holds)."""

@@ -118,7 +118,7 @@ def _scan(text: str, syntax: str, seen: _Structure) -> None:
             while end < len(text) and text[end] != "/":
                 end = _skip_class(text, end) if text[end] == "[" else end + (2 if text[end] == "\\" else 1)
             inner = _Structure()
-            _scan(text[index + 1:end], "regex", inner)
+            _scan(text[index + 1 : end], "regex", inner)
             seen.depth = max(seen.depth, len(stack) - 1 + inner.depth)
             index = end + 1
             item = inner.repeat
@@ -216,9 +216,10 @@ def grammar_problem(kind: str, text: str | None, limits: GrammarLimits) -> str |
     if rules > limits.max_rules:
         return f"the {what} has {rules} {rule_words}; the limit is {limits.max_rules} (mlxd --max-grammar-rules)"
     if seen.depth > limits.max_depth:
-        return (f"the {what} nests {seen.depth} levels deep; the limit is {limits.max_depth} "
-                f"(mlxd --max-grammar-depth)")
+        return f"the {what} nests {seen.depth} levels deep; the limit is {limits.max_depth} (mlxd --max-grammar-depth)"
     if seen.repeat > limits.max_repeat:
-        return (f"the {what} repeats an item {seen.repeat} times (nested counts multiplied); the limit is "
-                f"{limits.max_repeat} (mlxd --max-grammar-repeat)")
+        return (
+            f"the {what} repeats an item {seen.repeat} times (nested counts multiplied); the limit is "
+            f"{limits.max_repeat} (mlxd --max-grammar-repeat)"
+        )
     return None

@@ -28,10 +28,12 @@ UNBOUNDED = 1 << 30  # max_rows: the kernel takes every row count
 def _kernel_or_blas(x, layer, max_rows: int):
     rows = x.size // x.shape[-1] if x.ndim else 1
     if rows <= max_rows:
-        return mlxd_qmatmul.quantized_matmul(x, layer["weight"], layer["scales"], layer["biases"],
-                                             layer.group_size, layer.bits)
-    weight = mx.dequantize(layer["weight"], _wide(layer["scales"]), _wide(layer["biases"]),
-                           group_size=layer.group_size, bits=layer.bits)
+        return mlxd_qmatmul.quantized_matmul(
+            x, layer["weight"], layer["scales"], layer["biases"], layer.group_size, layer.bits
+        )
+    weight = mx.dequantize(
+        layer["weight"], _wide(layer["scales"]), _wide(layer["biases"]), group_size=layer.group_size, bits=layer.bits
+    )
     return x @ weight.T
 
 
@@ -51,16 +53,24 @@ class KernelQuantizedEmbedding(nn.QuantizedEmbedding):
     kernel_max_rows = DEFAULT_MAX_ROWS
 
     def __call__(self, x):
-        return mx.dequantize(self["weight"][x], _wide(self["scales"][x]), _wide(self["biases"][x]),
-                             group_size=self.group_size, bits=self.bits)
+        return mx.dequantize(
+            self["weight"][x],
+            _wide(self["scales"][x]),
+            _wide(self["biases"][x]),
+            group_size=self.group_size,
+            bits=self.bits,
+        )
 
     def as_linear(self, x):
         return _kernel_or_blas(x, self, self.kernel_max_rows)
 
 
 def _takes(layer) -> bool:
-    return (mlxd_qmatmul.supports(layer.bits, layer.group_size, getattr(layer, "mode", "affine"))
-            and "biases" in layer and layer["weight"].dtype == mx.uint32)
+    return (
+        mlxd_qmatmul.supports(layer.bits, layer.group_size, getattr(layer, "mode", "affine"))
+        and "biases" in layer
+        and layer["weight"].dtype == mx.uint32
+    )
 
 
 def kernel_layers(model: nn.Module) -> list:
@@ -101,8 +111,10 @@ class KernelTiming:
         def row(d):
             return ", ".join(f"{r} rows {ms:.3f}" for r, ms in sorted(d.items()))
 
-        return (f"{self.shape[0]}x{self.shape[1]} layer, ms: kernel {row(self.kernel_ms)}; float32 "
-                f"{row(self.float32_ms)}; dequantize+BLAS {row(self.dequantize_ms)}; {self.rows_rule}")
+        return (
+            f"{self.shape[0]}x{self.shape[1]} layer, ms: kernel {row(self.kernel_ms)}; float32 "
+            f"{row(self.float32_ms)}; dequantize+BLAS {row(self.dequantize_ms)}; {self.rows_rule}"
+        )
 
     @property
     def rows_rule(self) -> str:
@@ -136,11 +148,20 @@ def measure(layers: list, rows=(1, 8, 16, 32, 64, 128), repeats: int = 3) -> Ker
     for n in rows:
         x = mx.random.normal((n, in_dims), key=mx.random.key(n))
         mx.eval(x)
-        kernel[n] = best_ms(lambda: [mlxd_qmatmul.quantized_matmul(x, pw, ps, pb, gs, bits) for pw, ps, pb in packed],
-                          repeats) / copies
+        kernel[n] = (
+            best_ms(lambda: [mlxd_qmatmul.quantized_matmul(x, pw, ps, pb, gs, bits) for pw, ps, pb in packed], repeats)
+            / copies
+        )
         float32[n] = best_ms(lambda: [x @ d.T for d in dense], repeats) / len(dense)
-        dequant[n] = best_ms(lambda: [x @ mx.dequantize(pw, _wide(ps), _wide(pb), group_size=gs, bits=bits).T
-                                    for pw, ps, pb in packed[:2]], repeats) / 2
+        dequant[n] = (
+            best_ms(
+                lambda: [
+                    x @ mx.dequantize(pw, _wide(ps), _wide(pb), group_size=gs, bits=bits).T for pw, ps, pb in packed[:2]
+                ],
+                repeats,
+            )
+            / 2
+        )
     return KernelTiming((int(out_dims), int(in_dims)), kernel, float32, dequant, crossover_rows(kernel, dequant))
 
 

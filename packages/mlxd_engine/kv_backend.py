@@ -94,13 +94,13 @@ class KVStorage(Protocol):
         """Blocks only snapshots hold: freed if every snapshot were released (0 where they are copies)."""
 
 
-def _contiguous(n_layers: int, max_sequences: int, max_kv_size: int, block_size: int,
-                pool_tokens: int | None) -> KVStorage:
+def _contiguous(
+    n_layers: int, max_sequences: int, max_kv_size: int, block_size: int, pool_tokens: int | None
+) -> KVStorage:
     return SlotKVStorage(n_layers, max_sequences, max_kv_size)
 
 
-def _paged(n_layers: int, max_sequences: int, max_kv_size: int, block_size: int,
-           pool_tokens: int | None) -> KVStorage:
+def _paged(n_layers: int, max_sequences: int, max_kv_size: int, block_size: int, pool_tokens: int | None) -> KVStorage:
     return PagedKVStorage(n_layers, pool_tokens or max_sequences * max_kv_size, max_kv_size, block_size, max_sequences)
 
 
@@ -108,8 +108,15 @@ def _paged(n_layers: int, max_sequences: int, max_kv_size: int, block_size: int,
 STORAGE_BACKENDS: dict[str, Callable[..., KVStorage]] = {"contiguous": _contiguous, "paged": _paged}
 
 
-def make_kv_storage(backend: str, n_layers: int, max_sequences: int, max_kv_size: int, block_size: int,
-                    pool_tokens: int | None = None, mask_axes: int | None = 4) -> KVStorage:
+def make_kv_storage(
+    backend: str,
+    n_layers: int,
+    max_sequences: int,
+    max_kv_size: int,
+    block_size: int,
+    pool_tokens: int | None = None,
+    mask_axes: int | None = 4,
+) -> KVStorage:
     """Build the storage backend named ``backend``.
 
     Args:

@@ -64,8 +64,16 @@ def drop_pending(state, n: int) -> None:
     state.pending -= n
 
 
-def row_mask(starts: list[int], read_length: int, n: int, return_array: bool, window_size: int | None,
-             uniform: bool, starts_array: Callable[[], mx.array] | None = None, mask_axes: int | None = 4):
+def row_mask(
+    starts: list[int],
+    read_length: int,
+    n: int,
+    return_array: bool,
+    window_size: int | None,
+    uniform: bool,
+    starts_array: Callable[[], mx.array] | None = None,
+    mask_axes: int | None = 4,
+):
     """mlx-lm attention mask for rows whose ``n`` new tokens start at ``starts`` (both storage kinds).
 
     ``uniform``: every row starts at the same position. ``starts_array`` returns ``starts`` as an array
@@ -140,9 +148,16 @@ class SlotKVStorage:
         """Occupancy for status and metrics."""
         per_token = 0
         if self.keys and self.keys[0] is not None:
-            per_token = sum(k.nbytes + v.nbytes for k, v in zip(self.keys, self.values)) // max(self.capacity * self.n_slots, 1)
-        return {"backend": self.kind, "slots": self.n_slots, "slots_free": len(self._free), "capacity_tokens": self.capacity,
-                "allocated_bytes": per_token * self.capacity * self.n_slots}
+            per_token = sum(k.nbytes + v.nbytes for k, v in zip(self.keys, self.values)) // max(
+                self.capacity * self.n_slots, 1
+            )
+        return {
+            "backend": self.kind,
+            "slots": self.n_slots,
+            "slots_free": len(self._free),
+            "capacity_tokens": self.capacity,
+            "allocated_bytes": per_token * self.capacity * self.n_slots,
+        }
 
     def arrays(self) -> list:
         return [a for a in self.keys + self.values if a is not None]
@@ -193,8 +208,10 @@ class SlotKVStorage:
 
     def read_prefix(self, state: SlotState, n: int) -> list:
         """Copies of the first ``n`` positions of ``state``: per layer (keys, values) ``[kv_heads, n, dim]``."""
-        return [(mx.contiguous(k[state.slot, :, :n]), mx.contiguous(v[state.slot, :, :n]))
-                for k, v in zip(self.keys, self.values)]
+        return [
+            (mx.contiguous(k[state.slot, :, :n]), mx.contiguous(v[state.slot, :, :n]))
+            for k, v in zip(self.keys, self.values)
+        ]
 
     def write_prefix(self, state: SlotState, layers: list, n: int) -> None:
         """Put the first ``n`` positions of ``layers`` (a ``read_prefix`` result) into a new sequence's slot."""
@@ -315,15 +332,25 @@ class LayerView:
         # adjacent rows, the joined slices about 1.4x (docs/benchmark_results/code_notes.md#slot-gaps)
         runs = plan.slot_runs()
         if runs is not None:
-            return (mx.concatenate([k_buf[a:b, :, :length, :] for a, b in runs]),
-                    mx.concatenate([v_buf[a:b, :, :length, :] for a, b in runs]))
+            return (
+                mx.concatenate([k_buf[a:b, :, :length, :] for a, b in runs]),
+                mx.concatenate([v_buf[a:b, :, :length, :] for a, b in runs]),
+            )
         index = plan.array("slots")
         return mx.take(k_buf[:, :, :length, :], index, axis=0), mx.take(v_buf[:, :, :length, :], index, axis=0)
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
         plan = self.plan
-        return row_mask(plan.starts, plan.read_length, n, return_array, window_size, plan.uniform,
-                        lambda: plan.array("starts"), self.storage.mask_axes)  # the array the RoPE offsets use
+        return row_mask(
+            plan.starts,
+            plan.read_length,
+            n,
+            return_array,
+            window_size,
+            plan.uniform,
+            lambda: plan.array("starts"),
+            self.storage.mask_axes,
+        )  # the array the RoPE offsets use
 
     @property
     def state(self):  # mlx-lm reads this only to evaluate caches; the storage owns the arrays

@@ -72,8 +72,9 @@ def _looks_like_local_path(name: str) -> bool:
     return name.startswith((".", "/", "~")) or Path(name).exists() or name.count("/") != 1
 
 
-def load(model: str | Path | None = None, cpu_weight_budget: int | None = None,
-         distributed: tuple[str, Any] | None = None) -> LoadedModel:
+def load(
+    model: str | Path | None = None, cpu_weight_budget: int | None = None, distributed: tuple[str, Any] | None = None
+) -> LoadedModel:
     """Load an mlx-lm checkpoint and apply the CPU weight rule (``cpu_weights.py``) to it.
 
     Args:
@@ -98,7 +99,9 @@ def load(model: str | Path | None = None, cpu_weight_budget: int | None = None,
         name = str(path)
     if _looks_like_local_path(name) or name.lower().endswith(".gguf"):
         if not path.exists():
-            raise ModelLoadError(f"model path {name!r} does not exist (give a local mlx-lm checkpoint directory or a hub id like org/name)")
+            raise ModelLoadError(
+                f"model path {name!r} does not exist (give a local mlx-lm checkpoint directory or a hub id like org/name)"
+            )
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"{name!r} is not an mlx-lm checkpoint: it has no config.json")
         try:
@@ -141,9 +144,16 @@ def load(model: str | Path | None = None, cpu_weight_budget: int | None = None,
     vocab = layout.vocab_size or config_value(config, args, "vocab_size") or _embedding_rows(module)
     if not vocab:
         raise ModelLoadError(f"model type {model_type!r}: cannot tell its vocabulary size")
-    log.info("model type %s: %d layers, caches: %s, %s KV bytes per token, context %d (%s)%s", model_type,
-             n_layers, layout.describe(), layout.kv_bytes_per_token, context, source,
-             "".join(f"; {note}" for note in layout.notes))
+    log.info(
+        "model type %s: %d layers, caches: %s, %s KV bytes per token, context %d (%s)%s",
+        model_type,
+        n_layers,
+        layout.describe(),
+        layout.kv_bytes_per_token,
+        context,
+        source,
+        "".join(f"; {note}" for note in layout.notes),
+    )
     return LoadedModel(
         model=module,
         tokenizer=tokenizer,
@@ -180,11 +190,17 @@ def context_length_of(config: dict | None, args: Any, tokenizer: Any) -> tuple[i
         return int(value), "config"
     model_max = getattr(tokenizer, "model_max_length", None)
     if isinstance(model_max, int) and 0 < model_max < 10_000_000:  # transformers' "unset" is ~1e30
-        log.warning("config.json gives no max_position_embeddings; the context length is the tokenizer's "
-                    "model_max_length, %d tokens", model_max)
+        log.warning(
+            "config.json gives no max_position_embeddings; the context length is the tokenizer's "
+            "model_max_length, %d tokens",
+            model_max,
+        )
         return model_max, "tokenizer"
-    log.warning("config.json gives no max_position_embeddings and the tokenizer no model_max_length; serving "
-                "at most %d tokens per sequence (--max-kv-size may set more)", FALLBACK_CONTEXT)
+    log.warning(
+        "config.json gives no max_position_embeddings and the tokenizer no model_max_length; serving "
+        "at most %d tokens per sequence (--max-kv-size may set more)",
+        FALLBACK_CONTEXT,
+    )
     return FALLBACK_CONTEXT, "fallback"
 
 

@@ -87,8 +87,14 @@ class PagedKVStorage:
     compiles_forward = False  # a forward gathers each row's blocks; the compiled one reads slot buffers
     mask_axes: int | None = 4  # set by make_kv_storage from the model's cache layout
 
-    def __init__(self, n_layers: int, pool_tokens: int, max_capacity: int, block_size: int = DEFAULT_BLOCK_SIZE,
-                 max_sequences: int = 256):
+    def __init__(
+        self,
+        n_layers: int,
+        pool_tokens: int,
+        max_capacity: int,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        max_sequences: int = 256,
+    ):
         if block_size < 1 or pool_tokens < block_size:
             raise ValueError("the pool must hold at least one block")
         self.n_layers = n_layers
@@ -116,16 +122,19 @@ class PagedKVStorage:
     def can_admit(self, tokens: int, shared_blocks: int = 0, extra_blocks: int = 0) -> bool:
         """Whether a sequence that may grow to ``tokens``, ``shared_blocks`` of them shared from a prefix
         snapshot, can be admitted now; ``extra_blocks``: blocks the caller could free first (evictable)."""
-        return (len(self.sequences) < self.max_sequences
-                and self.blocks_for(tokens) - shared_blocks <= len(self._free) - self._reserved + extra_blocks)
+        return (
+            len(self.sequences) < self.max_sequences
+            and self.blocks_for(tokens) - shared_blocks <= len(self._free) - self._reserved + extra_blocks
+        )
 
     def allocate(self, reserve_tokens: int = 0, shared_blocks: int = 0) -> PagedState:
         """A record promised the blocks ``reserve_tokens`` need, less ``shared_blocks`` that the following
         ``write_prefix`` puts in by reference."""
         blocks = max(self.blocks_for(max(reserve_tokens, 1)) - shared_blocks, 0)
         if not self.can_admit(max(reserve_tokens, 1), shared_blocks):
-            raise KVStorageFull(f"the KV pool has {len(self._free) - self._reserved} unreserved blocks; "
-                                f"{blocks} are needed")
+            raise KVStorageFull(
+                f"the KV pool has {len(self._free) - self._reserved} unreserved blocks; {blocks} are needed"
+            )
         state = PagedState(reserved_blocks=blocks, discount=shared_blocks)
         self._reserved += blocks
         self.sequences.add(state)
@@ -183,11 +192,18 @@ class PagedKVStorage:
         else holds (freed by evicting); ``blocks_shared``: blocks with more than one reference."""
         used = self.n_blocks - len(self._free)
         cache_only = self.evictable_blocks()
-        return {"backend": self.kind, "block_size": self.block_size, "blocks": self.n_blocks, "blocks_used": used,
-                "blocks_reserved": self._reserved + used - cache_only, "sequences": len(self.sequences),
-                "blocks_cached": int(np.count_nonzero(self._snapshot_refs)), "blocks_cache_only": cache_only,
-                "blocks_shared": int(np.count_nonzero(self._refs > 1)),
-                "allocated_bytes": self.bytes_per_block() * self.n_blocks}
+        return {
+            "backend": self.kind,
+            "block_size": self.block_size,
+            "blocks": self.n_blocks,
+            "blocks_used": used,
+            "blocks_reserved": self._reserved + used - cache_only,
+            "sequences": len(self.sequences),
+            "blocks_cached": int(np.count_nonzero(self._snapshot_refs)),
+            "blocks_cache_only": cache_only,
+            "blocks_shared": int(np.count_nonzero(self._refs > 1)),
+            "allocated_bytes": self.bytes_per_block() * self.n_blocks,
+        }
 
     def arrays(self) -> list:
         return [a for a in self.keys + self.values if a is not None]
@@ -208,8 +224,9 @@ class PagedKVStorage:
                 raise KVStorageFull(f"sequence would hold {needed} tokens; the KV bound is {self.max_capacity}")
             first = state.written // self.block_size
             if n_tokens and first < len(state.blocks) and (first < state.shared or self._refs[state.blocks[first]] > 1):
-                raise ValueError(f"appends at position {state.written} would write block {state.blocks[first]}, "
-                                 f"which is shared")
+                raise ValueError(
+                    f"appends at position {state.written} would write block {state.blocks[first]}, which is shared"
+                )
             while len(state.blocks) < self.blocks_for(needed):
                 if not self._free:
                     raise KVStorageFull("the KV pool is exhausted")
@@ -287,8 +304,9 @@ class PagedKVStorage:
         if whole != state.discount:  # allocate promised blocks for a different share: settle the difference
             more = state.discount - whole  # > 0: fewer shared than promised for, more new blocks needed
             if more > len(self._free) - self._reserved:
-                raise KVStorageFull(f"the KV pool has {len(self._free) - self._reserved} unreserved blocks; "
-                                    f"{more} more are needed")
+                raise KVStorageFull(
+                    f"the KV pool has {len(self._free) - self._reserved} unreserved blocks; {more} more are needed"
+                )
             more = max(more, -state.reserved_blocks)
             state.reserved_blocks += more
             self._reserved += more
@@ -345,8 +363,15 @@ class PagedPlan:
                 write_offsets.append(position % block_size)
         width = -(-read_length // block_size)
         tables = [s.blocks[:width] + [s.blocks[-1]] * (width - len(s.blocks[:width])) for s in states]
-        return cls(starts, n_tokens, read_length, mx.array(write_blocks), mx.array(write_offsets), mx.array(tables),
-                   len(set(starts)) == 1)
+        return cls(
+            starts,
+            n_tokens,
+            read_length,
+            mx.array(write_blocks),
+            mx.array(write_offsets),
+            mx.array(tables),
+            len(set(starts)) == 1,
+        )
 
 
 class PagedLayerView:
@@ -365,7 +390,9 @@ class PagedLayerView:
         s.ensure_layer(self.layer, kv_heads, k_dim, values.shape[3], keys.dtype)
         k_pool, v_pool = s.keys[self.layer], s.values[self.layer]
         # one scatter per layer: token t of row r goes to (write_blocks[r*T+t], :, write_offsets[r*T+t])
-        k_pool[plan.write_blocks, :, plan.write_offsets] = keys.transpose(0, 2, 1, 3).reshape(batch * n, kv_heads, k_dim)
+        k_pool[plan.write_blocks, :, plan.write_offsets] = keys.transpose(0, 2, 1, 3).reshape(
+            batch * n, kv_heads, k_dim
+        )
         v_pool[plan.write_blocks, :, plan.write_offsets] = values.transpose(0, 2, 1, 3).reshape(batch * n, kv_heads, -1)
         s.keys[self.layer], s.values[self.layer] = k_pool, v_pool
         return self._gather(k_pool), self._gather(v_pool)
@@ -379,8 +406,9 @@ class PagedLayerView:
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
         plan = self.plan
-        return row_mask(plan.starts, plan.read_length, n, return_array, window_size, plan.uniform,
-                        mask_axes=self.storage.mask_axes)
+        return row_mask(
+            plan.starts, plan.read_length, n, return_array, window_size, plan.uniform, mask_axes=self.storage.mask_axes
+        )
 
     @property
     def state(self):

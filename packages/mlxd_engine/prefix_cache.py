@@ -60,8 +60,13 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
 class PrefixCache:
     """LRU entries of token prefixes and their stored state, under a byte budget (module docstring)."""
 
-    def __init__(self, budget_bytes: int, max_entries: int = DEFAULT_MAX_ENTRIES, boundary_only: bool = False,
-                 on_remove: Callable[[object], None] | None = None):
+    def __init__(
+        self,
+        budget_bytes: int,
+        max_entries: int = DEFAULT_MAX_ENTRIES,
+        boundary_only: bool = False,
+        on_remove: Callable[[object], None] | None = None,
+    ):
         if budget_bytes < 0 or max_entries < 1:
             raise ValueError("the prefix cache needs a budget >= 0 bytes and at least one entry")
         self.budget_bytes = budget_bytes
@@ -118,7 +123,9 @@ class PrefixCache:
             return False
         self._remove(key)
         array = np.asarray(key, dtype=np.int64)
-        for other in [k for k in self._entries if len(k) <= len(key) and common_prefix(self._arrays[k], array) == len(k)]:
+        for other in [
+            k for k in self._entries if len(k) <= len(key) and common_prefix(self._arrays[k], array) == len(k)
+        ]:
             self._remove(other)  # the new entry extends it
         self._entries[key] = PrefixEntry(key, snapshot, nbytes)
         self._arrays[key] = array
@@ -153,6 +160,12 @@ class PrefixCache:
             self.on_remove(snapshot)
 
     def stats(self) -> dict:
-        return {"entries": len(self._entries), "bytes": self.bytes, "budget_bytes": self.budget_bytes,
-                "lookups": self.lookups, "hits": self.hits, "tokens_saved": self.tokens_saved,
-                "evictions": self.evictions}
+        return {
+            "entries": len(self._entries),
+            "bytes": self.bytes,
+            "budget_bytes": self.budget_bytes,
+            "lookups": self.lookups,
+            "hits": self.hits,
+            "tokens_saved": self.tokens_saved,
+            "evictions": self.evictions,
+        }

@@ -62,10 +62,12 @@ class RowStorage:
         self.entries = entries
         self.n_slots = n_slots
         leaves = [leaf for entry in entries for leaf in entry.leaves()]
-        self.rings = {i: WindowRing(leaf.window, slack, n_slots) for i, leaf in enumerate(leaves)
-                      if leaf.kind == SLIDING_WINDOW}
-        self.recurrent = {i: RecurrentState(leaf.size, n_slots) for i, leaf in enumerate(leaves)
-                          if leaf.kind == RECURRENT}
+        self.rings = {
+            i: WindowRing(leaf.window, slack, n_slots) for i, leaf in enumerate(leaves) if leaf.kind == SLIDING_WINDOW
+        }
+        self.recurrent = {
+            i: RecurrentState(leaf.size, n_slots) for i, leaf in enumerate(leaves) if leaf.kind == RECURRENT
+        }
         self.max_forward_tokens = slack if self.rings else None
         self._free = list(range(n_slots))
         self._row_of: dict = {}  # sequence record (by identity) -> its row
@@ -128,9 +130,11 @@ class RowStorage:
     # -- appends ---------------------------------------------------------------------------------
     def reserve(self, states: list, n_tokens: int) -> None:
         if self.max_forward_tokens is not None and n_tokens + max(s.pending for s in states) > self.max_forward_tokens:
-            raise ValueError(f"a forward may append at most {self.max_forward_tokens} tokens per row here "
-                             f"(sliding-window ring slack); asked for {n_tokens} after "
-                             f"{max(s.pending for s in states)} pending")
+            raise ValueError(
+                f"a forward may append at most {self.max_forward_tokens} tokens per row here "
+                f"(sliding-window ring slack); asked for {n_tokens} after "
+                f"{max(s.pending for s in states)} pending"
+            )
         self.inner.reserve(states, n_tokens)
 
     def commit(self, state, n: int) -> None:
@@ -148,8 +152,10 @@ class RowStorage:
             self.inner.unwind(state, n)
             return 0
         if n != state.pending:
-            raise ValueError(f"recurrent state unwinds every pending append at once ({state.pending} pending, "
-                             f"asked to drop {n}); commit what is kept first")
+            raise ValueError(
+                f"recurrent state unwinds every pending append at once ({state.pending} pending, "
+                f"asked to drop {n}); commit what is kept first"
+            )
         point = self._point_at_or_before(state, state.committed)
         self._points.pop(state, None)
         row = self._row_of[state]

@@ -93,8 +93,13 @@ class SamplerChain:
         self.key = mx.random.key(params.seed) if params.seed is not None else None
         # a processor reads the row's past tokens (penalties, caller-given processors); a logit bias does not
         # (a grammar reads the row's whole output: its steps must not run ahead of the tokens read)
-        self.needs_history = bool(repetition or params.presence_penalty or params.frequency_penalty
-                                  or params.custom_processors or self.grammar is not None)
+        self.needs_history = bool(
+            repetition
+            or params.presence_penalty
+            or params.frequency_penalty
+            or params.custom_processors
+            or self.grammar is not None
+        )
 
     def follow(self, tokens: list[int], prompt_length: int) -> None:
         """Bind the chain to its sequence's token list (a grammar stage reads the output from it)."""
@@ -155,8 +160,9 @@ def token_logprobs(logits: mx.array, tokens: mx.array, top_n: int) -> tuple[mx.a
     return chosen, mx.take_along_axis(top_ids, order, axis=-1), mx.take_along_axis(top_values, order, axis=-1)
 
 
-def sample_rows(chains: list[SamplerChain], logits: mx.array,
-                histories: list[Callable[[], mx.array] | None]) -> mx.array:
+def sample_rows(
+    chains: list[SamplerChain], logits: mx.array, histories: list[Callable[[], mx.array] | None]
+) -> mx.array:
     """Sample one token for every row of a batched step, lazily.
 
     Args:

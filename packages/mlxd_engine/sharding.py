@@ -67,18 +67,22 @@ def check_shardable(module: Any, mode: str, size: int, model_type: str, config: 
     if mode not in modes:
         method = "model.shard(group)" if mode == "tensor" else "model.model.pipeline(group)"
         other = f"; it has {modes[0]} parallel: use --distributed {modes[0]}" if modes else ""
-        raise ModelLoadError(f"model type {model_type!r} has no {mode} parallel in the installed mlx-lm "
-                             f"(no {method}){other}")
+        raise ModelLoadError(
+            f"model type {model_type!r} has no {mode} parallel in the installed mlx-lm (no {method}){other}"
+        )
     args = getattr(module, "args", None)
     if mode == "tensor":
         for field in ("num_attention_heads", "num_key_value_heads"):
             count = config_value(config, args, field)
             if isinstance(count, int) and count % size:
-                raise ModelLoadError(f"model type {model_type!r}: {field}={count} does not split over {size} ranks "
-                                     f"for tensor parallel (use a rank count that divides it)")
+                raise ModelLoadError(
+                    f"model type {model_type!r}: {field}={count} does not split over {size} ranks "
+                    f"for tensor parallel (use a rank count that divides it)"
+                )
     elif len(module.model.layers) < size:
-        raise ModelLoadError(f"model type {model_type!r}: {len(module.model.layers)} layers cannot be split over "
-                             f"{size} ranks")
+        raise ModelLoadError(
+            f"model type {model_type!r}: {len(module.model.layers)} layers cannot be split over {size} ranks"
+        )
 
 
 class _SendTie:

@@ -94,8 +94,10 @@ def verify_rows(
     width = 1 + max(len(p) for p in proposals)
     if len(rows) > 1 and any(kv_room(seq) < width for seq in rows):
         # a row near its KV bound cannot take the padding: every row gets its own forward
-        return [verify_rows(engine, [seq], [p], [n], [stop])[0]
-                for seq, p, n, stop in zip(rows, proposals, max_new_tokens, stops)]
+        return [
+            verify_rows(engine, [seq], [p], [n], [stop])[0]
+            for seq, p, n, stop in zip(rows, proposals, max_new_tokens, stops)
+        ]
     started, context = time.perf_counter(), mean_context(rows)
     logits = engine.verify_rows(rows, [[seq.tokens[-1]] + proposal for seq, proposal in zip(rows, proposals)])
     greedy = [seq.chain.params.is_greedy and not seq.chain.processors for seq in rows]
@@ -122,8 +124,15 @@ def _fit(engine: Engine, seq: Sequence, proposal: list[int], max_new_tokens: int
     return proposal
 
 
-def _settle(engine: Engine, seq: Sequence, proposal: list[int], sampled: list[int], fed: int,
-            max_new_tokens: int, should_stop: Callable[[int], bool] | None) -> RoundOutcome:
+def _settle(
+    engine: Engine,
+    seq: Sequence,
+    proposal: list[int],
+    sampled: list[int],
+    fed: int,
+    max_new_tokens: int,
+    should_stop: Callable[[int], bool] | None,
+) -> RoundOutcome:
     """Emit the accepted drafts and the target's token; commit what storage keeps of the ``fed`` appends."""
     k = len(proposal)
     emitted: list[int] = []

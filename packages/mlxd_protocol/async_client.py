@@ -28,13 +28,40 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from .client import (
-    CLOSE_LINGER_MS, DaemonError, DaemonTimeout, connect_dealer, needs_hello, new_request_id, resolve_auth_token,
-    tokenize_request, unwrap_reply)
+    CLOSE_LINGER_MS,
+    DaemonError,
+    DaemonTimeout,
+    connect_dealer,
+    needs_hello,
+    new_request_id,
+    resolve_auth_token,
+    tokenize_request,
+    unwrap_reply,
+)
 from .codec import ProtocolError, decode, encode
 from .endpoints import default_endpoint
 from .messages import (
-    CLIENT_CLOSED, DISCONNECTED, UNAUTHORIZED, Cancel, Chunk, Detokenize, DetokenizeResult, Done, Embed, EmbedResult,
-    Error, Generate, Hello, Message, Ok, Shutdown, Status, StatusRequest, Tokenize, TokenizeResult)
+    CLIENT_CLOSED,
+    DISCONNECTED,
+    UNAUTHORIZED,
+    Cancel,
+    Chunk,
+    Detokenize,
+    DetokenizeResult,
+    Done,
+    Embed,
+    EmbedResult,
+    Error,
+    Generate,
+    Hello,
+    Message,
+    Ok,
+    Shutdown,
+    Status,
+    StatusRequest,
+    Tokenize,
+    TokenizeResult,
+)
 
 # What the socket monitor reports: a connection made (again), a connection dropped.
 CONNECTION_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
@@ -51,8 +78,13 @@ class AsyncClient:
         context: A ``zmq.asyncio.Context``; the process-wide one when None.
     """
 
-    def __init__(self, endpoint: str | None = None, timeout_s: float = 30.0,
-                 context: zmq.asyncio.Context | None = None, auth_token: str | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        timeout_s: float = 30.0,
+        context: zmq.asyncio.Context | None = None,
+        auth_token: str | None = None,
+    ) -> None:
         self.endpoint = endpoint or default_endpoint()
         self.timeout_s = timeout_s
         self.auth_token = resolve_auth_token(auth_token)  # as in Client
@@ -296,21 +328,43 @@ class AsyncClient:
         except Exception:  # a probe reports, it does not fail: any problem means "not answering"
             return False
 
-    async def tokenize(self, text: str | None = None, messages: list[dict] | None = None,
-                       add_special_tokens: bool = True, tools: list[dict] | None = None,
-                       chat_template_kwargs: dict | None = None, continue_final_message: bool = False) -> list[int]:
+    async def tokenize(
+        self,
+        text: str | None = None,
+        messages: list[dict] | None = None,
+        add_special_tokens: bool = True,
+        tools: list[dict] | None = None,
+        chat_template_kwargs: dict | None = None,
+        continue_final_message: bool = False,
+    ) -> list[int]:
         """Tokenize text, or chat messages through the model's chat template (as ``Client.tokenize``)."""
-        request = tokenize_request(text, messages, add_special_tokens, tools, chat_template_kwargs=chat_template_kwargs,
-                                   continue_final_message=continue_final_message)
+        request = tokenize_request(
+            text,
+            messages,
+            add_special_tokens,
+            tools,
+            chat_template_kwargs=chat_template_kwargs,
+            continue_final_message=continue_final_message,
+        )
         return (await self._call(request, TokenizeResult)).tokens
 
-    async def render_chat(self, messages: list[dict], tools: list[dict] | None = None,
-                          add_generation_prompt: bool = True, chat_template_kwargs: dict | None = None,
-                          continue_final_message: bool = False) -> str:
+    async def render_chat(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: dict | None = None,
+        continue_final_message: bool = False,
+    ) -> str:
         """The prompt text of chat messages through the chat template (as ``Client.render_chat``)."""
-        request = tokenize_request(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                                   chat_template_kwargs=chat_template_kwargs,
-                                   continue_final_message=continue_final_message, return_text=True)
+        request = tokenize_request(
+            messages=messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            chat_template_kwargs=chat_template_kwargs,
+            continue_final_message=continue_final_message,
+            return_text=True,
+        )
         return (await self._call(request, TokenizeResult)).text
 
     async def detokenize(self, tokens: list[int]) -> str:
@@ -324,8 +378,13 @@ class AsyncClient:
         """
         return (await self._call(Detokenize(tokens=list(tokens), id=new_request_id()), DetokenizeResult)).text
 
-    async def embed(self, texts: list[str] | None = None, token_inputs: list[list[int]] | None = None,
-                    pooling: str | None = None, normalize: bool = True) -> EmbedResult:
+    async def embed(
+        self,
+        texts: list[str] | None = None,
+        token_inputs: list[list[int]] | None = None,
+        pooling: str | None = None,
+        normalize: bool = True,
+    ) -> EmbedResult:
         """Embeddings of texts or token lists (exactly one), from the model's last hidden state.
 
         Args:
@@ -337,8 +396,9 @@ class AsyncClient:
         Returns:
             The EmbedResult (vectors, each input's token count, the pooling applied).
         """
-        request = Embed(texts=texts, token_inputs=token_inputs, pooling=pooling, normalize=normalize,
-                        id=new_request_id())
+        request = Embed(
+            texts=texts, token_inputs=token_inputs, pooling=pooling, normalize=normalize, id=new_request_id()
+        )
         return await self._call(request, EmbedResult)
 
     async def shutdown(self) -> None:
@@ -363,8 +423,9 @@ class AsyncClient:
             return  # best effort: the daemon still stops at max_tokens
         self._pending_sends.add(sending)
         # Reading the outcome keeps asyncio from warning about an exception nobody retrieved.
-        sending.add_done_callback(lambda done: (self._pending_sends.discard(done),
-                                                done.cancelled() or done.exception()))
+        sending.add_done_callback(
+            lambda done: (self._pending_sends.discard(done), done.cancelled() or done.exception())
+        )
 
     async def generate(self, request: Generate) -> AsyncIterator[Chunk | Done]:
         """Send a Generate and iterate over its replies.

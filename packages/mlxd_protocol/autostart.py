@@ -30,8 +30,12 @@ def log_file(endpoint: str) -> Path:
     return pid_file(endpoint).with_suffix(".log")
 
 
-def ensure_daemon(endpoint: str, model: str | None = None, extra_args: list[str] | None = None,
-                  timeout_s: float = DEFAULT_START_TIMEOUT_S) -> bool:
+def ensure_daemon(
+    endpoint: str,
+    model: str | None = None,
+    extra_args: list[str] | None = None,
+    timeout_s: float = DEFAULT_START_TIMEOUT_S,
+) -> bool:
     """Make sure a daemon answers at ``endpoint``.
 
     Args:
@@ -72,12 +76,17 @@ def spawn_daemon(endpoint: str, model: str | None = None, extra_args: list[str] 
     if model:
         command += ["--model", str(model)]
     with open(log_file(endpoint), "ab") as log:
-        return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                start_new_session=True, close_fds=True)
+        return subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True
+        )
 
 
-def start_daemon(endpoint: str, model: str | None = None, extra_args: list[str] | None = None,
-                 timeout_s: float = DEFAULT_START_TIMEOUT_S) -> subprocess.Popen:
+def start_daemon(
+    endpoint: str,
+    model: str | None = None,
+    extra_args: list[str] | None = None,
+    timeout_s: float = DEFAULT_START_TIMEOUT_S,
+) -> subprocess.Popen:
     """``spawn_daemon``, then wait until it answers.
 
     Returns:

@@ -28,9 +28,31 @@ from zmq.utils.monitor import parse_monitor_message
 from .codec import ProtocolError, decode, encode
 from .endpoints import TRACE_USER, default_endpoint, parse_endpoint, trace_endpoint
 from .messages import (
-    AUTH_TOKEN_ENV, DISCONNECTED, INTERNAL, MAX_FRAME_BYTES, TICK_TOPIC, UNAUTHORIZED, Cancel, Chunk, Detokenize,
-    DetokenizeResult, Done, Embed, EmbedResult, Error, Generate, Hello, Message, Ok, Shutdown, Status, StatusRequest, Tick, Tokenize,
-    TokenizeResult)
+    AUTH_TOKEN_ENV,
+    DISCONNECTED,
+    INTERNAL,
+    MAX_FRAME_BYTES,
+    TICK_TOPIC,
+    UNAUTHORIZED,
+    Cancel,
+    Chunk,
+    Detokenize,
+    DetokenizeResult,
+    Done,
+    Embed,
+    EmbedResult,
+    Error,
+    Generate,
+    Hello,
+    Message,
+    Ok,
+    Shutdown,
+    Status,
+    StatusRequest,
+    Tick,
+    Tokenize,
+    TokenizeResult,
+)
 
 # Frames queued at close (typically a Cancel) get this long to leave; the socket itself never
 # lingers, so a dead daemon cannot make a client hang.
@@ -66,14 +88,29 @@ def new_request_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
-def tokenize_request(text: str | None = None, messages: list[dict] | None = None, add_special_tokens: bool = True,
-                     tools: list[dict] | None = None, *, add_generation_prompt: bool = True,
-                     chat_template_kwargs: dict | None = None, continue_final_message: bool = False,
-                     return_text: bool = False) -> Tokenize:
+def tokenize_request(
+    text: str | None = None,
+    messages: list[dict] | None = None,
+    add_special_tokens: bool = True,
+    tools: list[dict] | None = None,
+    *,
+    add_generation_prompt: bool = True,
+    chat_template_kwargs: dict | None = None,
+    continue_final_message: bool = False,
+    return_text: bool = False,
+) -> Tokenize:
     """The Tokenize every client sends for its ``tokenize`` and ``render_chat`` (fields as ``Tokenize``'s)."""
-    return Tokenize(text=text, messages=messages, add_special_tokens=add_special_tokens, tools=tools,
-                    add_generation_prompt=add_generation_prompt, chat_template_kwargs=chat_template_kwargs,
-                    continue_final_message=continue_final_message, return_text=return_text, id=new_request_id())
+    return Tokenize(
+        text=text,
+        messages=messages,
+        add_special_tokens=add_special_tokens,
+        tools=tools,
+        add_generation_prompt=add_generation_prompt,
+        chat_template_kwargs=chat_template_kwargs,
+        continue_final_message=continue_final_message,
+        return_text=return_text,
+        id=new_request_id(),
+    )
 
 
 def resolve_auth_token(auth_token: str | None) -> str | None:
@@ -144,8 +181,13 @@ class Client:
             before the first request, and again after an "unauthorized" reply (a reconnection).
     """
 
-    def __init__(self, endpoint: str | None = None, timeout_s: float = 30.0,
-                 context: zmq.Context | None = None, auth_token: str | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        timeout_s: float = 30.0,
+        context: zmq.Context | None = None,
+        auth_token: str | None = None,
+    ) -> None:
         self.endpoint = endpoint or default_endpoint()
         self.timeout_s = timeout_s
         self.auth_token = resolve_auth_token(auth_token)
@@ -210,8 +252,9 @@ class Client:
                     reply = self._ours(frame, request_id)
                     if reply is not None:
                         return reply
-                raise DaemonError(DISCONNECTED, f"the connection to the daemon at {self.endpoint} dropped "
-                                                "(it exited or was killed)")
+                raise DaemonError(
+                    DISCONNECTED, f"the connection to the daemon at {self.endpoint} dropped (it exited or was killed)"
+                )
             if self._socket in ready and (frame := self._next_frame()) is not None:
                 reply = self._ours(frame, request_id)
                 if reply is not None:
@@ -282,9 +325,15 @@ class Client:
         except Exception:  # a probe reports, it does not fail: any problem means "not answering"
             return False
 
-    def tokenize(self, text: str | None = None, messages: list[dict] | None = None,
-                 add_special_tokens: bool = True, tools: list[dict] | None = None,
-                 chat_template_kwargs: dict | None = None, continue_final_message: bool = False) -> list[int]:
+    def tokenize(
+        self,
+        text: str | None = None,
+        messages: list[dict] | None = None,
+        add_special_tokens: bool = True,
+        tools: list[dict] | None = None,
+        chat_template_kwargs: dict | None = None,
+        continue_final_message: bool = False,
+    ) -> list[int]:
         """Tokenize text, or chat messages through the model's chat template.
 
         Args:
@@ -298,19 +347,35 @@ class Client:
         Returns:
             The token ids (for messages: a Generate of the same fields is prompted with exactly these).
         """
-        request = tokenize_request(text, messages, add_special_tokens, tools, chat_template_kwargs=chat_template_kwargs,
-                                   continue_final_message=continue_final_message)
+        request = tokenize_request(
+            text,
+            messages,
+            add_special_tokens,
+            tools,
+            chat_template_kwargs=chat_template_kwargs,
+            continue_final_message=continue_final_message,
+        )
         return self._call(request, TokenizeResult).tokens
 
-    def render_chat(self, messages: list[dict], tools: list[dict] | None = None,
-                    add_generation_prompt: bool = True, chat_template_kwargs: dict | None = None,
-                    continue_final_message: bool = False) -> str:
+    def render_chat(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: dict | None = None,
+        continue_final_message: bool = False,
+    ) -> str:
         """The prompt text of chat ``messages`` through the model's chat template (what a Generate of them
         would be given; llama-server's /apply-template). Arguments as ``tokenize``'s; ``add_generation_prompt``
         false ends the rendering without the assistant's header."""
-        request = tokenize_request(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                                   chat_template_kwargs=chat_template_kwargs,
-                                   continue_final_message=continue_final_message, return_text=True)
+        request = tokenize_request(
+            messages=messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            chat_template_kwargs=chat_template_kwargs,
+            continue_final_message=continue_final_message,
+            return_text=True,
+        )
         return self._call(request, TokenizeResult).text
 
     def detokenize(self, tokens: list[int]) -> str:
@@ -324,8 +389,13 @@ class Client:
         """
         return self._call(Detokenize(tokens=list(tokens), id=new_request_id()), DetokenizeResult).text
 
-    def embed(self, texts: list[str] | None = None, token_inputs: list[list[int]] | None = None,
-              pooling: str | None = None, normalize: bool = True) -> EmbedResult:
+    def embed(
+        self,
+        texts: list[str] | None = None,
+        token_inputs: list[list[int]] | None = None,
+        pooling: str | None = None,
+        normalize: bool = True,
+    ) -> EmbedResult:
         """Embeddings of texts or token lists (exactly one), from the model's last hidden state.
 
         Args:
@@ -337,8 +407,9 @@ class Client:
         Returns:
             The EmbedResult (vectors, each input's token count, the pooling applied).
         """
-        request = Embed(texts=texts, token_inputs=token_inputs, pooling=pooling, normalize=normalize,
-                        id=new_request_id())
+        request = Embed(
+            texts=texts, token_inputs=token_inputs, pooling=pooling, normalize=normalize, id=new_request_id()
+        )
         return self._call(request, EmbedResult)
 
     def shutdown(self) -> None:
@@ -419,8 +490,9 @@ class TickSubscription:
 
     POLL_MS = 200  # waits are cut in slices, so ^C is seen promptly
 
-    def __init__(self, context: zmq.Context, endpoint: str, idle_timeout_s: float | None = None,
-                 auth_token: str | None = None) -> None:
+    def __init__(
+        self, context: zmq.Context, endpoint: str, idle_timeout_s: float | None = None, auth_token: str | None = None
+    ) -> None:
         self.endpoint = endpoint
         self.idle_timeout_s = idle_timeout_s
         self._socket = context.socket(zmq.SUB)

@@ -17,8 +17,18 @@ import msgpack
 
 from .field_checks import FieldError, build, check_instance, field_specs, type_name
 from .messages import (
-    BAD_FRAME, BAD_VERSION, INVALID, MAX_FRAME_BYTES, MAX_ID_CHARS, MESSAGE_TYPES, PROTOCOL_VERSION,
-    SUPPORTED_VERSIONS, UNKNOWN_TYPE, Error, Message)
+    BAD_FRAME,
+    BAD_VERSION,
+    INVALID,
+    MAX_FRAME_BYTES,
+    MAX_ID_CHARS,
+    MESSAGE_TYPES,
+    PROTOCOL_VERSION,
+    SUPPORTED_VERSIONS,
+    UNKNOWN_TYPE,
+    Error,
+    Message,
+)
 
 UNPACK_PIECE_BYTES = 64 * 1024  # a larger frame is unpacked piece by piece (``_unpack``)
 
@@ -47,8 +57,7 @@ class ProtocolError(Exception):
         Returns:
             An ``Error`` carrying this error's code and message.
         """
-        return Error(id=request_id if request_id is not None else self.request_id,
-                     code=self.code, message=self.message)
+        return Error(id=request_id if request_id is not None else self.request_id, code=self.code, message=self.message)
 
 
 def error_reply(code: str, message: str, id: str | None = None) -> Error:
@@ -138,7 +147,7 @@ def _unpack(frame: bytes) -> Any:
     unpacker = msgpack.Unpacker(raw=False, use_list=True, strict_map_key=False, max_buffer_size=len(frame))
     view = memoryview(frame)
     for start in range(0, len(frame), UNPACK_PIECE_BYTES):
-        unpacker.feed(view[start:start + UNPACK_PIECE_BYTES])
+        unpacker.feed(view[start : start + UNPACK_PIECE_BYTES])
         try:
             data = unpacker.unpack()
         except msgpack.OutOfData:

@@ -147,12 +147,14 @@ def ensure_private_dir(endpoint: str) -> Path:
     if info.st_uid != os.getuid():
         raise PermissionError(
             f"{directory} belongs to uid {info.st_uid}, not to you (uid {os.getuid()}); refusing to use it. "
-            f"Remove it or set {ENDPOINT_ENV} to a socket in a directory you own.")
+            f"Remove it or set {ENDPOINT_ENV} to a socket in a directory you own."
+        )
     if stat.S_IMODE(info.st_mode) & 0o077:
         if info.st_mode & stat.S_ISVTX:
             raise PermissionError(
                 f"{directory} is a shared directory (sticky bit set); put the socket in a private "
-                f"subdirectory, e.g. ipc://{directory / f'mlxd-{os.getuid()}' / SOCKET_NAME}")
+                f"subdirectory, e.g. ipc://{directory / f'mlxd-{os.getuid()}' / SOCKET_NAME}"
+            )
         os.chmod(directory, 0o700)
     return directory
 
@@ -231,10 +233,13 @@ def check_bind_address(endpoint: str, allow_public: bool = False) -> None:
     if parsed.path is not None:
         length = len(os.fsencode(parsed.path))
         if length > MAX_IPC_PATH_BYTES:
-            raise ValueError(f"{endpoint}: the socket path is {length} bytes, the OS allows "
-                             f"{MAX_IPC_PATH_BYTES}; choose a shorter path ({ENDPOINT_ENV})")
+            raise ValueError(
+                f"{endpoint}: the socket path is {length} bytes, the OS allows "
+                f"{MAX_IPC_PATH_BYTES}; choose a shorter path ({ENDPOINT_ENV})"
+            )
         return
     if not allow_public and not _is_loopback(parsed.host):
         raise ValueError(
             f"refusing to listen on {endpoint}: {parsed.host} is not a loopback address and the protocol "
-            f"has no authentication. Use 127.0.0.1, ::1 or localhost, or pass --allow-public to expose it.")
+            f"has no authentication. Use 127.0.0.1, ::1 or localhost, or pass --allow-public to expose it."
+        )

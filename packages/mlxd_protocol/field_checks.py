@@ -75,8 +75,10 @@ def field_specs(cls: type) -> tuple[tuple[str, Any, bool], ...]:
     Returns:
         One ``(name, annotation, required)`` triple per field, in declaration order.
     """
-    return tuple((spec.name, spec.type, spec.default is dataclasses.MISSING
-                  and spec.default_factory is dataclasses.MISSING) for spec in dataclasses.fields(cls))
+    return tuple(
+        (spec.name, spec.type, spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING)
+        for spec in dataclasses.fields(cls)
+    )
 
 
 def _check_scalar(value: Any, hint: type, where: str) -> Any:
@@ -131,8 +133,10 @@ def _check_dict(value: Any, key_hint: Any, value_hint: Any, where: str) -> dict:
             if type(key) is not str:
                 raise FieldError(f"{where}: keys must be str, got {type_name(key)}")
         return value
-    return {check_value(key, key_hint, f"{where} key {key!r}"):
-            check_value(item, value_hint, f"{where}[{key!r}]") for key, item in value.items()}
+    return {
+        check_value(key, key_hint, f"{where} key {key!r}"): check_value(item, value_hint, f"{where}[{key!r}]")
+        for key, item in value.items()
+    }
 
 
 def check_value(value: Any, hint: Any, where: str) -> Any:

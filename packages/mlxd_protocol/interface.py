@@ -30,22 +30,38 @@ class DaemonClient(Protocol):
     def ping(self, timeout_s: float = ...) -> bool:
         """True when the daemon answers; never raises."""
 
-    def tokenize(self, text: str | None = None, messages: list[dict] | None = None,
-                 add_special_tokens: bool = True, tools: list[dict] | None = None,
-                 chat_template_kwargs: dict | None = None, continue_final_message: bool = False) -> list[int]:
+    def tokenize(
+        self,
+        text: str | None = None,
+        messages: list[dict] | None = None,
+        add_special_tokens: bool = True,
+        tools: list[dict] | None = None,
+        chat_template_kwargs: dict | None = None,
+        continue_final_message: bool = False,
+    ) -> list[int]:
         """Token ids of text, or of chat messages (with ``tools``, template variables, a continued final
         message) through the chat template."""
 
-    def render_chat(self, messages: list[dict], tools: list[dict] | None = None,
-                    add_generation_prompt: bool = True, chat_template_kwargs: dict | None = None,
-                    continue_final_message: bool = False) -> str:
+    def render_chat(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: dict | None = None,
+        continue_final_message: bool = False,
+    ) -> str:
         """The prompt text of chat messages through the chat template (llama-server's /apply-template)."""
 
     def detokenize(self, tokens: list[int]) -> str:
         """The text of token ids."""
 
-    def embed(self, texts: list[str] | None = None, token_inputs: list[list[int]] | None = None,
-              pooling: str | None = None, normalize: bool = True) -> EmbedResult:
+    def embed(
+        self,
+        texts: list[str] | None = None,
+        token_inputs: list[list[int]] | None = None,
+        pooling: str | None = None,
+        normalize: bool = True,
+    ) -> EmbedResult:
         """Embeddings of texts or token lists: the model's last hidden state, pooled per input."""
 
     def cancel(self, request_id: str) -> None:

@@ -24,8 +24,24 @@ from typing import Protocol
 from .client import DaemonError, new_request_id, tokenize_request, unwrap_reply
 from .codec import decode, encode
 from .messages import (
-    INTERNAL, Cancel, Chunk, Detokenize, DetokenizeResult, Done, Embed, EmbedResult, Generate, Hello, Message, Ok,
-    Shutdown, Status, StatusRequest, Tokenize, TokenizeResult)
+    INTERNAL,
+    Cancel,
+    Chunk,
+    Detokenize,
+    DetokenizeResult,
+    Done,
+    Embed,
+    EmbedResult,
+    Generate,
+    Hello,
+    Message,
+    Ok,
+    Shutdown,
+    Status,
+    StatusRequest,
+    Tokenize,
+    TokenizeResult,
+)
 
 IDENTITY = b"local"  # the one connection a local core sees
 
@@ -122,28 +138,56 @@ class LocalClient:
         except Exception:  # a probe reports, it does not fail
             return False
 
-    def tokenize(self, text: str | None = None, messages: list[dict] | None = None,
-                 add_special_tokens: bool = True, tools: list[dict] | None = None,
-                 chat_template_kwargs: dict | None = None, continue_final_message: bool = False) -> list[int]:
-        request = tokenize_request(text, messages, add_special_tokens, tools, chat_template_kwargs=chat_template_kwargs,
-                                   continue_final_message=continue_final_message)
+    def tokenize(
+        self,
+        text: str | None = None,
+        messages: list[dict] | None = None,
+        add_special_tokens: bool = True,
+        tools: list[dict] | None = None,
+        chat_template_kwargs: dict | None = None,
+        continue_final_message: bool = False,
+    ) -> list[int]:
+        request = tokenize_request(
+            text,
+            messages,
+            add_special_tokens,
+            tools,
+            chat_template_kwargs=chat_template_kwargs,
+            continue_final_message=continue_final_message,
+        )
         return self._call(request, TokenizeResult).tokens
 
-    def render_chat(self, messages: list[dict], tools: list[dict] | None = None,
-                    add_generation_prompt: bool = True, chat_template_kwargs: dict | None = None,
-                    continue_final_message: bool = False) -> str:
-        request = tokenize_request(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                                   chat_template_kwargs=chat_template_kwargs,
-                                   continue_final_message=continue_final_message, return_text=True)
+    def render_chat(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: dict | None = None,
+        continue_final_message: bool = False,
+    ) -> str:
+        request = tokenize_request(
+            messages=messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            chat_template_kwargs=chat_template_kwargs,
+            continue_final_message=continue_final_message,
+            return_text=True,
+        )
         return self._call(request, TokenizeResult).text
 
     def detokenize(self, tokens: list[int]) -> str:
         return self._call(Detokenize(tokens=list(tokens), id=new_request_id()), DetokenizeResult).text
 
-    def embed(self, texts: list[str] | None = None, token_inputs: list[list[int]] | None = None,
-              pooling: str | None = None, normalize: bool = True) -> EmbedResult:
-        request = Embed(texts=texts, token_inputs=token_inputs, pooling=pooling, normalize=normalize,
-                        id=new_request_id())
+    def embed(
+        self,
+        texts: list[str] | None = None,
+        token_inputs: list[list[int]] | None = None,
+        pooling: str | None = None,
+        normalize: bool = True,
+    ) -> EmbedResult:
+        request = Embed(
+            texts=texts, token_inputs=token_inputs, pooling=pooling, normalize=normalize, id=new_request_id()
+        )
         return self._call(request, EmbedResult)
 
     def shutdown(self) -> None:

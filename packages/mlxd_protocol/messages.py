@@ -46,7 +46,8 @@ INTERNAL = "internal"  # a daemon bug or a failure inside the model
 # daemon was started with one).
 UNAUTHORIZED = "unauthorized"
 ERROR_CODES = frozenset(
-    {BAD_FRAME, BAD_VERSION, UNKNOWN_TYPE, INVALID, NOT_FOUND, OVERLOADED, CANCELLED, INTERNAL, UNAUTHORIZED})
+    {BAD_FRAME, BAD_VERSION, UNKNOWN_TYPE, INVALID, NOT_FOUND, OVERLOADED, CANCELLED, INTERNAL, UNAUTHORIZED}
+)
 
 # Codes the Python clients raise in DaemonError themselves; never on the wire.
 CLIENT_CLOSED = "client_closed"  # the asyncio client was closed with the request still waiting
@@ -110,13 +111,28 @@ def check_template_kwargs(kwargs: dict) -> None:
     """
     _require(len(kwargs) <= MAX_TEMPLATE_KWARGS, f"chat_template_kwargs: at most {MAX_TEMPLATE_KWARGS} names")
     _require(all(name.isidentifier() for name in kwargs), "chat_template_kwargs: names must be identifiers")
-    _require(not set(kwargs) & RENDER_ARGUMENTS,
-             f"chat_template_kwargs: {sorted(set(kwargs) & RENDER_ARGUMENTS)} are set by the request itself")
+    _require(
+        not set(kwargs) & RENDER_ARGUMENTS,
+        f"chat_template_kwargs: {sorted(set(kwargs) & RENDER_ARGUMENTS)} are set by the request itself",
+    )
 
 
 # what the renderer is given from the request's own fields, never from chat_template_kwargs
-RENDER_ARGUMENTS = frozenset({"messages", "conversation", "tools", "add_generation_prompt", "continue_final_message",
-                              "tokenize", "return_dict", "chat_template", "documents", "padding", "truncation"})
+RENDER_ARGUMENTS = frozenset(
+    {
+        "messages",
+        "conversation",
+        "tools",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "return_dict",
+        "chat_template",
+        "documents",
+        "padding",
+        "truncation",
+    }
+)
 
 
 def _tool_name(tool: Any) -> str | None:
@@ -128,8 +144,9 @@ def _tool_name(tool: Any) -> str | None:
 
 def _exactly_one(message: Any, names: tuple[str, ...]) -> None:
     given = [name for name in names if getattr(message, name) is not None]
-    _require(len(given) == 1, f"exactly one of {', '.join(names)} must be given; "
-                              f"got {', '.join(given) if given else 'none'}")
+    _require(
+        len(given) == 1, f"exactly one of {', '.join(names)} must be given; got {', '.join(given) if given else 'none'}"
+    )
 
 
 class Message:
@@ -176,10 +193,14 @@ class Speculative(Message):
     max_draft: int | None = None
 
     def validate(self) -> None:
-        _require(self.kind is None or self.kind in SPECULATIVE_KINDS,
-                 f"speculative.kind: must be one of {sorted(SPECULATIVE_KINDS)} or nil")
-        _require(self.max_draft is None or 0 <= self.max_draft <= MAX_DRAFT_LIMIT,
-                 f"speculative.max_draft: must be in [0, {MAX_DRAFT_LIMIT}]")
+        _require(
+            self.kind is None or self.kind in SPECULATIVE_KINDS,
+            f"speculative.kind: must be one of {sorted(SPECULATIVE_KINDS)} or nil",
+        )
+        _require(
+            self.max_draft is None or 0 <= self.max_draft <= MAX_DRAFT_LIMIT,
+            f"speculative.max_draft: must be in [0, {MAX_DRAFT_LIMIT}]",
+        )
 
 
 @dataclass(slots=True)
@@ -261,27 +282,39 @@ class Generate(Message):
     def validate(self) -> None:
         _exactly_one(self, ("prompt", "prompt_tokens", "messages"))
         _check_template_kwargs(self.chat_template_kwargs, self.messages)
-        _require(not self.continue_final_message or bool(self.messages),
-                 "continue_final_message: needs messages")
-        _require(self.tool_choice is None or self.tool_choice in TOOL_CHOICES,
-                 f"tool_choice: must be one of {sorted(TOOL_CHOICES)} or nil")
-        _require(self.tools is None or (0 < len(self.tools) <= 128 and all(_tool_name(tool) for tool in self.tools)),
-                 "tools: 1 to 128 maps, each {\"type\": \"function\", \"function\": {\"name\": str, ...}}")
-        _require(self.tools is not None or (self.tool_choice is None and self.tool_name is None),
-                 "tool_choice / tool_name: need tools")
-        _require(self.tool_name is None or self.tool_name in {_tool_name(tool) for tool in self.tools or ()},
-                 "tool_name: must name one of the tools")
-        _require(not (self.ignore_eos and self.constraint is not None),
-                 "ignore_eos: cannot be combined with a constraint (a finished grammar allows only end-of-sequence)")
-        _require(self.prompt_tokens is None or len(self.prompt_tokens) > 0,
-                 "prompt_tokens: must hold at least one token")
+        _require(not self.continue_final_message or bool(self.messages), "continue_final_message: needs messages")
+        _require(
+            self.tool_choice is None or self.tool_choice in TOOL_CHOICES,
+            f"tool_choice: must be one of {sorted(TOOL_CHOICES)} or nil",
+        )
+        _require(
+            self.tools is None or (0 < len(self.tools) <= 128 and all(_tool_name(tool) for tool in self.tools)),
+            'tools: 1 to 128 maps, each {"type": "function", "function": {"name": str, ...}}',
+        )
+        _require(
+            self.tools is not None or (self.tool_choice is None and self.tool_name is None),
+            "tool_choice / tool_name: need tools",
+        )
+        _require(
+            self.tool_name is None or self.tool_name in {_tool_name(tool) for tool in self.tools or ()},
+            "tool_name: must name one of the tools",
+        )
+        _require(
+            not (self.ignore_eos and self.constraint is not None),
+            "ignore_eos: cannot be combined with a constraint (a finished grammar allows only end-of-sequence)",
+        )
+        _require(
+            self.prompt_tokens is None or len(self.prompt_tokens) > 0, "prompt_tokens: must hold at least one token"
+        )
         _check_tokens(self.prompt_tokens, "prompt_tokens")
         _check_chat_messages(self.messages, "messages")
         _require(1 <= self.max_tokens <= MAX_LIST_ITEMS, f"max_tokens: must be in [1, {MAX_LIST_ITEMS}]")
         _require(len(self.stop) <= MAX_STOP_STRINGS, f"stop: at most {MAX_STOP_STRINGS} strings")
         _require(all(self.stop), "stop: strings must not be empty")
-        _require(all(len(stop) <= MAX_STOP_CHARS for stop in self.stop),
-                 f"stop: each string at most {MAX_STOP_CHARS} characters")
+        _require(
+            all(len(stop) <= MAX_STOP_CHARS for stop in self.stop),
+            f"stop: each string at most {MAX_STOP_CHARS} characters",
+        )
 
 
 @dataclass(slots=True)
@@ -315,14 +348,24 @@ class Tokenize(Message):
         _exactly_one(self, ("text", "messages"))
         _check_chat_messages(self.messages, "messages")
         _check_template_kwargs(self.chat_template_kwargs, self.messages)
-        _require(self.messages is not None or (self.add_generation_prompt and not self.return_text
-                                               and not self.continue_final_message),
-                 "add_generation_prompt / return_text / continue_final_message: with messages only")
-        _require(not self.continue_final_message or self.messages[-1].get("role") == "assistant",
-                 "continue_final_message: the last message must be the assistant's")
-        _require(self.tools is None or (self.messages is not None and 0 < len(self.tools) <= 128
-                                        and all(_tool_name(tool) for tool in self.tools)),
-                 "tools: with messages only; 1 to 128 maps, each {\"type\": \"function\", \"function\": {\"name\": str, ...}}")
+        _require(
+            self.messages is not None
+            or (self.add_generation_prompt and not self.return_text and not self.continue_final_message),
+            "add_generation_prompt / return_text / continue_final_message: with messages only",
+        )
+        _require(
+            not self.continue_final_message or self.messages[-1].get("role") == "assistant",
+            "continue_final_message: the last message must be the assistant's",
+        )
+        _require(
+            self.tools is None
+            or (
+                self.messages is not None
+                and 0 < len(self.tools) <= 128
+                and all(_tool_name(tool) for tool in self.tools)
+            ),
+            'tools: with messages only; 1 to 128 maps, each {"type": "function", "function": {"name": str, ...}}',
+        )
 
 
 @dataclass(slots=True)
@@ -359,8 +402,10 @@ class Embed(Message):
         _require(all(len(one) > 0 for one in inputs), "texts / token_inputs: an input must not be empty")
         for index, tokens in enumerate(self.token_inputs or ()):
             _check_tokens(tokens, f"token_inputs[{index}]")
-        _require(self.pooling is None or self.pooling in POOLING_KINDS,
-                 f"pooling: must be one of {sorted(POOLING_KINDS)} or nil")
+        _require(
+            self.pooling is None or self.pooling in POOLING_KINDS,
+            f"pooling: must be one of {sorted(POOLING_KINDS)} or nil",
+        )
 
 
 @dataclass(slots=True)
@@ -420,8 +465,7 @@ class Done(Message):
     tool_calls: list[dict] | None = None
 
     def validate(self) -> None:
-        _require(self.finish_reason in FINISH_REASONS,
-                 f"finish_reason: must be one of {sorted(FINISH_REASONS)}")
+        _require(self.finish_reason in FINISH_REASONS, f"finish_reason: must be one of {sorted(FINISH_REASONS)}")
 
 
 @dataclass(slots=True)
@@ -519,9 +563,16 @@ class Tick(Message):
 TICK_TOPIC = b"tick"  # the ZeroMQ topic (first message part) of every Tick on the trace socket
 
 REQUEST_TYPES: tuple[type[Message], ...] = (
-    Hello, StatusRequest, Generate, Cancel, Tokenize, Detokenize, Embed, Shutdown)
-REPLY_TYPES: tuple[type[Message], ...] = (
-    Status, Chunk, Done, Error, TokenizeResult, DetokenizeResult, EmbedResult, Ok)
+    Hello,
+    StatusRequest,
+    Generate,
+    Cancel,
+    Tokenize,
+    Detokenize,
+    Embed,
+    Shutdown,
+)
+REPLY_TYPES: tuple[type[Message], ...] = (Status, Chunk, Done, Error, TokenizeResult, DetokenizeResult, EmbedResult, Ok)
 TRACE_TYPES: tuple[type[Message], ...] = (Tick,)
 # The registry decode dispatches on: wire "type" string -> message class.
 MESSAGE_TYPES: dict[str, type[Message]] = {cls.TYPE: cls for cls in REQUEST_TYPES + REPLY_TYPES + TRACE_TYPES}

@@ -19,8 +19,15 @@ from typing import Any
 MAX_LOGPROBS = 20
 
 # The greedy defaults, shared by messages.Sampling and the engine's SamplingParams (a test holds both to it).
-GREEDY = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 0.0,
-          "presence_penalty": 0.0, "frequency_penalty": 0.0}
+GREEDY = {
+    "temperature": 0.0,
+    "top_k": 0,
+    "top_p": 1.0,
+    "min_p": 0.0,
+    "repetition_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+}
 
 GREEDY_TEMPERATURE_FLOOR = 1e-5  # vLLM's sampling epsilon
 
@@ -50,17 +57,23 @@ def sampling_problem(settings: Any, vocab_size: int | None = None) -> str | None
     bias = dict(settings.logit_bias)
     rules = (
         (settings.temperature >= 0, "temperature: must be >= 0"),
-        (settings.top_k >= 0 and (not vocab_size or settings.top_k < vocab_size or settings.top_k == 0),
-         f"top_k: must be in [0, {vocab_size}) (0 = off)" if vocab_size else "top_k: must be >= 0 (0 = off)"),
+        (
+            settings.top_k >= 0 and (not vocab_size or settings.top_k < vocab_size or settings.top_k == 0),
+            f"top_k: must be in [0, {vocab_size}) (0 = off)" if vocab_size else "top_k: must be >= 0 (0 = off)",
+        ),
         (0 < settings.top_p <= 1, "top_p: must be in (0, 1]"),
         (0 <= settings.min_p <= 1, "min_p: must be in [0, 1]"),
         (settings.repetition_penalty >= 0, "repetition_penalty: must be >= 0 (0 = off)"),
-        (all(token >= 0 and (not vocab_size or token < vocab_size) for token in bias),
-         f"logit_bias: token ids must be in [0, {vocab_size})" if vocab_size else "logit_bias: keys must be >= 0"),
+        (
+            all(token >= 0 and (not vocab_size or token < vocab_size) for token in bias),
+            f"logit_bias: token ids must be in [0, {vocab_size})" if vocab_size else "logit_bias: keys must be >= 0",
+        ),
         (not any(math.isnan(value) for value in bias.values()), "logit_bias: values must not be NaN"),
         (settings.seed is None or settings.seed >= 0, "seed: must be >= 0"),
-        (settings.logprobs is None or 0 <= settings.logprobs <= MAX_LOGPROBS,
-         f"logprobs: must be in [0, {MAX_LOGPROBS}]"),
+        (
+            settings.logprobs is None or 0 <= settings.logprobs <= MAX_LOGPROBS,
+            f"logprobs: must be in [0, {MAX_LOGPROBS}]",
+        ),
     )
     for holds, message in rules:
         if not holds:

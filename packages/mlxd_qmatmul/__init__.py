@@ -29,6 +29,7 @@ from __future__ import annotations
 BITS = (4, 8)
 GROUP_SIZES = (32, 64, 128)
 
+
 def _load():
     """The extension module and "" when it loads and computes one small product right, else None and why."""
     from pathlib import Path

@@ -15,7 +15,18 @@ from .text_stream import TextStream
 from .trace import TickRecord
 
 __all__ = [
-    "BatchScheduler", "Event", "FinishEvent", "GenerationResult", "InProcessClient", "QueueFull", "Request",
-    "SchedulerOptions", "SpeculativeRequest", "TextStream", "TickRecord", "TokenEvent", "generate_plain",
+    "BatchScheduler",
+    "Event",
+    "FinishEvent",
+    "GenerationResult",
+    "InProcessClient",
+    "QueueFull",
+    "Request",
+    "SchedulerOptions",
+    "SpeculativeRequest",
+    "TextStream",
+    "TickRecord",
+    "TokenEvent",
+    "generate_plain",
     "generate_with_prompt_lookup",
 ]

@@ -83,7 +83,9 @@ class DecodeLoop:
     def pipelined(self) -> bool:
         return bool(self.in_flight)
 
-    def tick(self, rows: list[RequestState], steps: int = 1) -> tuple[list[tuple[RequestState, Emitted]], list[tuple[RequestState, str]]]:
+    def tick(
+        self, rows: list[RequestState], steps: int = 1
+    ) -> tuple[list[tuple[RequestState, Emitted]], list[tuple[RequestState, str]]]:
         """One decode tick of ``steps`` chained steps. Returns (emitted tokens in order, failed rows)."""
         if not rows:
             return self.teardown(), []
@@ -109,7 +111,11 @@ class DecodeLoop:
                 ms = (time.perf_counter() - started) * 1000.0 / max(len(submitted), len(unread))
                 self._measure(ms)
                 self.last_step_ms = ms
-                if self.steady_batch and len(unread) == len(submitted) and all(len(read) == len(seqs) for _, read in unread):
+                if (
+                    self.steady_batch
+                    and len(unread) == len(submitted)
+                    and all(len(read) == len(seqs) for _, read in unread)
+                ):
                     self._measure_batch(len(seqs), ms)
             return emitted, []
         except Exception as error:  # noqa: BLE001 - a failed forward must not take the daemon down

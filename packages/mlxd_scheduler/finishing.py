@@ -30,7 +30,9 @@ class Finisher:
         """Record one emitted token. Returns a finish reason ("stop", "length") or None."""
         return self.accept_run(state, [token], [logprobs] if logprobs else None)[2]
 
-    def accept_run(self, state: RequestState, tokens: list[int], logprobs: list | None = None) -> tuple[int, int, str | None]:
+    def accept_run(
+        self, state: RequestState, tokens: list[int], logprobs: list | None = None
+    ) -> tuple[int, int, str | None]:
         """``accept`` for a row's tokens of one tick, in order, with one TokenEvent for them all.
 
         Judges every token exactly as ``accept`` would and stops at the first that ends the row. Returns
@@ -80,8 +82,12 @@ class Finisher:
         text = state.request.text.text if state.request.text is not None else ""
         prompt_n = len(state.request.prompt)
         cached = seq.cached_tokens if seq is not None else 0  # prompt tokens the prefix cache gave
-        usage = {"prompt_tokens": prompt_n, "completion_tokens": len(tokens), "total_tokens": prompt_n + len(tokens),
-                 "cached_tokens": cached}
+        usage = {
+            "prompt_tokens": prompt_n,
+            "completion_tokens": len(tokens),
+            "total_tokens": prompt_n + len(tokens),
+            "cached_tokens": cached,
+        }
         prediction = state.drafter.prediction if state.drafter is not None else None
         if state.request.prediction:  # OpenAI's names; with no drafter (speculation refused) nothing was accepted
             accepted = prediction.accepted if prediction is not None else 0

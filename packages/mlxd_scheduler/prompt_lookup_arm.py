@@ -152,8 +152,13 @@ class MeasuredCosts:
         self.exploration = ExplorationBudget()
 
     def costs(self) -> Costs:
-        return Costs(self.engine.forward_cost.estimate, self.overheads.plain_ms, self.overheads.sync_ms,
-                     self.plain_step_ms, self.exploration.balance_ms)
+        return Costs(
+            self.engine.forward_cost.estimate,
+            self.overheads.plain_ms,
+            self.overheads.sync_ms,
+            self.plain_step_ms,
+            self.exploration.balance_ms,
+        )
 
     def plain_step_ms(self, rows: int) -> float | None:
         """A pipelined step of ``rows`` rows as the decode loop measured it; for a batch size it has not
@@ -197,8 +202,13 @@ class PromptLookupArm:
         # what the policy weighs (``costs()``), and what the scheduler reports of each tick (``observe_tick``)
         self.cost_model = MeasuredCosts(engine, decode_loop)
         self.max_batch = max_batch  # rule 1 (None: no bound; the verify gate decides)
-        self.counters = {"verify_rounds": 0, "declined_gate": 0, "declined_governor": 0, "declined_cost": 0,
-                         "padded_forwards": 0}
+        self.counters = {
+            "verify_rounds": 0,
+            "declined_gate": 0,
+            "declined_governor": 0,
+            "declined_cost": 0,
+            "padded_forwards": 0,
+        }
 
     # -- the tick ----------------------------------------------------------------------------------
     def tick(self, rows: list[RequestState], record: TickRecord, prefilling: int = 0, steps: int = 1) -> TickResult:
@@ -212,8 +222,12 @@ class PromptLookupArm:
         if not proposals and self.decode_loop.pipelined:  # rule 3, as plan_tick would have it, without the views
             plan = TickPlan("pipelined", steps=lookahead_steps([s.quiet_ticks for s in drafting], steps))
         else:
-            plan = plan_tick(self._views(rows, proposals, forced, explore), self.decode_loop.pipelined, steps,
-                             self.cost_model.costs())
+            plan = plan_tick(
+                self._views(rows, proposals, forced, explore),
+                self.decode_loop.pipelined,
+                steps,
+                self.cost_model.costs(),
+            )
             self.cost_model.spent_exploring(plan.explore_ms)
         return self._execute(plan, rows, proposals, forced | explore, held, record, plan_steps=steps)
 
@@ -228,7 +242,7 @@ class PromptLookupArm:
             if state.phase != "decode":
                 state.drafter.retract_draft()  # the row finished in the steps read
                 continue
-            given = state.seq.tokens[read.carried_from[id(state)]:]  # what the steps read gave (one or more)
+            given = state.seq.tokens[read.carried_from[id(state)] :]  # what the steps read gave (one or more)
             agreed = 0
             while agreed < min(len(given), len(proposal)) and given[agreed] == proposal[agreed]:
                 agreed += 1
@@ -240,14 +254,16 @@ class PromptLookupArm:
         proposals, forced, explore, held = self._propose(again)
         forced |= {id(state) for state in proposals if id(state) in read.carried_forced}
         rows = [s for s in rows if s.phase == "decode"]
-        plan = plan_tick(self._views(rows, proposals, forced, explore), False, read.carried_steps,
-                         self.cost_model.costs())
+        plan = plan_tick(
+            self._views(rows, proposals, forced, explore), False, read.carried_steps, self.cost_model.costs()
+        )
         self.cost_model.spent_exploring(plan.explore_ms)
         return self._execute(plan, rows, proposals, forced | explore, held, record)
 
     # -- plan: the tick's inputs, for the pure policy (tick_plan.py) --------------------------------
-    def _propose(self, drafting: list[RequestState]) -> tuple[dict[RequestState, list[int]], set[int], set[int],
-                                                              dict[int, str]]:
+    def _propose(
+        self, drafting: list[RequestState]
+    ) -> tuple[dict[RequestState, list[int]], set[int], set[int], dict[int, str]]:
         """Every drafting row's one ``draft_block()`` of the tick. Returns the proposals to weigh, the ids
         of the forced ones and of those worth a look at a loss (rule 5), and trace details of rows held
         back by their governor."""
@@ -274,36 +290,63 @@ class PromptLookupArm:
                 continue
             if state.drafter.proposal_from_prediction:
                 forced.add(id(state))  # rule 5: the client's own prediction
-            elif was_off or (state.gate_declines and state.emitted - state.declined_since >= EXPLORE_AFTER_DECLINED_TOKENS):
+            elif was_off or (
+                state.gate_declines and state.emitted - state.declined_since >= EXPLORE_AFTER_DECLINED_TOKENS
+            ):
                 explore.add(id(state))  # rule 5: a probe, or a look at a row the gate keeps declining
             proposals[state] = proposal
         return proposals, forced, explore, held
 
-    def _views(self, rows: list[RequestState], proposals: dict[RequestState, list[int]],
-               forced: set[int], explore: frozenset[int] | set[int] = frozenset()) -> list[RowView]:
+    def _views(
+        self,
+        rows: list[RequestState],
+        proposals: dict[RequestState, list[int]],
+        forced: set[int],
+        explore: frozenset[int] | set[int] = frozenset(),
+    ) -> list[RowView]:
         widest = 1 + max((len(p) for p in proposals.values()), default=0)
         synchronous = not self.decode_loop.pipelined  # pipelines_plain_rounds() matters only then (rule 6)
         views = []
         for state in rows:
             proposal = proposals.get(state, [])
             drafter = state.drafter
-            views.append(RowView(
-                id(state), state.seq.kv.written,
-                can_pad=state.seq.params.logprobs is None and kv_room(state.seq) >= widest,
-                drafting=drafter is not None, draft=len(proposal),
-                expected=(drafter.governor.expected_accepted(len(proposal), drafter.last_match_is_long)
-                          if proposal else 0.0),
-                acceptance=drafter.governor.acceptance_estimate(drafter.last_match_is_long) if proposal else 0.0,
-                forced=id(state) in forced, explore=id(state) in explore, quiet_ticks=state.quiet_ticks,
-                # a paused row will not propose next tick: it holds no pipelining back
-                pipelines=(drafter.pipelines_plain_rounds() if drafter is not None and synchronous
-                           and state.emitted >= state.drafts_from else True)))
+            views.append(
+                RowView(
+                    id(state),
+                    state.seq.kv.written,
+                    can_pad=state.seq.params.logprobs is None and kv_room(state.seq) >= widest,
+                    drafting=drafter is not None,
+                    draft=len(proposal),
+                    expected=(
+                        drafter.governor.expected_accepted(len(proposal), drafter.last_match_is_long)
+                        if proposal
+                        else 0.0
+                    ),
+                    acceptance=drafter.governor.acceptance_estimate(drafter.last_match_is_long) if proposal else 0.0,
+                    forced=id(state) in forced,
+                    explore=id(state) in explore,
+                    quiet_ticks=state.quiet_ticks,
+                    # a paused row will not propose next tick: it holds no pipelining back
+                    pipelines=(
+                        drafter.pipelines_plain_rounds()
+                        if drafter is not None and synchronous and state.emitted >= state.drafts_from
+                        else True
+                    ),
+                )
+            )
         return views
 
     # -- execute and update ------------------------------------------------------------------------
-    def _execute(self, plan: TickPlan, rows: list[RequestState], proposals: dict[RequestState, list[int]],
-                 forced: set[int], held: dict[int, str], record: TickRecord,
-                 plan_steps: int = 1) -> TickResult:
+    def _execute(
+        self,
+        plan: TickPlan,
+        rows: list[RequestState],
+        proposals: dict[RequestState, list[int]],
+        forced: set[int],
+        held: dict[int, str],
+        record: TickRecord,
+        plan_steps: int = 1,
+    ) -> TickResult:
         drafting = [s for s in rows if s.drafter is not None]
         details = dict(held)
         declined = set(plan.declined)
@@ -315,8 +358,11 @@ class PromptLookupArm:
                 if not state.gate_declines:
                     state.declined_since = state.emitted
                 state.gate_declines += 1
-                pause = (LONG_MATCH_DECLINE_PAUSE if long_match else
-                         DECLINE_PAUSE_TOKENS[min(state.gate_declines, len(DECLINE_PAUSE_TOKENS)) - 1])
+                pause = (
+                    LONG_MATCH_DECLINE_PAUSE
+                    if long_match
+                    else DECLINE_PAUSE_TOKENS[min(state.gate_declines, len(DECLINE_PAUSE_TOKENS)) - 1]
+                )
                 state.drafts_from = state.emitted + pause
                 details[id(state)] = "declined-cost"
                 self.counters["declined_cost"] += 1
@@ -328,8 +374,14 @@ class PromptLookupArm:
             for state in verify:
                 state.quiet_ticks = 0
             known = {id(state): len(state.seq.tokens) for state in verify}  # the drafts start here
-            return TickResult(emitted=self.decode_loop.teardown(), details=details, carried=verify,
-                              carried_forced=forced, carried_from=known, carried_steps=plan_steps)
+            return TickResult(
+                emitted=self.decode_loop.teardown(),
+                details=details,
+                carried=verify,
+                carried_forced=forced,
+                carried_from=known,
+                carried_steps=plan_steps,
+            )
         if plan.mode == "pipelined":
             if self.decode_loop.pipelined:  # rule 3: one more pipelined tick without a proposal
                 for state in drafting:
@@ -357,8 +409,12 @@ class PromptLookupArm:
         try:
             # EOS, max_tokens and the KV bound are cut inside the round; a stop string is found by the
             # finish step, which ends the row at that token (the row's slot is then released)
-            outcomes = verify_rows(self.engine, [s.seq for s in states], [drafts[s] for s in states],
-                                   [max(s.request.max_tokens - s.emitted, 1) for s in states])
+            outcomes = verify_rows(
+                self.engine,
+                [s.seq for s in states],
+                [drafts[s] for s in states],
+                [max(s.request.max_tokens - s.emitted, 1) for s in states],
+            )
         except Exception as error:  # noqa: BLE001 - retried row by row below
             if len(states) == 1 or getattr(self.engine, "lost", None):  # a lost distributed group: no retry
                 for state in states:
@@ -371,8 +427,11 @@ class PromptLookupArm:
             outcomes = []
             for state in states:
                 try:
-                    outcomes.append(verify_round(self.engine, state.seq, drafts[state],
-                                                 max(state.request.max_tokens - state.emitted, 1)))
+                    outcomes.append(
+                        verify_round(
+                            self.engine, state.seq, drafts[state], max(state.request.max_tokens - state.emitted, 1)
+                        )
+                    )
                 except Exception as row_error:  # noqa: BLE001 - a failed verify fails only this row
                     self._verify_failed(state, row_error, result)
                     outcomes.append(None)
@@ -410,8 +469,9 @@ class PromptLookupArm:
         state.timings.draft_verify_n += 1
         record.add(state.request_id, "verify", drafted=outcome.drafted, accepted=outcome.accepted)
 
-    def _plain(self, rows: list[RequestState], record: TickRecord, details: dict[int, str] | None = None,
-               steps: int = 1) -> TickResult:
+    def _plain(
+        self, rows: list[RequestState], record: TickRecord, details: dict[int, str] | None = None, steps: int = 1
+    ) -> TickResult:
         record.steps = steps
         emitted, failed = self.decode_loop.tick(rows, steps)
         return TickResult(emitted=emitted, details=dict(details or {}), failed=failed)

@@ -36,7 +36,9 @@ class Request:
     speculative: SpeculativeRequest = field(default_factory=SpeculativeRequest)
     ignore_eos: bool = False
     prediction: list[int] | None = None  # a predicted output's tokens: prompt lookup drafts from them first
-    cache_prompt: bool = True  # reuse a cached prefix of the prompt, and leave this one in the cache (llama-server's name)
+    cache_prompt: bool = (
+        True  # reuse a cached prefix of the prompt, and leave this one in the cache (llama-server's name)
+    )
 
 
 @dataclass
@@ -95,8 +97,12 @@ class Timings:
             "queue_ms": (start - self.queued) * 1000.0,
         }
         if self.speculated:
-            report.update(draft_kind="prompt-lookup", draft_n=self.draft_n, draft_n_accepted=self.draft_n_accepted,
-                          draft_verify_n=self.draft_verify_n)
+            report.update(
+                draft_kind="prompt-lookup",
+                draft_n=self.draft_n,
+                draft_n_accepted=self.draft_n_accepted,
+                draft_verify_n=self.draft_verify_n,
+            )
         return report
 
 

@@ -66,8 +66,12 @@ class QueueFull(RuntimeError):
 
 
 class BatchScheduler:
-    def __init__(self, engine: Engine, options: SchedulerOptions | None = None,
-                 trace_sink: Callable[[TickRecord], None] | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        options: SchedulerOptions | None = None,
+        trace_sink: Callable[[TickRecord], None] | None = None,
+    ):
         self.engine = engine
         self.options = options or SchedulerOptions()
         self.trace_sink = trace_sink
@@ -79,8 +83,14 @@ class BatchScheduler:
         self.decoding: list[RequestState] = []
         self.by_id: dict[str, RequestState] = {}
         self.tick_number = 0
-        self.totals = {"requests": 0, "finished": 0, "prompt_tokens": 0, "completion_tokens": 0,
-                       "draft_tokens": 0, "draft_accepted": 0}
+        self.totals = {
+            "requests": 0,
+            "finished": 0,
+            "prompt_tokens": 0,
+            "completion_tokens": 0,
+            "draft_tokens": 0,
+            "draft_accepted": 0,
+        }
 
     # -- client side ---------------------------------------------------------------------------
     def submit(self, request: Request, sink: EventSink) -> None:
@@ -90,7 +100,9 @@ class BatchScheduler:
         if not request.prompt:
             raise ValueError("the prompt is empty")
         if len(request.prompt) >= self.engine.max_kv_size:
-            raise ValueError(f"prompt of {len(request.prompt)} tokens does not fit the context bound of {self.engine.max_kv_size}")
+            raise ValueError(
+                f"prompt of {len(request.prompt)} tokens does not fit the context bound of {self.engine.max_kv_size}"
+            )
         if request.max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
         if not self.engine.fits(len(request.prompt), request.max_tokens):
@@ -165,8 +177,12 @@ class BatchScheduler:
                 return  # the pool is full: wait (first come, first served) until a sequence frees room
             state = self.waiting.popleft()
             try:
-                state.seq = self.engine.add_sequence(state.request.prompt, state.request.params, state.request.max_tokens,
-                                                     cache_prompt=state.request.cache_prompt)
+                state.seq = self.engine.add_sequence(
+                    state.request.prompt,
+                    state.request.params,
+                    state.request.max_tokens,
+                    cache_prompt=state.request.cache_prompt,
+                )
             except (KVStorageFull, ValueError) as error:
                 self._finish(state, "error", None, str(error))
                 continue
@@ -188,16 +204,22 @@ class BatchScheduler:
         record.pipelined = self.decode_loop.lookahead and was_pipelined and bool(rows)
         if any(s.drafter is not None for s in rows):
             started, timed = time.perf_counter(), self._forward_ms_so_far()
-            result = self.prompt_lookup.tick(rows, record, prefilling=len(self.prefilling),
-                                             steps=self._steps_this_tick(rows))
+            result = self.prompt_lookup.tick(
+                rows, record, prefilling=len(self.prefilling), steps=self._steps_this_tick(rows)
+            )
             self._apply(result, record)
             if result.carried is not None:  # the tick read its lookahead step; the rest of it is synchronous
-                self._apply(self.prompt_lookup.after_read([s for s in rows if s.phase == "decode"], result, record),
-                            record)
+                self._apply(
+                    self.prompt_lookup.after_read([s for s in rows if s.phase == "decode"], result, record), record
+                )
             # what the tick cost beyond its forwards, for the verify gate (prompt_lookup_arm.MeasuredCosts)
-            self.prompt_lookup.cost_model.observe_tick(len(rows), was_pipelined, record.steps,
-                                                       (time.perf_counter() - started) * 1000.0,
-                                                       self._forward_ms_so_far() - timed)
+            self.prompt_lookup.cost_model.observe_tick(
+                len(rows),
+                was_pipelined,
+                record.steps,
+                (time.perf_counter() - started) * 1000.0,
+                self._forward_ms_so_far() - timed,
+            )
             record.pipelined = record.pipelined and self.decode_loop.pipelined
         else:
             record.steps = self._steps_this_tick(rows)
@@ -249,8 +271,9 @@ class BatchScheduler:
         for state, tokens, logprobs in runs_by_row(emitted):
             self._emit_run(state, tokens, record, logprobs or None, details.get(id(state), "decode"))
 
-    def _emit_run(self, state: RequestState, tokens: list[int], record: TickRecord, logprobs: list | None,
-                  action: str = "decode") -> None:
+    def _emit_run(
+        self, state: RequestState, tokens: list[int], record: TickRecord, logprobs: list | None, action: str = "decode"
+    ) -> None:
         """A decoding row's tokens of one tick, in order: one finish-step call and one event for them.
         ``action``: "decode", a decline detail for the trace, or "" for tokens the trace shows otherwise."""
         if state.phase != "decode":
@@ -307,7 +330,11 @@ class BatchScheduler:
         first_token_action = record.rows[-1]
         state.phase = "decode"
         self.decoding.append(state)
-        logprobs = {"token": first.token, "logprob": first.logprob, "top": first.top_logprobs} if first.logprob is not None else None
+        logprobs = (
+            {"token": first.token, "logprob": first.logprob, "top": first.top_logprobs}
+            if first.logprob is not None
+            else None
+        )
         reason = self.finisher.accept(state, first.token, logprobs)
         if reason is not None:
             self._finish(state, reason, record)

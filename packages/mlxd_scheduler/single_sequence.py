@@ -48,7 +48,9 @@ def _output(engine: Engine, seq) -> list[int]:
     return out
 
 
-def generate_plain(engine: Engine, prompt: list[int], max_tokens: int, params: SamplingParams | None = None) -> GenerationResult:
+def generate_plain(
+    engine: Engine, prompt: list[int], max_tokens: int, params: SamplingParams | None = None
+) -> GenerationResult:
     """Decode one token per forward until a finish condition."""
     seq, token = _start(engine, prompt, params)
     started, steps = time.perf_counter(), 0

@@ -195,9 +195,16 @@ def plan_verify(rows: list[RowView], costs: Costs, chain: int = 1) -> TickPlan:
     chosen_keys = {c.key for c in chosen}
     if width is not None and max(c.draft for c in chosen) <= width - 1:
         width = None  # no chosen draft is longer than the cut
-    return TickPlan("synchronous", verify=[c.key for c in candidates if c.key in chosen_keys], layout=layout,
-                    declined=[c.key for c in candidates if c.key not in chosen_keys], expected_ms=ms,
-                    plain_ms=plain_ms, explore_ms=explore_ms, width=width)
+    return TickPlan(
+        "synchronous",
+        verify=[c.key for c in candidates if c.key in chosen_keys],
+        layout=layout,
+        declined=[c.key for c in candidates if c.key not in chosen_keys],
+        expected_ms=ms,
+        plain_ms=plain_ms,
+        explore_ms=explore_ms,
+        width=width,
+    )
 
 
 def _widths(candidates: list[RowView], n_rows: int) -> list[int | None]:
@@ -228,11 +235,19 @@ def _gain(row: RowView, width: int | None) -> float:
     if k == row.draft:
         return row.expected
     p = row.acceptance
-    return p * (1.0 - p ** k) / (1.0 - p)
+    return p * (1.0 - p**k) / (1.0 - p)
 
 
-def _add_explorers(rows: list[RowView], candidates: list[RowView], chosen: list[RowView], ms: float, layout: str,
-                   rate: float, costs: Costs, width: int | None = None) -> tuple[list[RowView], float, str, float]:
+def _add_explorers(
+    rows: list[RowView],
+    candidates: list[RowView],
+    chosen: list[RowView],
+    ms: float,
+    layout: str,
+    rate: float,
+    costs: Costs,
+    width: int | None = None,
+) -> tuple[list[RowView], float, str, float]:
     """The best alternative (``chosen`` rows verified, ``ms``, at ``rate`` tokens a ms) with the ``explore``
     candidates it leaves out added, most expected first, while the budget covers what they lose."""
     keys = {c.key for c in chosen}
@@ -248,18 +263,26 @@ def _add_explorers(rows: list[RowView], candidates: list[RowView], chosen: list[
     return chosen, ms, layout, loss
 
 
-def _alternative_ms(rows: list[RowView], chosen: list[RowView], costs: Costs,
-                    cut: int | None = None) -> tuple[float, str]:
+def _alternative_ms(
+    rows: list[RowView], chosen: list[RowView], costs: Costs, cut: int | None = None
+) -> tuple[float, str]:
     """The estimated ms of verifying ``chosen`` (drafts cut to width ``cut``) and the cheaper layout for it."""
-    layouts = _layouts(costs, len(rows), len(chosen), 1 + max(_cut(c, cut) for c in chosen),
-                       sum(c.context for c in chosen), sum(row.context for row in rows),
-                       all(row.can_pad for row in rows))
+    layouts = _layouts(
+        costs,
+        len(rows),
+        len(chosen),
+        1 + max(_cut(c, cut) for c in chosen),
+        sum(c.context for c in chosen),
+        sum(row.context for row in rows),
+        all(row.can_pad for row in rows),
+    )
     layout, ms = min(layouts, key=lambda pair: pair[1])
     return ms, layout
 
 
-def _layouts(costs: Costs, n_rows: int, chosen_n: int, fed: int, chosen_context: float, total_context: float,
-             can_pad: bool) -> list[tuple[str, float]]:
+def _layouts(
+    costs: Costs, n_rows: int, chosen_n: int, fed: int, chosen_context: float, total_context: float, can_pad: bool
+) -> list[tuple[str, float]]:
     """The estimated ms of a synchronous tick verifying ``chosen_n`` of ``n_rows`` rows in a forward ``fed``
     tokens wide: "beside" (that forward and one batched step of the rest), and "padded" (one forward for
     every row) where every row can pad and some row is not verified."""

@@ -30,9 +30,18 @@ SLOW_MARKER = "SLOW-THIS-REQUEST"
 class StubServer:
     """A stub OpenAI-compatible server in a thread; ``log`` collects (name, path, body) per POST."""
 
-    def __init__(self, name: str, log: list, ttft_s: float = 0.05, itl_s: float = 0.01,
-                 timings: dict | None = None, send_usage: bool = True, port: int = 0,
-                 prefill_s_per_word: float = 0.0, prefix_cache: bool = False) -> None:
+    def __init__(
+        self,
+        name: str,
+        log: list,
+        ttft_s: float = 0.05,
+        itl_s: float = 0.01,
+        timings: dict | None = None,
+        send_usage: bool = True,
+        port: int = 0,
+        prefill_s_per_word: float = 0.0,
+        prefix_cache: bool = False,
+    ) -> None:
         self.name, self.log, self.ttft_s, self.itl_s = name, log, ttft_s, itl_s
         self.timings, self.send_usage = timings, send_usage
         self.prefill_s_per_word, self.prefix_cache = prefill_s_per_word, prefix_cache
@@ -105,8 +114,12 @@ def _make_handler(stub: StubServer):
                 pass  # the client gave up (timeout test)
 
         def _stream(self, start: float, chat: bool, body: dict, prompt_words: int, cached: int) -> None:
-            base = {"id": "cmpl-stub", "created": 0, "model": body["model"],
-                    "object": "chat.completion.chunk" if chat else "text_completion"}
+            base = {
+                "id": "cmpl-stub",
+                "created": 0,
+                "model": body["model"],
+                "object": "chat.completion.chunk" if chat else "text_completion",
+            }
             if chat:
                 self._event({**base, "choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]})
             tokens = body["max_tokens"]
@@ -121,8 +134,11 @@ def _make_handler(stub: StubServer):
             if stub.send_usage:
                 final["usage"] = {"prompt_tokens": 7, "completion_tokens": tokens, "total_tokens": 7 + tokens}
                 if stub.prefix_cache:
-                    final["usage"].update(prompt_tokens=prompt_words, total_tokens=prompt_words + tokens,
-                                          prompt_tokens_details={"cached_tokens": cached})
+                    final["usage"].update(
+                        prompt_tokens=prompt_words,
+                        total_tokens=prompt_words + tokens,
+                        prompt_tokens_details={"cached_tokens": cached},
+                    )
             if stub.timings is not None:
                 final["timings"] = stub.timings
             self._event(final)
@@ -172,10 +188,12 @@ def test_figures_match_the_stub_and_targets_run_interleaved():
     log: list = []
     timings = {"predicted_n": MAX_TOKENS, "draft_n": 6, "draft_n_accepted": 4, "draft_verify_n": 2}
     with StubServer("A", log, timings=timings) as a, StubServer("B", log) as b:
-        config = BenchConfig(concurrencies=[1, 2], styles=["copy"], rounds=2, max_tokens=MAX_TOKENS,
-                             prompt_tokens=60, warmup=1)
-        run = asyncio.run(run_benchmark([HttpTarget("A", a.url), HttpTarget("B", b.url + "/v1")], config,
-                                        PromptBook(0, 60)))
+        config = BenchConfig(
+            concurrencies=[1, 2], styles=["copy"], rounds=2, max_tokens=MAX_TOKENS, prompt_tokens=60, warmup=1
+        )
+        run = asyncio.run(
+            run_benchmark([HttpTarget("A", a.url), HttpTarget("B", b.url + "/v1")], config, PromptBook(0, 60))
+        )
 
     # The order the runner recorded, and the order the servers actually saw.
     assert run.order == [(r, c, "copy", t) for r in range(2) for c in (1, 2) for t in ("A", "B")]
@@ -224,8 +242,9 @@ class MarkedPrompts(PromptBook):
 def test_errors_and_timeouts_are_counted_and_the_run_goes_on():
     log: list = []
     with StubServer("A", log, ttft_s=0.01, itl_s=0.002) as a:
-        config = BenchConfig(concurrencies=[2], styles=["plain"], rounds=2, requests=4, max_tokens=5, warmup=0,
-                             request_timeout_s=0.5)
+        config = BenchConfig(
+            concurrencies=[2], styles=["plain"], rounds=2, requests=4, max_tokens=5, warmup=0, request_timeout_s=0.5
+        )
         dead = HttpTarget("dead", "http://127.0.0.1:9", model="m")  # nothing listens on the discard port
         run = asyncio.run(run_benchmark([HttpTarget("A", a.url), dead], config, MarkedPrompts(0, 40)))
     for batch in run.batches:
@@ -245,10 +264,19 @@ def test_errors_and_timeouts_are_counted_and_the_run_goes_on():
 def test_completions_endpoint_without_usage_counts_content_chunks():
     log: list = []
     with StubServer("A", log, ttft_s=0.01, itl_s=0.002, send_usage=False) as a:
-        config = BenchConfig(concurrencies=[1], styles=["plain"], rounds=1, requests=1, max_tokens=6, warmup=0,
-                             chat=False, ignore_eos=True, seed=5)
+        config = BenchConfig(
+            concurrencies=[1],
+            styles=["plain"],
+            rounds=1,
+            requests=1,
+            max_tokens=6,
+            warmup=0,
+            chat=False,
+            ignore_eos=True,
+            seed=5,
+        )
         run = asyncio.run(run_benchmark([HttpTarget("A", a.url, model="given")], config, PromptBook(0, 40)))
-    (_, path, body), = log
+    ((_, path, body),) = log
     assert path == "/v1/completions" and body["prompt"].startswith("Write about the following topic: ")
     assert body["model"] == "given" and body["ignore_eos"] is True and body["seed"] == 5
     sample = run.batches[0].samples[0]
@@ -268,8 +296,20 @@ def _fake_mlxd(endpoint_holder: list, stop: threading.Event, received: list | No
             identity, frame = router.recv_multipart()
             message = decode(frame)
             if isinstance(message, StatusRequest):
-                reply = Status(model="fake-model", protocol_version=1, daemon_version="0", uptime_s=1.0, active=0,
-                               queued=0, max_batch=8, memory={}, options={}, totals={}, pid=1, id=message.id)
+                reply = Status(
+                    model="fake-model",
+                    protocol_version=1,
+                    daemon_version="0",
+                    uptime_s=1.0,
+                    active=0,
+                    queued=0,
+                    max_batch=8,
+                    memory={},
+                    options={},
+                    totals={},
+                    pid=1,
+                    id=message.id,
+                )
                 router.send_multipart([identity, encode(reply)])
             elif isinstance(message, Generate):
                 if received is not None:
@@ -278,10 +318,16 @@ def _fake_mlxd(endpoint_holder: list, stop: threading.Event, received: list | No
                 for k in range(0, message.max_tokens, 2):  # two tokens per chunk, as verify rounds send
                     time.sleep(max(0.0, started + 0.03 + k * 0.01 - time.perf_counter()))
                     router.send_multipart([identity, encode(Chunk(id=message.id, tokens=[k, k + 1], text="ab"))])
-                done = Done(id=message.id, finish_reason="length",
-                            usage={"prompt_tokens": 9, "completion_tokens": message.max_tokens,
-                                   "cached_tokens": 2 * (len(message.messages or ()) - 1)},
-                            timings={"draft_n": 5, "draft_n_accepted": 3})
+                done = Done(
+                    id=message.id,
+                    finish_reason="length",
+                    usage={
+                        "prompt_tokens": 9,
+                        "completion_tokens": message.max_tokens,
+                        "cached_tokens": 2 * (len(message.messages or ()) - 1),
+                    },
+                    timings={"draft_n": 5, "draft_n_accepted": 3},
+                )
                 router.send_multipart([identity, encode(done)])
     finally:
         router.close(linger=0)
@@ -317,11 +363,35 @@ def test_daemon_target_reads_chunks_done_usage_and_timings():
 def test_cli_out_writes_json_markdown_and_plots(tmp_path):
     log: list = []
     with StubServer("A", log, ttft_s=0.01, itl_s=0.002) as a, StubServer("B", log, ttft_s=0.01, itl_s=0.012) as b:
-        result = CliRunner().invoke(bench_main, [
-            "--target", f"A={a.url}", "--target", f"B={b.url}", "--baseline", "B", "--concurrency", "1,2",
-            "--requests", "2", "--rounds", "2", "--max-tokens", "4", "--prompt-tokens", "30",
-            "--prompt-style", "plain", "--prompt-style", "copy", "--target-model", "B=default_model",
-        "--out", str(tmp_path / "out")])
+        result = CliRunner().invoke(
+            bench_main,
+            [
+                "--target",
+                f"A={a.url}",
+                "--target",
+                f"B={b.url}",
+                "--baseline",
+                "B",
+                "--concurrency",
+                "1,2",
+                "--requests",
+                "2",
+                "--rounds",
+                "2",
+                "--max-tokens",
+                "4",
+                "--prompt-tokens",
+                "30",
+                "--prompt-style",
+                "plain",
+                "--prompt-style",
+                "copy",
+                "--target-model",
+                "B=default_model",
+                "--out",
+                str(tmp_path / "out"),
+            ],
+        )
     assert result.exit_code == 0, result.output + repr(result.exception)
     out = tmp_path / "out"
     results = json.loads((out / "results.json").read_text())
@@ -333,7 +403,11 @@ def test_cli_out_writes_json_markdown_and_plots(tmp_path):
     assert len(results["batches"]) == 2 * 2 * 2 * 2
     assert all(len(batch["samples"]) == 2 and batch["samples"][0]["token_times_s"] for batch in results["batches"])
     assert {(c["style"], c["concurrency"]) for c in results["summary"]} == {
-        ("plain", 1), ("plain", 2), ("copy", 1), ("copy", 2)}
+        ("plain", 1),
+        ("plain", 2),
+        ("copy", 1),
+        ("copy", 2),
+    }
     assert all(row["target"] == "A" and row["ratio"]["median"] > 0 for row in results["ratios"])  # not timed
     text = (out / "results.md").read_text()
     assert "| style | c | target | aggregate tok/s |" in text and "relative to B" in text
@@ -346,9 +420,27 @@ def test_cli_out_writes_json_markdown_and_plots(tmp_path):
 def test_cli_serve_starts_the_server_on_a_free_port_and_stops_it(tmp_path):
     script = Path(__file__).resolve()
     command = f"{sys.executable} {script} --port {{port}}"
-    result = CliRunner().invoke(bench_main, [
-        "--serve", f"S={command}", "--concurrency", "1", "--requests", "1", "--rounds", "1", "--warmup", "0",
-        "--max-tokens", "3", "--serve-timeout", "30", "--out", str(tmp_path)])
+    result = CliRunner().invoke(
+        bench_main,
+        [
+            "--serve",
+            f"S={command}",
+            "--concurrency",
+            "1",
+            "--requests",
+            "1",
+            "--rounds",
+            "1",
+            "--warmup",
+            "0",
+            "--max-tokens",
+            "3",
+            "--serve-timeout",
+            "30",
+            "--out",
+            str(tmp_path),
+        ],
+    )
     assert result.exit_code == 0, result.output + repr(result.exception)
     results = json.loads((tmp_path / "results.json").read_text())
     target = results["targets"][0]

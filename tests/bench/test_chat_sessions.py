@@ -18,7 +18,14 @@ from click.testing import CliRunner
 
 from mlxd_cli.bench.main import main as bench_main
 from mlxd_cli.bench.prompts import (
-    CHAT_SYSTEM, CHAT_WRAPPER, FOLLOW_UP_TOKENS, PromptBook, chat_history_tokens, continue_chat, estimate_tokens)
+    CHAT_SYSTEM,
+    CHAT_WRAPPER,
+    FOLLOW_UP_TOKENS,
+    PromptBook,
+    chat_history_tokens,
+    continue_chat,
+    estimate_tokens,
+)
 from mlxd_cli.bench.report import turn_rows
 from mlxd_cli.bench.runner import BenchConfig, run_benchmark
 from mlxd_cli.bench.stats import cached_prompt_tokens, combine_turns, summarize_turns, ttft_speedups
@@ -60,8 +67,9 @@ def test_sessions_are_deterministic_per_seed_and_differ_per_session_round_level_
 def test_follow_ups_are_short_deterministic_per_turn_and_vary():
     book = PromptBook(0, 200)
     questions = [book.follow_up("0", 1, index, turn) for index in range(6) for turn in range(1, 5)]
-    assert questions == [PromptBook(0, 200).follow_up("0", 1, index, turn)
-                         for index in range(6) for turn in range(1, 5)]
+    assert questions == [
+        PromptBook(0, 200).follow_up("0", 1, index, turn) for index in range(6) for turn in range(1, 5)
+    ]
     assert len(set(questions)) >= 12
     assert all(question.endswith(("?", ".")) for question in questions)
     assert max(estimate_tokens(question) for question in questions) <= FOLLOW_UP_TOKENS + 3
@@ -72,8 +80,11 @@ def test_continue_chat_appends_the_reply_and_the_question_and_leaves_the_history
     before = [dict(message) for message in history]
     turn_2 = continue_chat(history, "The farmer went home.", "Why?")
     assert history == before
-    assert turn_2 == [*before, {"role": "assistant", "content": "The farmer went home."},
-                      {"role": "user", "content": "Why?"}]
+    assert turn_2 == [
+        *before,
+        {"role": "assistant", "content": "The farmer went home."},
+        {"role": "user", "content": "Why?"},
+    ]
 
 
 def test_history_estimate_reaches_about_1500_tokens_at_turn_4_with_the_documented_settings():
@@ -90,8 +101,9 @@ def _sample(turn, ttft, ok=True, prompt_tokens=None, cached=None):
 
 
 def test_cached_tokens_come_from_openai_details_then_mlxd_usage_then_llama_timings():
-    assert cached_prompt_tokens({"prompt_tokens_details": {"cached_tokens": 12}, "cached_tokens": 3},
-                                {"cache_n": 4}) == 12
+    assert (
+        cached_prompt_tokens({"prompt_tokens_details": {"cached_tokens": 12}, "cached_tokens": 3}, {"cache_n": 4}) == 12
+    )
     assert cached_prompt_tokens({"cached_tokens": 3}, {"cache_n": 4}) == 3
     assert cached_prompt_tokens({"prompt_tokens": 9}, {"cache_n": 4}) == 4
     assert cached_prompt_tokens({"prompt_tokens_details": None}, {"cache_n": 0}) == 0
@@ -100,36 +112,112 @@ def test_cached_tokens_come_from_openai_details_then_mlxd_usage_then_llama_timin
 
 
 def test_summarize_turns_groups_samples_by_turn_and_skips_failures():
-    samples = [_sample(1, 0.10, prompt_tokens=100, cached=0), _sample(1, 0.30, prompt_tokens=110, cached=20),
-               _sample(2, 0.05, prompt_tokens=300, cached=280), _sample(2, 9.0, ok=False),
-               _sample(None, 1.0)]
+    samples = [
+        _sample(1, 0.10, prompt_tokens=100, cached=0),
+        _sample(1, 0.30, prompt_tokens=110, cached=20),
+        _sample(2, 0.05, prompt_tokens=300, cached=280),
+        _sample(2, 9.0, ok=False),
+        _sample(None, 1.0),
+    ]
     first, second = summarize_turns(samples)
-    assert first == {"turn": 1, "requests": 2, "errors": 0, "ttft_p50_s": pytest.approx(0.2),
-                     "ttft_p95_s": pytest.approx(0.29), "prompt_tokens_p50": 105, "cached_tokens_p50": 10}
+    assert first == {
+        "turn": 1,
+        "requests": 2,
+        "errors": 0,
+        "ttft_p50_s": pytest.approx(0.2),
+        "ttft_p95_s": pytest.approx(0.29),
+        "prompt_tokens_p50": 105,
+        "cached_tokens_p50": 10,
+    }
     assert second["requests"] == 2 and second["errors"] == 1 and second["ttft_p50_s"] == 0.05
     assert second["cached_tokens_p50"] == 280
     assert summarize_turns([_sample(None, 1.0)]) == []
 
 
 def test_turns_combine_over_rounds_and_speedups_divide_the_baseline_ttft_by_the_target():
-    cached = combine_turns([[{"turn": 1, "requests": 2, "errors": 0, "ttft_p50_s": 1.0, "ttft_p95_s": 1.2,
-                              "prompt_tokens_p50": 100, "cached_tokens_p50": 0},
-                             {"turn": 2, "requests": 2, "errors": 0, "ttft_p50_s": 0.5, "ttft_p95_s": 0.6,
-                              "prompt_tokens_p50": 300, "cached_tokens_p50": 250}],
-                            [{"turn": 1, "requests": 2, "errors": 1, "ttft_p50_s": 2.0, "ttft_p95_s": 2.0,
-                              "prompt_tokens_p50": 100, "cached_tokens_p50": 0}]])
+    cached = combine_turns(
+        [
+            [
+                {
+                    "turn": 1,
+                    "requests": 2,
+                    "errors": 0,
+                    "ttft_p50_s": 1.0,
+                    "ttft_p95_s": 1.2,
+                    "prompt_tokens_p50": 100,
+                    "cached_tokens_p50": 0,
+                },
+                {
+                    "turn": 2,
+                    "requests": 2,
+                    "errors": 0,
+                    "ttft_p50_s": 0.5,
+                    "ttft_p95_s": 0.6,
+                    "prompt_tokens_p50": 300,
+                    "cached_tokens_p50": 250,
+                },
+            ],
+            [
+                {
+                    "turn": 1,
+                    "requests": 2,
+                    "errors": 1,
+                    "ttft_p50_s": 2.0,
+                    "ttft_p95_s": 2.0,
+                    "prompt_tokens_p50": 100,
+                    "cached_tokens_p50": 0,
+                }
+            ],
+        ]
+    )
     assert [entry["turn"] for entry in cached] == [1, 2]
     assert cached[0]["requests"] == 4 and cached[0]["errors"] == 1
     assert cached[0]["ttft_p50_s"] == {"median": 1.5, "min": 1.0, "max": 2.0, "n": 2}
     assert cached[1]["ttft_p50_s_per_round"] == [0.5, None]  # round 2 never reached turn 2
-    cold = combine_turns([[{"turn": 1, "requests": 2, "errors": 0, "ttft_p50_s": 1.0, "ttft_p95_s": 1.0,
-                            "prompt_tokens_p50": 100, "cached_tokens_p50": None},
-                           {"turn": 2, "requests": 2, "errors": 0, "ttft_p50_s": 2.0, "ttft_p95_s": 2.0,
-                            "prompt_tokens_p50": 300, "cached_tokens_p50": None}],
-                          [{"turn": 1, "requests": 2, "errors": 0, "ttft_p50_s": 1.0, "ttft_p95_s": 1.0,
-                            "prompt_tokens_p50": 100, "cached_tokens_p50": None},
-                           {"turn": 2, "requests": 2, "errors": 0, "ttft_p50_s": 3.0, "ttft_p95_s": 3.0,
-                            "prompt_tokens_p50": 300, "cached_tokens_p50": None}]])
+    cold = combine_turns(
+        [
+            [
+                {
+                    "turn": 1,
+                    "requests": 2,
+                    "errors": 0,
+                    "ttft_p50_s": 1.0,
+                    "ttft_p95_s": 1.0,
+                    "prompt_tokens_p50": 100,
+                    "cached_tokens_p50": None,
+                },
+                {
+                    "turn": 2,
+                    "requests": 2,
+                    "errors": 0,
+                    "ttft_p50_s": 2.0,
+                    "ttft_p95_s": 2.0,
+                    "prompt_tokens_p50": 300,
+                    "cached_tokens_p50": None,
+                },
+            ],
+            [
+                {
+                    "turn": 1,
+                    "requests": 2,
+                    "errors": 0,
+                    "ttft_p50_s": 1.0,
+                    "ttft_p95_s": 1.0,
+                    "prompt_tokens_p50": 100,
+                    "cached_tokens_p50": None,
+                },
+                {
+                    "turn": 2,
+                    "requests": 2,
+                    "errors": 0,
+                    "ttft_p50_s": 3.0,
+                    "ttft_p95_s": 3.0,
+                    "prompt_tokens_p50": 300,
+                    "cached_tokens_p50": None,
+                },
+            ],
+        ]
+    )
     assert cold[1]["cached_tokens_p50"] is None
     first, second = ttft_speedups(cached, cold)
     assert first["per_round"] == [1.0, 0.5]
@@ -142,8 +230,9 @@ def test_turns_combine_over_rounds_and_speedups_divide_the_baseline_ttft_by_the_
 def test_a_session_resends_the_history_with_each_reply_and_targets_stay_interleaved():
     log: list = []
     with StubServer("A", log, ttft_s=0.01, itl_s=0.002) as a, StubServer("B", log, ttft_s=0.01, itl_s=0.002) as b:
-        config = BenchConfig(concurrencies=[1, 2], styles=["chat"], rounds=2, max_tokens=4, prompt_tokens=60,
-                             warmup=1, turns=3)
+        config = BenchConfig(
+            concurrencies=[1, 2], styles=["chat"], rounds=2, max_tokens=4, prompt_tokens=60, warmup=1, turns=3
+        )
         book = PromptBook(0, 60)
         run = asyncio.run(run_benchmark([HttpTarget("A", a.url), HttpTarget("B", b.url)], config, book))
 
@@ -199,13 +288,19 @@ class FailSecondTurnOfSessionOne(PromptBook):
 def test_a_failed_turn_ends_its_session_and_the_others_run_on():
     log: list = []
     with StubServer("A", log, ttft_s=0.005, itl_s=0.001) as a:
-        config = BenchConfig(concurrencies=[2], styles=["chat"], rounds=1, requests=3, max_tokens=4, warmup=0,
-                             turns=3)
+        config = BenchConfig(concurrencies=[2], styles=["chat"], rounds=1, requests=3, max_tokens=4, warmup=0, turns=3)
         run = asyncio.run(run_benchmark([HttpTarget("A", a.url)], config, FailSecondTurnOfSessionOne(0, 40)))
     samples = run.batches[0].samples
     assert [(s.index, s.turn, s.ok) for s in samples] == [
-        (0, 1, True), (0, 2, True), (0, 3, True), (1, 1, True), (1, 2, False), (2, 1, True), (2, 2, True),
-        (2, 3, True)]
+        (0, 1, True),
+        (0, 2, True),
+        (0, 3, True),
+        (1, 1, True),
+        (1, 2, False),
+        (2, 1, True),
+        (2, 2, True),
+        (2, 3, True),
+    ]
     assert "HTTP 500" in samples[4].error
     turns = run.batches[0].summary["turns"]
     assert [(t["turn"], t["requests"], t["errors"]) for t in turns] == [(1, 3, 0), (2, 3, 1), (3, 2, 0)]
@@ -214,11 +309,37 @@ def test_a_failed_turn_ends_its_session_and_the_others_run_on():
 def test_cli_measures_one_server_with_and_without_its_prompt_cache_per_turn(tmp_path):
     log: list = []
     with StubServer("S", log, ttft_s=0.01, itl_s=0.002, prefill_s_per_word=0.002, prefix_cache=True) as stub:
-        result = CliRunner().invoke(bench_main, [
-            "--target", f"cache={stub.url}", "--target", f"nocache={stub.url}",
-            "--target-no-cache-prompt", "nocache", "--baseline", "nocache", "--prompt-style", "chat",
-            "--turns", "3", "--concurrency", "1", "--requests", "2", "--rounds", "2", "--max-tokens", "4",
-            "--prompt-tokens", "80", "--warmup", "0", "--out", str(tmp_path)])
+        result = CliRunner().invoke(
+            bench_main,
+            [
+                "--target",
+                f"cache={stub.url}",
+                "--target",
+                f"nocache={stub.url}",
+                "--target-no-cache-prompt",
+                "nocache",
+                "--baseline",
+                "nocache",
+                "--prompt-style",
+                "chat",
+                "--turns",
+                "3",
+                "--concurrency",
+                "1",
+                "--requests",
+                "2",
+                "--rounds",
+                "2",
+                "--max-tokens",
+                "4",
+                "--prompt-tokens",
+                "80",
+                "--warmup",
+                "0",
+                "--out",
+                str(tmp_path),
+            ],
+        )
     assert result.exit_code == 0, result.output + repr(result.exception)
     flags = [body.get("cache_prompt", "not sent") for _, _, body in log]
     assert len(log) == 2 * 2 * 2 * 3 and flags.count(False) == flags.count("not sent") == len(log) // 2
@@ -244,8 +365,14 @@ def test_cli_measures_one_server_with_and_without_its_prompt_cache_per_turn(tmp_
     assert all(len(entry["per_round"]) == 2 for entry in speedups.values())
 
     rows = turn_rows(results)
-    assert [(row[2], row[3]) for row in rows] == [("cache", "1"), ("cache", "2"), ("cache", "3"),
-                                                  ("nocache", "1"), ("nocache", "2"), ("nocache", "3")]
+    assert [(row[2], row[3]) for row in rows] == [
+        ("cache", "1"),
+        ("cache", "2"),
+        ("cache", "3"),
+        ("nocache", "1"),
+        ("nocache", "2"),
+        ("nocache", "3"),
+    ]
     assert rows[3][6] == "1 (baseline)" and rows[1][6].count("[") == 1
     text = (tmp_path / "results.md").read_text()
     assert "## Chat sessions: TTFT per turn" in text and "| chat | 1 | cache | 3 |" in text
@@ -265,8 +392,9 @@ def test_cli_refuses_chat_sessions_on_the_completions_endpoint_and_unknown_no_ca
 
 def test_no_cache_prompt_goes_into_every_http_body():
     target = HttpTarget("t", "http://127.0.0.1:1", model="m")
-    request = BenchConfig(concurrencies=[1], styles=["chat"]).make_request(0, "q", messages=[
-        {"role": "system", "content": "s"}, {"role": "user", "content": "q"}], turn=1)
+    request = BenchConfig(concurrencies=[1], styles=["chat"]).make_request(
+        0, "q", messages=[{"role": "system", "content": "s"}, {"role": "user", "content": "q"}], turn=1
+    )
     assert "cache_prompt" not in target.request_body(request)[1]
     target.cache_prompt = False
     path, body = target.request_body(request)
@@ -295,7 +423,8 @@ def _with_fake_mlxd(work):
 def test_daemon_sessions_send_messages_with_chat_true_and_the_streamed_replies():
     config = BenchConfig(concurrencies=[1], styles=["chat"], rounds=1, requests=1, max_tokens=4, warmup=0, turns=3)
     run, received = _with_fake_mlxd(
-        lambda endpoint: asyncio.run(run_benchmark([DaemonTarget("d", endpoint)], config, PromptBook(0, 40))))
+        lambda endpoint: asyncio.run(run_benchmark([DaemonTarget("d", endpoint)], config, PromptBook(0, 40)))
+    )
     assert [len(message.messages) for message in received] == [2, 4, 6]
     assert all(message.chat is True and message.prompt is None for message in received)
     assert received[0].messages[0]["role"] == "system"

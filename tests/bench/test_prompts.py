@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from mlxd_cli.bench.prompts import (
-    COPY_WRAPPER, PLAIN_WRAPPER, PromptBook, estimate_tokens, first_sentence, make_paragraph, style_prompt)
+    COPY_WRAPPER,
+    PLAIN_WRAPPER,
+    PromptBook,
+    estimate_tokens,
+    first_sentence,
+    make_paragraph,
+    style_prompt,
+)
 
 
 def test_copy_style_wraps_the_whole_paragraph_in_the_documented_instruction():
@@ -23,7 +30,7 @@ def test_plain_style_asks_for_new_text_on_one_sentence_without_the_copy_wrapper(
     paragraph = book.paragraph("0", 4, 2)
     assert "Repeat" not in prompt and "exactly" not in prompt
     assert prompt.startswith(PLAIN_WRAPPER)
-    topic = prompt[len(PLAIN_WRAPPER):]
+    topic = prompt[len(PLAIN_WRAPPER) :]
     assert topic == first_sentence(paragraph) and paragraph.startswith(topic)
     assert topic.endswith(".") and topic.count(". ") == 0
     assert estimate_tokens(prompt) < 40  # little to copy: one sentence, not the paragraph

@@ -10,8 +10,18 @@ import pytest
 
 from mlxd_cli.bench.report import format_spread
 from mlxd_cli.bench.stats import (
-    decode_tokens_per_s, draft_counts, inter_token_latencies, median, percentile, ratio_rows, ratios_per_round,
-    spread, summarize_batch, summarize_cells, summarize_rounds)
+    decode_tokens_per_s,
+    draft_counts,
+    inter_token_latencies,
+    median,
+    percentile,
+    ratio_rows,
+    ratios_per_round,
+    spread,
+    summarize_batch,
+    summarize_cells,
+    summarize_rounds,
+)
 from mlxd_cli.bench.runner import RequestSample
 
 
@@ -64,9 +74,17 @@ def test_draft_counts_read_mlxd_timings_then_usage():
 
 
 def _sample(ok=True, tokens=5, times=(0.1, 0.2, 0.3, 0.4, 0.5), latency=0.6, timings=None):
-    return RequestSample(target="t", index=0, ok=ok, error=None if ok else "HTTP 500: boom",
-                         ttft_s=times[0] if ok else None, token_times_s=list(times) if ok else [],
-                         completion_tokens=tokens if ok else 0, latency_s=latency, timings=timings)
+    return RequestSample(
+        target="t",
+        index=0,
+        ok=ok,
+        error=None if ok else "HTTP 500: boom",
+        ttft_s=times[0] if ok else None,
+        token_times_s=list(times) if ok else [],
+        completion_tokens=tokens if ok else 0,
+        latency_s=latency,
+        timings=timings,
+    )
 
 
 def test_summarize_batch_counts_successes_only_and_pools_gaps():
@@ -95,15 +113,26 @@ def test_a_batch_where_everything_failed_has_no_speed():
 
 def test_rounds_cells_and_ratios_vs_a_baseline():
     def batch(round_index, target, aggregate, concurrency=4, style="copy", drafted=None):
-        summary = {"aggregate_tok_s": aggregate, "decode_tok_s": 10.0, "requests": 8, "errors": 0,
-                   "completion_tokens": 100, "drafted": drafted, "accepted": drafted and drafted // 2,
-                   "verify_rounds": None}
-        return SimpleNamespace(round=round_index, concurrency=concurrency, style=style, target=target,
-                               summary=summary)
+        summary = {
+            "aggregate_tok_s": aggregate,
+            "decode_tok_s": 10.0,
+            "requests": 8,
+            "errors": 0,
+            "completion_tokens": 100,
+            "drafted": drafted,
+            "accepted": drafted and drafted // 2,
+            "verify_rounds": None,
+        }
+        return SimpleNamespace(round=round_index, concurrency=concurrency, style=style, target=target, summary=summary)
 
-    batches = [batch(0, "off", 100.0), batch(0, "on", 150.0, drafted=10),
-               batch(1, "off", 80.0), batch(1, "on", 160.0, drafted=20),
-               batch(2, "off", 100.0), batch(2, "on", 120.0, drafted=30)]
+    batches = [
+        batch(0, "off", 100.0),
+        batch(0, "on", 150.0, drafted=10),
+        batch(1, "off", 80.0),
+        batch(1, "on", 160.0, drafted=20),
+        batch(2, "off", 100.0),
+        batch(2, "on", 120.0, drafted=30),
+    ]
     combined = summarize_rounds([b.summary for b in batches if b.target == "on"])
     assert combined["aggregate_tok_s"] == {"median": 150.0, "min": 120.0, "max": 160.0, "n": 3}
     assert combined["drafted"] == 60 and combined["accepted"] == 30
@@ -112,7 +141,9 @@ def test_rounds_cells_and_ratios_vs_a_baseline():
 
     cells = summarize_cells(batches, ["off", "on"])
     assert [(c["target"], c["aggregate_tok_s_per_round"]) for c in cells] == [
-        ("off", [100.0, 80.0, 100.0]), ("on", [150.0, 160.0, 120.0])]
+        ("off", [100.0, 80.0, 100.0]),
+        ("on", [150.0, 160.0, 120.0]),
+    ]
     rows = ratio_rows(cells, baseline="off")
     assert len(rows) == 1 and rows[0]["target"] == "on" and rows[0]["baseline"] == "off"
     assert rows[0]["per_round"] == pytest.approx([1.5, 2.0, 1.2])
@@ -123,9 +154,11 @@ def test_rounds_cells_and_ratios_vs_a_baseline():
 
 
 def test_importing_the_tool_loads_neither_mlx_nor_matplotlib():
-    code = ("import sys, mlxd_cli.bench.main, mlxd_cli.bench.report, mlxd_cli.bench.targets; "
-            "from mlxd_cli.bench.report import machine_facts; machine_facts(); "
-            "assert not any(m == 'mlx' or m.startswith(('mlx.', 'matplotlib')) for m in sys.modules), "
-            "sorted(m for m in sys.modules if m.startswith(('mlx.', 'matplotlib')) or m == 'mlx')")
+    code = (
+        "import sys, mlxd_cli.bench.main, mlxd_cli.bench.report, mlxd_cli.bench.targets; "
+        "from mlxd_cli.bench.report import machine_facts; machine_facts(); "
+        "assert not any(m == 'mlx' or m.startswith(('mlx.', 'matplotlib')) for m in sys.modules), "
+        "sorted(m for m in sys.modules if m.startswith(('mlx.', 'matplotlib')) or m == 'mlx')"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr

@@ -70,8 +70,23 @@ def test_generate_bad_input_is_a_clean_error(stories_daemon):
 
 
 def test_inspect_tick_json(stories_daemon):
-    watcher = subprocess.Popen([sys.executable, "-m", "mlxd_cli.inspect_tick", "--endpoint", stories_daemon, "--json",
-                                "--count", "5", "--timeout", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlxd_cli.inspect_tick",
+            "--endpoint",
+            stories_daemon,
+            "--json",
+            "--count",
+            "5",
+            "--timeout",
+            "60",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     time.sleep(1.5)  # let the subscription reach the daemon
     generate("--endpoint", stories_daemon, "--max-tokens", "30", "Once upon a time")
     out, err = watcher.communicate(timeout=60)
@@ -98,7 +113,9 @@ def test_status_and_stop_exit_codes():
     socket_path = endpoint.removeprefix("ipc://")
     import os
 
-    assert not os.path.exists(socket_path) and not os.path.exists(os.path.join(os.path.dirname(socket_path), "mlxd.pid"))
+    assert not os.path.exists(socket_path) and not os.path.exists(
+        os.path.join(os.path.dirname(socket_path), "mlxd.pid")
+    )
 
 
 def test_public_bind_needs_the_flag():

@@ -18,17 +18,41 @@ from mlxd_engine.default_model import downloaded_gguf
 from ..model_paths import SMOLLM2
 
 GGUF = downloaded_gguf()
-PROMPTS = ("What is the capital of France?", "Repeat the following sentence exactly: the cat sat on the mat by the door.")
+PROMPTS = (
+    "What is the capital of France?",
+    "Repeat the following sentence exactly: the cat sat on the mat by the door.",
+)
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(GGUF is None or not SMOLLM2.is_dir(),
-                                 reason="needs the downloaded SmolLM2 GGUF (make setup) and the shared SmolLM2 directory")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        GGUF is None or not SMOLLM2.is_dir(),
+        reason="needs the downloaded SmolLM2 GGUF (make setup) and the shared SmolLM2 directory",
+    ),
+]
 
 
 def local_generate(model: str, prompt: str, cache: str) -> dict:
-    result = subprocess.run([sys.executable, "-m", "mlxd_cli.generate", "--local", "-m", model, "--temp", "0",
-                             "--max-tokens", "32", "--json", prompt], capture_output=True, text=True, timeout=600,
-                            env=dict(os.environ, MLXD_CACHE_DIR=cache))
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mlxd_cli.generate",
+            "--local",
+            "-m",
+            model,
+            "--temp",
+            "0",
+            "--max-tokens",
+            "32",
+            "--json",
+            prompt,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, MLXD_CACHE_DIR=cache),
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     return json.loads(result.stdout)
 

@@ -23,8 +23,13 @@ STORIES = STORIES_260K
 
 def start_daemon(endpoint: str, *args: str, timeout_s: float = 120.0) -> subprocess.Popen:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    process = subprocess.Popen([sys.executable, "-m", "mlxd_daemon", "--endpoint", endpoint, *args],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "mlxd_daemon", "--endpoint", endpoint, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     deadline = time.monotonic() + timeout_s
     line = process.stdout.readline()
     if not line.startswith("mlxd ready"):

@@ -11,7 +11,15 @@ import pytest
 import zmq
 
 from mlxd_protocol import (
-    AsyncClient, Chunk, Client, DaemonError, Done, Generate, Sampling, decode, new_request_id,
+    AsyncClient,
+    Chunk,
+    Client,
+    DaemonError,
+    Done,
+    Generate,
+    Sampling,
+    decode,
+    new_request_id,
 )
 
 
@@ -42,7 +50,10 @@ BAD_FRAMES = [
     ([msgpack.packb({"v": 1, "type": "generate", "id": "x"})], "invalid_request"),
     ([msgpack.packb({"v": 1, "type": "generate", "id": "x", "prompt": ""})], "invalid_request"),
     ([msgpack.packb({"v": 1, "type": "generate", "id": "x", "prompt_tokens": [99999]})], "invalid_request"),
-    ([msgpack.packb({"v": 1, "type": "generate", "id": "x", "prompt": "a", "sampling": {"top_p": 0}})], "invalid_request"),
+    (
+        [msgpack.packb({"v": 1, "type": "generate", "id": "x", "prompt": "a", "sampling": {"top_p": 0}})],
+        "invalid_request",
+    ),
     ([msgpack.packb({"v": 1, "type": "detokenize", "tokens": [-1]})], "invalid_request"),
     ([b"one", b"two"], "bad_frame"),
 ]
@@ -93,16 +104,28 @@ def test_greedy_output_equals_the_engine_loop(stories_daemon, stories_model):
 
 
 def test_eight_concurrent_requests_match_their_solo_runs(stories_daemon):
-    prompts = ["Once upon a time", "Lily and Ben", "The cat sat", "Tom was sad", "One day, a bird",
-               "The sun was hot", "Sue had a doll", "A big dog ran"]
+    prompts = [
+        "Once upon a time",
+        "Lily and Ben",
+        "The cat sat",
+        "Tom was sad",
+        "One day, a bird",
+        "The sun was hot",
+        "Sue had a doll",
+        "A big dog ran",
+    ]
     with Client(stories_daemon, timeout_s=30) as client:
         solo = [_run(client, p, 48).tokens for p in prompts]
 
     async def together():
         async with AsyncClient(stories_daemon, timeout_s=60) as client:
+
             async def one(prompt):
-                replies = [r async for r in client.generate(Generate(id=new_request_id(), prompt=prompt, max_tokens=48))]
+                replies = [
+                    r async for r in client.generate(Generate(id=new_request_id(), prompt=prompt, max_tokens=48))
+                ]
                 return replies[-1].tokens
+
             return await asyncio.gather(*(one(p) for p in prompts))
 
     assert asyncio.run(together()) == solo
@@ -113,9 +136,13 @@ def test_stop_strings_seeds_and_non_streaming(stories_daemon):
         full = _run(client, "Once upon a time", 60).text
         stopped = _run(client, "Once upon a time", 60, stop=["Lily"])
         assert stopped.finish_reason == "stop" and stopped.text == full[: full.index("Lily")]
-        sampled = [_run(client, "Once upon a time", 30, sampling=Sampling(temperature=1.0, seed=5)).tokens for _ in range(2)]
+        sampled = [
+            _run(client, "Once upon a time", 30, sampling=Sampling(temperature=1.0, seed=5)).tokens for _ in range(2)
+        ]
         assert sampled[0] == sampled[1]
-        replies = list(client.generate(Generate(id=new_request_id(), prompt="Once upon a time", max_tokens=20, stream=False)))
+        replies = list(
+            client.generate(Generate(id=new_request_id(), prompt="Once upon a time", max_tokens=20, stream=False))
+        )
         assert len(replies) == 1 and replies[0].text == full[: len(replies[0].text)] and len(replies[0].tokens) == 20
 
 

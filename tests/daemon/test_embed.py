@@ -9,8 +9,20 @@ import pytest
 
 from mlxd_engine import load
 from mlxd_protocol import (
-    INVALID, OVERLOADED, Chunk, DaemonError, Done, Embed, EmbedResult, Error, Generate, ProtocolError,
-    decode, encode, new_request_id)
+    INVALID,
+    OVERLOADED,
+    Chunk,
+    DaemonError,
+    Done,
+    Embed,
+    EmbedResult,
+    Error,
+    Generate,
+    ProtocolError,
+    decode,
+    encode,
+    new_request_id,
+)
 
 from .tool_model import EMBEDDED, WEATHER_TOOL
 
@@ -28,8 +40,11 @@ def make_core(loaded, **options):
     from mlxd_daemon.options import DaemonOptions
 
     sent: list = []
-    core = DaemonCore(loaded, DaemonOptions(model=str(EMBEDDED), prefill_chunk=16, stream_interval_s=0.0, **options),
-                      lambda identity, message: sent.append(decode(encode(message))))
+    core = DaemonCore(
+        loaded,
+        DaemonOptions(model=str(EMBEDDED), prefill_chunk=16, stream_interval_s=0.0, **options),
+        lambda identity, message: sent.append(decode(encode(message))),
+    )
     return core, sent
 
 
@@ -76,10 +91,13 @@ def _embed_alone(loaded) -> list[list[float]]:
     return sent[-1].embeddings
 
 
-@pytest.mark.parametrize("message, words", [
-    (Embed(token_inputs=[[5] * 16385], id="x"), "16384 tokens"),
-    (Embed(token_inputs=[[1, 99999]], id="x"), "outside the vocabulary"),
-])
+@pytest.mark.parametrize(
+    "message, words",
+    [
+        (Embed(token_inputs=[[5] * 16385], id="x"), "16384 tokens"),
+        (Embed(token_inputs=[[1, 99999]], id="x"), "outside the vocabulary"),
+    ],
+)
 def test_refusals_name_the_limit(loaded, message, words):
     core, sent = make_core(loaded)
     reply = core.handle(b"c", message)
@@ -110,15 +128,23 @@ def test_texts_are_tokenized_as_tokenize_does(loaded):
         with pytest.raises(DaemonError, match="the assistant's"):
             list(client.generate(Generate(id=new_request_id(), messages=MESSAGES, continue_final_message=True)))
         plain = list(client.generate(Generate(id=new_request_id(), messages=MESSAGES, max_tokens=8)))[-1]
-        no_call = list(client.generate(Generate(id=new_request_id(), messages=MESSAGES, max_tokens=8,
-                                                tools=[WEATHER_TOOL], tool_choice="none")))[-1]
+        no_call = list(
+            client.generate(
+                Generate(id=new_request_id(), messages=MESSAGES, max_tokens=8, tools=[WEATHER_TOOL], tool_choice="none")
+            )
+        )[-1]
         assert no_call.text == plain.text and no_call.tool_calls is None
 
 
 def test_protocol_rules_of_embed():
-    for bad in (Embed(id="x"), Embed(texts=["a"], token_inputs=[[1]], id="x"), Embed(texts=[], id="x"),
-                Embed(token_inputs=[[]], id="x"), Embed(texts=["a"], pooling="max", id="x"),
-                Embed(texts=["a"] * 2049, id="x"),
-                Generate(id="g", prompt="a", continue_final_message=True)):
+    for bad in (
+        Embed(id="x"),
+        Embed(texts=["a"], token_inputs=[[1]], id="x"),
+        Embed(texts=[], id="x"),
+        Embed(token_inputs=[[]], id="x"),
+        Embed(texts=["a"], pooling="max", id="x"),
+        Embed(texts=["a"] * 2049, id="x"),
+        Generate(id="g", prompt="a", continue_final_message=True),
+    ):
         with pytest.raises(ProtocolError):
             encode(bad)

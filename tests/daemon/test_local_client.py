@@ -8,8 +8,21 @@ import time
 import pytest
 
 from mlxd_protocol import (
-    INVALID, Chunk, Client, DaemonClient, DaemonError, Done, Generate, LocalClient, ProtocolError, Sampling,
-    Speculative, Tick, TickRow, new_request_id)
+    INVALID,
+    Chunk,
+    Client,
+    DaemonClient,
+    DaemonError,
+    Done,
+    Generate,
+    LocalClient,
+    ProtocolError,
+    Sampling,
+    Speculative,
+    Tick,
+    TickRow,
+    new_request_id,
+)
 
 from .conftest import STORIES
 
@@ -48,10 +61,14 @@ def test_local_client_runs_what_the_daemon_runs(local, stories_daemon):
     with Client(stories_daemon, timeout_s=60) as remote:
         remote_options = remote.status().options
         local_options = local.status().options
-        assert {k: v for k, v in local_options.items() if k != "endpoint"} == \
-               {k: v for k, v in remote_options.items() if k != "endpoint"}
-        for message in (request(), request("Tom had a ball", sampling=Sampling(temperature=0.8, seed=3)),
-                        request(stream=False, stop=["."])):
+        assert {k: v for k, v in local_options.items() if k != "endpoint"} == {
+            k: v for k, v in remote_options.items() if k != "endpoint"
+        }
+        for message in (
+            request(),
+            request("Tom had a ball", sampling=Sampling(temperature=0.8, seed=3)),
+            request(stream=False, stop=["."]),
+        ):
             remote_chunks, remote_done = replies(remote, message)
             local_chunks, local_done = replies(local, message)
             assert local_done.tokens == remote_done.tokens and local_done.text == remote_done.text

@@ -13,11 +13,20 @@ from mlxd_protocol import Sampling
 from mlxd_scheduler import SchedulerOptions
 
 # mlxd option name -> (DaemonOptions field, how the option's value becomes the field's)
-RENAMED = {"drain_timeout": ("drain_timeout_s", float), "stream_interval_ms": ("stream_interval_s", lambda ms: ms / 1000.0)}
+RENAMED = {
+    "drain_timeout": ("drain_timeout_s", float),
+    "stream_interval_ms": ("stream_interval_s", lambda ms: ms / 1000.0),
+}
 SAMPLING = {"temp": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed"}
 NOT_OPTIONS = {"auth_token_file", "chat_template_file"}  # read into auth_token, chat_template
-LIMITS = {"max_messages", "max_tokenize_chars", "max_grammar_bytes", "max_grammar_rules", "max_grammar_depth",
-          "max_grammar_repeat"}  # fields of DaemonOptions.limits (HostLimits)
+LIMITS = {
+    "max_messages",
+    "max_tokenize_chars",
+    "max_grammar_bytes",
+    "max_grammar_rules",
+    "max_grammar_depth",
+    "max_grammar_repeat",
+}  # fields of DaemonOptions.limits (HostLimits)
 
 
 def test_mlxd_command_line_defaults_are_the_daemon_options_defaults():
@@ -48,8 +57,14 @@ def test_the_host_limits_grammar_defaults_are_the_engines():
 
 def test_the_scheduler_defaults_are_the_daemons():
     daemon, scheduler = DaemonOptions(), SchedulerOptions()
-    pairs = {"max_batch": "max_batch", "prefill_chunk": "prefill_chunk", "lookahead": "lookahead",
-             "max_queue": "max_queue", "decode_steps": "max_decode_steps"}
-    assert {name: getattr(daemon, name) for name in pairs} == \
-           {name: getattr(scheduler, field) for name, field in pairs.items()}
+    pairs = {
+        "max_batch": "max_batch",
+        "prefill_chunk": "prefill_chunk",
+        "lookahead": "lookahead",
+        "max_queue": "max_queue",
+        "decode_steps": "max_decode_steps",
+    }
+    assert {name: getattr(daemon, name) for name in pairs} == {
+        name: getattr(scheduler, field) for name, field in pairs.items()
+    }
     assert {f.name for f in dataclasses.fields(DaemonOptions)} >= set(pairs)

@@ -13,12 +13,16 @@ from mlxd_protocol.codec import encode
 from .conftest import STORIES, private_endpoint, start_daemon, stop_daemon
 
 # a DeepSeek-R1-like template: its generation prompt opens a thinking block itself
-FORCED_OPEN = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
-               "{% if add_generation_prompt %}<|assistant|><think>\n{% endif %}")
+FORCED_OPEN = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|><think>\n{% endif %}"
+)
 # a Qwen3-like template: enable_thinking false writes an empty block, anything else leaves it to the model
-QWEN3_LIKE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-              "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and "
-              "enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}")
+QWEN3_LIKE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and "
+    "enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
 
 
 def test_modes_set_enable_thinking_and_a_request_overrides_them():
@@ -27,14 +31,24 @@ def test_modes_set_enable_thinking_and_a_request_overrides_them():
     assert thinking_off(template_variables("off", None)) and not thinking_off({})
 
 
-@pytest.mark.parametrize("prompt,template,expected", [
-    ("<|assistant|><think>\n", FORCED_OPEN, "<|assistant|><think>\n</think>"),  # an open block is closed
-    ("<|im_start|>assistant\n<think>\n\n</think>\n\n", QWEN3_LIKE, "<|im_start|>assistant\n<think>\n\n</think>\n\n"),
-    ("<|CHATBOT_TOKEN|>", "{{ '<|START_THINKING|>' }}{{ '<|END_THINKING|>' }}",
-     "<|CHATBOT_TOKEN|><|START_THINKING|><|END_THINKING|>"),  # a template that knows a block: an empty one
-    ("<|im_start|>assistant\n", "no thinking here", "<|im_start|>assistant\n"),
-    ("<|im_start|>assistant\n", None, "<|im_start|>assistant\n"),
-])
+@pytest.mark.parametrize(
+    "prompt,template,expected",
+    [
+        ("<|assistant|><think>\n", FORCED_OPEN, "<|assistant|><think>\n</think>"),  # an open block is closed
+        (
+            "<|im_start|>assistant\n<think>\n\n</think>\n\n",
+            QWEN3_LIKE,
+            "<|im_start|>assistant\n<think>\n\n</think>\n\n",
+        ),
+        (
+            "<|CHATBOT_TOKEN|>",
+            "{{ '<|START_THINKING|>' }}{{ '<|END_THINKING|>' }}",
+            "<|CHATBOT_TOKEN|><|START_THINKING|><|END_THINKING|>",
+        ),  # a template that knows a block: an empty one
+        ("<|im_start|>assistant\n", "no thinking here", "<|im_start|>assistant\n"),
+        ("<|im_start|>assistant\n", None, "<|im_start|>assistant\n"),
+    ],
+)
 def test_close_open_thinking(prompt, template, expected):
     assert close_open_thinking(prompt, template) == expected
 
@@ -71,19 +85,28 @@ def test_the_daemon_closes_the_block_unless_the_request_asks_for_thinking(thinki
         # a Generate of the same messages is prompted with those tokens
         replies = list(client.generate(Generate(id=new_request_id(), messages=messages, max_tokens=1)))
         assert replies[-1].usage["prompt_tokens"] == len(tokens)
-        opened = list(client.generate(Generate(id=new_request_id(), messages=messages, max_tokens=1,
-                                               chat_template_kwargs={"enable_thinking": True})))
-        assert opened[-1].usage["prompt_tokens"] == len(client.tokenize(text=closed.removesuffix("</think>"),
-                                                                        add_special_tokens=False))
+        opened = list(
+            client.generate(
+                Generate(
+                    id=new_request_id(), messages=messages, max_tokens=1, chat_template_kwargs={"enable_thinking": True}
+                )
+            )
+        )
+        assert opened[-1].usage["prompt_tokens"] == len(
+            client.tokenize(text=closed.removesuffix("</think>"), add_special_tokens=False)
+        )
 
 
-@pytest.mark.parametrize("fields,problem", [
-    ({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"tools": []}}, "set by the request"),
-    ({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"not a name": 1}}, "identifiers"),
-    ({"text": "x", "chat_template_kwargs": {"a": 1}}, "with messages only"),
-    ({"text": "x", "return_text": True}, "with messages only"),
-    ({"messages": [{"role": "user", "content": "x"}], "continue_final_message": True}, "the assistant's"),
-])
+@pytest.mark.parametrize(
+    "fields,problem",
+    [
+        ({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"tools": []}}, "set by the request"),
+        ({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"not a name": 1}}, "identifiers"),
+        ({"text": "x", "chat_template_kwargs": {"a": 1}}, "with messages only"),
+        ({"text": "x", "return_text": True}, "with messages only"),
+        ({"messages": [{"role": "user", "content": "x"}], "continue_final_message": True}, "the assistant's"),
+    ],
+)
 def test_bad_template_fields_are_refused(fields, problem):
     with pytest.raises(ProtocolError, match=problem):
         encode(Tokenize(**fields))

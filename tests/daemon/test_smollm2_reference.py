@@ -53,14 +53,21 @@ def test_daemon_greedy_equals_mlx_lm_plain_and_with_prompt_lookup():
                 reference = mlx_lm_reference(prompt)
                 replies = {}
                 for kind in ("none", "prompt-lookup"):
-                    request = Generate(id=new_request_id(), prompt_tokens=prompt, max_tokens=TOKENS, ignore_eos=True,
-                                       speculative=Speculative(kind=kind))
+                    request = Generate(
+                        id=new_request_id(),
+                        prompt_tokens=prompt,
+                        max_tokens=TOKENS,
+                        ignore_eos=True,
+                        speculative=Speculative(kind=kind),
+                    )
                     replies[kind] = list(client.generate(request))[-1]
                 assert replies["none"].tokens == reference, text
                 assert replies["prompt-lookup"].tokens == reference, text
                 accepted += replies["prompt-lookup"].timings.get("draft_n_accepted", 0)
         if accepted == 0:  # the copy prompt copies, yet no draft was verified
-            pytest.xfail("issue 40: with the CPU kernel's faster steps the verify gate declines every draft on "
-                         "SmolLM2 (greedy equality above still held)")
+            pytest.xfail(
+                "issue 40: with the CPU kernel's faster steps the verify gate declines every draft on "
+                "SmolLM2 (greedy equality above still held)"
+            )
     finally:
         stop_daemon(process, endpoint)

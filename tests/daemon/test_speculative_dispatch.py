@@ -45,8 +45,22 @@ def test_disabled_by_default():
 
 
 def test_mlxd_cli_reports_dispatch_errors():
-    result = subprocess.run([sys.executable, "-m", "mlxd_daemon", "--draft-kind", "prompt-lookup", "--draft-model", "x",
-                             "--endpoint", private_endpoint()], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mlxd_daemon",
+            "--draft-kind",
+            "prompt-lookup",
+            "--draft-model",
+            "x",
+            "--endpoint",
+            private_endpoint(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2 and "prompt-lookup takes no draft model" in result.stderr
     help_text = subprocess.run([sys.executable, "-m", "mlxd_daemon", "--help"], capture_output=True, text=True).stdout
     for flag in ("--draft-kind", "--draft-block-size", "--prompt-lookup-max-batch", "--draft-model"):
@@ -55,8 +69,11 @@ def test_mlxd_cli_reports_dispatch_errors():
 
 def _generate(endpoint, prompt, speculative=None, max_tokens=200):
     with Client(endpoint, timeout_s=60) as client:
-        replies = list(client.generate(Generate(id=new_request_id(), prompt=prompt, max_tokens=max_tokens,
-                                                 speculative=speculative)))
+        replies = list(
+            client.generate(
+                Generate(id=new_request_id(), prompt=prompt, max_tokens=max_tokens, speculative=speculative)
+            )
+        )
     return replies[-1]
 
 
@@ -75,7 +92,9 @@ def test_stories_daemon_with_prompt_lookup_returns_the_same_text():
             # their forward); the tokens are the same either way
             assert on.timings["draft_kind"] == "prompt-lookup"
             assert "draft_kind" not in off.timings
-            print(f"stories260K {prompt!r}: accepted {on.timings['draft_n_accepted']} of {on.timings['draft_n']} drafted")
+            print(
+                f"stories260K {prompt!r}: accepted {on.timings['draft_n_accepted']} of {on.timings['draft_n']} drafted"
+            )
         with Client(endpoint, timeout_s=10) as client:
             status = client.status()
         assert status.totals["verify_rounds"] + status.totals["declined_cost"] > 0  # the drafter proposed

@@ -28,8 +28,9 @@ def tool_daemon(tmp_path_factory):
 
 def generate(endpoint: str, stream: bool = True, **fields) -> tuple[Done, str]:
     with Client(endpoint, timeout_s=60) as client:
-        replies = list(client.generate(Generate(id=new_request_id(), messages=MESSAGES, max_tokens=80, stream=stream,
-                                                **fields)))
+        replies = list(
+            client.generate(Generate(id=new_request_id(), messages=MESSAGES, max_tokens=80, stream=stream, **fields))
+        )
     return replies[-1], "".join(reply.text for reply in replies[:-1])
 
 
@@ -68,7 +69,9 @@ def test_splitter_holds_call_text_back_across_chunk_boundaries(tool_daemon):
     from mlxd_engine import load
 
     tokenizer = load(tool_daemon[1]).tokenizer
-    text = 'Sure. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}}\n</tool_call> ok'
+    text = (
+        'Sure. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}}\n</tool_call> ok'
+    )
     for size in (1, 3, 7, len(text)):
         splitter = ToolCallSplitter(tokenizer, [WEATHER_TOOL])
         shown = "".join(splitter.push(text[i : i + size]) for i in range(0, len(text), size)) + splitter.finish()

@@ -14,14 +14,38 @@ from mlxd_protocol import Client, decode
 VALID_FRAMES = [
     {"v": 1, "type": "status"},
     {"v": 1, "type": "generate", "id": "g", "prompt": "Once upon a time", "max_tokens": 4},
-    {"v": 1, "type": "generate", "id": "t", "prompt_tokens": [1, 403, 407], "max_tokens": 3,
-     "sampling": {"temperature": 0.5, "seed": 3, "logit_bias": {5: 1.0}}, "stop": ["x"]},
+    {
+        "v": 1,
+        "type": "generate",
+        "id": "t",
+        "prompt_tokens": [1, 403, 407],
+        "max_tokens": 3,
+        "sampling": {"temperature": 0.5, "seed": 3, "logit_bias": {5: 1.0}},
+        "stop": ["x"],
+    },
     {"v": 1, "type": "tokenize", "text": "hello"},
     {"v": 1, "type": "detokenize", "tokens": [403, 407]},
     {"v": 1, "type": "cancel", "id": "nobody"},
 ]
-ODD_VALUES = [None, True, -1, 0, 2**63 - 1, -(2**63), 1e308, float("nan"), "", "x" * 10000, b"\x00\xff", [],
-              [None] * 5, {}, {"a": {"b": {"c": [1, {"d": 2}]}}}, list(range(2000)), "\u202e\ud7ff"]
+ODD_VALUES = [
+    None,
+    True,
+    -1,
+    0,
+    2**63 - 1,
+    -(2**63),
+    1e308,
+    float("nan"),
+    "",
+    "x" * 10000,
+    b"\x00\xff",
+    [],
+    [None] * 5,
+    {},
+    {"a": {"b": {"c": [1, {"d": 2}]}}},
+    list(range(2000)),
+    "\u202e\ud7ff",
+]
 
 
 def mutate(rng: random.Random, frame: dict) -> bytes:

@@ -15,19 +15,38 @@ EMBEDDED = Path(__file__).resolve().parents[2] / "models" / "mlxd-qwen3-tiny"
 
 TOOL_TEMPLATE = (
     "{% if tools %}<|im_start|>system\nYou may call these tools:\n{% for tool in tools %}{{ tool | tojson }}\n"
-    "{% endfor %}Call one as <tool_call>\n{\"name\": <name>, \"arguments\": <arguments>}\n</tool_call><|im_end|>\n"
+    '{% endfor %}Call one as <tool_call>\n{"name": <name>, "arguments": <arguments>}\n</tool_call><|im_end|>\n'
     "{% endif %}{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
     "{% if message.tool_calls %}{% for tool_call in message.tool_calls %}{% set tool_call = tool_call.function %}"
-    "<tool_call>\n{\"name\": \"{{ tool_call.name }}\", \"arguments\": {{ tool_call.arguments | tojson }}}\n</tool_call>"
-    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    '<tool_call>\n{"name": "{{ tool_call.name }}", "arguments": {{ tool_call.arguments | tojson }}}\n</tool_call>'
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
-WEATHER_TOOL = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city",
-    "parameters": {"type": "object", "additionalProperties": False, "required": ["city", "unit"], "properties": {
-        "city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["celsius", "fahrenheit"]}}}}}
-TIME_TOOL = {"type": "function", "function": {
-    "name": "get_time", "parameters": {"type": "object", "additionalProperties": False, "required": ["zone"],
-                                       "properties": {"zone": {"type": "string", "maxLength": 10}}}}}
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["city", "unit"],
+            "properties": {"city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+        },
+    },
+}
+TIME_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["zone"],
+            "properties": {"zone": {"type": "string", "maxLength": 10}},
+        },
+    },
+}
 
 
 def make_tool_model(directory: Path) -> Path:

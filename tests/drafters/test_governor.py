@@ -59,9 +59,7 @@ def test_probe_budget_never_exceeds_max_draft():
 
 
 # Graded: 4 old misses + 4 full probes of 2 -> run 8/4 = 2 -> budget 3.
-@pytest.mark.parametrize(
-    ("policy", "recovered_budget"), [("gated", 8), ("graded", 3)]
-)
+@pytest.mark.parametrize(("policy", "recovered_budget"), [("gated", 8), ("graded", 3)])
 def test_recovers_through_successful_probes(policy, recovered_budget):
     governor = make_governor(policy=policy, probe_interval=16)
     record_many(governor, 8, drafted=8, accepted=0)

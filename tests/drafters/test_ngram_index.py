@@ -7,9 +7,7 @@ import pytest
 from mlxd_drafters import NgramIndex
 
 
-def brute_force_propose(
-    tokens: list[int], max_tokens: int, min_ngram: int, max_ngram: int
-) -> list[int]:
+def brute_force_propose(tokens: list[int], max_tokens: int, min_ngram: int, max_ngram: int) -> list[int]:
     """Reference: scan every earlier position for the longest suffix match."""
     length = len(tokens)
     if max_tokens <= 0:

@@ -28,8 +28,23 @@ import pytest
 
 from .architectures import ARCHITECTURES, LOOKUP_CASES, alone, available, batched, build, loaded, mlx_lm_greedy, prompt
 
-SERVED = ["llama", "qwen3", "qwen3_moe", "gemma2", "gemma3_text", "gemma4_text", "gemma4_text_kv_shared", "gpt_oss",
-          "deepseek_v3", "mistral3", "ministral3", "phi3", "olmo3", "smollm3", "llama4_text"]
+SERVED = [
+    "llama",
+    "qwen3",
+    "qwen3_moe",
+    "gemma2",
+    "gemma3_text",
+    "gemma4_text",
+    "gemma4_text_kv_shared",
+    "gpt_oss",
+    "deepseek_v3",
+    "mistral3",
+    "ministral3",
+    "phi3",
+    "olmo3",
+    "smollm3",
+    "llama4_text",
+]
 # recurrent state (ArraysCache) beside attention, or alone (mamba2): served, prompt lookup off
 # falcon_h1: a CacheList of recurrent state and attention in every layer, served part by part
 RECURRENT = ["qwen3_5", "qwen3_5_moe", "qwen3_next", "lfm2", "granitemoehybrid", "nemotron_h", "mamba2", "falcon_h1"]
@@ -102,7 +117,9 @@ def test_recurrent_architecture(name, storage):
     seq = engine.add_sequence(prompts[2])
     engine.prefill(seq)
     plain = alone(engine, prompts[2], 6)
-    engine.verify(seq, [seq.tokens[-1], plain[1], (plain[2] + 1) % engine.loaded.vocab_size, 7])  # accepts one draft, rejects the rest
+    engine.verify(
+        seq, [seq.tokens[-1], plain[1], (plain[2] + 1) % engine.loaded.vocab_size, 7]
+    )  # accepts one draft, rejects the rest
     seq.tokens.extend(plain[1:3])
     engine.commit_appends(seq, 2)
     engine.unwind_appends(seq, 2)
@@ -173,7 +190,9 @@ def test_sliding_window_memory_is_bounded_by_the_window():
             engine.step([seq])
         usage[context] = engine.storage.usage()
         rings = list(engine.storage.rings.values())
-        assert rings and all(ring.keys.shape[2] == ring.size == ring.window + engine.max_forward_tokens for ring in rings)
+        assert rings and all(
+            ring.keys.shape[2] == ring.size == ring.window + engine.max_forward_tokens for ring in rings
+        )
         if context == 1024:
             assert seq.output == mlx_lm_greedy(model, prompt(context, 5), 4)
         engine.release(seq)

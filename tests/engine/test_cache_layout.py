@@ -44,8 +44,11 @@ def test_a_composite_with_an_unserved_part_is_refused():
 
     model = _made_up_cache_model()
     type(model).make_cache = lambda self: [CacheList(KVCache(), MadeUpCache()) for _ in self.layers]
-    with pytest.raises(ModelLoadError, match=r"^model type 'llama': layer 0 uses CacheList\(KVCache, MadeUpCache\) "
-                                             r"\(a composite of caches one of which is not served\)"):
+    with pytest.raises(
+        ModelLoadError,
+        match=r"^model type 'llama': layer 0 uses CacheList\(KVCache, MadeUpCache\) "
+        r"\(a composite of caches one of which is not served\)",
+    ):
         Engine(loaded("llama", model=model))
 
 
@@ -54,8 +57,10 @@ def test_a_made_up_cache_class_is_refused_by_name():
 
     with pytest.raises(ModelLoadError) as refused:
         Engine(loaded("llama", model=_made_up_cache_model()))
-    assert str(refused.value) == ("model type 'llama': layer 0 uses MadeUpCache (a cache class mlxd does not know), "
-                                  "which mlxd's KV storage does not serve yet")
+    assert str(refused.value) == (
+        "model type 'llama': layer 0 uses MadeUpCache (a cache class mlxd does not know), "
+        "which mlxd's KV storage does not serve yet"
+    )
 
 
 def _checkpoint(tmp_path, name: str, tokenizer_edit=None):
@@ -82,16 +87,23 @@ def _checkpoint(tmp_path, name: str, tokenizer_edit=None):
 def test_load_refuses_chunked_attention(tmp_path):
     from mlxd_engine import ModelLoadError, load
 
-    with pytest.raises(ModelLoadError, match=r"^model type 'llama4': layer 0 uses ChunkedKVCache \(chunked attention\), "
-                                             r"which mlxd's KV storage does not serve yet$"):
+    with pytest.raises(
+        ModelLoadError,
+        match=r"^model type 'llama4': layer 0 uses ChunkedKVCache \(chunked attention\), "
+        r"which mlxd's KV storage does not serve yet$",
+    ):
         load(_checkpoint(tmp_path, "llama4"))
 
 
 def test_daemon_exits_before_ready_on_a_refused_model(tmp_path):
     directory = _checkpoint(tmp_path, "llama4")
     endpoint = f"ipc://{tempfile.mkdtemp(prefix='mlxd-t-', dir='/tmp')}/d.sock"
-    result = subprocess.run([sys.executable, "-m", "mlxd_daemon", "--endpoint", endpoint,
-                             "-m", str(directory)], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "mlxd_daemon", "--endpoint", endpoint, "-m", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2
     assert "mlxd ready" not in result.stdout
     assert "model type 'llama4': layer 0 uses ChunkedKVCache (chunked attention)" in result.stderr
@@ -158,8 +170,11 @@ def test_a_model_whose_rows_no_mask_keeps_apart_runs_rows_one_at_a_time(monkeypa
     singles = [alone(engine, p, 8) for p in prompts]
     batch_sizes = []
     original = type(model.model).__call__
-    monkeypatch.setattr(type(model.model), "__call__",
-                        lambda self, inputs, cache=None: batch_sizes.append(inputs.shape[0]) or original(self, inputs, cache))
+    monkeypatch.setattr(
+        type(model.model),
+        "__call__",
+        lambda self, inputs, cache=None: batch_sizes.append(inputs.shape[0]) or original(self, inputs, cache),
+    )
     assert batched(engine, prompts, 8) == singles
     assert batch_sizes and set(batch_sizes) == {1}
     assert len(batch_sizes) == 2 + 2 * 7  # two prefills, then seven steps of two rows, each row on its own

@@ -9,8 +9,9 @@ from mlxd_engine import SamplingParams, prompt_lookup_eligibility
 
 def test_plain_greedy_and_sampled_requests_are_eligible():
     assert prompt_lookup_eligibility(SamplingParams(), storage_can_unwind=True)
-    assert prompt_lookup_eligibility(SamplingParams(temperature=0.7, top_p=0.9, repetition_penalty=1.1, seed=3),
-                                     storage_can_unwind=True)
+    assert prompt_lookup_eligibility(
+        SamplingParams(temperature=0.7, top_p=0.9, repetition_penalty=1.1, seed=3), storage_can_unwind=True
+    )
 
 
 @pytest.mark.parametrize(

@@ -70,9 +70,16 @@ class _NoBody(nn.Module):
 
 
 def _like(loaded: LoadedModel, model) -> LoadedModel:
-    return LoadedModel(model=model, tokenizer=None, path="<test>", model_type="test", n_layers=loaded.n_layers,
-                       vocab_size=loaded.vocab_size, eos_token_ids=loaded.eos_token_ids,
-                       context_length=loaded.context_length)
+    return LoadedModel(
+        model=model,
+        tokenizer=None,
+        path="<test>",
+        model_type="test",
+        n_layers=loaded.n_layers,
+        vocab_size=loaded.vocab_size,
+        eos_token_ids=loaded.eos_token_ids,
+        context_length=loaded.context_length,
+    )
 
 
 def test_a_body_returning_logits_is_refused(tiny_random_model):

@@ -53,8 +53,16 @@ def test_calibration_times_steps_and_verify_forwards_and_leaves_storage_empty(em
     engine = Engine(embedded_model, max_sequences=5, prefix_cache_bytes=1 << 20)
     points = calibrate_forward_cost(engine)
     shapes = [(rows, width, "long" if context > 128 else "short") for rows, width, context, _ in points]
-    assert shapes == [(1, 1, "short"), (1, 9, "short"), (1, 16, "short"), (4, 1, "short"), (4, 9, "short"),
-                      (1, 1, "long"), (1, 9, "long"), (1, 16, "long")]
+    assert shapes == [
+        (1, 1, "short"),
+        (1, 9, "short"),
+        (1, 16, "short"),
+        (4, 1, "short"),
+        (4, 9, "short"),
+        (1, 1, "long"),
+        (1, 9, "long"),
+        (1, 16, "long"),
+    ]
     assert all(ms > 0 for *_, ms in points)
     assert engine.forward_cost.ready and engine.forward_cost.estimate(4, 9, 40) > 0
     assert engine.storage.free_slots == 5 and len(engine.prefix_cache) == 0  # nothing kept

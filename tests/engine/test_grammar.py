@@ -13,15 +13,39 @@ from mlxd_engine.grammar import GrammarError, compile_grammar
 from mlxd_scheduler.single_sequence import generate_plain, generate_with_prompt_lookup
 
 SCHEMAS = {
-    "nested": {"type": "object", "additionalProperties": False, "required": ["user"], "properties": {
-        "user": {"type": "object", "additionalProperties": False, "required": ["name", "id"],
-                 "properties": {"name": {"type": "string", "maxLength": 10}, "id": {"type": "integer"}}}}},
-    "array": {"type": "object", "additionalProperties": False, "required": ["tags"], "properties": {
-        "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "minItems": 1, "maxItems": 3}}},
-    "enum": {"type": "object", "additionalProperties": False, "required": ["color"],
-             "properties": {"color": {"enum": ["red", "green", "blue"]}}},
-    "bounded integer": {"type": "object", "additionalProperties": False, "required": ["age"],
-                        "properties": {"age": {"type": "integer", "minimum": 0, "maximum": 120}}},
+    "nested": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["user"],
+        "properties": {
+            "user": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["name", "id"],
+                "properties": {"name": {"type": "string", "maxLength": 10}, "id": {"type": "integer"}},
+            }
+        },
+    },
+    "array": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["tags"],
+        "properties": {
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "minItems": 1, "maxItems": 3}
+        },
+    },
+    "enum": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["color"],
+        "properties": {"color": {"enum": ["red", "green", "blue"]}},
+    },
+    "bounded integer": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["age"],
+        "properties": {"age": {"type": "integer", "minimum": 0, "maximum": 120}},
+    },
 }
 
 
@@ -64,10 +88,12 @@ def test_max_tokens_inside_a_value_finishes_with_length(embedded_model, engine):
 
 def test_json_object_gbnf_lark_and_regex(embedded_model, engine):
     prompt = embedded_model.tokenizer.encode("Answer: ")
-    cases = [("json_object", None, lambda text: isinstance(json.loads(text), dict)),
-             ("gbnf", 'root ::= "yes" | "no"', lambda text: text in ("yes", "no")),
-             ("lark", 'start: "a" "b"+', lambda text: text.startswith("a") and set(text[1:]) == {"b"}),
-             ("regex", r"[0-9]{3}", lambda text: len(text) == 3 and text.isdigit())]
+    cases = [
+        ("json_object", None, lambda text: isinstance(json.loads(text), dict)),
+        ("gbnf", 'root ::= "yes" | "no"', lambda text: text in ("yes", "no")),
+        ("lark", 'start: "a" "b"+', lambda text: text.startswith("a") and set(text[1:]) == {"b"}),
+        ("regex", r"[0-9]{3}", lambda text: len(text) == 3 and text.isdigit()),
+    ]
     for kind, text, holds in cases:
         grammar = compile_grammar(embedded_model, kind, text)
         result = generate_plain(engine, prompt, 24 if kind != "lark" else 6, SamplingParams(grammar=grammar))
@@ -75,15 +101,18 @@ def test_json_object_gbnf_lark_and_regex(embedded_model, engine):
         assert holds(output), (kind, output)
 
 
-@pytest.mark.parametrize("kind, text, words", [
-    ("gbnf", "root ::= foo", "Rule 'foo' not found"),
-    ("json_schema", '{"type": "strin"}', "strin"),
-    ("json_schema", "{not json", "not valid JSON"),
-    ("json_schema", "[1, 2]", "must be a JSON object"),
-    ("lark", "start: (", ""),
-    ("regex", "(", ""),
-    ("xml", "x", "unknown grammar kind"),
-])
+@pytest.mark.parametrize(
+    "kind, text, words",
+    [
+        ("gbnf", "root ::= foo", "Rule 'foo' not found"),
+        ("json_schema", '{"type": "strin"}', "strin"),
+        ("json_schema", "{not json", "not valid JSON"),
+        ("json_schema", "[1, 2]", "must be a JSON object"),
+        ("lark", "start: (", ""),
+        ("regex", "(", ""),
+        ("xml", "x", "unknown grammar kind"),
+    ],
+)
 def test_rejected_grammars_raise_with_the_library_message(embedded_model, kind, text, words):
     with pytest.raises(GrammarError) as caught:
         compile_grammar(embedded_model, kind, text)

@@ -15,7 +15,7 @@ PASSING = [
     ("gbnf", 'root ::= [0-9]{1,10} "." [{]{2} # a comment {99999}\nx ::= "a"'),
     ("gbnf", 'root ::= "{" ws "}"\nws ::= [ \\t\\n]*'),
     ("lark", 'start: "<call>" %json {"type": "object", "properties": {"a": {"type": "string"}}} "</call>"'),
-    ("lark", 'start: item ~ 3 | [item]\nitem: /[a-z]{2,5}/'),
+    ("lark", "start: item ~ 3 | [item]\nitem: /[a-z]{2,5}/"),
     ("regex", r"\{\d{3}\}[{]{5}(ab|cd){1,9}"),
     ("json_schema", json.dumps({"type": "string", "pattern": "^[a-z]{3}(x|y){1,5}$"})),
     ("json_schema", json.dumps({"type": "array", "items": {"type": "integer"}, "maxItems": 100000})),
@@ -30,8 +30,11 @@ REFUSED = [
     ("json_schema", json.dumps({"type": "string", "pattern": "(a{1000}){1000}"}), "--max-grammar-repeat"),
     ("json_schema", json.dumps({"patternProperties": {"(x{50}){50}": {}}}), "--max-grammar-repeat"),
     ("gbnf", "root ::= " + "(" * 100 + '"a"' + ")" * 100, "--max-grammar-depth"),
-    ("json_schema", json.dumps({"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(2000)}}),
-     "--max-grammar-rules"),
+    (
+        "json_schema",
+        json.dumps({"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(2000)}}),
+        "--max-grammar-rules",
+    ),
     ("gbnf", "\n".join(f'r{i} ::= "x" r{i + 1}' for i in range(1001)), "--max-grammar-rules"),
     ("gbnf", 'root ::= "' + "a" * 70000 + '"', "--max-grammar-bytes"),
 ]

@@ -78,8 +78,10 @@ def test_pool_accounting_after_mixed_requests(stories_model):
     finished = {}
     for i, text in enumerate(prompts):
         speculative = SpeculativeRequest(enabled=i % 2 == 0)
-        scheduler.submit(Request(str(i), tokenizer.encode(text), max_tokens=40 + 5 * i, speculative=speculative),
-                         lambda e, i=i: finished.__setitem__(i, e) if hasattr(e, "finish_reason") else None)
+        scheduler.submit(
+            Request(str(i), tokenizer.encode(text), max_tokens=40 + 5 * i, speculative=speculative),
+            lambda e, i=i: finished.__setitem__(i, e) if hasattr(e, "finish_reason") else None,
+        )
     peak = 0
     for tick in range(10_000):
         if not scheduler.has_work:
@@ -101,7 +103,10 @@ def test_admission_waits_for_room_and_impossible_requests_are_refused(stories_mo
     prompt = stories_model.tokenizer.encode("Once upon a time")
     done = {}
     for i in range(4):
-        scheduler.submit(Request(str(i), prompt, max_tokens=80), lambda e, i=i: done.__setitem__(i, e) if hasattr(e, "finish_reason") else None)
+        scheduler.submit(
+            Request(str(i), prompt, max_tokens=80),
+            lambda e, i=i: done.__setitem__(i, e) if hasattr(e, "finish_reason") else None,
+        )
     max_active = 0
     while scheduler.has_work:
         scheduler.tick()
@@ -124,8 +129,10 @@ def test_cancelling_one_of_identical_waiting_sequences_leaks_nothing():
     prompt = list(range(1, 13))  # three prefill chunks: the others wait with no blocks meanwhile
     finished = {}
     for name in ("a", "b", "c"):
-        scheduler.submit(Request(name, prompt, max_tokens=6),
-                         lambda e, name=name: finished.__setitem__(name, e) if hasattr(e, "finish_reason") else None)
+        scheduler.submit(
+            Request(name, prompt, max_tokens=6),
+            lambda e, name=name: finished.__setitem__(name, e) if hasattr(e, "finish_reason") else None,
+        )
     scheduler.tick()  # admits all three, prefills a's first chunk: b and c hold equal records
     b, c = (scheduler.by_id[name].seq.kv for name in ("b", "c"))
     assert not b.blocks and not c.blocks and b.reserved_blocks == c.reserved_blocks

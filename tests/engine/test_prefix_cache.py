@@ -149,8 +149,10 @@ def test_smollm2_chat_second_turn_equals_cold():
     messages = [{"role": "user", "content": "Name three rivers in Europe and say one thing about each."}]
     first = model.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     reply = _turn(cached, first, 24)
-    messages += [{"role": "assistant", "content": model.tokenizer.decode(reply)},
-                 {"role": "user", "content": "Which of them is the longest?"}]
+    messages += [
+        {"role": "assistant", "content": model.tokenizer.decode(reply)},
+        {"role": "user", "content": "Which of them is the longest?"},
+    ]
     second = model.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     seq = cached.add_sequence(second)
     assert seq.cached_tokens >= len(first)  # the first prompt at least (the reply as far as it re-tokenizes)

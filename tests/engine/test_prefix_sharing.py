@@ -24,8 +24,16 @@ FIRST = [(7 * i + 3) % 200 + 1 for i in range(40)]  # 40 tokens: blocks 0-1 whol
 
 
 def _paged(model, pool=2048, budget=BUDGET, max_sequences=2, **kwargs):
-    return Engine(model, max_sequences=max_sequences, storage="paged", kv_block_size=BLOCK, kv_pool_tokens=pool,
-                  max_kv_size=256, prefix_cache_bytes=budget, **kwargs)
+    return Engine(
+        model,
+        max_sequences=max_sequences,
+        storage="paged",
+        kv_block_size=BLOCK,
+        kv_pool_tokens=pool,
+        max_kv_size=256,
+        prefix_cache_bytes=budget,
+        **kwargs,
+    )
 
 
 def _turn(engine, tokens, n=12, lookup=False):
@@ -141,8 +149,9 @@ def test_appends_verify_and_unwind_after_a_shared_prefix_never_write_a_shared_bl
     assert all(mx.array_equal(a, b).item() for a, b in zip(before, after))  # the entry's K/V, bit for bit
     engine.release(seq, keep_prefix=False)
     # and a speculative run from the same entry equals a cold one
-    cold = Engine(embedded_model, max_sequences=1, storage="paged", kv_block_size=BLOCK, kv_pool_tokens=2048,
-                  max_kv_size=256)
+    cold = Engine(
+        embedded_model, max_sequences=1, storage="paged", kv_block_size=BLOCK, kv_pool_tokens=2048, max_kv_size=256
+    )
     assert _turn(engine, prompt, 24, lookup=True) == _turn(cold, prompt, 24, lookup=True)
     after = _blocks_kv(storage, entry.snapshot.blocks)
     assert all(mx.array_equal(a, b).item() for a, b in zip(before, after))
@@ -165,8 +174,9 @@ def test_appending_into_a_block_someone_else_holds_is_refused(embedded_model):
 @pytest.mark.parametrize("lookup", [False, True])
 def test_cached_equals_cold_with_shared_blocks(embedded_model, lookup):
     engine = _paged(embedded_model)
-    cold = Engine(embedded_model, max_sequences=2, storage="paged", kv_block_size=BLOCK, kv_pool_tokens=2048,
-                  max_kv_size=256)
+    cold = Engine(
+        embedded_model, max_sequences=2, storage="paged", kv_block_size=BLOCK, kv_pool_tokens=2048, max_kv_size=256
+    )
     output = _turn(engine, FIRST, 12, lookup)
     cases = {
         "hit": FIRST + output + [5, 9, 13],
@@ -245,8 +255,9 @@ def test_an_admission_that_needs_the_caches_blocks_evicts_least_recently_used_fi
     assert len(engine.prefix_cache) == 1
     _check_counts(engine)
     # the hit's output equals a cold run's
-    cold = Engine(embedded_model, max_sequences=1, storage="paged", kv_block_size=BLOCK, kv_pool_tokens=256,
-                  max_kv_size=256)
+    cold = Engine(
+        embedded_model, max_sequences=1, storage="paged", kv_block_size=BLOCK, kv_pool_tokens=256, max_kv_size=256
+    )
     reference = generate_plain(cold, prompts[2] + [1999, 1998], 10).tokens
     engine.prefill(hit)
     while len(hit.output) < 10:
@@ -278,8 +289,9 @@ def test_the_entry_hit_may_itself_be_evicted_for_room_its_reused_blocks_stay(emb
     assert len(engine.prefix_cache) == 0 and engine.prefix_cache.evictions == 1 and entry.snapshot.released
     assert _refs(storage, blocks[:2]) == [1, 1]  # only the sequence's references are left
     _check_counts(engine)
-    cold = Engine(embedded_model, max_sequences=1, storage="paged", kv_block_size=BLOCK, kv_pool_tokens=256,
-                  max_kv_size=256)
+    cold = Engine(
+        embedded_model, max_sequences=1, storage="paged", kv_block_size=BLOCK, kv_pool_tokens=256, max_kv_size=256
+    )
     reference = generate_plain(cold, prompt, 8).tokens
     engine.prefill(seq)
     while len(seq.output) < 8:

@@ -55,7 +55,10 @@ def test_seeded_chain_is_reproducible_and_advances():
 
 def test_top_p_and_min_p_keep_only_likely_tokens():
     logits = mx.array([[10.0, 9.5, 0.0, -1.0] + [-20.0] * (V - 4)])
-    for params in (SamplingParams(temperature=1.0, top_p=0.5, seed=1), SamplingParams(temperature=1.0, min_p=0.5, seed=1)):
+    for params in (
+        SamplingParams(temperature=1.0, top_p=0.5, seed=1),
+        SamplingParams(temperature=1.0, min_p=0.5, seed=1),
+    ):
         chain = SamplerChain(params)
         drawn = {chain.draw(logits).item() for _ in range(40)}
         assert drawn <= {0, 1}

@@ -6,8 +6,7 @@ import dataclasses
 
 import pytest
 
-from mlxd_engine import (
-    STORAGE_BACKENDS, Engine, KVStorage, SamplingParams, at_kv_bound, kv_room, make_kv_storage)
+from mlxd_engine import STORAGE_BACKENDS, Engine, KVStorage, SamplingParams, at_kv_bound, kv_room, make_kv_storage
 from mlxd_protocol import Sampling
 from mlxd_protocol.sampling_rules import GREEDY, sampling_problem
 
@@ -16,8 +15,9 @@ from mlxd_protocol.sampling_rules import GREEDY, sampling_problem
 def test_every_backend_speaks_the_storage_protocol(backend, tiny_random_model):
     storage = make_kv_storage(backend, n_layers=2, max_sequences=2, max_kv_size=64, block_size=4)
     assert isinstance(storage, KVStorage) and storage.kind == backend
-    engine = Engine(tiny_random_model, max_sequences=2, max_kv_size=64, storage=backend, kv_block_size=4,
-                    compile_decode=True)
+    engine = Engine(
+        tiny_random_model, max_sequences=2, max_kv_size=64, storage=backend, kv_block_size=4, compile_decode=True
+    )
     # what differs between backends is said by an attribute, not by comparing names
     assert storage.compiles_forward == (backend == "contiguous")
     assert (engine.compiled_decode is not None) == storage.compiles_forward
@@ -46,15 +46,18 @@ def test_wire_and_engine_sampler_types_share_the_greedy_defaults():
     assert wire == engine == GREEDY
 
 
-@pytest.mark.parametrize("settings, vocab, problem", [
-    (Sampling(top_p=0.0), None, "sampling.top_p: must be in (0, 1]"),
-    (SamplingParams(top_p=0.0), 97, "sampling.top_p: must be in (0, 1]"),
-    (Sampling(top_k=500), None, None),  # the vocabulary bound needs the model
-    (SamplingParams(top_k=500), 97, "sampling.top_k: must be in [0, 97) (0 = off)"),
-    (Sampling(logit_bias={3: float("nan")}), None, "sampling.logit_bias: values must not be NaN"),
-    (SamplingParams(logit_bias=((100, 1.0),)), 97, "sampling.logit_bias: token ids must be in [0, 97)"),
-    (SamplingParams(logprobs=21), 97, "sampling.logprobs: must be in [0, 20]"),
-])
+@pytest.mark.parametrize(
+    "settings, vocab, problem",
+    [
+        (Sampling(top_p=0.0), None, "sampling.top_p: must be in (0, 1]"),
+        (SamplingParams(top_p=0.0), 97, "sampling.top_p: must be in (0, 1]"),
+        (Sampling(top_k=500), None, None),  # the vocabulary bound needs the model
+        (SamplingParams(top_k=500), 97, "sampling.top_k: must be in [0, 97) (0 = off)"),
+        (Sampling(logit_bias={3: float("nan")}), None, "sampling.logit_bias: values must not be NaN"),
+        (SamplingParams(logit_bias=((100, 1.0),)), 97, "sampling.logit_bias: token ids must be in [0, 97)"),
+        (SamplingParams(logprobs=21), 97, "sampling.logprobs: must be in [0, 20]"),
+    ],
+)
 def test_one_set_of_sampler_rules_for_the_wire_and_the_engine(settings, vocab, problem):
     assert sampling_problem(settings, vocab) == problem
     if isinstance(settings, SamplingParams) and problem:

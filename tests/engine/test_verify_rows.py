@@ -69,8 +69,12 @@ def test_embedded_model_rows_equal_each_alone(embedded_model, storage):
 
 def test_stories260k_rows_equal_each_alone(stories_model):
     engine = Engine(stories_model, max_sequences=4)
-    texts = ["Once upon a time", "Lily went to the park with her mom and saw a big red ball",
-             "The cat sat", "Tom and Sue were friends. They liked to play in the garden every day after school"]
+    texts = [
+        "Once upon a time",
+        "Lily went to the park with her mom and saw a big red ball",
+        "The cat sat",
+        "Tom and Sue were friends. They liked to play in the garden every day after school",
+    ]
     _check(engine, [stories_model.tokenizer.encode(t) for t in texts], stories_model.vocab_size)
 
 
@@ -86,10 +90,13 @@ def test_a_stop_or_eos_inside_an_accepted_block_ends_only_its_row(stories_model)
     both inside a block of correct drafts; row 2 verifies on. Each ends at that token, as alone."""
     from dataclasses import replace
 
-    prompts = [stories_model.tokenizer.encode(t) for t in ("Once upon a time", "Lily and Ben went to the park.",
-                                                           "The little dog was")]
+    prompts = [
+        stories_model.tokenizer.encode(t)
+        for t in ("Once upon a time", "Lily and Ben went to the park.", "The little dog was")
+    ]
     probe = Engine(stories_model, max_sequences=1)
     references = [generate_plain(probe, p, 12).tokens for p in prompts]
+
     def first_new(reference: list[int], start: int) -> int:  # a position whose token did not come before
         return next(k for k in range(start, 9) if reference[k] not in reference[:k])
 
@@ -117,6 +124,10 @@ def test_smollm2_rows_equal_each_alone():
 
     model = load(str(SMOLLM2))
     engine = Engine(model, max_sequences=4)
-    texts = ["The capital of France is", "def add(a, b):\n    return", "Once upon a time, in a small village,",
-             "List three colours: red,"]
+    texts = [
+        "The capital of France is",
+        "def add(a, b):\n    return",
+        "Once upon a time, in a small village,",
+        "List three colours: red,",
+    ]
     _check(engine, [model.tokenizer.encode(t) for t in texts], model.vocab_size)

@@ -35,12 +35,19 @@ def test_disabled_fast_path_preloads_nothing(monkeypatch):
     assert fast_blas.preload_value() is None
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux") or fast_blas.find_openblas() is None,
-                    reason="needs a system OpenBLAS")
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or fast_blas.find_openblas() is None, reason="needs a system OpenBLAS"
+)
 def test_thread_count_reaches_a_preloaded_openblas():
-    code = ("import ctypes, mlxd_fast_blas as f; assert f.set_blas_threads(1); "
-            "print(ctypes.CDLL(None).openblas_get_num_threads())")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={"LD_PRELOAD": fast_blas.find_openblas(), "OPENBLAS_NUM_THREADS": "2",
-                              "PATH": "/usr/bin:/bin"})
+    code = (
+        "import ctypes, mlxd_fast_blas as f; assert f.set_blas_threads(1); "
+        "print(ctypes.CDLL(None).openblas_get_num_threads())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"LD_PRELOAD": fast_blas.find_openblas(), "OPENBLAS_NUM_THREADS": "2", "PATH": "/usr/bin:/bin"},
+    )
     assert out.stdout.strip() == "1"

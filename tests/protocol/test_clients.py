@@ -8,13 +8,44 @@ import pytest
 import zmq
 
 from mlxd_protocol import (
-    DISCONNECTED, INVALID, AsyncClient, Cancel, Chunk, DaemonError, DaemonTimeout, Detokenize, DetokenizeResult, Done, Error,
-    Generate, Hello, Ok, Shutdown, Status, StatusRequest, Tokenize, TokenizeResult, decode, encode)
+    DISCONNECTED,
+    INVALID,
+    AsyncClient,
+    Cancel,
+    Chunk,
+    DaemonError,
+    DaemonTimeout,
+    Detokenize,
+    DetokenizeResult,
+    Done,
+    Error,
+    Generate,
+    Hello,
+    Ok,
+    Shutdown,
+    Status,
+    StatusRequest,
+    Tokenize,
+    TokenizeResult,
+    decode,
+    encode,
+)
 from mlxd_protocol.async_client import CLIENT_CLOSED
 from mlxd_protocol.client import Client
 
-STATUS_FIELDS = dict(model="fake", protocol_version=1, daemon_version="test", uptime_s=1.0, active=0, queued=0,
-                     max_batch=4, memory={"rss_bytes": 1}, options={}, totals={}, pid=1)
+STATUS_FIELDS = dict(
+    model="fake",
+    protocol_version=1,
+    daemon_version="test",
+    uptime_s=1.0,
+    active=0,
+    queued=0,
+    max_batch=4,
+    memory={"rss_bytes": 1},
+    options={},
+    totals={},
+    pid=1,
+)
 
 
 class FakeDaemon(threading.Thread):
@@ -214,8 +245,9 @@ def test_async_concurrent_generates_each_get_their_own_chunks_in_order(endpoint)
 def test_async_unary_calls_run_concurrently(endpoint):
     async def main():
         async with AsyncClient(endpoint, timeout_s=2.0) as client:
-            return await asyncio.gather(client.status(), client.tokenize("ab"), client.detokenize([99]),
-                                        client.hello(), client.ping(1.0))
+            return await asyncio.gather(
+                client.status(), client.tokenize("ab"), client.detokenize([99]), client.hello(), client.ping(1.0)
+            )
 
     with FakeDaemon(endpoint):
         status, tokens, text, hello, alive = asyncio.run(main())

@@ -6,12 +6,32 @@ import stat
 import pytest
 
 from mlxd_protocol.endpoints import (
-    MAX_IPC_PATH_BYTES, check_bind_address, default_endpoint, ensure_private_dir, parse_endpoint, pid_file,
-    socket_path, trace_endpoint)
+    MAX_IPC_PATH_BYTES,
+    check_bind_address,
+    default_endpoint,
+    ensure_private_dir,
+    parse_endpoint,
+    pid_file,
+    socket_path,
+    trace_endpoint,
+)
 
-MALFORMED = ["", "mlxd.sock", "http://127.0.0.1:80", "ipc://", "ipc://relative/mlxd.sock", "tcp://127.0.0.1",
-             "tcp://127.0.0.1:", "tcp://127.0.0.1:http", "tcp://:5555", "tcp://127.0.0.1:0", "tcp://127.0.0.1:70000",
-             "tcp://::1:5555", "tcp://[not-v6]:5555", "tcp://host name:5555"]
+MALFORMED = [
+    "",
+    "mlxd.sock",
+    "http://127.0.0.1:80",
+    "ipc://",
+    "ipc://relative/mlxd.sock",
+    "tcp://127.0.0.1",
+    "tcp://127.0.0.1:",
+    "tcp://127.0.0.1:http",
+    "tcp://:5555",
+    "tcp://127.0.0.1:0",
+    "tcp://127.0.0.1:70000",
+    "tcp://::1:5555",
+    "tcp://[not-v6]:5555",
+    "tcp://host name:5555",
+]
 
 
 @pytest.fixture
@@ -89,12 +109,15 @@ def test_dir_owned_by_another_user_is_refused(tmp_path):
     assert stat.S_IMODE(os.stat(foreign).st_mode) == 0o755
 
 
-@pytest.mark.parametrize("endpoint, expected", [
-    ("ipc:///run/user/1000/mlxd/mlxd.sock", "ipc:///run/user/1000/mlxd/mlxd.ticks.sock"),
-    ("ipc:///tmp/x/other", "ipc:///tmp/x/other.ticks"),
-    ("tcp://127.0.0.1:5555", "tcp://127.0.0.1:5556"),
-    ("tcp://[::1]:7000", "tcp://[::1]:7001"),
-])
+@pytest.mark.parametrize(
+    "endpoint, expected",
+    [
+        ("ipc:///run/user/1000/mlxd/mlxd.sock", "ipc:///run/user/1000/mlxd/mlxd.ticks.sock"),
+        ("ipc:///tmp/x/other", "ipc:///tmp/x/other.ticks"),
+        ("tcp://127.0.0.1:5555", "tcp://127.0.0.1:5556"),
+        ("tcp://[::1]:7000", "tcp://[::1]:7001"),
+    ],
+)
 def test_trace_endpoint_derivation(endpoint, expected):
     assert trace_endpoint(endpoint) == expected
 
@@ -111,14 +134,24 @@ def test_pid_file_and_socket_path_for_ipc(tmp_path):
     assert socket_path("tcp://127.0.0.1:5555") is None
 
 
-@pytest.mark.parametrize("endpoint", ["tcp://127.0.0.1:5555", "tcp://127.9.9.9:5555", "tcp://localhost:5555",
-                                      "tcp://[::1]:5555", "ipc:///tmp/mlxd-0/mlxd.sock"])
+@pytest.mark.parametrize(
+    "endpoint",
+    [
+        "tcp://127.0.0.1:5555",
+        "tcp://127.9.9.9:5555",
+        "tcp://localhost:5555",
+        "tcp://[::1]:5555",
+        "ipc:///tmp/mlxd-0/mlxd.sock",
+    ],
+)
 def test_loopback_and_ipc_endpoints_may_be_bound(endpoint):
     check_bind_address(endpoint, allow_public=False)
 
 
-@pytest.mark.parametrize("endpoint", ["tcp://0.0.0.0:5555", "tcp://10.1.2.3:5555", "tcp://*:5555",
-                                      "tcp://example.com:5555", "tcp://[::]:5555"])
+@pytest.mark.parametrize(
+    "endpoint",
+    ["tcp://0.0.0.0:5555", "tcp://10.1.2.3:5555", "tcp://*:5555", "tcp://example.com:5555", "tcp://[::]:5555"],
+)
 def test_public_addresses_need_allow_public(endpoint):
     with pytest.raises(ValueError, match="--allow-public"):
         check_bind_address(endpoint, allow_public=False)

@@ -8,19 +8,64 @@ import msgpack
 import pytest
 
 from mlxd_protocol import (
-    BAD_FRAME, BAD_VERSION, INVALID, MAX_FRAME_BYTES, MESSAGE_TYPES, PROTOCOL_VERSION, UNKNOWN_TYPE, Cancel,
-    Chunk, Detokenize, DetokenizeResult, Done, Embed, EmbedResult, Error, Generate, Hello, Message, Ok,
-    ProtocolError, Sampling, Shutdown, Speculative, Status, StatusRequest, Tick, TickRow, Tokenize, TokenizeResult,
-    decode, encode, error_reply)
+    BAD_FRAME,
+    BAD_VERSION,
+    INVALID,
+    MAX_FRAME_BYTES,
+    MESSAGE_TYPES,
+    PROTOCOL_VERSION,
+    UNKNOWN_TYPE,
+    Cancel,
+    Chunk,
+    Detokenize,
+    DetokenizeResult,
+    Done,
+    Embed,
+    EmbedResult,
+    Error,
+    Generate,
+    Hello,
+    Message,
+    Ok,
+    ProtocolError,
+    Sampling,
+    Shutdown,
+    Speculative,
+    Status,
+    StatusRequest,
+    Tick,
+    TickRow,
+    Tokenize,
+    TokenizeResult,
+    decode,
+    encode,
+    error_reply,
+)
 from mlxd_protocol.field_checks import MAX_LIST_ITEMS
 
 FULL_GENERATE = Generate(
-    id="gen-1", messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
-    chat=True, system="override", max_tokens=64, stop=["\n\n", "END"], stream=False,
-    sampling=Sampling(temperature=0.7, top_k=40, top_p=0.9, min_p=0.05, repetition_penalty=1.1,
-                      presence_penalty=0.5, frequency_penalty=-0.5, logit_bias={0: -100.0, 42: 2.5},
-                      seed=1234, logprobs=5),
-    speculative=Speculative(kind="prompt-lookup", max_draft=8), add_special_tokens=False)
+    id="gen-1",
+    messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+    chat=True,
+    system="override",
+    max_tokens=64,
+    stop=["\n\n", "END"],
+    stream=False,
+    sampling=Sampling(
+        temperature=0.7,
+        top_k=40,
+        top_p=0.9,
+        min_p=0.05,
+        repetition_penalty=1.1,
+        presence_penalty=0.5,
+        frequency_penalty=-0.5,
+        logit_bias={0: -100.0, 42: 2.5},
+        seed=1234,
+        logprobs=5,
+    ),
+    speculative=Speculative(kind="prompt-lookup", max_draft=8),
+    add_special_tokens=False,
+)
 
 ONE_OF_EACH: list[Message] = [
     Hello(client="mlx-generate", id="h"),
@@ -36,20 +81,46 @@ ONE_OF_EACH: list[Message] = [
     Embed(token_inputs=[[1, 2], [3]], normalize=False, add_special_tokens=False),
     Generate(id="gen-4", messages=[{"role": "assistant", "content": "Once"}], continue_final_message=True),
     Shutdown(id="x"),
-    Status(model="mlxd-qwen3-tiny", protocol_version=1, daemon_version="0.1.0", uptime_s=12.5, active=2, queued=1,
-           max_batch=8, memory={"rss_bytes": 123456}, options={"speculative": "prompt-lookup"},
-           totals={"requests": 10}, pid=4242, id="s"),
+    Status(
+        model="mlxd-qwen3-tiny",
+        protocol_version=1,
+        daemon_version="0.1.0",
+        uptime_s=12.5,
+        active=2,
+        queued=1,
+        max_batch=8,
+        memory={"rss_bytes": 123456},
+        options={"speculative": "prompt-lookup"},
+        totals={"requests": 10},
+        pid=4242,
+        id="s",
+    ),
     Chunk(id="gen-1", tokens=[10, 11], text="ab", logprobs=[{"token": 10, "logprob": -0.1}]),
-    Done(id="gen-1", finish_reason="length", text="abc", tokens=[10, 11, 12], usage={"prompt_tokens": 3},
-         timings={"ttft_s": 0.01}),
+    Done(
+        id="gen-1",
+        finish_reason="length",
+        text="abc",
+        tokens=[10, 11, 12],
+        usage={"prompt_tokens": 3},
+        timings={"ttft_s": 0.01},
+    ),
     Error(id=None, code=INVALID, message="nope"),
     TokenizeResult(tokens=[1, 2], id="t"),
     DetokenizeResult(text="hi", id="d"),
     EmbedResult(embeddings=[[0.5, -0.25], [1.0, 0.0]], token_counts=[2, 1], pooling="mean", id="e"),
     Ok(id="x"),
-    Tick(tick=7, batch=2, pipelined=True, duration_ms=1.25, prefill_tokens=0, steps=4,
-         rows=[TickRow(request_id="a:1", action="decode", tokens=4),
-               TickRow(request_id="a:2", action="verify", drafted=8, accepted=5)]),
+    Tick(
+        tick=7,
+        batch=2,
+        pipelined=True,
+        duration_ms=1.25,
+        prefill_tokens=0,
+        steps=4,
+        rows=[
+            TickRow(request_id="a:1", action="decode", tokens=4),
+            TickRow(request_id="a:2", action="verify", drafted=8, accepted=5),
+        ],
+    ),
 ]
 
 
@@ -72,7 +143,9 @@ def test_every_message_round_trips(message):
 def test_a_tick_row_with_an_unknown_action_is_refused():
     with pytest.raises(ProtocolError, match="action: must be one of"):
         encode(Tick(tick=1, batch=1, pipelined=False, rows=[TickRow(request_id="a", action="dance")]))
-    raw = frame(v=1, type="tick", tick=1, batch=1, pipelined=False, rows=[{"request_id": "a", "action": "decode", "x": 1}])
+    raw = frame(
+        v=1, type="tick", tick=1, batch=1, pipelined=False, rows=[{"request_id": "a", "action": "decode", "x": 1}]
+    )
     with pytest.raises(ProtocolError, match="unknown field rows\\[0\\].'x'"):
         decode(raw)
 
@@ -101,45 +174,48 @@ def test_defaults_fill_missing_optional_fields_and_ints_become_floats():
     assert message.speculative is None
 
 
-@pytest.mark.parametrize("data, code, needle", [
-    (b"\xc1\xc1\xc1", BAD_FRAME, "msgpack"),
-    (msgpack.packb([1, 2, 3]), BAD_FRAME, "got list"),
-    (msgpack.packb("status"), BAD_FRAME, "got str"),
-    (frame(type="status"), BAD_VERSION, "supported: 1"),
-    (frame(v=2, type="status"), BAD_VERSION, "protocol version 2"),
-    (frame(v="1", type="status"), BAD_VERSION, "supported: 1"),
-    (frame(v=True, type="status"), BAD_VERSION, "supported: 1"),
-    (frame(v=1, type="launch_missiles"), UNKNOWN_TYPE, "known: cancel"),
-    (frame(v=1), UNKNOWN_TYPE, "None"),
-    (generate_frame(bogus=1), INVALID, "unknown field 'bogus'"),
-    (generate_frame(sampling={"bogus": 1}), INVALID, "sampling.'bogus'"),
-    (generate_frame(max_tokens="10"), INVALID, "max_tokens: expected int, got str"),
-    (generate_frame(max_tokens=True), INVALID, "max_tokens: expected int, got bool"),
-    (generate_frame(max_tokens=None), INVALID, "max_tokens: expected int, got nil"),
-    (generate_frame(max_tokens=0), INVALID, "max_tokens"),
-    (generate_frame(prompt=None, prompt_tokens=["a"]), INVALID, "prompt_tokens[0]: expected int, got str"),
-    (generate_frame(prompt=None, prompt_tokens=[1, -2]), INVALID, "token ids must be >= 0"),
-    (generate_frame(prompt=None, prompt_tokens=[]), INVALID, "at least one token"),
-    (generate_frame(prompt=b"bytes"), INVALID, "prompt: expected str, got bytes"),
-    (generate_frame(prompt_tokens=[1]), INVALID, "exactly one of prompt, prompt_tokens, messages"),
-    (generate_frame(prompt=None), INVALID, "got none"),
-    (generate_frame(prompt=None, messages=[{"role": "user"}]), INVALID, "messages[0].content"),
-    (generate_frame(prompt=None, messages=[{1: "user"}]), INVALID, "keys must be str"),
-    (generate_frame(sampling=[0.5]), INVALID, "expected map (Sampling), got list"),
-    (generate_frame(sampling={"temperature": True}), INVALID, "temperature: expected float, got bool"),
-    (generate_frame(sampling={"temperature": -1.0}), INVALID, "temperature: must be >= 0"),
-    (generate_frame(sampling={"top_p": 0.0}), INVALID, "top_p"),
-    (generate_frame(sampling={"logit_bias": {"7": 1.0}}), INVALID, "logit_bias key '7': expected int"),
-    (generate_frame(sampling={"logprobs": 1000}), INVALID, "logprobs"),
-    (generate_frame(speculative={"kind": "medusa"}), INVALID, "speculative.kind"),
-    (generate_frame(stop=[""]), INVALID, "stop"),
-    (generate_frame(id=7), INVALID, "id: expected str, got int"),
-    (generate_frame(id=""), INVALID, "id: must be 1 to"),
-    (frame(v=1, type="generate", prompt="hi"), INVALID, "missing field id"),
-    (frame(v=1, type="status", **{"id": "s", "extra": 1}), INVALID, "unknown field 'extra'"),
-    (frame(v=1, type="tokenize", text="a", messages=[{"role": "user", "content": "b"}]), INVALID, "exactly one"),
-    (frame(v=1, type="done", id="g", finish_reason="bored"), INVALID, "finish_reason"),
-])
+@pytest.mark.parametrize(
+    "data, code, needle",
+    [
+        (b"\xc1\xc1\xc1", BAD_FRAME, "msgpack"),
+        (msgpack.packb([1, 2, 3]), BAD_FRAME, "got list"),
+        (msgpack.packb("status"), BAD_FRAME, "got str"),
+        (frame(type="status"), BAD_VERSION, "supported: 1"),
+        (frame(v=2, type="status"), BAD_VERSION, "protocol version 2"),
+        (frame(v="1", type="status"), BAD_VERSION, "supported: 1"),
+        (frame(v=True, type="status"), BAD_VERSION, "supported: 1"),
+        (frame(v=1, type="launch_missiles"), UNKNOWN_TYPE, "known: cancel"),
+        (frame(v=1), UNKNOWN_TYPE, "None"),
+        (generate_frame(bogus=1), INVALID, "unknown field 'bogus'"),
+        (generate_frame(sampling={"bogus": 1}), INVALID, "sampling.'bogus'"),
+        (generate_frame(max_tokens="10"), INVALID, "max_tokens: expected int, got str"),
+        (generate_frame(max_tokens=True), INVALID, "max_tokens: expected int, got bool"),
+        (generate_frame(max_tokens=None), INVALID, "max_tokens: expected int, got nil"),
+        (generate_frame(max_tokens=0), INVALID, "max_tokens"),
+        (generate_frame(prompt=None, prompt_tokens=["a"]), INVALID, "prompt_tokens[0]: expected int, got str"),
+        (generate_frame(prompt=None, prompt_tokens=[1, -2]), INVALID, "token ids must be >= 0"),
+        (generate_frame(prompt=None, prompt_tokens=[]), INVALID, "at least one token"),
+        (generate_frame(prompt=b"bytes"), INVALID, "prompt: expected str, got bytes"),
+        (generate_frame(prompt_tokens=[1]), INVALID, "exactly one of prompt, prompt_tokens, messages"),
+        (generate_frame(prompt=None), INVALID, "got none"),
+        (generate_frame(prompt=None, messages=[{"role": "user"}]), INVALID, "messages[0].content"),
+        (generate_frame(prompt=None, messages=[{1: "user"}]), INVALID, "keys must be str"),
+        (generate_frame(sampling=[0.5]), INVALID, "expected map (Sampling), got list"),
+        (generate_frame(sampling={"temperature": True}), INVALID, "temperature: expected float, got bool"),
+        (generate_frame(sampling={"temperature": -1.0}), INVALID, "temperature: must be >= 0"),
+        (generate_frame(sampling={"top_p": 0.0}), INVALID, "top_p"),
+        (generate_frame(sampling={"logit_bias": {"7": 1.0}}), INVALID, "logit_bias key '7': expected int"),
+        (generate_frame(sampling={"logprobs": 1000}), INVALID, "logprobs"),
+        (generate_frame(speculative={"kind": "medusa"}), INVALID, "speculative.kind"),
+        (generate_frame(stop=[""]), INVALID, "stop"),
+        (generate_frame(id=7), INVALID, "id: expected str, got int"),
+        (generate_frame(id=""), INVALID, "id: must be 1 to"),
+        (frame(v=1, type="generate", prompt="hi"), INVALID, "missing field id"),
+        (frame(v=1, type="status", **{"id": "s", "extra": 1}), INVALID, "unknown field 'extra'"),
+        (frame(v=1, type="tokenize", text="a", messages=[{"role": "user", "content": "b"}]), INVALID, "exactly one"),
+        (frame(v=1, type="done", id="g", finish_reason="bored"), INVALID, "finish_reason"),
+    ],
+)
 def test_malformed_frames_are_refused_with_the_right_code(data, code, needle):
     with pytest.raises(ProtocolError) as caught:
         decode(data)
@@ -198,8 +274,10 @@ def test_garbage_never_raises_anything_but_protocol_error():
     valid = encode(FULL_GENERATE)
     candidates = [bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 64))) for _ in range(300)]
     candidates += [valid[:cut] for cut in range(len(valid))]
-    candidates += [bytes(byte ^ 0xFF if index == position else byte for index, byte in enumerate(valid))
-                   for position in range(0, len(valid), 3)]
+    candidates += [
+        bytes(byte ^ 0xFF if index == position else byte for index, byte in enumerate(valid))
+        for position in range(0, len(valid), 3)
+    ]
     for data in candidates:
         try:
             assert isinstance(decode(data), Message)
@@ -221,7 +299,8 @@ def test_messages_is_plain_data_the_codec_imports_and_the_package_never_imports_
     assert not hasattr(messages, "decode") and not hasattr(messages, "ProtocolError")
     assert codec.PROTOCOL_VERSION is messages.PROTOCOL_VERSION and codec.MESSAGE_TYPES is messages.MESSAGE_TYPES
     code = "import sys, mlxd_protocol; print(sorted(m for m in sys.modules if m.split('.')[0] in ('mlx', 'mlx_lm')))"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30,
-                            env={"PYTHONPATH": ":".join(sys.path)})
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, env={"PYTHONPATH": ":".join(sys.path)}
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"

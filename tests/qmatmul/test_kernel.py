@@ -38,8 +38,11 @@ def test_matches_mlx_over_random_shapes_and_rows(bits, group_size):
         wq, s, b = mx.quantize(w, group_size=group_size, bits=bits)
         for rows in (1, 2, 3, 5, 8, 9, 16, 17, 72):
             x = mx.array(rng.normal(size=(rows, K)).astype(np.float32))
-            _close(mlxd_qmatmul.quantized_matmul(x, wq, s, b, group_size, bits),
-                   _reference(x, wq, s, b, group_size, bits), K)
+            _close(
+                mlxd_qmatmul.quantized_matmul(x, wq, s, b, group_size, bits),
+                _reference(x, wq, s, b, group_size, bits),
+                K,
+            )
 
 
 def test_batched_inputs_float16_scales_and_a_strided_x():
@@ -48,8 +51,11 @@ def test_batched_inputs_float16_scales_and_a_strided_x():
     x = mx.random.normal((3, 5, 512), key=mx.random.key(2))[..., ::2]  # not contiguous
     got = mlxd_qmatmul.quantized_matmul(x, wq, s.astype(mx.float16), b.astype(mx.float16), 64, 4)
     assert got.shape == (3, 5, 96) and got.dtype == mx.float32
-    _close(got, _reference(x, wq, s.astype(mx.float16).astype(mx.float32),
-                           b.astype(mx.float16).astype(mx.float32), 64, 4), 256)
+    _close(
+        got,
+        _reference(x, wq, s.astype(mx.float16).astype(mx.float32), b.astype(mx.float16).astype(mx.float32), 64, 4),
+        256,
+    )
     half = mlxd_qmatmul.quantized_matmul(x.astype(mx.float16), wq, s, b, 64, 4)
     assert half.dtype == mx.float16
 
@@ -66,8 +72,11 @@ def test_half_precision_scales_are_read_as_stored(dtype, bits):
     s = s * mx.array(np.resize(magnitudes, s.shape).astype(np.float32))
     s, b = s.astype(dtype), b.astype(dtype)
     x = mx.array(rng.normal(size=(5, 256)).astype(np.float32))
-    _close(mlxd_qmatmul.quantized_matmul(x, wq, s, b, 32, bits),
-           _reference(x, wq, s.astype(mx.float32), b.astype(mx.float32), 32, bits), 256)
+    _close(
+        mlxd_qmatmul.quantized_matmul(x, wq, s, b, 32, bits),
+        _reference(x, wq, s.astype(mx.float32), b.astype(mx.float32), 32, bits),
+        256,
+    )
 
 
 def test_every_instruction_set_agrees(tmp_path):
@@ -87,8 +96,13 @@ def test_every_instruction_set_agrees(tmp_path):
     results = {}
     for isa in ("avx512", "avx2", "sse2", "neon"):
         path = tmp_path / f"{isa}.npy"
-        done = subprocess.run([sys.executable, "-c", "import sys\n" + script, str(path)], capture_output=True,
-                              text=True, env={**__import__("os").environ, "MLXD_QMM_ISA": isa}, check=True)
+        done = subprocess.run(
+            [sys.executable, "-c", "import sys\n" + script, str(path)],
+            capture_output=True,
+            text=True,
+            env={**__import__("os").environ, "MLXD_QMM_ISA": isa},
+            check=True,
+        )
         results[done.stdout.strip()] = np.load(path)
     assert len(results) >= 2  # the chosen path and the portable one at least
     first = next(iter(results.values()))
@@ -117,8 +131,9 @@ def test_threads_split_the_output_and_agree_with_mlx():
         "        assert np.abs(got - want).max() <= 1e-3 * (np.abs(want).max() + 1), (bits, rows)\n"
         "print('ok')\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          env={**os.environ, "MLXD_QMM_THREADS": "3"})
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env={**os.environ, "MLXD_QMM_THREADS": "3"}
+    )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
@@ -142,9 +157,17 @@ def test_refuses_formats_it_does_not_take():
 def _tiny_quantized_model(bits):
     from mlx_lm.models import llama
 
-    args = llama.ModelArgs(model_type="llama", hidden_size=128, num_hidden_layers=2, intermediate_size=256,
-                           num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=300,
-                           tie_word_embeddings=True)
+    args = llama.ModelArgs(
+        model_type="llama",
+        hidden_size=128,
+        num_hidden_layers=2,
+        intermediate_size=256,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        vocab_size=300,
+        tie_word_embeddings=True,
+    )
     mx.random.seed(7)
     model = llama.Model(args)
     nn.quantize(model, group_size=64, bits=bits)

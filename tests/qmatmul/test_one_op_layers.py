@@ -76,8 +76,9 @@ def test_fused_layers_use_the_one_op_kernels_and_keep_results():
     x = mx.random.normal((2, 4, 5, 64))
     offset = mx.array([3, 11], dtype=mx.int32)
     assert mx.array_equal(norm(x), mx.fast.rms_norm(x, norm.weight, norm.eps)).item()
-    assert mx.array_equal(rope(x, offset), mx.fast.rope(x, 64, traditional=False, base=10000.0, scale=1.0,
-                                                          offset=offset)).item()
+    assert mx.array_equal(
+        rope(x, offset), mx.fast.rope(x, 64, traditional=False, base=10000.0, scale=1.0, offset=offset)
+    ).item()
     out = rope(x, offset)
     assert "CpuRope" in _graph_ops(out)
 
@@ -111,7 +112,7 @@ def test_attention_matches_mlx_within_rounding_over_heads_masks_and_layouts():
         S, D = L + int(rng.choice([0, 1, 30, 200])), int(rng.choice([32, 64, 80]))
         q = mx.array(rng.normal(size=(B, L, heads, D)).astype(np.float32)).transpose(0, 2, 1, 3)
         buffer = mx.array(rng.normal(size=(B + 2, kv_heads, S + 7, D)).astype(np.float32))
-        k = buffer[1:B + 1, :, :S]  # a view into a larger cache, as the KV storage hands it out
+        k = buffer[1 : B + 1, :, :S]  # a view into a larger cache, as the KV storage hands it out
         v = mx.array(rng.normal(size=(B, kv_heads, S, D)).astype(np.float32))
         kind = int(rng.integers(0, 4))
         if kind == 2:
@@ -123,8 +124,8 @@ def test_attention_matches_mlx_within_rounding_over_heads_masks_and_layouts():
         else:
             mask = None
         stock_mask = "causal" if kind == 1 else mask
-        want = mx.fast.scaled_dot_product_attention(q, k, v, scale=D ** -0.5, mask=stock_mask)
-        got = mlxd_qmatmul.attention(q, k, v, D ** -0.5, kind == 1, mask)
+        want = mx.fast.scaled_dot_product_attention(q, k, v, scale=D**-0.5, mask=stock_mask)
+        got = mlxd_qmatmul.attention(q, k, v, D**-0.5, kind == 1, mask)
         assert float(mx.abs(got - want).max()) < 1e-5, (kind, q.shape, k.shape)
 
 
@@ -132,9 +133,9 @@ def test_mlx_lm_attention_takes_the_one_op_path_for_few_queries_only():
     from mlxd_engine import cpu_fusion
 
     q, k, v = mx.random.normal((1, 4, 2, 32)), mx.random.normal((1, 2, 10, 32)), mx.random.normal((1, 2, 10, 32))
-    out = cpu_fusion.cpu_attention(q, k, v, None, 32 ** -0.5, "causal")
+    out = cpu_fusion.cpu_attention(q, k, v, None, 32**-0.5, "causal")
     assert "CpuAttention" in _graph_ops(out)
-    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=32 ** -0.5, mask="causal")
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=32**-0.5, mask="causal")
     assert float(mx.abs(out - want).max()) < 1e-5
     long_q = mx.random.normal((1, 4, 17, 32))
     long_k = mx.random.normal((1, 2, 17, 32))

@@ -15,11 +15,15 @@ from mlxd_protocol import Client, Generate, new_request_id
 from tests.daemon.conftest import ROOT, STORIES, private_endpoint, start_daemon, stop_daemon
 from tests.serve_http.conftest import free_port
 
+
 def forbidden_uses(source: str) -> list[str]:
     """``pickle`` anywhere in code, or a call of the ``eval`` / ``exec`` builtins (``mx.eval`` is MLX array
     evaluation, not Python's eval: attribute calls are fine). Comments and strings are not code."""
-    tokens = [t for t in tokenize.generate_tokens(io.StringIO(source).readline)
-              if t.type not in (tokenize.COMMENT, tokenize.STRING, tokenize.NL, tokenize.NEWLINE)]
+    tokens = [
+        t
+        for t in tokenize.generate_tokens(io.StringIO(source).readline)
+        if t.type not in (tokenize.COMMENT, tokenize.STRING, tokenize.NL, tokenize.NEWLINE)
+    ]
     found = []
     for index, token in enumerate(tokens):
         if token.type != tokenize.NAME:
@@ -52,8 +56,21 @@ def test_prompts_are_not_logged_at_info(tmp_path):
     port = free_port()
     gateway_log = tmp_path / "gateway.log"
     with gateway_log.open("w") as sink:
-        gateway = subprocess.Popen([sys.executable, "-m", "mlxd_cli.serve_http.main", "--daemon", endpoint, "--port", str(port),
-                                    "--log-level", "info"], stdout=sink, stderr=subprocess.STDOUT)
+        gateway = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "mlxd_cli.serve_http.main",
+                "--daemon",
+                endpoint,
+                "--port",
+                str(port),
+                "--log-level",
+                "info",
+            ],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
     try:
         with Client(endpoint, timeout_s=10) as client:
             replies = list(client.generate(Generate(id=new_request_id(), prompt=f"Once {marker}", max_tokens=4)))
@@ -65,10 +82,16 @@ def test_prompts_are_not_logged_at_info(tmp_path):
             except httpx.TransportError:
                 pass
             import time
+
             time.sleep(0.2)
         url = f"http://127.0.0.1:{port}"
-        assert httpx.post(f"{url}/completion", json={"prompt": f"Once {marker}", "n_predict": 4}, timeout=30).status_code == 200
-        assert httpx.post(f"{url}/v1/completions", json={"prompt": marker, "max_tokens": 4}, timeout=30).status_code == 200
+        assert (
+            httpx.post(f"{url}/completion", json={"prompt": f"Once {marker}", "n_predict": 4}, timeout=30).status_code
+            == 200
+        )
+        assert (
+            httpx.post(f"{url}/v1/completions", json={"prompt": marker, "max_tokens": 4}, timeout=30).status_code == 200
+        )
         httpx.post(f"{url}/v1/completions", json={"prompt": marker, "max_tokens": -1}, timeout=30)  # a 400 too
     finally:
         gateway.terminate()

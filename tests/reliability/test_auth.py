@@ -108,8 +108,13 @@ def test_async_client_authenticates(auth_daemon):
 
 def test_allow_public_without_token_is_refused(monkeypatch):
     env = {k: v for k, v in os.environ.items() if k != "MLXD_AUTH_TOKEN"}
-    result = subprocess.run([sys.executable, "-m", "mlxd_daemon", "--endpoint", "tcp://0.0.0.0:5799", "--allow-public"],
-                            capture_output=True, text=True, timeout=60, env=env)
+    result = subprocess.run(
+        [sys.executable, "-m", "mlxd_daemon", "--endpoint", "tcp://0.0.0.0:5799", "--allow-public"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert result.returncode == 2
     assert "--allow-public needs an auth token" in result.stderr
 
@@ -118,8 +123,13 @@ def test_public_tcp_without_allow_public_is_refused():
     if not STORIES.is_dir():
         pytest.skip("stories260K is not present")
     env = {k: v for k, v in os.environ.items() if k != "MLXD_AUTH_TOKEN"}
-    result = subprocess.run([sys.executable, "-m", "mlxd_daemon", "-m", str(STORIES), "--endpoint", "tcp://0.0.0.0:5798"],
-                            capture_output=True, text=True, timeout=60, env=env)
+    result = subprocess.run(
+        [sys.executable, "-m", "mlxd_daemon", "-m", str(STORIES), "--endpoint", "tcp://0.0.0.0:5798"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert result.returncode != 0
     assert "cannot listen" in result.stderr and "allow-public" in result.stderr
 

@@ -10,8 +10,19 @@ import pytest
 import zmq
 
 from mlxd_protocol import (
-    BAD_FRAME, INVALID, Client, Constraint, DaemonError, Detokenize, Generate, ProtocolError, Sampling, Tokenize,
-    decode, encode)
+    BAD_FRAME,
+    INVALID,
+    Client,
+    Constraint,
+    DaemonError,
+    Detokenize,
+    Generate,
+    ProtocolError,
+    Sampling,
+    Tokenize,
+    decode,
+    encode,
+)
 from tests.daemon.conftest import private_endpoint, start_daemon, stop_daemon
 
 LIST_LIMIT = 1_048_576  # items one reply's list may carry (the protocol's)
@@ -66,15 +77,17 @@ def test_a_tokenize_over_its_limit_names_the_option(daemon):
 def chain_grammar(rules: int, name: str = "r") -> str:
     """A GBNF chain: each rule one character then the next rule (llguidance compiled it recursively and
     overflowed its stack); written tight, 4000 rules fit the size limit with the name "r"."""
+
     def rule(index: int) -> str:
-        return name + "".join("0123456789abcdefghijklmnopqrstuvwxyz"[index // 36 ** k % 36] for k in range(3))
+        return name + "".join("0123456789abcdefghijklmnopqrstuvwxyz"[index // 36**k % 36] for k in range(3))
 
     lines = [f"root::={rule(0)}"] + [f'{rule(i)}::="x"{rule(i + 1)}' for i in range(rules)] + [f'{rule(rules)}::="y"']
     return "\n".join(lines)
 
 
-@pytest.mark.parametrize("name, limit", [("r", "--max-grammar-rules"),
-                                         ("a_rule_with_a_long_name_", "--max-grammar-bytes")])
+@pytest.mark.parametrize(
+    "name, limit", [("r", "--max-grammar-rules"), ("a_rule_with_a_long_name_", "--max-grammar-bytes")]
+)
 def test_a_4000_rule_chain_grammar_is_refused_cleanly(daemon, name, limit):
     endpoint, process = daemon
     grammar = chain_grammar(4000, name)
@@ -93,11 +106,21 @@ HOSTILE = {
     "40 levels exponential": ("gbnf", exponential_grammar(40)),
     "nested groups": ("gbnf", "root ::= " + "(" * 500 + '"a"' + ")" * 500),
     "schema pattern (a{1000}){1000}": ("json_schema", json.dumps({"type": "string", "pattern": "(a{1000}){1000}"})),
-    "schema recursive required $ref": ("json_schema", json.dumps({
-        "$ref": "#/$defs/node", "$defs": {"node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/node"}},
-                                                   "required": ["next"]}}})),
-    "schema $ref cycle": ("json_schema", json.dumps({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"},
-                                                                                   "b": {"$ref": "#/$defs/a"}}})),
+    "schema recursive required $ref": (
+        "json_schema",
+        json.dumps(
+            {
+                "$ref": "#/$defs/node",
+                "$defs": {
+                    "node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/node"}}, "required": ["next"]}
+                },
+            }
+        ),
+    ),
+    "schema $ref cycle": (
+        "json_schema",
+        json.dumps({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}}),
+    ),
     "schema nested 5000 deep": ("json_schema", "[" * 5000 + "]" * 5000),
     "regex nested repeats": ("regex", "((a{100}){100}){100}"),
 }
@@ -120,8 +143,13 @@ def test_a_temperature_below_the_floor_is_greedy(daemon):
     endpoint, _ = daemon
 
     def tokens(temperature: float, seed: int | None) -> list[int]:
-        request = Generate(id=f"t{temperature}-{seed}", prompt="Once upon a time", max_tokens=24, stream=False,
-                           sampling=Sampling(temperature=temperature, seed=seed))
+        request = Generate(
+            id=f"t{temperature}-{seed}",
+            prompt="Once upon a time",
+            max_tokens=24,
+            stream=False,
+            sampling=Sampling(temperature=temperature, seed=seed),
+        )
         with Client(endpoint, timeout_s=60) as client:
             return list(client.generate(request))[-1].tokens
 
@@ -130,21 +158,34 @@ def test_a_temperature_below_the_floor_is_greedy(daemon):
     assert tokens(1e-45, 4) == greedy
 
 
-BIG = 2 ** 64
+BIG = 2**64
 
 
-@pytest.mark.parametrize("message", [
-    Generate(id="g", prompt="x", sampling=Sampling(seed=BIG)),
-    Generate(id="g", prompt="x", sampling=Sampling(top_k=BIG)),
-    Generate(id="g", prompt="x", sampling=Sampling(logit_bias={BIG: 1.0})),
-    Generate(id="g", prompt_tokens=[1, BIG]),
-    Detokenize(tokens=[BIG], id="d"),
-    Generate(id="g", prompt="\ud800"),
-    Generate(id="g", messages=[{"role": "user", "content": "x\udc00"}]),
-    Tokenize(text="\udfff", id="t"),
-    Generate(id="g", messages=[{"role": "user", "content": "x", "extra": {"n": BIG}}]),
-], ids=["seed", "top_k", "logit_bias key", "prompt token", "detokenize", "prompt surrogate",
-        "message surrogate", "tokenize surrogate", "free-form int"])
+@pytest.mark.parametrize(
+    "message",
+    [
+        Generate(id="g", prompt="x", sampling=Sampling(seed=BIG)),
+        Generate(id="g", prompt="x", sampling=Sampling(top_k=BIG)),
+        Generate(id="g", prompt="x", sampling=Sampling(logit_bias={BIG: 1.0})),
+        Generate(id="g", prompt_tokens=[1, BIG]),
+        Detokenize(tokens=[BIG], id="d"),
+        Generate(id="g", prompt="\ud800"),
+        Generate(id="g", messages=[{"role": "user", "content": "x\udc00"}]),
+        Tokenize(text="\udfff", id="t"),
+        Generate(id="g", messages=[{"role": "user", "content": "x", "extra": {"n": BIG}}]),
+    ],
+    ids=[
+        "seed",
+        "top_k",
+        "logit_bias key",
+        "prompt token",
+        "detokenize",
+        "prompt surrogate",
+        "message surrogate",
+        "tokenize surrogate",
+        "free-form int",
+    ],
+)
 def test_big_integers_and_lone_surrogates_are_protocol_errors(message):
     with pytest.raises(ProtocolError) as caught:
         encode(message)
@@ -153,8 +194,9 @@ def test_big_integers_and_lone_surrogates_are_protocol_errors(message):
 
 def test_the_largest_64_bit_seed_is_served(daemon):
     endpoint, _ = daemon
-    request = Generate(id="s", prompt="Once", max_tokens=4, stream=False,
-                       sampling=Sampling(temperature=0.8, seed=BIG - 1))
+    request = Generate(
+        id="s", prompt="Once", max_tokens=4, stream=False, sampling=Sampling(temperature=0.8, seed=BIG - 1)
+    )
     with Client(endpoint, timeout_s=60) as client:
         assert list(client.generate(request))[-1].finish_reason in ("length", "stop")
 

@@ -64,7 +64,8 @@ def test_other_requests_are_served_while_a_large_messages_array_is_templated(dae
     big_s = outcome["done"] - outcome["sent"]
     assert len(during) >= 10 and max(during) < big_s / 2, (
         f"{len(during)} short requests completed during the {big_s:.2f} s the big one took; the longest took "
-        f"{max(during, default=0) * 1000:.0f} ms")
+        f"{max(during, default=0) * 1000:.0f} ms"
+    )
 
 
 def test_over_the_messages_limit_is_refused_at_once_naming_the_option(daemon):

@@ -35,8 +35,17 @@ def daemon_endpoint():
 
 @pytest.fixture(scope="module")
 def gateway(daemon_endpoint):
-    gateway = Gateway([daemon_endpoint], "--cors-origins", ALLOWED_ORIGIN, "--allowed-hosts", "gateway.example",
-                      "--header-timeout", str(TIMEOUT_S), "--body-timeout", str(TIMEOUT_S))
+    gateway = Gateway(
+        [daemon_endpoint],
+        "--cors-origins",
+        ALLOWED_ORIGIN,
+        "--allowed-hosts",
+        "gateway.example",
+        "--header-timeout",
+        str(TIMEOUT_S),
+        "--body-timeout",
+        str(TIMEOUT_S),
+    )
     yield gateway
     gateway.stop()
 
@@ -64,7 +73,11 @@ HUGE = 2**64
 USED_TO_BE_500 = [
     ("surrogate in prompt", "/v1/completions", '{"prompt": "a\\ud800", "max_tokens": 2}'),
     ("surrogate in /completion", "/completion", '{"prompt": "\\udfff", "n_predict": 2}'),
-    ("surrogate in chat", "/v1/chat/completions", '{"messages": [{"role": "user", "content": "\\ud800"}], "max_tokens": 2}'),
+    (
+        "surrogate in chat",
+        "/v1/chat/completions",
+        '{"messages": [{"role": "user", "content": "\\ud800"}], "max_tokens": 2}',
+    ),
     ("surrogate in tokenize", "/tokenize", '{"content": "\\ud800"}'),
     ("surrogate in a key", "/tokenize", '{"content": "a", "\\ud800": 1}'),
     ("seed 2^64", "/v1/completions", f'{{"prompt": "a", "max_tokens": 2, "seed": {HUGE}}}'),
@@ -72,14 +85,28 @@ USED_TO_BE_500 = [
     ("token id 2^64", "/v1/completions", f'{{"prompt": [{HUGE}], "max_tokens": 2}}'),
     ("token id 2^64 on /completion", "/completion", f'{{"prompt": [1, {HUGE}], "n_predict": 2}}'),
     ("logit_bias key 2^64", "/v1/completions", f'{{"prompt": "a", "max_tokens": 2, "logit_bias": {{"{HUGE}": 1}}}}'),
-    ("logit_bias key superscript two", "/v1/chat/completions",
-     json.dumps({**CHAT, "logit_bias": {"\u00b2": 1}})),
+    ("logit_bias key superscript two", "/v1/chat/completions", json.dumps({**CHAT, "logit_bias": {"\u00b2": 1}})),
     ("detokenize 2^64", "/detokenize", f'{{"tokens": [{HUGE}]}}'),
     ("detokenize 2^63", "/detokenize", f'{{"tokens": [{2**63}]}}'),
-    ("tool_calls arguments 5,000 deep", "/v1/chat/completions", json.dumps({
-        "messages": [{"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": DEEP_ARGUMENTS}}]},
-            {"role": "user", "content": "hi"}], "max_tokens": 2})),
+    (
+        "tool_calls arguments 5,000 deep",
+        "/v1/chat/completions",
+        json.dumps(
+            {
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": DEEP_ARGUMENTS}}
+                        ],
+                    },
+                    {"role": "user", "content": "hi"},
+                ],
+                "max_tokens": 2,
+            }
+        ),
+    ),
     ("body 5,000 deep", "/v1/completions", '{"prompt": "a", "extra": ' + "[" * 5000 + "]" * 5000 + "}"),
     ("NaN", "/v1/completions", '{"prompt": "a", "max_tokens": 2, "temperature": NaN}'),
 ]
@@ -96,8 +123,9 @@ def test_the_gateway_still_serves_after_the_hostile_inputs(gateway):
 
 
 def test_an_unknown_field_outside_latin1_is_named_safely_in_the_header(gateway):
-    answer = gateway.client.post("/v1/completions", json={"prompt": "a", "max_tokens": 2, "\u4e2d\u6587": 1,
-                                                           "x\r\nSet-Cookie: a=b": 2})
+    answer = gateway.client.post(
+        "/v1/completions", json={"prompt": "a", "max_tokens": 2, "\u4e2d\u6587": 1, "x\r\nSet-Cookie: a=b": 2}
+    )
     assert answer.status_code == 200, answer.text
     header = answer.headers["x-mlxd-ignored-fields"]
     assert header.isascii() and "%E4%B8%AD%E6%96%87" in header and "\r" not in header
@@ -125,7 +153,7 @@ def test_alias_names_the_model(daemon_endpoint):
 
 
 def test_500_bodies_are_generic():
-    failure = DaemonError(INTERNAL, "Traceback (most recent call last): File \"/home/u/x.py\" ValueError: state 7")
+    failure = DaemonError(INTERNAL, 'Traceback (most recent call last): File "/home/u/x.py" ValueError: state 7')
     error = from_daemon_failure(failure)
     assert error.status == 500 and error.message == INTERNAL_MESSAGE
     assert from_daemon_failure(RuntimeError("/srv/secret/path boom")).message == INTERNAL_MESSAGE
@@ -159,26 +187,39 @@ def test_cors_only_for_the_allowed_origin(gateway):
 def test_no_cors_without_cors_origins(daemon_endpoint):
     plain = Gateway([daemon_endpoint])
     try:
-        preflight = plain.client.options("/v1/chat/completions", headers={
-            "origin": "http://app.example", "access-control-request-method": "POST"})
+        preflight = plain.client.options(
+            "/v1/chat/completions", headers={"origin": "http://app.example", "access-control-request-method": "POST"}
+        )
         assert "access-control-allow-origin" not in preflight.headers and preflight.status_code < 500
-        assert_clean_error(plain.client.post("/v1/chat/completions", json=CHAT,
-                                             headers={"origin": "http://app.example"}), 403)
+        assert_clean_error(
+            plain.client.post("/v1/chat/completions", json=CHAT, headers={"origin": "http://app.example"}), 403
+        )
         same_origin = plain.client.post("/v1/chat/completions", json=CHAT, headers={"origin": plain.url})
         assert same_origin.status_code == 200  # the gateway's own /docs page
     finally:
         plain.stop()
 
 
-@pytest.mark.parametrize("content_type", ["text/plain", "text/plain;charset=UTF-8", "multipart/form-data; boundary=x",
-                                          "application/xml"])
+@pytest.mark.parametrize(
+    "content_type", ["text/plain", "text/plain;charset=UTF-8", "multipart/form-data; boundary=x", "application/xml"]
+)
 def test_a_body_not_declared_json_is_415(gateway, content_type):
-    answer = gateway.client.post("/v1/chat/completions", content=json.dumps(CHAT), headers={"content-type": content_type})
+    answer = gateway.client.post(
+        "/v1/chat/completions", content=json.dumps(CHAT), headers={"content-type": content_type}
+    )
     assert_clean_error(answer, 415)
 
 
-@pytest.mark.parametrize("content_type", ["application/json", "application/json; charset=utf-8",
-                                          "application/vnd.api+json", "application/x-www-form-urlencoded", None])
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        "application/json",
+        "application/json; charset=utf-8",
+        "application/vnd.api+json",
+        "application/x-www-form-urlencoded",
+        None,
+    ],
+)
 def test_json_bodies_are_read(gateway, content_type):
     headers = {"content-type": content_type} if content_type else {}
     answer = gateway.client.post("/v1/chat/completions", content=json.dumps(CHAT), headers=headers)
@@ -212,8 +253,10 @@ def test_a_client_trickling_headers_is_cut_off(gateway):
 
 def test_a_client_trickling_its_body_gets_408_and_is_cut_off(gateway):
     body = json.dumps(CHAT).encode()
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{gateway.port}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{gateway.port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
     with socket.create_connection(("127.0.0.1", gateway.port)) as sock:
         sock.sendall(head)
         start = time.monotonic()

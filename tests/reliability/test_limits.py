@@ -46,15 +46,18 @@ def test_gateway_limits(limited_gateway):
             reply = client.post("/v1/completions", json=body)
             assert reply.status_code == status, (body, reply.text)
             assert "error" in reply.json()
-        big = client.post("/v1/completions", content=b"{" + b" " * (9 * 2**20) + b"}",
-                          headers={"content-type": "application/json"})
+        big = client.post(
+            "/v1/completions", content=b"{" + b" " * (9 * 2**20) + b"}", headers={"content-type": "application/json"}
+        )
         assert big.status_code == 413
 
     async def three_streams():
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
             body = {"prompt": "Once upon a time", "max_tokens": 200, "stream": True}
-            async with client.stream("POST", "/v1/completions", json=body) as first, \
-                    client.stream("POST", "/v1/completions", json=body) as second:
+            async with (
+                client.stream("POST", "/v1/completions", json=body) as first,
+                client.stream("POST", "/v1/completions", json=body) as second,
+            ):
                 assert first.status_code == 200 and second.status_code == 200
                 third = await client.post("/v1/completions", json={"prompt": "Once", "max_tokens": 2})
                 return third

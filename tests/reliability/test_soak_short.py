@@ -21,8 +21,21 @@ def test_soak_short(tmp_path):
     soak = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(soak)
     out = tmp_path / "soak.json"
-    code = soak.main(["-m", str(STORIES), "--no-chat", "--duration", "20", "--concurrency", "8", "--timeout", "30",
-                      "--out", str(out)])
+    code = soak.main(
+        [
+            "-m",
+            str(STORIES),
+            "--no-chat",
+            "--duration",
+            "20",
+            "--concurrency",
+            "8",
+            "--timeout",
+            "30",
+            "--out",
+            str(out),
+        ]
+    )
     summary = json.loads(out.read_text())
     print(json.dumps(summary, indent=2))
     assert code == 0, summary["failures"]

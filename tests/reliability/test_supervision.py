@@ -63,13 +63,14 @@ def daemon_pid(endpoint: str) -> int:
 
 def test_a_daemon_the_gateway_started_is_reaped_and_restarted_after_kill_9():
     endpoint = private_endpoint("sup")
-    gateway = Gateway([], "-m", str(EMBEDDED), "--max-concurrency", "8", env={"MLXD_ENDPOINT": endpoint},
-                      timeout_s=120)
+    gateway = Gateway([], "-m", str(EMBEDDED), "--max-concurrency", "8", env={"MLXD_ENDPOINT": endpoint}, timeout_s=120)
     try:
         first_pid = daemon_pid(endpoint)
         assert first_pid in [pid for pid, _, _ in children(gateway.process.pid)]
         answers: list = []
-        in_flight = threading.Thread(target=lambda: answers.append(gateway.client.post("/completion", json=LONG, timeout=60)))
+        in_flight = threading.Thread(
+            target=lambda: answers.append(gateway.client.post("/completion", json=LONG, timeout=60))
+        )
         in_flight.start()
         wait_for(lambda: Client(endpoint, timeout_s=5).status().active >= 1, 30, "the long request running")
 

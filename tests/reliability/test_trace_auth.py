@@ -80,9 +80,26 @@ def test_inspect_tick_passes_the_token(token_daemon):
     endpoint, token_file = token_daemon
     stop = threading.Event()
     env = {name: value for name, value in os.environ.items() if name != "MLXD_AUTH_TOKEN"}
-    watcher = subprocess.Popen([sys.executable, "-m", "mlxd_cli.inspect_tick", "--endpoint", endpoint, "--json",
-                                "--count", "2", "--timeout", "30", "--auth-token-file", str(token_file)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    watcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlxd_cli.inspect_tick",
+            "--endpoint",
+            endpoint,
+            "--json",
+            "--count",
+            "2",
+            "--timeout",
+            "30",
+            "--auth-token-file",
+            str(token_file),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     worker = keep_generating(endpoint, stop)
     try:
         out, err = watcher.communicate(timeout=60)

@@ -79,8 +79,16 @@ def as_text(tokens: list[int]) -> str:
 
 
 def stub_loaded(eos: int = EOS, period: int | None = None, copy_from: int = 0, sum_mod: int = 250) -> LoadedModel:
-    return LoadedModel(model=StubModel(period, copy_from, sum_mod), tokenizer=None, path="<stub>", model_type="stub", n_layers=1,
-                       vocab_size=VOCAB, eos_token_ids=frozenset({eos}), context_length=4096)
+    return LoadedModel(
+        model=StubModel(period, copy_from, sum_mod),
+        tokenizer=None,
+        path="<stub>",
+        model_type="stub",
+        n_layers=1,
+        vocab_size=VOCAB,
+        eos_token_ids=frozenset({eos}),
+        context_length=4096,
+    )
 
 
 class StubCost:
@@ -125,5 +133,9 @@ class FastStepCost(StubCost):
     def costs(self):
         from mlxd_scheduler.tick_plan import Costs
 
-        return Costs(self.estimate, sync_overhead_ms=self.sync_overhead, plain_step_ms=lambda rows: self.step * rows,
-                     explore_budget_ms=0.0)
+        return Costs(
+            self.estimate,
+            sync_overhead_ms=self.sync_overhead,
+            plain_step_ms=lambda rows: self.step * rows,
+            explore_budget_ms=0.0,
+        )

@@ -37,7 +37,9 @@ class Collector:
 def make(loaded=None, **options):
     loaded = loaded or stub_loaded()
     records = []
-    scheduler = BatchScheduler(Engine(loaded, max_sequences=options.pop("slots", 8)), SchedulerOptions(**options), records.append)
+    scheduler = BatchScheduler(
+        Engine(loaded, max_sequences=options.pop("slots", 8)), SchedulerOptions(**options), records.append
+    )
     return scheduler, records
 
 
@@ -191,8 +193,15 @@ def test_timings_use_llama_server_names():
     scheduler.submit(Request("t", PROMPTS[1], max_tokens=12), out.sink("t"))
     scheduler.run_until_idle()
     timings = out.done("t").timings
-    for key in ("prompt_n", "prompt_ms", "prompt_per_second", "predicted_n", "predicted_ms",
-                "predicted_per_token_ms", "predicted_per_second"):
+    for key in (
+        "prompt_n",
+        "prompt_ms",
+        "prompt_per_second",
+        "predicted_n",
+        "predicted_ms",
+        "predicted_per_token_ms",
+        "predicted_per_second",
+    ):
         assert key in timings
     assert timings["prompt_n"] == len(PROMPTS[1]) and timings["predicted_n"] == 12
     assert "draft_kind" not in timings

@@ -14,8 +14,9 @@ NO_TIME_CAP = 1e9  # the step-time budget would cap steps by wall time; these te
 def make(loaded, steps: int, **options):
     records = []
     options.setdefault("tick_budget_ms", NO_TIME_CAP)
-    scheduler = BatchScheduler(Engine(loaded, max_sequences=8), SchedulerOptions(max_decode_steps=steps, **options),
-                               records.append)
+    scheduler = BatchScheduler(
+        Engine(loaded, max_sequences=8), SchedulerOptions(max_decode_steps=steps, **options), records.append
+    )
     scheduler.prompt_lookup.cost_model = VERIFY_PAYS  # the verify gate's costs pinned (stub_model.StubCost)
     return scheduler, records
 
@@ -52,8 +53,9 @@ def run_mixed(steps: int):
     scheduler.submit(Request("long", PROMPTS[0], max_tokens=45), out.sink("long"))
     scheduler.submit(Request("eos", PROMPTS[1], max_tokens=50), out.sink("eos"))
     scheduler.submit(Request("short", PROMPTS[2], max_tokens=7), out.sink("short"))
-    scheduler.submit(Request("stop", PROMPTS[3], max_tokens=40, text=TextStream(ByteDetokenizer(), [stop])),
-                     out.sink("stop"))
+    scheduler.submit(
+        Request("stop", PROMPTS[3], max_tokens=40, text=TextStream(ByteDetokenizer(), [stop])), out.sink("stop")
+    )
     scheduler.run_until_idle()
     finishes = {k: (out.done(k).tokens, out.done(k).finish_reason, out.done(k).text) for k in out.events}
     streamed = {k: out.streamed_tokens(k) for k in out.events}
@@ -71,8 +73,12 @@ def test_many_steps_per_tick_give_the_same_tokens_as_one():
     # a row's decode action counts the tokens the tick read for it (those of the steps the previous tick
     # submitted): with the first token from prefill they add up to the row's output (and its EOS)
     for request_id, (tokens, reason, _) in many.items():
-        counted = sum(row.tokens or 1 for r in many_records for row in r.rows
-                      if row.request_id == request_id and row.action == "decode")
+        counted = sum(
+            row.tokens or 1
+            for r in many_records
+            for row in r.rows
+            if row.request_id == request_id and row.action == "decode"
+        )
         assert counted + 1 - len(tokens) in ((0, 1) if reason == "stop" else (0,))  # an EOS is read, not output
     assert scheduler.engine.storage.free_slots == 8
 
@@ -105,7 +111,9 @@ def test_one_step_per_tick_while_a_prompt_waits_or_prefills():
     scheduler.submit(Request("b", PROMPTS[1], max_tokens=10), out.sink("b"))  # 8 prompt tokens: 4 chunks
     while scheduler.has_work:
         record = scheduler.tick()
-        if record is not None and any(r.request_id == "b" and r.action in ("prefill", "first-token") for r in record.rows):
+        if record is not None and any(
+            r.request_id == "b" and r.action in ("prefill", "first-token") for r in record.rows
+        ):
             assert record.steps == 1
     assert out.done("a").tokens == reference(loaded, PROMPTS[0], 300)
     assert out.done("b").tokens == reference(loaded, PROMPTS[1], 10)
@@ -140,10 +148,12 @@ def test_prompt_lookup_rows_with_many_steps_equal_plain_and_still_verify():
     for enabled in (False, True):
         scheduler, records = make(loaded, 8, prompt_lookup=PromptLookupConfig())
         out = Collector()
-        scheduler.submit(Request("copy", REPEATING, max_tokens=65, speculative=SpeculativeRequest(enabled)),
-                         out.sink("copy"))
-        scheduler.submit(Request("plain", PLAIN, max_tokens=65, speculative=SpeculativeRequest(enabled)),
-                         out.sink("plain"))
+        scheduler.submit(
+            Request("copy", REPEATING, max_tokens=65, speculative=SpeculativeRequest(enabled)), out.sink("copy")
+        )
+        scheduler.submit(
+            Request("plain", PLAIN, max_tokens=65, speculative=SpeculativeRequest(enabled)), out.sink("plain")
+        )
         scheduler.run_until_idle()
         outputs[enabled] = (out.done("copy").tokens, out.done("plain").tokens)
         accepted[enabled] = out.done("copy").timings.get("draft_n_accepted", 0)
@@ -185,8 +195,11 @@ def test_a_drafting_row_without_matches_backs_off_to_many_steps():
 def test_logit_bias_and_seeded_sampling_chain_steps_with_the_same_tokens():
     loaded = stub_loaded()
     banned = reference(loaded, PROMPTS[1], 6)[3]
-    for params in (SamplingParams(logit_bias=((banned, -100.0),)),
-                   SamplingParams(temperature=0.8, seed=7), SamplingParams(temperature=0.8, seed=7, top_k=5)):
+    for params in (
+        SamplingParams(logit_bias=((banned, -100.0),)),
+        SamplingParams(temperature=0.8, seed=7),
+        SamplingParams(temperature=0.8, seed=7, top_k=5),
+    ):
         outputs = {}
         for steps in (1, 8):
             outputs[steps], records = run_alone(loaded, steps, params, 40)
@@ -220,8 +233,10 @@ def test_ticks_beside_a_prefill_do_not_measure_the_plain_step():
     scheduler.submit(Request("a", PROMPTS[0], max_tokens=30), out.sink("a"))
     measured = []
     real = scheduler.decode_loop._measure_batch
-    scheduler.decode_loop._measure_batch = lambda rows, ms: (measured.append((rows, bool(scheduler.prefilling))),
-                                                             real(rows, ms))
+    scheduler.decode_loop._measure_batch = lambda rows, ms: (
+        measured.append((rows, bool(scheduler.prefilling))),
+        real(rows, ms),
+    )
     for _ in range(8):
         scheduler.tick()
     scheduler.submit(Request("b", PROMPTS[1], max_tokens=30), out.sink("b"))

@@ -14,10 +14,16 @@ SYSTEM = [(5 * i + 7) % 300 + 3 for i in range(90)]  # a shared system prompt
 
 
 def _scheduler(loaded, storage, cache_bytes, records=None, prompt_lookup=False):
-    engine = Engine(loaded, max_sequences=4, storage=storage, prefix_cache_bytes=cache_bytes,
-                    kv_pool_tokens=4096 if storage == "paged" else None)
-    options = SchedulerOptions(max_batch=4, prefill_chunk=64,
-                               prompt_lookup=PromptLookupConfig() if prompt_lookup else None)
+    engine = Engine(
+        loaded,
+        max_sequences=4,
+        storage=storage,
+        prefix_cache_bytes=cache_bytes,
+        kv_pool_tokens=4096 if storage == "paged" else None,
+    )
+    options = SchedulerOptions(
+        max_batch=4, prefill_chunk=64, prompt_lookup=PromptLookupConfig() if prompt_lookup else None
+    )
     return engine, BatchScheduler(engine, options, (records if records is not None else []).append)
 
 
@@ -49,8 +55,10 @@ def test_shared_prefix_hits_equal_a_cold_run_and_nothing_leaks(embedded_model, s
     _, cold = _scheduler(embedded_model, storage, 0, prompt_lookup=prompt_lookup)
     speculative = SpeculativeRequest(True) if prompt_lookup else SpeculativeRequest()
     # a1 is long enough to be decoding still when it is cancelled (with prompt lookup's drafts too)
-    first = [Request(f"a{i}", SYSTEM + [10 + i, 11, 12 + i], max_tokens=200 if i == 1 else 20, speculative=speculative)
-             for i in range(3)]
+    first = [
+        Request(f"a{i}", SYSTEM + [10 + i, 11, 12 + i], max_tokens=200 if i == 1 else 20, speculative=speculative)
+        for i in range(3)
+    ]
     out = _run_with_a_cancel(cached, first, "a1", ticks=6)  # a mixed first wave
     assert out.done("a1").finish_reason == "cancelled"
     assert len(engine.prefix_cache) >= 1
@@ -117,8 +125,10 @@ def test_rings_and_recurrent_state_through_the_scheduler(name, storage):
     engine, cached = _scheduler(model, storage, 32 * 2**20, prompt_lookup=True)
     _, cold = _scheduler(model, storage, 0, prompt_lookup=True)
     base = prompt(120, 1)
-    first = [Request(f"r{i}", base + [i + 1] * (i + 1), max_tokens=30, speculative=SpeculativeRequest(True))
-             for i in range(6)]
+    first = [
+        Request(f"r{i}", base + [i + 1] * (i + 1), max_tokens=30, speculative=SpeculativeRequest(True))
+        for i in range(6)
+    ]
     out = _run_with_a_cancel(cached, first, "r1", ticks=8)
     assert [out.done(r.request_id).finish_reason for r in first] == ["length", "cancelled"] + ["length"] * 4
     second = [Request("again", base + [1] + out.done("r0").tokens + [5], max_tokens=12)]
@@ -134,11 +144,20 @@ def test_paged_sharing_mixed_run_with_cancels_and_evictions_leaks_no_block(embed
     """Three waves on a tight pool of 16-token blocks: rows share the cached system prompt's blocks, the
     cache evicts for admissions, rows are cancelled while waiting and while decoding. Outputs equal a cold
     run's; once idle only the cache holds blocks, and after clearing it every block is free, every count 0."""
+
     def build(cache_bytes):
-        engine = Engine(embedded_model, max_sequences=4, storage="paged", kv_block_size=16, kv_pool_tokens=48 * 16,
-                        max_kv_size=256, prefix_cache_bytes=cache_bytes)
-        options = SchedulerOptions(max_batch=4, prefill_chunk=32,
-                                   prompt_lookup=PromptLookupConfig() if prompt_lookup else None)
+        engine = Engine(
+            embedded_model,
+            max_sequences=4,
+            storage="paged",
+            kv_block_size=16,
+            kv_pool_tokens=48 * 16,
+            max_kv_size=256,
+            prefix_cache_bytes=cache_bytes,
+        )
+        options = SchedulerOptions(
+            max_batch=4, prefill_chunk=32, prompt_lookup=PromptLookupConfig() if prompt_lookup else None
+        )
         return engine, BatchScheduler(engine, options)
 
     engine, hot = build(32 * 2**20)
@@ -146,8 +165,16 @@ def test_paged_sharing_mixed_run_with_cancels_and_evictions_leaks_no_block(embed
     speculative = SpeculativeRequest(True) if prompt_lookup else SpeculativeRequest()
     shared_seen = cached_seen = decoding_cancels = 0
     for wave in range(3):
-        requests = [Request(f"w{wave}-{i}", SYSTEM + [20 + 7 * wave + i, 11, 12 + i], max_tokens=16 + 4 * i,
-                            speculative=speculative, cache_prompt=(i != 3)) for i in range(6)]
+        requests = [
+            Request(
+                f"w{wave}-{i}",
+                SYSTEM + [20 + 7 * wave + i, 11, 12 + i],
+                max_tokens=16 + 4 * i,
+                speculative=speculative,
+                cache_prompt=(i != 3),
+            )
+            for i in range(6)
+        ]
         out = Collector()
         for request in requests:
             hot.submit(request, out.sink(request.request_id))
@@ -155,12 +182,18 @@ def test_paged_sharing_mixed_run_with_cancels_and_evictions_leaks_no_block(embed
         for tick in range(8):
             hot.tick()
             usage = engine.storage.usage()
-            shared_seen, cached_seen = max(shared_seen, usage["blocks_shared"]), max(cached_seen, usage["blocks_cached"])
+            shared_seen, cached_seen = (
+                max(shared_seen, usage["blocks_shared"]),
+                max(cached_seen, usage["blocks_cached"]),
+            )
             if tick == 1:
                 hot.cancel(f"w{wave}-5")
             if tick == 5:  # one that decodes (has tokens, not finished), if any
-                decoding = [r.request_id for r in requests[:5] if out.events[r.request_id]
-                            and not isinstance(out.events[r.request_id][-1], FinishEvent)]
+                decoding = [
+                    r.request_id
+                    for r in requests[:5]
+                    if out.events[r.request_id] and not isinstance(out.events[r.request_id][-1], FinishEvent)
+                ]
                 if decoding:
                     hot.cancel(decoding[0])
                     cancelled.add(decoding[0])
@@ -191,9 +224,16 @@ def test_a_copy_whose_prompt_comes_from_the_prefix_cache_still_drafts_and_accept
     prompt = [10 + 3 * i for i in range(40)]  # distinct tokens: the reply repeats them, never itself
     loaded = stub_loaded(period=len(prompt))
     records = []
-    engine = Engine(loaded, max_sequences=4, storage=storage, prefix_cache_bytes=32 * 2**20,
-                    kv_pool_tokens=4096 if storage == "paged" else None)
-    scheduler = BatchScheduler(engine, SchedulerOptions(max_batch=4, prompt_lookup=PromptLookupConfig()), records.append)
+    engine = Engine(
+        loaded,
+        max_sequences=4,
+        storage=storage,
+        prefix_cache_bytes=32 * 2**20,
+        kv_pool_tokens=4096 if storage == "paged" else None,
+    )
+    scheduler = BatchScheduler(
+        engine, SchedulerOptions(max_batch=4, prompt_lookup=PromptLookupConfig()), records.append
+    )
     scheduler.prompt_lookup.cost_model = VERIFY_PAYS
     runs = [_run(scheduler, [Request(f"r{i}", prompt, max_tokens=36)]).done(f"r{i}") for i in range(3)]
     assert runs[0].timings["cache_n"] == 0

@@ -27,7 +27,9 @@ def make(loaded, config=PromptLookupConfig(), **options):
 def run_one(loaded, prompt, max_tokens, enabled):
     scheduler, records = make(loaded)
     out = Collector()
-    scheduler.submit(Request("r", prompt, max_tokens=max_tokens, speculative=SpeculativeRequest(enabled)), out.sink("r"))
+    scheduler.submit(
+        Request("r", prompt, max_tokens=max_tokens, speculative=SpeculativeRequest(enabled)), out.sink("r")
+    )
     scheduler.run_until_idle()
     return out.done("r"), records, scheduler
 
@@ -55,9 +57,13 @@ def test_plain_row_keeps_getting_a_token_every_tick_beside_a_verifying_row():
     scheduler.submit(Request("pl", REPEATING, max_tokens=80), out.sink("pl"))
     scheduler.submit(Request("plain", PLAIN, max_tokens=30, speculative=SpeculativeRequest(False)), out.sink("plain"))
     scheduler.run_until_idle()
-    both = [r for r in records if any(x.action == "verify" for x in r.rows)
-            and not any(x.request_id == "plain" and x.action in ("first-token", "finished") for x in r.rows)
-            and any(x.request_id == "plain" for x in r.rows)]
+    both = [
+        r
+        for r in records
+        if any(x.action == "verify" for x in r.rows)
+        and not any(x.request_id == "plain" and x.action in ("first-token", "finished") for x in r.rows)
+        and any(x.request_id == "plain" for x in r.rows)
+    ]
     assert both, "the two rows never decoded side by side"
     for record in both:
         assert any(x.request_id == "plain" and x.action == "decode" for x in record.rows)
@@ -154,8 +160,9 @@ def test_max_tokens_truncation_and_per_request_max_draft():
         speculative, _, _ = run_one(loaded, REPEATING, max_tokens, enabled=True)
         assert len(speculative.tokens) == max_tokens and speculative.finish_reason == "length"
     scheduler, records = make(loaded, PromptLookupConfig(max_draft=8))
-    scheduler.submit(Request("d", REPEATING, max_tokens=40, speculative=SpeculativeRequest(True, max_draft=2)),
-                     Collector().sink("d"))
+    scheduler.submit(
+        Request("d", REPEATING, max_tokens=40, speculative=SpeculativeRequest(True, max_draft=2)), Collector().sink("d")
+    )
     scheduler.run_until_idle()
     drafted = [x.drafted for r in records for x in r.rows if x.action == "verify"]
     assert drafted and max(drafted) <= 2
@@ -199,8 +206,9 @@ def run_with_cost(loaded, cost, config=PromptLookupConfig(probe_interval=10_000)
     out = Collector()
     prompts = prompts or {"a": (REPEATING, True), "b": (REPEATING[2:] + REPEATING, True), "plain": (PLAIN, False)}
     for name, (prompt, speculative) in prompts.items():
-        scheduler.submit(Request(name, prompt, max_tokens=max_tokens, speculative=SpeculativeRequest(speculative)),
-                         out.sink(name))
+        scheduler.submit(
+            Request(name, prompt, max_tokens=max_tokens, speculative=SpeculativeRequest(speculative)), out.sink(name)
+        )
     scheduler.run_until_idle()
     return scheduler, records, out
 
@@ -230,8 +238,9 @@ def test_the_cost_gate_verifies_where_the_gain_pays_padding_the_plain_row_into_o
     out = Collector()
     prompts = {"a": REPEATING, "b": REPEATING[2:] + REPEATING, "plain": PLAIN}
     for name, prompt in prompts.items():
-        scheduler.submit(Request(name, prompt, max_tokens=40, speculative=SpeculativeRequest(name != "plain")),
-                         out.sink(name))
+        scheduler.submit(
+            Request(name, prompt, max_tokens=40, speculative=SpeculativeRequest(name != "plain")), out.sink(name)
+        )
     while scheduler.has_work:
         before = loaded.model.forward_calls
         record = scheduler.tick()
@@ -239,10 +248,13 @@ def test_the_cost_gate_verifies_where_the_gain_pays_padding_the_plain_row_into_o
             forwards.append((record, loaded.model.forward_calls - before))
     counters = scheduler.prompt_lookup.counters
     assert counters["verify_rounds"] > 0 and counters["padded_forwards"] > 0
-    padded = [n for record, n in forwards
-              if any(x.action == "verify" for x in record.rows)
-              and any(x.request_id == "plain" and x.action == "decode" for x in record.rows)
-              and not any(x.action in ("prefill", "first-token") for x in record.rows)]
+    padded = [
+        n
+        for record, n in forwards
+        if any(x.action == "verify" for x in record.rows)
+        and any(x.request_id == "plain" and x.action == "decode" for x in record.rows)
+        and not any(x.action in ("prefill", "first-token") for x in record.rows)
+    ]
     assert padded and min(padded) == 1  # a tick where the plain row decoded beside a verify in one forward
     for name, prompt in prompts.items():
         alone, _, _ = run_one(loaded, prompt, 40, enabled=False)
@@ -277,9 +289,13 @@ def test_a_row_the_cost_gate_keeps_declining_pauses_its_drafter_and_is_looked_at
 
     monkeypatch.setattr(PromptLookupDrafter, "last_match_is_long", property(lambda self: long_match))
     loaded = stub_loaded(period=6)
-    scheduler, records, out = run_with_cost(loaded, StubCost(fixed=0.0, per_token=1.0),
-                                            config=PromptLookupConfig(probe_interval=10_000),
-                                            prompts={"a": (REPEATING, True)}, max_tokens=400)
+    scheduler, records, out = run_with_cost(
+        loaded,
+        StubCost(fixed=0.0, per_token=1.0),
+        config=PromptLookupConfig(probe_interval=10_000),
+        prompts={"a": (REPEATING, True)},
+        max_tokens=400,
+    )
     assert scheduler.prompt_lookup.counters["declined_cost"] >= 4
     declined_at, looked_at = [], []  # looks: the row's ticks that left the pipeline after its first decline
     emitted = 0
@@ -319,9 +335,11 @@ def test_a_logprobs_row_keeps_its_logprobs_beside_a_verifying_row():
         assert len(out.streamed_tokens("lp")) == 40
 
 
-@pytest.mark.parametrize("cost, turns_off", [(StubCost(fixed=10.0, per_token=0.01), True),
-                                              (StubCost(fixed=1.0, per_token=0.3), False)],
-                         ids=["governor-off-probes", "gate-declines-explores"])
+@pytest.mark.parametrize(
+    "cost, turns_off",
+    [(StubCost(fixed=10.0, per_token=0.01), True), (StubCost(fixed=1.0, per_token=0.3), False)],
+    ids=["governor-off-probes", "gate-declines-explores"],
+)
 def test_a_row_whose_drafts_failed_recovers_when_it_starts_copying(cost, turns_off):
     """In the batched scheduler, beside a plain row: the stub first answers with the sum rule (drafts fail),
     then from context position ``copy_from`` on it copies. Where verifying is cheap the governor turns off
@@ -346,10 +364,10 @@ def test_a_row_whose_drafts_failed_recovers_when_it_starts_copying(cost, turns_o
     held = "declined-governor" if turns_off else "declined-cost"
     failing = [i for i, x in enumerate(rows) if x.detail == held]
     assert len(failing) >= 4, f"the row was never {held} while it did not copy"
-    verifies = [x for x in rows[failing[0]:] if x.action == "verify"]
+    verifies = [x for x in rows[failing[0] :] if x.action == "verify"]
     if turns_off:
         assert [x for x in verifies if x.drafted == config.probe_budget], "no probe after the governor turned off"
-    recovered = [x for x in rows[failing[0]:] if x.action == "verify" and x.accepted >= 5]
+    recovered = [x for x in rows[failing[0] :] if x.action == "verify" and x.accepted >= 5]
     assert recovered, "no long accepted run after the failures: the row never drafted again"
 
 
@@ -389,8 +407,13 @@ def test_long_drafts_are_cut_beside_other_rows_and_whole_for_a_lone_row():
     scheduler.submit(Request("a", prompt, max_tokens=80), out.sink("a"))
     scheduler.submit(Request("b", PLAIN, max_tokens=200, speculative=SpeculativeRequest(False)), out.sink("b"))
     scheduler.run_until_idle()
-    beside = [x.drafted for r in records if any(y.request_id == "b" and y.action == "decode" for y in r.rows)
-              for x in r.rows if x.action == "verify"]
+    beside = [
+        x.drafted
+        for r in records
+        if any(y.request_id == "b" and y.action == "decode" for y in r.rows)
+        for x in r.rows
+        if x.action == "verify"
+    ]
     assert beside and max(beside) <= MAX_BATCHED_WIDTH - 1
     assert out.done("a").tokens == alone.tokens == run_one(loaded, prompt, 80, enabled=False)[0].tokens
 

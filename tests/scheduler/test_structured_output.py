@@ -15,12 +15,26 @@ from mlxd_scheduler import BatchScheduler, Request, SchedulerOptions, Speculativ
 
 from .test_batch_scheduler import Collector
 
-SCHEMA = {"type": "object", "additionalProperties": False, "required": ["user", "tags"], "properties": {
-    "user": {"type": "object", "additionalProperties": False, "required": ["name", "id"],
-             "properties": {"name": {"type": "string", "maxLength": 12}, "id": {"type": "integer"}}},
-    "tags": {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "maxItems": 3}}}
-TEXTS = ["Return JSON: " + json.dumps(SCHEMA), "Copy this: the cat sat on the mat and the cat sat.",
-         'Return JSON: {"user": {"name": "Ann", "id": 7}, "tags": ["red"]}', "Once upon a time there was a dog."]
+SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["user", "tags"],
+    "properties": {
+        "user": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["name", "id"],
+            "properties": {"name": {"type": "string", "maxLength": 12}, "id": {"type": "integer"}},
+        },
+        "tags": {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "maxItems": 3},
+    },
+}
+TEXTS = [
+    "Return JSON: " + json.dumps(SCHEMA),
+    "Copy this: the cat sat on the mat and the cat sat.",
+    'Return JSON: {"user": {"name": "Ann", "id": 7}, "tags": ["red"]}',
+    "Once upon a time there was a dog.",
+]
 
 
 def requests(loaded, speculative: bool) -> list[Request]:
@@ -29,8 +43,9 @@ def requests(loaded, speculative: bool) -> list[Request]:
     for i, text in enumerate(TEXTS * 2):  # eight rows: even ones constrained, odd ones free
         params = SamplingParams(grammar=grammar) if i % 2 == 0 else SamplingParams()
         prompt = loaded.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
-        built.append(Request(f"r{i}", list(prompt), params, max_tokens=48,
-                             speculative=SpeculativeRequest(enabled=speculative)))
+        built.append(
+            Request(f"r{i}", list(prompt), params, max_tokens=48, speculative=SpeculativeRequest(enabled=speculative))
+        )
     return built
 
 
@@ -72,8 +87,9 @@ def test_a_constrained_row_joining_pipelined_rows_tears_the_lookahead_down(embed
     free, constrained = requests(embedded_model, False)[1], requests(embedded_model, False)[0]
     free = replace(free, ignore_eos=True, max_tokens=60)  # long enough to decode beside the constrained row
     records = []
-    scheduler = BatchScheduler(Engine(embedded_model, max_sequences=8), SchedulerOptions(max_decode_steps=1),
-                               records.append)
+    scheduler = BatchScheduler(
+        Engine(embedded_model, max_sequences=8), SchedulerOptions(max_decode_steps=1), records.append
+    )
     out = Collector()
     scheduler.submit(replace(free), out.sink(free.request_id))
     for _ in range(4):

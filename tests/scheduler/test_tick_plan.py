@@ -16,8 +16,10 @@ def no_estimate(*args):
 def rows(*drafts, expected=None, forced=(), can_pad=True, pipelines=True):
     """Row i proposes drafts[i] tokens (0: none) expecting expected[i] accepted."""
     expected = expected or [0.0] * len(drafts)
-    return [RowView(i, 100, can_pad=can_pad, drafting=True, draft=d, expected=e, forced=i in forced,
-                    pipelines=pipelines) for i, (d, e) in enumerate(zip(drafts, expected))]
+    return [
+        RowView(i, 100, can_pad=can_pad, drafting=True, draft=d, expected=e, forced=i in forced, pipelines=pipelines)
+        for i, (d, e) in enumerate(zip(drafts, expected))
+    ]
 
 
 def synchronous(views, costs):
@@ -25,8 +27,7 @@ def synchronous(views, costs):
 
 
 def test_pipelined_without_proposals_backs_off_by_the_quietest_row():
-    views = [RowView(0, 10, drafting=True, quiet_ticks=2), RowView(1, 10, drafting=True, quiet_ticks=5),
-             RowView(2, 10)]
+    views = [RowView(0, 10, drafting=True, quiet_ticks=2), RowView(1, 10, drafting=True, quiet_ticks=5), RowView(2, 10)]
     plan = plan_tick(views, pipelined=True, max_steps=8, costs=no_estimate)
     assert plan.mode == "pipelined" and plan.steps == 4
     assert plan_tick(views[2:], pipelined=True, max_steps=8, costs=no_estimate).steps == 8  # nobody drafts
@@ -38,8 +39,10 @@ def test_a_proposal_that_pays_while_pipelined_reads_the_step_in_flight():
 
 
 def test_a_proposal_that_does_not_pay_while_pipelined_keeps_the_pipeline_and_counts_as_quiet():
-    views = [RowView(0, 100, drafting=True, draft=2, expected=0.5, quiet_ticks=0),
-             RowView(1, 100, drafting=True, quiet_ticks=3)]
+    views = [
+        RowView(0, 100, drafting=True, draft=2, expected=0.5, quiet_ticks=0),
+        RowView(1, 100, drafting=True, quiet_ticks=3),
+    ]
     plan = plan_tick(views, pipelined=True, max_steps=8, costs=linear(0, 1))
     assert plan.mode == "pipelined" and plan.declined == [0] and plan.steps == 2
 
@@ -128,7 +131,9 @@ def test_forced_candidates_are_verified_even_when_they_do_not_pay():
 
 def explorer_rows(expected=0.5):
     """Four plain rows and one whose governor turned off, probing with a 2-token draft."""
-    return [RowView(0, 100, drafting=True, draft=2, expected=expected, explore=True)] + [RowView(i, 100) for i in range(1, 5)]
+    return [RowView(0, 100, drafting=True, draft=2, expected=expected, explore=True)] + [
+        RowView(i, 100) for i in range(1, 5)
+    ]
 
 
 def test_an_explorer_that_does_not_pay_is_verified_only_while_the_budget_lasts():
@@ -138,13 +143,20 @@ def test_an_explorer_that_does_not_pay_is_verified_only_while_the_budget_lasts()
     saved = synchronous(explorer_rows(), Costs(**costs, explore_budget_ms=5.0))
     assert saved.verify == [0] and saved.explore_ms > 0.0  # the estimated loss goes back to the arm
     # the same row, pipelined: the budget decides whether the steps in flight are read for it
-    assert plan_tick(explorer_rows(), pipelined=True, max_steps=1, costs=Costs(**costs, explore_budget_ms=0.0)).mode == "pipelined"
-    assert plan_tick(explorer_rows(), pipelined=True, max_steps=1, costs=Costs(**costs, explore_budget_ms=5.0)).mode == "read"
+    assert (
+        plan_tick(explorer_rows(), pipelined=True, max_steps=1, costs=Costs(**costs, explore_budget_ms=0.0)).mode
+        == "pipelined"
+    )
+    assert (
+        plan_tick(explorer_rows(), pipelined=True, max_steps=1, costs=Costs(**costs, explore_budget_ms=5.0)).mode
+        == "read"
+    )
 
 
 def test_an_explorer_beside_a_plain_tick_is_looked_at_through_its_first_tokens():
-    views = [RowView(0, 100, drafting=True, draft=15, expected=0.6, acceptance=0.4, explore=True)] + \
-        [RowView(i, 100) for i in range(1, 4)]
+    views = [RowView(0, 100, drafting=True, draft=15, expected=0.6, acceptance=0.4, explore=True)] + [
+        RowView(i, 100) for i in range(1, 4)
+    ]
     plan = synchronous(views, Costs(linear(1, 0.5), explore_budget_ms=5.0))
     assert plan.verify == [0] and plan.width == 3  # a 3-token forward, not the whole 15-token draft
 
@@ -162,7 +174,7 @@ def test_a_forced_prediction_is_verified_whatever_the_budget():
 def copying(draft, acceptance, n_plain=0):
     """A row proposing ``draft`` tokens at per-token acceptance ``acceptance``, beside ``n_plain`` plain rows."""
     p = acceptance
-    row = RowView(0, 100, drafting=True, draft=draft, expected=p * (1 - p ** draft) / (1 - p), acceptance=p)
+    row = RowView(0, 100, drafting=True, draft=draft, expected=p * (1 - p**draft) / (1 - p), acceptance=p)
     return [row] + [RowView(i, 100) for i in range(1, n_plain + 1)]
 
 
@@ -182,5 +194,7 @@ def test_where_query_tokens_cost_a_doubtful_draft_is_cut_rather_than_declined():
     # p = 0.6: the 15th token is accepted with p**15 (0.05%), yet costs as much as the first
     plan = synchronous(copying(15, 0.6), linear(1, 0.4))
     assert plan.verify == [0] and plan.width is not None and plan.width < 16
-    whole = synchronous([RowView(0, 100, drafting=True, draft=15, expected=1.5)], linear(1, 0.4))  # no acceptance: whole
+    whole = synchronous(
+        [RowView(0, 100, drafting=True, draft=15, expected=1.5)], linear(1, 0.4)
+    )  # no acceptance: whole
     assert whole.width is None

@@ -44,7 +44,7 @@ def test_text_copy_reply_is_the_paragraph_as_it_stands_in_the_prompt(maker):
         assert tokens[-1] in (maker.eot, maker.im_end)
         # the reply's tokens stand, in order, inside the prompt: a token-for-token copy
         prompt = tokens[:start]
-        assert any(prompt[i:i + len(reply)] == reply for i in range(len(prompt) - len(reply) + 1))
+        assert any(prompt[i : i + len(reply)] == reply for i in range(len(prompt) - len(reply) + 1))
 
 
 @pytest.mark.parametrize("zipf", [False, True])
@@ -54,20 +54,40 @@ def test_synthetic_copy_puts_loss_on_the_copy_only(maker, zipf):
         start = mask.index(1)
         assert sum(mask) == 41 and all(mask[start:])
         body = tokens[start:-1]
-        assert any(tokens[i:i + 40] == body for i in range(start - 40 + 1))  # the copied ids stand in the prompt
+        assert any(tokens[i : i + 40] == body for i in range(start - 40 + 1))  # the copied ids stand in the prompt
 
 
-VOCABULARY = {"the", "function", "returns", "a", "list", "of", "items", "in", "order", "and", "each", "item", "is",
-              "an", "object", "with", "name"}
+VOCABULARY = {
+    "the",
+    "function",
+    "returns",
+    "a",
+    "list",
+    "of",
+    "items",
+    "in",
+    "order",
+    "and",
+    "each",
+    "item",
+    "is",
+    "an",
+    "object",
+    "with",
+    "name",
+}
 
 
-@pytest.mark.parametrize("reply, why", [
-    ("The function returns a list.", "5 words"),
-    ("Sure. Tell me about dictionaries, the function returns a list of items", "echo"),
-    ("The fnord returns a blorp of zork in qux and each item is an object", "known words"),
-    ("the list of the list of the list of the list of the list of the list", "loop"),
-    ("The function returns aaaaaaaaaa list of items in order and each item", "loop"),
-])
+@pytest.mark.parametrize(
+    "reply, why",
+    [
+        ("The function returns a list.", "5 words"),
+        ("Sure. Tell me about dictionaries, the function returns a list of items", "echo"),
+        ("The fnord returns a blorp of zork in qux and each item is an object", "known words"),
+        ("the list of the list of the list of the list of the list of the list", "loop"),
+        ("The function returns aaaaaaaaaa list of items in order and each item", "loop"),
+    ],
+)
 def test_plausible_reply_rejects(reply, why):
     ok, reason = plausible_reply("Tell me about dictionaries.", reply, VOCABULARY)
     assert not ok and why in reason

@@ -51,9 +51,12 @@ def test_llama_cpp_server_suite_keeps_its_passing_tests():
     archive = suite.cache_dir() / f"{suite.SDIST_NAME}.tar.gz"
     if not archive.exists() and not _pypi_reachable():
         pytest.skip("PyPI is not reachable and the llama.cpp suite is not cached")
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "llama_cpp_server_suite.py"), "--files",
-                             *QUICK_FILES],
-                            capture_output=True, text=True, timeout=3600)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "llama_cpp_server_suite.py"), "--files", *QUICK_FILES],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
     summary = re.search(r"(\d+) passed", result.stdout)
     assert summary, result.stdout[-3000:] + result.stderr[-3000:]
     assert int(summary.group(1)) >= MIN_PASSING, result.stdout[-6000:]

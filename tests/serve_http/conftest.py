@@ -29,15 +29,26 @@ def free_port() -> int:
 class Gateway:
     """A running mlx-serve-http: its base URL, process, and an httpx client bound to it."""
 
-    def __init__(self, daemons: list[str], *args: str, wait_healthy: bool = True, timeout_s: float = 60.0,
-                 env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        daemons: list[str],
+        *args: str,
+        wait_healthy: bool = True,
+        timeout_s: float = 60.0,
+        env: dict[str, str] | None = None,
+    ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         command = [sys.executable, "-m", "mlxd_cli.serve_http.main", "--port", str(self.port), "--log-level", "warning"]
         for endpoint in daemons:
             command += ["--daemon", endpoint]
-        self.process = subprocess.Popen([*command, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                        env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
+        self.process = subprocess.Popen(
+            [*command, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})),
+        )
         self.client = httpx.Client(base_url=self.url, timeout=120.0)
         deadline = time.monotonic() + timeout_s
         while True:
@@ -69,9 +80,25 @@ class Gateway:
 def run_generate(endpoint: str, prompt: str, max_tokens: int, chat: bool) -> dict:
     """mlx-generate's greedy answer (--json) for the same prompt, as the reference."""
     result = subprocess.run(
-        [sys.executable, "-m", "mlxd_cli.generate", "--endpoint", endpoint, "--no-autostart", "--json",
-         "--chat" if chat else "--no-chat", "--temp", "0", "--max-tokens", str(max_tokens), prompt],
-        capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "mlxd_cli.generate",
+            "--endpoint",
+            endpoint,
+            "--no-autostart",
+            "--json",
+            "--chat" if chat else "--no-chat",
+            "--temp",
+            "0",
+            "--max-tokens",
+            str(max_tokens),
+            prompt,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
@@ -81,7 +108,7 @@ def sse_events(lines) -> list:
     events = []
     for line in lines:
         if line.startswith("data: "):
-            payload = line[len("data: "):]
+            payload = line[len("data: ") :]
             events.append(payload if payload == "[DONE]" else json.loads(payload))
     return events
 
@@ -114,7 +141,9 @@ def templated_stories_endpoint(tmp_path_factory):
         shutil.copy(source, model / source.name)
         (model / source.name).chmod(0o644)
     config = json.loads((model / "tokenizer_config.json").read_text())
-    config["chat_template"] = "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+    config["chat_template"] = (
+        "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+    )
     (model / "tokenizer_config.json").write_text(json.dumps(config))
     endpoint = private_endpoint("c")
     process = start_daemon(endpoint, "-m", str(model), "--max-batch", "4")

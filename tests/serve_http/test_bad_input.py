@@ -59,8 +59,13 @@ CASES = [
     ("logit_bias token outside vocab", "POST", "/v1/completions", with_(OK_COMPLETION, logit_bias={"99999": 1}), 400),
     ("stream is a string", "POST", "/v1/completions", with_(OK_COMPLETION, stream="yes"), 400),
     ("speculative kind unknown", "POST", "/v1/completions", with_(OK_COMPLETION, speculative={"kind": "magic"}), 400),
-    ("max_draft too large", "POST", "/v1/completions",
-     with_(OK_COMPLETION, speculative={"kind": "prompt-lookup", "max_draft": 1000}), 400),
+    (
+        "max_draft too large",
+        "POST",
+        "/v1/completions",
+        with_(OK_COMPLETION, speculative={"kind": "prompt-lookup", "max_draft": 1000}),
+        400,
+    ),
     ("echo", "POST", "/v1/completions", with_(OK_COMPLETION, echo=True), 400),
     ("logprobs 50", "POST", "/v1/completions", with_(OK_COMPLETION, logprobs=50), 400),
     ("presence_penalty 3", "POST", "/v1/completions", with_(OK_COMPLETION, presence_penalty=3), 400),
@@ -71,8 +76,13 @@ CASES = [
     ("role is an int", "POST", "/v1/chat/completions", with_(OK_CHAT, messages=[{"role": 5, "content": "x"}]), 400),
     ("unknown role", "POST", "/v1/chat/completions", with_(OK_CHAT, messages=[{"role": "robot", "content": "x"}]), 400),
     ("message without content", "POST", "/v1/chat/completions", with_(OK_CHAT, messages=[{"role": "user"}]), 400),
-    ("image content part", "POST", "/v1/chat/completions",
-     with_(OK_CHAT, messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]), 400),
+    (
+        "image content part",
+        "POST",
+        "/v1/chat/completions",
+        with_(OK_CHAT, messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
+        400,
+    ),
     ("top_logprobs 99", "POST", "/v1/chat/completions", with_(OK_CHAT, logprobs=True, top_logprobs=99), 400),
     ("chat n 3", "POST", "/v1/chat/completions", with_(OK_CHAT, n=3), 400),
     ("llama empty prompt", "POST", "/completion", with_(OK_LLAMA, prompt=""), 400),
@@ -116,7 +126,9 @@ def send(http, method: str, path: str, body):
 def test_bad_request(stories_gateway, method, path, body, status):
     error = assert_openai_error(send(stories_gateway.client, method, path, body), status)
     if status == 400:  # a prompt over the context is llama-server's own type, which its clients test for
-        assert error["type"] in (("exceed_context_size_error",) if body_is_over_context(body) else ("invalid_request_error",))
+        assert error["type"] in (
+            ("exceed_context_size_error",) if body_is_over_context(body) else ("invalid_request_error",)
+        )
 
 
 def body_is_over_context(body) -> bool:
@@ -127,13 +139,17 @@ def test_validation_errors_name_the_field(stories_gateway):
     http = stories_gateway.client
     error = assert_openai_error(http.post("/v1/completions", json=with_(OK_COMPLETION, max_tokens=0)), 400)
     assert error["param"] == "max_tokens" and "max_tokens" in error["message"]
-    error = assert_openai_error(http.post("/v1/chat/completions", json=with_(OK_CHAT, messages=[{"role": 5, "content": "x"}])), 400)
+    error = assert_openai_error(
+        http.post("/v1/chat/completions", json=with_(OK_CHAT, messages=[{"role": 5, "content": "x"}])), 400
+    )
     assert error["param"] == "messages.0.role"
     error = assert_openai_error(http.post("/v1/completions", json=with_(OK_COMPLETION, n=0)), 400)
     assert error["param"] == "n" and "[1, 32]" in error["message"]
     error = assert_openai_error(http.post("/v1/completions", json=with_(OK_COMPLETION, prompt=LONG_PROMPT)), 400)
     assert "context" in error["message"]
-    error = assert_openai_error(http.post("/v1/completions", content=b"{oops", headers={"content-type": "application/json"}), 400)
+    error = assert_openai_error(
+        http.post("/v1/completions", content=b"{oops", headers={"content-type": "application/json"}), 400
+    )
     assert "JSON" in error["message"]
 
 
@@ -170,7 +186,9 @@ def test_body_limit_by_length_and_by_streamed_bytes(small_body_gateway):
             yield b"z" * 400
         yield b'", "max_tokens": 2}'
 
-    assert_openai_error(http.post("/v1/completions", content=chunked(), headers={"content-type": "application/json"}), 413)
+    assert_openai_error(
+        http.post("/v1/completions", content=chunked(), headers={"content-type": "application/json"}), 413
+    )
     assert http.get("/health").status_code == 200
 
 
@@ -183,8 +201,12 @@ def keyed_gateway(stories_endpoint):
 
 def test_api_key(keyed_gateway):
     http = keyed_gateway.client
-    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret-key"},
-                    {"Authorization": "Bearer s3cret-key2"}):
+    for headers in (
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": "s3cret-key"},
+        {"Authorization": "Bearer s3cret-key2"},
+    ):
         assert_openai_error(http.post("/v1/completions", json=OK_COMPLETION, headers=headers), 401)
         assert_openai_error(http.get("/v1/models", headers=headers), 401)
     assert_openai_error(http.get("/metrics"), 401)
@@ -234,8 +256,11 @@ def test_daemon_overloaded_becomes_429():
         with gateway.client.stream("POST", "/v1/completions", json=body) as running:
             lines = running.iter_lines()  # kept: dropping the iterator would close the connection
             next(lines)  # decoding: the daemon's only row
-            queued = threading.Thread(target=gateway.client.post, args=("/v1/completions",),
-                                      kwargs={"json": {"prompt": "Lily", "max_tokens": 2}})
+            queued = threading.Thread(
+                target=gateway.client.post,
+                args=("/v1/completions",),
+                kwargs={"json": {"prompt": "Lily", "max_tokens": 2}},
+            )
             queued.start()
             with Client(endpoint) as daemon:
                 deadline = time.monotonic() + 20

@@ -106,8 +106,17 @@ def test_input_over_the_context_is_400_naming_the_limit(embedded_gateway):
     assert error["param"] == "input" and str(CONTEXT) in error["message"] and str(CONTEXT + 1) in error["message"]
 
 
-@pytest.mark.parametrize("body", [{"input": ""}, {"input": []}, {"input": ["a", ""]}, {"input": [1, -2]},
-                                  {"input": ["a"] * 2049}, {"input": [[99999]]}])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"input": ""},
+        {"input": []},
+        {"input": ["a", ""]},
+        {"input": [1, -2]},
+        {"input": ["a"] * 2049},
+        {"input": [[99999]]},
+    ],
+)
 def test_bad_inputs_are_400(embedded_gateway, body):
     response = embedded_gateway.client.post("/v1/embeddings", json=body)
     assert response.status_code == 400, response.text
@@ -131,8 +140,9 @@ def test_llama_embedding_shape_and_normalization(embedded_gateway, client, refer
 @pytest.fixture(scope="module")
 def per_token_gateway():
     endpoint = private_endpoint("p")
-    process = start_daemon(endpoint, "-m", str(EMBEDDED), "--max-batch", "2", "--pooling", "none",
-                           "--prefill-chunk", "16")
+    process = start_daemon(
+        endpoint, "-m", str(EMBEDDED), "--max-batch", "2", "--pooling", "none", "--prefill-chunk", "16"
+    )
     gateway = Gateway([endpoint])
     yield gateway
     gateway.stop()

@@ -13,11 +13,23 @@ pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason=f"{STORIES} is not 
 
 def test_paged_pool_use_in_status_and_metrics():
     endpoint = private_endpoint("k")
-    daemon = start_daemon(endpoint, "-m", str(STORIES), "--decode-storage-backend", "paged", "--kv-pool-tokens", "2048",
-                          "--kv-block-size", "32")
+    daemon = start_daemon(
+        endpoint,
+        "-m",
+        str(STORIES),
+        "--decode-storage-backend",
+        "paged",
+        "--kv-pool-tokens",
+        "2048",
+        "--kv-block-size",
+        "32",
+    )
     gateway = Gateway([endpoint])
     try:
-        assert gateway.client.post("/v1/completions", json={"prompt": "Once upon a time", "max_tokens": 8}).status_code == 200
+        assert (
+            gateway.client.post("/v1/completions", json={"prompt": "Once upon a time", "max_tokens": 8}).status_code
+            == 200
+        )
         with Client(endpoint, timeout_s=5) as client:
             kv = client.status().memory["kv"]
         # idle: only the prefix cache's entry holds blocks (the finished request's one block, shared by no one)

@@ -22,8 +22,9 @@ def complete(gateway, **body) -> dict:
 
 def test_prompt_lookup_drafts_and_keeps_the_output(stories_gateway):
     plain = complete(stories_gateway, prompt=PARK, n_predict=200, temperature=0, speculative={"kind": "none"})
-    looked_up = complete(stories_gateway, prompt=PARK, n_predict=200, temperature=0,
-                         speculative={"kind": "prompt-lookup"})
+    looked_up = complete(
+        stories_gateway, prompt=PARK, n_predict=200, temperature=0, speculative={"kind": "prompt-lookup"}
+    )
     timings = looked_up["timings"]
     assert timings["draft_kind"] == "prompt-lookup"
     # how many drafts are verified is the verify gate's call (on stories260K few pay for their forward)
@@ -38,8 +39,16 @@ def test_answer_has_llama_server_fields(stories_gateway):
     assert answer["stop_type"] == "limit" and answer["stopping_word"] == ""
     assert answer["tokens_predicted"] == 16 and answer["tokens_evaluated"] > 0
     assert answer["model"].endswith("stories260K") and answer["content"].startswith(", there was")
-    for name in ("prompt_n", "prompt_ms", "prompt_per_token_ms", "prompt_per_second", "predicted_n", "predicted_ms",
-                 "predicted_per_token_ms", "predicted_per_second"):
+    for name in (
+        "prompt_n",
+        "prompt_ms",
+        "prompt_per_token_ms",
+        "prompt_per_second",
+        "predicted_n",
+        "predicted_ms",
+        "predicted_per_token_ms",
+        "predicted_per_second",
+    ):
         assert name in answer["timings"], name
 
 
@@ -56,13 +65,17 @@ def test_stop_types(stories_gateway):
 
 def test_token_prompt_equals_text_prompt(stories_gateway):
     tokens = stories_gateway.client.post("/tokenize", json={"content": PARK, "add_special": True}).json()["tokens"]
-    assert complete(stories_gateway, prompt=tokens, n_predict=20)["content"] == \
-        complete(stories_gateway, prompt=PARK, n_predict=20)["content"]
+    assert (
+        complete(stories_gateway, prompt=tokens, n_predict=20)["content"]
+        == complete(stories_gateway, prompt=PARK, n_predict=20)["content"]
+    )
 
 
 def test_streaming_completion(stories_gateway):
     reference = complete(stories_gateway, prompt=PARK, n_predict=30)
-    with stories_gateway.client.stream("POST", "/completion", json={"prompt": PARK, "n_predict": 30, "stream": True}) as response:
+    with stories_gateway.client.stream(
+        "POST", "/completion", json={"prompt": PARK, "n_predict": 30, "stream": True}
+    ) as response:
         assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
         events = sse_events(response.iter_lines())
     assert "[DONE]" not in events  # llama-server ends /completion streams with the stop event
@@ -73,10 +86,13 @@ def test_streaming_completion(stories_gateway):
     assert last["timings"]["predicted_n"] == 30 and last["tokens_predicted"] == 30
 
 
-@pytest.mark.parametrize("path, body", [
-    ("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 480, "stream": True}),
-    ("/completion", {"prompt": "Once upon a time", "n_predict": 480, "ignore_eos": True, "stream": True}),
-])
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 480, "stream": True}),
+        ("/completion", {"prompt": "Once upon a time", "n_predict": 480, "ignore_eos": True, "stream": True}),
+    ],
+)
 def test_client_disconnect_cancels_the_generation(stories_gateway, stories_endpoint, path, body):
     body = {**body, "temperature": 0}  # greedy on this prompt runs to the context bound without cancel
     with Client(stories_endpoint) as daemon:

@@ -15,8 +15,21 @@ def llama_daemon():
     if not STORIES.is_dir():
         pytest.skip(f"{STORIES} is not present")
     endpoint = private_endpoint("l")
-    process = start_daemon(endpoint, "-m", str(STORIES), "--max-batch", "2", "--max-kv-size", "256", "--seed", "42",
-                           "--chat-template", "chatml", "--stream-interval-ms", "0")
+    process = start_daemon(
+        endpoint,
+        "-m",
+        str(STORIES),
+        "--max-batch",
+        "2",
+        "--max-kv-size",
+        "256",
+        "--seed",
+        "42",
+        "--chat-template",
+        "chatml",
+        "--stream-interval-ms",
+        "0",
+    )
     yield endpoint
     stop_daemon(process, endpoint)
 
@@ -49,7 +62,9 @@ def test_disabled_slots_and_metrics_answer_501(llama_daemon):
 
 
 def test_completion_has_llama_server_fields_and_obeys_n_predict(llama_gateway):
-    answer = llama_gateway.client.post("/completions", json={"prompt": "Once upon a time", "return_tokens": True}).json()
+    answer = llama_gateway.client.post(
+        "/completions", json={"prompt": "Once upon a time", "return_tokens": True}
+    ).json()
     assert answer["tokens_predicted"] == 16 and len(answer["tokens"]) == 16  # --n-predict is the default
     assert answer["generation_settings"]["n_predict"] == 16 and answer["generation_settings"]["seed"] == 42
     assert answer["prompt"].startswith("<s>") and answer["id_slot"] == -1 and answer["index"] == 0
@@ -62,18 +77,24 @@ def test_seeded_default_repeats_and_a_list_of_prompts_gets_a_list(llama_gateway)
     body = {"prompt": "Once upon a time", "temperature": 1.0}
     first, again = (llama_gateway.client.post("/completion", json=body).json()["content"] for _ in range(2))
     assert first == again  # the daemon's --seed applies to a request that sends none
-    tokens = llama_gateway.client.post("/tokenize", json={"content": "Once upon a time", "add_special": True}).json()["tokens"]
-    answers = llama_gateway.client.post("/completion", json={"prompt": [tokens, "Once upon a time"],
-                                                             "temperature": 0}).json()
+    tokens = llama_gateway.client.post("/tokenize", json={"content": "Once upon a time", "add_special": True}).json()[
+        "tokens"
+    ]
+    answers = llama_gateway.client.post(
+        "/completion", json={"prompt": [tokens, "Once upon a time"], "temperature": 0}
+    ).json()
     assert [answer["index"] for answer in answers] == [0, 1] and answers[0]["content"] == answers[1]["content"]
 
 
 def test_response_fields_and_n_probs(llama_gateway):
-    picked = llama_gateway.client.post("/completion", json={
-        "prompt": "Once", "n_predict": 4, "response_fields": ["content", "generation_settings/n_predict"]}).json()
+    picked = llama_gateway.client.post(
+        "/completion",
+        json={"prompt": "Once", "n_predict": 4, "response_fields": ["content", "generation_settings/n_predict"]},
+    ).json()
     assert set(picked) == {"content", "generation_settings/n_predict"} and picked["generation_settings/n_predict"] == 4
-    answer = llama_gateway.client.post("/completion", json={"prompt": "Once", "n_predict": 3, "n_probs": 5,
-                                                            "temperature": 0}).json()
+    answer = llama_gateway.client.post(
+        "/completion", json={"prompt": "Once", "n_predict": 3, "n_probs": 5, "temperature": 0}
+    ).json()
     probabilities = answer["completion_probabilities"]
     assert len(probabilities) == 3 and all(len(entry["top_logprobs"]) == 5 for entry in probabilities)
     # the daemon's text drops the leading space of a reply's first token; the token texts keep it
@@ -81,8 +102,9 @@ def test_response_fields_and_n_probs(llama_gateway):
 
 
 def test_stream_sends_tokens_per_event(llama_gateway):
-    with llama_gateway.client.stream("POST", "/completion", json={"prompt": "Once", "n_predict": 6,
-                                                                   "stream": True}) as response:
+    with llama_gateway.client.stream(
+        "POST", "/completion", json={"prompt": "Once", "n_predict": 6, "stream": True}
+    ) as response:
         events = sse_events(response.iter_lines())
     partial = [event for event in events if not event["stop"]]
     assert sum(len(event["tokens"]) for event in partial) == 6 and all(event["tokens"] for event in partial)
@@ -90,8 +112,9 @@ def test_stream_sends_tokens_per_event(llama_gateway):
 
 
 def test_prompt_over_the_context_is_exceed_context_size_error(llama_gateway):
-    response = llama_gateway.client.post("/chat/completions", json={
-        "messages": [{"role": "user", "content": "Once upon a time there was a dog. " * 40}]})
+    response = llama_gateway.client.post(
+        "/chat/completions", json={"messages": [{"role": "user", "content": "Once upon a time there was a dog. " * 40}]}
+    )
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["type"] == "exceed_context_size_error" and error["n_ctx"] == 256 and error["n_prompt_tokens"] > 256
@@ -99,10 +122,13 @@ def test_prompt_over_the_context_is_exceed_context_size_error(llama_gateway):
 
 
 def test_ignore_eos_shows_in_logit_bias(llama_gateway):
-    answer = llama_gateway.client.post("/completion", json={"prompt": "Once upon a time", "n_predict": 16,
-                                                            "ignore_eos": True}).json()
+    answer = llama_gateway.client.post(
+        "/completion", json={"prompt": "Once upon a time", "n_predict": 16, "ignore_eos": True}
+    ).json()
     assert answer["truncated"] is False
-    assert answer["generation_settings"]["logit_bias"] and answer["generation_settings"]["logit_bias"][0]["bias"] is None
+    assert (
+        answer["generation_settings"]["logit_bias"] and answer["generation_settings"]["logit_bias"][0]["bias"] is None
+    )
 
 
 def test_metrics_carry_llama_server_names(llama_gateway):
@@ -125,24 +151,30 @@ def test_apply_template_renders_the_chat_as_a_completion_would_be_prompted(llama
     bare = llama_gateway.client.post("/apply-template", json={**chat, "add_generation_prompt": False}).json()["prompt"]
     assert bare == prompt.removesuffix("<|im_start|>assistant\n")
     tokens = llama_gateway.client.post("/tokenize", json={"content": prompt}).json()["tokens"]
-    answer = llama_gateway.client.post("/v1/chat/completions", json={
-        **chat, "max_tokens": 1, "chat_template_kwargs": {"enable_thinking": False}}).json()
+    answer = llama_gateway.client.post(
+        "/v1/chat/completions", json={**chat, "max_tokens": 1, "chat_template_kwargs": {"enable_thinking": False}}
+    ).json()
     assert answer["usage"]["prompt_tokens"] == len(tokens)
 
 
-@pytest.mark.parametrize("body", [
-    {"messages": [{"role": "user", "content": "x"}], "n_predict": 3},  # not a field of /apply-template
-    {"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"add_generation_prompt": False}},
-    {"messages": []},
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"messages": [{"role": "user", "content": "x"}], "n_predict": 3},  # not a field of /apply-template
+        {"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"add_generation_prompt": False}},
+        {"messages": []},
+    ],
+)
 def test_apply_template_refuses_what_it_cannot_honour(llama_gateway, body):
     response = llama_gateway.client.post("/apply-template", json=body)
     assert response.status_code == 400 and "error" in response.json()
 
 
 def test_chat_template_kwargs_are_checked_on_chat_completions(llama_gateway):
-    response = llama_gateway.client.post("/v1/chat/completions", json={
-        "messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"messages": []}})
+    response = llama_gateway.client.post(
+        "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"messages": []}},
+    )
     assert response.status_code == 400 and "chat_template_kwargs" in response.text
 
 

@@ -103,8 +103,19 @@ def test_without_daemon_option_starts_one_with_the_daemon_options():
     if not STORIES.is_dir():
         pytest.skip(f"{STORIES} is not present")
     endpoint = private_endpoint("auto")  # the "default" endpoint for this gateway, through $MLXD_ENDPOINT
-    gateway = Gateway([], "-m", str(STORIES), "--draft-kind", "prompt-lookup", "--draft-block-size", "4",
-                      "--prompt-lookup-max-batch", "2", env={"MLXD_ENDPOINT": endpoint}, timeout_s=120)
+    gateway = Gateway(
+        [],
+        "-m",
+        str(STORIES),
+        "--draft-kind",
+        "prompt-lookup",
+        "--draft-block-size",
+        "4",
+        "--prompt-lookup-max-batch",
+        "2",
+        env={"MLXD_ENDPOINT": endpoint},
+        timeout_s=120,
+    )
     try:
         with Client(endpoint, timeout_s=5) as daemon:
             status = daemon.status()

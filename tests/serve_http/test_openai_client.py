@@ -25,15 +25,24 @@ def test_completion_equals_mlx_generate(stories_openai, stories_endpoint):
     assert reply.object == "text_completion" and reply.choices[0].text == reference["text"]
     assert reply.choices[0].finish_reason == "length"
     assert reply.usage.completion_tokens == 40 and reply.usage.prompt_tokens == (
-        reference["timings"]["prompt_n"] + reference["timings"]["cache_n"])  # prefilled + taken from the prefix cache
+        reference["timings"]["prompt_n"] + reference["timings"]["cache_n"]
+    )  # prefilled + taken from the prefix cache
     assert reply.model.endswith("stories260K")
     assert reply.model_extra["timings"]["predicted_n"] == 40  # the extension: the daemon's timings as they are
 
 
 def test_streamed_completion_equals_mlx_generate(stories_openai, stories_endpoint):
     reference = run_generate(stories_endpoint, PROMPT, 40, chat=False)
-    chunks = list(stories_openai.completions.create(model="stories", prompt=PROMPT, max_tokens=40, temperature=0,
-                                                    stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        stories_openai.completions.create(
+            model="stories",
+            prompt=PROMPT,
+            max_tokens=40,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert all(chunk.object == "text_completion" for chunk in chunks)
     assert "".join(chunk.choices[0].text for chunk in chunks if chunk.choices) == reference["text"]
     finishes = [chunk.choices[0].finish_reason for chunk in chunks if chunk.choices and chunk.choices[0].finish_reason]
@@ -61,8 +70,9 @@ def test_prefix_cache_is_reported_and_cache_prompt_false_bypasses_it(stories_ope
     again = stories_openai.completions.create(model="m", prompt=prompt, max_tokens=16, temperature=0)
     assert again.choices[0].text == first.choices[0].text
     assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
-    bypass = stories_openai.completions.create(model="m", prompt=prompt, max_tokens=16, temperature=0,
-                                               extra_body={"cache_prompt": False})
+    bypass = stories_openai.completions.create(
+        model="m", prompt=prompt, max_tokens=16, temperature=0, extra_body={"cache_prompt": False}
+    )
     assert bypass.choices[0].text == first.choices[0].text and bypass.usage.prompt_tokens_details.cached_tokens == 0
     llama = stories_gateway.client.post("/completion", json={"prompt": prompt, "n_predict": 16}).json()
     assert llama["content"] == first.choices[0].text
@@ -84,8 +94,20 @@ def test_completion_logprobs(stories_openai):
 
 def test_sampling_with_seed_is_reproducible(stories_openai):
     def sample():
-        return stories_openai.completions.create(model="m", prompt=PROMPT, max_tokens=30, temperature=1.0, top_p=0.9,
-                                                 seed=11, extra_body={"top_k": 20, "min_p": 0.01}).choices[0].text
+        return (
+            stories_openai.completions.create(
+                model="m",
+                prompt=PROMPT,
+                max_tokens=30,
+                temperature=1.0,
+                top_p=0.9,
+                seed=11,
+                extra_body={"top_k": 20, "min_p": 0.01},
+            )
+            .choices[0]
+            .text
+        )
+
     assert sample() == sample()
 
 
@@ -116,11 +138,21 @@ def test_metrics_page(stories_gateway, stories_openai):
     response = stories_gateway.client.get("/metrics")
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
     page = response.text
-    for name in ("mlxd_http_requests_total", "mlxd_http_generated_tokens_total", "mlxd_http_prompt_tokens_total",
-                 "mlxd_http_tokens_per_second", "mlxd_http_requests_in_flight", "mlxd_daemon_up",
-                 "mlxd_daemon_queued", "mlxd_daemon_active", "mlxd_daemon_draft_tokens_total",
-                 "mlxd_daemon_draft_accepted_total", "mlxd_daemon_verify_rounds_total",
-                 "mlxd_daemon_declined_gate_total", "mlxd_daemon_declined_governor_total"):
+    for name in (
+        "mlxd_http_requests_total",
+        "mlxd_http_generated_tokens_total",
+        "mlxd_http_prompt_tokens_total",
+        "mlxd_http_tokens_per_second",
+        "mlxd_http_requests_in_flight",
+        "mlxd_daemon_up",
+        "mlxd_daemon_queued",
+        "mlxd_daemon_active",
+        "mlxd_daemon_draft_tokens_total",
+        "mlxd_daemon_draft_accepted_total",
+        "mlxd_daemon_verify_rounds_total",
+        "mlxd_daemon_declined_gate_total",
+        "mlxd_daemon_declined_governor_total",
+    ):
         assert f"# TYPE {name} " in page, name
     samples = dict(line.rsplit(" ", 1) for line in page.splitlines() if line and not line.startswith("#"))
     assert int(samples['mlxd_http_requests_total{endpoint="/v1/completions",status="200"}']) >= 1
@@ -130,8 +162,16 @@ def test_metrics_page(stories_gateway, stories_openai):
 
 def test_openapi_is_served(stories_gateway):
     spec = stories_gateway.client.get("/openapi.json").json()
-    for path in ("/v1/chat/completions", "/v1/completions", "/v1/models", "/completion", "/tokenize", "/detokenize",
-                 "/health", "/metrics"):
+    for path in (
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/models",
+        "/completion",
+        "/tokenize",
+        "/detokenize",
+        "/health",
+        "/metrics",
+    ):
         assert path in spec["paths"]
     assert "ChatCompletionRequest" in spec["components"]["schemas"]
 
@@ -141,8 +181,9 @@ def test_openapi_is_served(stories_gateway):
 
 @pytest.fixture(scope="module")
 def templated_openai(templated_stories_gateway):
-    with openai.OpenAI(base_url=f"{templated_stories_gateway.url}/v1", api_key="unused", max_retries=0,
-                       timeout=120) as client:
+    with openai.OpenAI(
+        base_url=f"{templated_stories_gateway.url}/v1", api_key="unused", max_retries=0, timeout=120
+    ) as client:
         yield client
 
 
@@ -152,9 +193,16 @@ def test_chat_path_equals_mlx_generate(templated_openai, templated_stories_endpo
     reply = templated_openai.chat.completions.create(model="m", messages=messages, max_tokens=24, temperature=0)
     assert reply.object == "chat.completion" and reply.choices[0].message.content == reference["text"]
     assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 24
-    chunks = list(templated_openai.chat.completions.create(model="m", messages=messages, max_tokens=24,
-                                                           temperature=0, stream=True,
-                                                           stream_options={"include_usage": True}))
+    chunks = list(
+        templated_openai.chat.completions.create(
+            model="m",
+            messages=messages,
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices) == reference["text"]
     assert [chunk.choices[0].finish_reason for chunk in chunks if chunk.choices][-1] == "length"
@@ -163,8 +211,13 @@ def test_chat_path_equals_mlx_generate(templated_openai, templated_stories_endpo
 
 def test_chat_logprobs_on_the_templated_model(templated_openai):
     reply = templated_openai.chat.completions.create(
-        model="m", messages=[{"role": "system", "content": "Tell a story."}, {"role": "user", "content": "Lily"}],
-        max_tokens=6, temperature=0, logprobs=True, top_logprobs=2)
+        model="m",
+        messages=[{"role": "system", "content": "Tell a story."}, {"role": "user", "content": "Lily"}],
+        max_tokens=6,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+    )
     content = reply.choices[0].logprobs.content
     assert len(content) == 6 and "".join(entry.token for entry in content) == reply.choices[0].message.content
     assert all(len(entry.top_logprobs) == 2 and entry.logprob <= 0 for entry in content)
@@ -185,7 +238,8 @@ def embedded_openai(embedded_gateway):
 def test_chat_equals_mlx_generate(embedded_openai, embedded_endpoint):
     reference = run_generate(embedded_endpoint, CHAT_PROMPT, 32, chat=True)
     reply = embedded_openai.chat.completions.create(
-        model="mlxd", messages=[{"role": "user", "content": CHAT_PROMPT}], max_tokens=32, temperature=0)
+        model="mlxd", messages=[{"role": "user", "content": CHAT_PROMPT}], max_tokens=32, temperature=0
+    )
     assert reply.object == "chat.completion"
     assert reply.choices[0].message.role == "assistant" and reply.choices[0].message.content == reference["text"]
     assert reply.choices[0].finish_reason == {"stop": "stop", "length": "length"}[reference["finish_reason"]]
@@ -195,9 +249,15 @@ def test_chat_equals_mlx_generate(embedded_openai, embedded_endpoint):
 @pytest.mark.slow
 def test_streamed_chat_equals_mlx_generate(embedded_openai, embedded_endpoint):
     reference = run_generate(embedded_endpoint, CHAT_PROMPT, 32, chat=True)
-    chunks = list(embedded_openai.chat.completions.create(
-        model="mlxd", messages=[{"role": "user", "content": CHAT_PROMPT}], max_completion_tokens=32, temperature=0,
-        stream=True))
+    chunks = list(
+        embedded_openai.chat.completions.create(
+            model="mlxd",
+            messages=[{"role": "user", "content": CHAT_PROMPT}],
+            max_completion_tokens=32,
+            temperature=0,
+            stream=True,
+        )
+    )
     assert all(chunk.object == "chat.completion.chunk" for chunk in chunks)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks) == reference["text"]
@@ -208,9 +268,16 @@ def test_streamed_chat_equals_mlx_generate(embedded_openai, embedded_endpoint):
 @pytest.mark.slow
 def test_chat_logprobs_and_system_message(embedded_openai):
     reply = embedded_openai.chat.completions.create(
-        model="mlxd", messages=[{"role": "system", "content": "Answer briefly."},
-                                {"role": "user", "content": [{"type": "text", "text": CHAT_PROMPT}]}],
-        max_tokens=6, temperature=0, logprobs=True, top_logprobs=2)
+        model="mlxd",
+        messages=[
+            {"role": "system", "content": "Answer briefly."},
+            {"role": "user", "content": [{"type": "text", "text": CHAT_PROMPT}]},
+        ],
+        max_tokens=6,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+    )
     content = reply.choices[0].logprobs.content
     assert len(content) == reply.usage.completion_tokens
     assert all(len(entry.top_logprobs) == 2 and entry.logprob <= 0 for entry in content)
@@ -222,8 +289,12 @@ def test_predicted_output_changes_nothing_and_is_counted(templated_openai):
     plain = templated_openai.chat.completions.create(model="m", messages=messages, max_tokens=40, temperature=0)
     text = plain.choices[0].message.content
     predicted = templated_openai.chat.completions.create(
-        model="m", messages=messages, max_tokens=40, temperature=0,
-        extra_body={"prediction": {"type": "content", "content": [{"type": "text", "text": text}]}})
+        model="m",
+        messages=messages,
+        max_tokens=40,
+        temperature=0,
+        extra_body={"prediction": {"type": "content", "content": [{"type": "text", "text": text}]}},
+    )
     assert predicted.choices[0].message.content == text
     details = predicted.usage.completion_tokens_details
     assert details.accepted_prediction_tokens > 0

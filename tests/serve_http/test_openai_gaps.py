@@ -18,8 +18,12 @@ from .conftest import sse_events
 USER = "Repeat after me: the cat sat on the mat. The cat sat on the mat."
 MESSAGES = [{"role": "user", "content": USER}]
 YES_NO = 'root ::= answer " " answer\nanswer ::= "yes" | "no"'
-SCHEMA = {"type": "object", "additionalProperties": False, "required": ["n"],
-          "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}}}
+SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["n"],
+    "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+}
 
 
 def rendered(messages: list[dict], generation_prompt: bool) -> str:
@@ -39,8 +43,16 @@ def test_system_fingerprint_on_replies_and_chunks_is_stable(client):
     completion = client.completions.create(model="m", prompt="Once upon", max_tokens=4, temperature=0)
     assert re.fullmatch(r"fp_[0-9a-f]{12}", chat.system_fingerprint)
     assert completion.system_fingerprint == chat.system_fingerprint
-    chunks = list(client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=4, temperature=0,
-                                                 stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="m",
+            messages=MESSAGES,
+            max_tokens=4,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     pieces = list(client.completions.create(model="m", prompt="Once upon", max_tokens=4, temperature=0, stream=True))
     assert {chunk.system_fingerprint for chunk in chunks + pieces} == {chat.system_fingerprint}
 
@@ -52,28 +64,37 @@ def test_grammar_on_chat_and_completions_is_followed(client, stream):
         if not stream:
             choice = reply.choices[0]
             return choice.message.content if hasattr(choice, "message") else choice.text
-        return "".join((chunk.choices[0].delta.content or "") if hasattr(chunk.choices[0], "delta")
-                       else chunk.choices[0].text for chunk in reply if chunk.choices)
+        return "".join(
+            (chunk.choices[0].delta.content or "") if hasattr(chunk.choices[0], "delta") else chunk.choices[0].text
+            for chunk in reply
+            if chunk.choices
+        )
 
-    for text in (text_of(client.chat.completions.create, messages=MESSAGES),
-                 text_of(client.completions.create, prompt="Once upon a time")):
+    for text in (
+        text_of(client.chat.completions.create, messages=MESSAGES),
+        text_of(client.completions.create, prompt="Once upon a time"),
+    ):
         assert re.fullmatch(r"(yes|no) (yes|no)", text), text
 
 
 def test_json_schema_field_on_chat_validates(client):
-    reply = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=20, temperature=0,
-                                           extra_body={"json_schema": SCHEMA})
+    reply = client.chat.completions.create(
+        model="m", messages=MESSAGES, max_tokens=20, temperature=0, extra_body={"json_schema": SCHEMA}
+    )
     jsonschema.validate(json.loads(reply.choices[0].message.content), SCHEMA)
 
 
-@pytest.mark.parametrize("path, body, param, words", [
-    ("/v1/chat/completions", {"messages": MESSAGES, "grammar": "root ::= nowhere"}, "grammar", "nowhere"),
-    ("/v1/completions", {"prompt": "x", "grammar": "root ::= nowhere"}, "grammar", "nowhere"),
-    ("/v1/completions", {"prompt": "x", "json_schema": {"type": "strin"}}, "json_schema", "strin"),
-    ("/v1/chat/completions", {"messages": MESSAGES, "grammar": YES_NO, "json_schema": {}}, None, "one of"),
-    ("/v1/chat/completions", {"messages": MESSAGES, "continue_final_message": True}, None, "assistant"),
-    ("/v1/chat/completions", {"messages": MESSAGES, "n": 0}, "n", "[1, 32]"),
-])
+@pytest.mark.parametrize(
+    "path, body, param, words",
+    [
+        ("/v1/chat/completions", {"messages": MESSAGES, "grammar": "root ::= nowhere"}, "grammar", "nowhere"),
+        ("/v1/completions", {"prompt": "x", "grammar": "root ::= nowhere"}, "grammar", "nowhere"),
+        ("/v1/completions", {"prompt": "x", "json_schema": {"type": "strin"}}, "json_schema", "strin"),
+        ("/v1/chat/completions", {"messages": MESSAGES, "grammar": YES_NO, "json_schema": {}}, None, "one of"),
+        ("/v1/chat/completions", {"messages": MESSAGES, "continue_final_message": True}, None, "assistant"),
+        ("/v1/chat/completions", {"messages": MESSAGES, "n": 0}, "n", "[1, 32]"),
+    ],
+)
 def test_refusals_name_the_field(embedded_gateway, path, body, param, words):
     response = embedded_gateway.client.post(path, json={"max_tokens": 4, **body})
     assert response.status_code == 400, response.text
@@ -85,8 +106,9 @@ def test_refusals_name_the_field(embedded_gateway, path, body, param, words):
 
 def test_tool_choice_none_on_a_model_without_tool_calls_is_the_plain_answer(client):
     plain = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=12, temperature=0)
-    with_tools = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=12, temperature=0,
-                                                tools=[WEATHER_TOOL], tool_choice="none")
+    with_tools = client.chat.completions.create(
+        model="m", messages=MESSAGES, max_tokens=12, temperature=0, tools=[WEATHER_TOOL], tool_choice="none"
+    )
     assert with_tools.choices[0].message.content == plain.choices[0].message.content
     assert with_tools.choices[0].message.tool_calls is None
     with pytest.raises(openai.BadRequestError):  # "auto" could call a tool, and this model has no format for it
@@ -95,12 +117,18 @@ def test_tool_choice_none_on_a_model_without_tool_calls_is_the_plain_answer(clie
 
 def test_text_parts_are_joined_by_a_newline(client):
     parts = [{"type": "text", "text": "Repeat after me:"}, {"type": "text", "text": "the cat sat."}]
-    joined = client.chat.completions.create(model="m", messages=[{"role": "user", "content": parts}],
-                                            max_tokens=10, temperature=0)
-    newline = client.chat.completions.create(model="m", max_tokens=10, temperature=0,
-                                             messages=[{"role": "user", "content": "Repeat after me:\nthe cat sat."}])
-    glued = client.chat.completions.create(model="m", max_tokens=10, temperature=0,
-                                           messages=[{"role": "user", "content": "Repeat after me:the cat sat."}])
+    joined = client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": parts}], max_tokens=10, temperature=0
+    )
+    newline = client.chat.completions.create(
+        model="m",
+        max_tokens=10,
+        temperature=0,
+        messages=[{"role": "user", "content": "Repeat after me:\nthe cat sat."}],
+    )
+    glued = client.chat.completions.create(
+        model="m", max_tokens=10, temperature=0, messages=[{"role": "user", "content": "Repeat after me:the cat sat."}]
+    )
     assert joined.usage.prompt_tokens == newline.usage.prompt_tokens != glued.usage.prompt_tokens
     assert joined.choices[0].message.content == newline.choices[0].message.content
 
@@ -125,11 +153,22 @@ def test_seeded_choices_use_seed_plus_index(client):
 
 
 def test_streamed_choices_carry_their_index(embedded_gateway, client):
-    reference = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=12, temperature=1.0, seed=5,
-                                               n=2)
-    with embedded_gateway.client.stream("POST", "/v1/chat/completions", json={
-            "messages": MESSAGES, "max_tokens": 12, "temperature": 1.0, "seed": 5, "n": 2, "stream": True,
-            "stream_options": {"include_usage": True}}) as response:
+    reference = client.chat.completions.create(
+        model="m", messages=MESSAGES, max_tokens=12, temperature=1.0, seed=5, n=2
+    )
+    with embedded_gateway.client.stream(
+        "POST",
+        "/v1/chat/completions",
+        json={
+            "messages": MESSAGES,
+            "max_tokens": 12,
+            "temperature": 1.0,
+            "seed": 5,
+            "n": 2,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    ) as response:
         events = sse_events(response.iter_lines())
     assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
     chunks = events[:-1]
@@ -145,8 +184,11 @@ def test_streamed_choices_carry_their_index(embedded_gateway, client):
 
 
 def test_streamed_completion_choices(embedded_gateway):
-    with embedded_gateway.client.stream("POST", "/v1/completions", json={
-            "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0, "n": 2, "stream": True}) as response:
+    with embedded_gateway.client.stream(
+        "POST",
+        "/v1/completions",
+        json={"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0, "n": 2, "stream": True},
+    ) as response:
         events = sse_events(response.iter_lines())
     texts = {0: "", 1: ""}
     for chunk in events[:-1]:
@@ -158,18 +200,24 @@ def test_streamed_completion_choices(embedded_gateway):
 def test_final_assistant_message_is_continued(client):
     prefill = [*MESSAGES, {"role": "assistant", "content": "the cat"}]
     continued = client.chat.completions.create(model="m", messages=prefill, max_tokens=12, temperature=0)
-    as_text = client.completions.create(model="m", prompt=rendered(prefill, False)[: -len("<|im_end|>\n")],
-                                        max_tokens=12, temperature=0)
+    as_text = client.completions.create(
+        model="m", prompt=rendered(prefill, False)[: -len("<|im_end|>\n")], max_tokens=12, temperature=0
+    )
     assert continued.choices[0].message.content == as_text.choices[0].text
     explicit = client.chat.completions.create(
-        model="m", messages=prefill, max_tokens=12, temperature=0,
-        extra_body={"continue_final_message": True, "add_generation_prompt": False})
+        model="m",
+        messages=prefill,
+        max_tokens=12,
+        temperature=0,
+        extra_body={"continue_final_message": True, "add_generation_prompt": False},
+    )
     assert explicit.choices[0].message.content == continued.choices[0].message.content
 
 
 def test_continue_final_message_false_opens_a_new_turn(client):
     prefill = [*MESSAGES, {"role": "assistant", "content": "the cat"}]
-    new_turn = client.chat.completions.create(model="m", messages=prefill, max_tokens=12, temperature=0,
-                                              extra_body={"continue_final_message": False})
+    new_turn = client.chat.completions.create(
+        model="m", messages=prefill, max_tokens=12, temperature=0, extra_body={"continue_final_message": False}
+    )
     as_text = client.completions.create(model="m", prompt=rendered(prefill, True), max_tokens=12, temperature=0)
     assert new_turn.choices[0].message.content == as_text.choices[0].text

@@ -27,11 +27,34 @@ REFUSED = [
 ]
 
 NEUTRAL = [
-    ("/v1/completions", COMPLETION, {"modalities": ["text"], "store": False, "service_tier": "auto",
-                                    "metadata": {"a": "b"}, "response_format": {"type": "text"}}),
-    ("/completion", LLAMA, {"mirostat": 0, "mirostat_tau": 5.0, "typical_p": 1.0, "tfs_z": 1.0, "n_probs": 0,
-                            "dry_multiplier": 0.0, "xtc_probability": 0.0, "repeat_last_n": 64, "n_keep": 0,
-                            "samplers": None, "id_slot": -1}),
+    (
+        "/v1/completions",
+        COMPLETION,
+        {
+            "modalities": ["text"],
+            "store": False,
+            "service_tier": "auto",
+            "metadata": {"a": "b"},
+            "response_format": {"type": "text"},
+        },
+    ),
+    (
+        "/completion",
+        LLAMA,
+        {
+            "mirostat": 0,
+            "mirostat_tau": 5.0,
+            "typical_p": 1.0,
+            "tfs_z": 1.0,
+            "n_probs": 0,
+            "dry_multiplier": 0.0,
+            "xtc_probability": 0.0,
+            "repeat_last_n": 64,
+            "n_keep": 0,
+            "samplers": None,
+            "id_slot": -1,
+        },
+    ),
 ]
 
 
@@ -58,6 +81,7 @@ def test_vendor_extension_is_ignored_and_named(stories_gateway, path, base):
     extended = stories_gateway.client.post(path, json={**base, "temperature": 0, "zz_vendor_knob": 3, "aa_other": "x"})
     assert extended.status_code == 200, extended.text
     assert extended.headers[IGNORED_FIELDS_HEADER] == "aa_other, zz_vendor_knob"
+
     def text(body: dict) -> str:
         return body["content"] if path == "/completion" else body["choices"][0]["text"]
 
@@ -65,8 +89,9 @@ def test_vendor_extension_is_ignored_and_named(stories_gateway, path, base):
 
 
 def test_streamed_answer_names_ignored_fields_too(stories_gateway):
-    with stories_gateway.client.stream("POST", "/v1/completions",
-                                       json={**COMPLETION, "stream": True, "my_extension": 1}) as response:
+    with stories_gateway.client.stream(
+        "POST", "/v1/completions", json={**COMPLETION, "stream": True, "my_extension": 1}
+    ) as response:
         assert response.status_code == 200
         assert response.headers[IGNORED_FIELDS_HEADER] == "my_extension"
         events = sse_events(response.iter_lines())

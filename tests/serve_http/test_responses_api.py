@@ -22,9 +22,15 @@ from .conftest import Gateway
 
 QUESTION = "What is the capital of France?"
 FLAT_WEATHER = {"type": "function", **WEATHER_TOOL["function"]}  # the Responses API's flat tool shape
-SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "count"],
-          "properties": {"name": {"type": "string", "maxLength": 12},
-                         "count": {"type": "integer", "minimum": 0, "maximum": 99}}}
+SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "count"],
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "count": {"type": "integer", "minimum": 0, "maximum": 99},
+    },
+}
 GREEDY = {"temperature": 0, "max_output_tokens": 24}
 
 
@@ -64,11 +70,13 @@ def test_text_response_equals_the_chat_answer(client):
 
 def test_instructions_are_a_first_system_message(client):
     parts = [{"type": "input_text", "text": QUESTION}]
-    reply = client.responses.create(model="m", input=[{"role": "user", "content": parts}],
-                                    instructions="Answer in one word.", **GREEDY)
+    reply = client.responses.create(
+        model="m", input=[{"role": "user", "content": parts}], instructions="Answer in one word.", **GREEDY
+    )
     assert reply.instructions == "Answer in one word."
-    assert reply.output_text == chat_text(client, [{"role": "system", "content": "Answer in one word."},
-                                                   {"role": "user", "content": QUESTION}])
+    assert reply.output_text == chat_text(
+        client, [{"role": "system", "content": "Answer in one word."}, {"role": "user", "content": QUESTION}]
+    )
 
 
 def test_streamed_events_in_order_and_their_deltas_make_the_text(client, gateway):
@@ -78,9 +86,16 @@ def test_streamed_events_in_order_and_their_deltas_make_the_text(client, gateway
     assert [event.sequence_number for event in events] == list(range(len(events)))
     deltas = kinds.count("response.output_text.delta")
     assert deltas > 1 and kinds == [
-        "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
-        *["response.output_text.delta"] * deltas, "response.output_text.done", "response.content_part.done",
-        "response.output_item.done", "response.completed" if whole.status == "completed" else "response.incomplete"]
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        *["response.output_text.delta"] * deltas,
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed" if whole.status == "completed" else "response.incomplete",
+    ]
     text = "".join(event.delta for event in events if event.type == "response.output_text.delta")
     assert text == whole.output_text == events[-4].text == events[-1].response.output_text
     assert events[0].response.status == "in_progress" and events[0].response.output == []
@@ -105,15 +120,20 @@ def test_json_schema_format_gives_json_matching_it_with_prompt_lookup_on_or_off(
     texts = []
     for speculative in ("none", "prompt-lookup"):
         reply = client.responses.create(
-            model="m", input="Give a name and a count as JSON.", temperature=0, max_output_tokens=60,
+            model="m",
+            input="Give a name and a count as JSON.",
+            temperature=0,
+            max_output_tokens=60,
             text={"format": {"type": "json_schema", "name": "thing", "schema": SCHEMA, "strict": True}},
-            extra_body={"speculative": {"kind": speculative}})
+            extra_body={"speculative": {"kind": speculative}},
+        )
         assert reply.status == "completed" and reply.text.format.type == "json_schema"
         jsonschema.validate(json.loads(reply.output_text), SCHEMA)
         texts.append(reply.output_text)
     assert texts[0] == texts[1]
-    anything = client.responses.create(model="m", input="JSON please", temperature=0, max_output_tokens=40,
-                                       text={"format": {"type": "json_object"}})
+    anything = client.responses.create(
+        model="m", input="JSON please", temperature=0, max_output_tokens=40, text={"format": {"type": "json_object"}}
+    )
     if anything.status == "completed":
         assert isinstance(json.loads(anything.output_text), dict)
     else:  # the tiny model may still be inside a value at the limit
@@ -122,30 +142,53 @@ def test_json_schema_format_gives_json_matching_it_with_prompt_lookup_on_or_off(
 
 def test_function_call_round_trip_by_previous_response_id_and_by_explicit_items(client):
     ask = "What is the weather in Paris?"
-    first = client.responses.create(model="m", input=ask, tools=[FLAT_WEATHER], tool_choice="required",
-                                    temperature=0, max_output_tokens=80)
+    first = client.responses.create(
+        model="m", input=ask, tools=[FLAT_WEATHER], tool_choice="required", temperature=0, max_output_tokens=80
+    )
     (call,) = [item for item in first.output if item.type == "function_call"]
     assert call.name == "get_weather" and call.call_id.startswith("call_") and call.id.startswith("fc_")
     jsonschema.validate(json.loads(call.arguments), FLAT_WEATHER["parameters"])
     answer = {"type": "function_call_output", "call_id": call.call_id, "output": "18 degrees, sunny"}
-    chained = client.responses.create(model="m", previous_response_id=first.id, input=[answer], tools=[FLAT_WEATHER],
-                                      **GREEDY)
+    chained = client.responses.create(
+        model="m", previous_response_id=first.id, input=[answer], tools=[FLAT_WEATHER], **GREEDY
+    )
     assert chained.previous_response_id == first.id and chained.output[0].type == "message"
-    explicit = client.responses.create(model="m", tools=[FLAT_WEATHER], **GREEDY, input=[
-        {"role": "user", "content": ask},
-        {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments}, answer])
+    explicit = client.responses.create(
+        model="m",
+        tools=[FLAT_WEATHER],
+        **GREEDY,
+        input=[
+            {"role": "user", "content": ask},
+            {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+            answer,
+        ],
+    )
     assert explicit.output_text == chained.output_text
     assert chained.usage.input_tokens_details.cached_tokens > 0  # the first turn's prompt, from the prefix cache
 
 
 def test_a_named_function_streams_its_arguments(client):
-    events = list(client.responses.create(model="m", input="Weather in Oslo?", tools=[FLAT_WEATHER], stream=True,
-                                          tool_choice={"type": "function", "name": "get_weather"},
-                                          temperature=0, max_output_tokens=80))
+    events = list(
+        client.responses.create(
+            model="m",
+            input="Weather in Oslo?",
+            tools=[FLAT_WEATHER],
+            stream=True,
+            tool_choice={"type": "function", "name": "get_weather"},
+            temperature=0,
+            max_output_tokens=80,
+        )
+    )
     kinds = [event.type for event in events]
-    assert kinds == ["response.created", "response.in_progress", "response.output_item.added",
-                     "response.function_call_arguments.delta", "response.function_call_arguments.done",
-                     "response.output_item.done", "response.completed"]
+    assert kinds == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
     added, delta, done, item_done = events[2:6]
     assert added.item.type == "function_call" and added.item.arguments == "" and added.item.status == "in_progress"
     assert delta.delta == done.arguments == item_done.item.arguments and done.item_id == added.item.id
@@ -157,12 +200,20 @@ def test_store_previous_response_get_delete_and_unknown_ids(client):
     first = client.responses.create(model="m", input="My name is Ada.", **GREEDY)
     assert client.responses.retrieve(first.id).output_text == first.output_text
     second = client.responses.create(model="m", input="What is my name?", previous_response_id=first.id, **GREEDY)
-    assert second.output_text == chat_text(client, [{"role": "user", "content": "My name is Ada."},
-                                                    {"role": "assistant", "content": first.output_text},
-                                                    {"role": "user", "content": "What is my name?"}])
+    assert second.output_text == chat_text(
+        client,
+        [
+            {"role": "user", "content": "My name is Ada."},
+            {"role": "assistant", "content": first.output_text},
+            {"role": "user", "content": "What is my name?"},
+        ],
+    )
     client.responses.delete(first.id)
-    for call in (lambda: client.responses.retrieve(first.id), lambda: client.responses.delete(first.id),
-                 lambda: client.responses.create(model="m", input="hi", previous_response_id=first.id, **GREEDY)):
+    for call in (
+        lambda: client.responses.retrieve(first.id),
+        lambda: client.responses.delete(first.id),
+        lambda: client.responses.create(model="m", input="hi", previous_response_id=first.id, **GREEDY),
+    ):
         with pytest.raises(openai.NotFoundError) as refused:
             call()
         assert first.id in refused.value.message
@@ -184,12 +235,22 @@ def test_the_store_is_bounded_and_evicts_the_least_recently_used():
 
 
 REFUSED = [
-    ("reasoning", {"effort": "high"}), ("background", True), ("include", ["message.output_text.logprobs"]),
-    ("truncation", "auto"), ("top_logprobs", 3), ("conversation", "conv_1"), ("max_tool_calls", 2),
-    ("prompt", {"id": "pmpt_1"}), ("tools", [{"type": "web_search"}]), ("text", {"verbosity": "low"}),
+    ("reasoning", {"effort": "high"}),
+    ("background", True),
+    ("include", ["message.output_text.logprobs"]),
+    ("truncation", "auto"),
+    ("top_logprobs", 3),
+    ("conversation", "conv_1"),
+    ("max_tool_calls", 2),
+    ("prompt", {"id": "pmpt_1"}),
+    ("tools", [{"type": "web_search"}]),
+    ("text", {"verbosity": "low"}),
     ("input", [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}]}]),
-    ("input", [{"type": "reasoning", "summary": []}]), ("response_format", {"type": "json_object"}),
-    ("max_tokens", 5), ("tool_choice", "required"), ("max_output_tokens", 0),
+    ("input", [{"type": "reasoning", "summary": []}]),
+    ("response_format", {"type": "json_object"}),
+    ("max_tokens", 5),
+    ("tool_choice", "required"),
+    ("max_output_tokens", 0),
 ]
 
 
@@ -202,10 +263,19 @@ def test_unimplemented_fields_are_refused_by_name(gateway, field, value):
 
 
 def test_fields_without_effect_are_accepted_and_vendor_fields_named(gateway):
-    neutral = {"service_tier": "auto", "user": "u", "prompt_cache_key": "k", "safety_identifier": "s",
-               "reasoning": {"effort": None},
-               "truncation": "disabled", "include": [], "background": False, "metadata": {"task": "t"},
-               "parallel_tool_calls": True, "stream_options": {"include_obfuscation": False}}
+    neutral = {
+        "service_tier": "auto",
+        "user": "u",
+        "prompt_cache_key": "k",
+        "safety_identifier": "s",
+        "reasoning": {"effort": None},
+        "truncation": "disabled",
+        "include": [],
+        "background": False,
+        "metadata": {"task": "t"},
+        "parallel_tool_calls": True,
+        "stream_options": {"include_obfuscation": False},
+    }
     response = gateway.client.post("/v1/responses", json={"input": "hi", "max_output_tokens": 2, **neutral})
     assert response.status_code == 200, response.text
     assert IGNORED_FIELDS_HEADER not in response.headers and response.json()["metadata"] == {"task": "t"}

@@ -20,18 +20,46 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not SMOLLM2.is_dir(), reason=
 
 PERSON = "Alice Smith is 34 years old, lives in Paris, France, and likes chess and tennis."
 CASES = {
-    "nested": {"type": "object", "additionalProperties": False, "required": ["name", "address"], "properties": {
-        "name": {"type": "string", "maxLength": 40},
-        "address": {"type": "object", "additionalProperties": False, "required": ["city", "country"],
-                    "properties": {"city": {"type": "string", "maxLength": 30},
-                                   "country": {"type": "string", "maxLength": 30}}}}},
-    "array": {"type": "object", "additionalProperties": False, "required": ["hobbies"], "properties": {
-        "hobbies": {"type": "array", "items": {"type": "string", "maxLength": 20}, "minItems": 1, "maxItems": 4}}},
-    "enum": {"type": "object", "additionalProperties": False, "required": ["mood"],
-             "properties": {"mood": {"enum": ["happy", "sad", "neutral"]}}},
-    "bounded numbers": {"type": "object", "additionalProperties": False, "required": ["age", "score"], "properties": {
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "score": {"type": "number", "minimum": 0, "maximum": 10}}},
+    "nested": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["name", "address"],
+        "properties": {
+            "name": {"type": "string", "maxLength": 40},
+            "address": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["city", "country"],
+                "properties": {
+                    "city": {"type": "string", "maxLength": 30},
+                    "country": {"type": "string", "maxLength": 30},
+                },
+            },
+        },
+    },
+    "array": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["hobbies"],
+        "properties": {
+            "hobbies": {"type": "array", "items": {"type": "string", "maxLength": 20}, "minItems": 1, "maxItems": 4}
+        },
+    },
+    "enum": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["mood"],
+        "properties": {"mood": {"enum": ["happy", "sad", "neutral"]}},
+    },
+    "bounded numbers": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["age", "score"],
+        "properties": {
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+            "score": {"type": "number", "minimum": 0, "maximum": 10},
+        },
+    },
 }
 MAX_TOKENS = 60
 
@@ -65,16 +93,28 @@ def test_json_schema_replies_validate_streaming_or_not_prompt_lookup_on_or_off(c
     schema = CASES[name]
     replies = []
     for kind in ("none", "prompt-lookup"):
-        reply = client.chat.completions.create(model="m", messages=messages(name), max_tokens=MAX_TOKENS, temperature=0,
-                                               response_format=fmt(schema), extra_body={"speculative": {"kind": kind}})
+        reply = client.chat.completions.create(
+            model="m",
+            messages=messages(name),
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+            response_format=fmt(schema),
+            extra_body={"speculative": {"kind": kind}},
+        )
         assert reply.choices[0].finish_reason == "stop", reply.choices[0].message.content
         jsonschema.validate(json.loads(reply.choices[0].message.content), schema)
         replies.append(reply.choices[0].message.content)
         if kind == "prompt-lookup":  # speculation ran (not turned off for structured output)
             assert reply.model_extra["timings"]["draft_kind"] == "prompt-lookup"
-    stream = client.chat.completions.create(model="m", messages=messages(name), max_tokens=MAX_TOKENS, temperature=0,
-                                            response_format=fmt(schema), stream=True,
-                                            extra_body={"speculative": {"kind": "prompt-lookup"}})
+    stream = client.chat.completions.create(
+        model="m",
+        messages=messages(name),
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        response_format=fmt(schema),
+        stream=True,
+        extra_body={"speculative": {"kind": "prompt-lookup"}},
+    )
     replies.append("".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices))
     assert replies[0] == replies[1] == replies[2]
 
@@ -89,9 +129,12 @@ def test_eight_concurrent_constrained_and_free_requests_each_equal_alone(smollm2
     alone = [client.chat.completions.create(model="m", **body).choices[0].message.content for body in bodies]
 
     async def together():
-        async with openai.AsyncOpenAI(base_url=f"{smollm2_gateway.url}/v1", api_key="unused", max_retries=0,
-                                      timeout=300) as async_client:
-            replies = await asyncio.gather(*(async_client.chat.completions.create(model="m", **body) for body in bodies))
+        async with openai.AsyncOpenAI(
+            base_url=f"{smollm2_gateway.url}/v1", api_key="unused", max_retries=0, timeout=300
+        ) as async_client:
+            replies = await asyncio.gather(
+                *(async_client.chat.completions.create(model="m", **body) for body in bodies)
+            )
         return [reply.choices[0].message.content for reply in replies]
 
     assert asyncio.run(together()) == alone

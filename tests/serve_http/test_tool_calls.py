@@ -37,8 +37,14 @@ def client(tool_gateway):
 
 
 def test_required_gives_a_parsed_call_with_valid_arguments(client):
-    reply = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=80, temperature=0,
-                                           tools=[WEATHER_TOOL, TIME_TOOL], tool_choice="required")
+    reply = client.chat.completions.create(
+        model="m",
+        messages=MESSAGES,
+        max_tokens=80,
+        temperature=0,
+        tools=[WEATHER_TOOL, TIME_TOOL],
+        tool_choice="required",
+    )
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     (call,) = choice.message.tool_calls
@@ -47,9 +53,15 @@ def test_required_gives_a_parsed_call_with_valid_arguments(client):
 
 
 def test_named_function_streamed_as_delta_tool_calls(client):
-    stream = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=80, temperature=0,
-                                            tools=[WEATHER_TOOL, TIME_TOOL], stream=True,
-                                            tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    stream = client.chat.completions.create(
+        model="m",
+        messages=MESSAGES,
+        max_tokens=80,
+        temperature=0,
+        tools=[WEATHER_TOOL, TIME_TOOL],
+        stream=True,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
     chunks = [chunk for chunk in stream if chunk.choices]
     calls = [call for chunk in chunks for call in chunk.choices[0].delta.tool_calls or ()]
     assert [call.function.name for call in calls] == ["get_weather"] and calls[0].index == 0
@@ -60,19 +72,33 @@ def test_named_function_streamed_as_delta_tool_calls(client):
 
 def test_multi_turn_with_a_tool_reply_and_auto(client):
     history = MESSAGES + [
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
-            "name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "18 degrees, sunny"}]
-    reply = client.chat.completions.create(model="m", messages=history, max_tokens=20, temperature=0,
-                                           tools=[WEATHER_TOOL])
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 degrees, sunny"},
+    ]
+    reply = client.chat.completions.create(
+        model="m", messages=history, max_tokens=20, temperature=0, tools=[WEATHER_TOOL]
+    )
     assert reply.choices[0].finish_reason in ("stop", "length", "tool_calls")
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"tool_choice": "required"}, "tool_choice"),  # no tools
-    ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
-    ({"tools": [{"type": "retrieval"}]}, "tools"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"tool_choice": "required"}, "tool_choice"),  # no tools
+        ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+        ({"tools": [{"type": "retrieval"}]}, "tools"),
+    ],
+)
 def test_bad_tool_requests_are_400(tool_gateway, body, param):
     response = tool_gateway.client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 4, **body})
     assert response.status_code == 400, response.text
@@ -80,8 +106,9 @@ def test_bad_tool_requests_are_400(tool_gateway, body, param):
 
 
 def test_a_model_without_tool_calling_gets_400(embedded_gateway):
-    response = embedded_gateway.client.post("/v1/chat/completions", json={
-        "messages": MESSAGES, "max_tokens": 4, "tools": [WEATHER_TOOL]})
+    response = embedded_gateway.client.post(
+        "/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 4, "tools": [WEATHER_TOOL]}
+    )
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == "tools" and "does not support tool calling" in error["message"]

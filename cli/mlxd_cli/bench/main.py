@@ -70,8 +70,9 @@ def _split_named(spec: str, option: str) -> tuple[str, str]:
     return name.strip(), value.strip()
 
 
-def build_targets(target_specs, serve_specs, api_key, model, target_model_specs=(), no_cache_prompt=False,
-                  no_cache_prompt_names=()) -> list:
+def build_targets(
+    target_specs, serve_specs, api_key, model, target_model_specs=(), no_cache_prompt=False, no_cache_prompt_names=()
+) -> list:
     """Targets from the command line: ``--target`` ones in order, then ``--serve`` ones.
 
     Args:
@@ -146,68 +147,176 @@ class RichProgress(ProgressHooks):
         self.progress.console.print(
             f"{self.label}: {'-' if aggregate is None else f'{aggregate:.1f}'} tok/s, "
             f"TTFT p50 {'-' if ttft is None else f'{ttft * 1000:.0f}'} ms, "
-            f"errors {summary['errors']}/{summary['requests']}", highlight=False)
+            f"errors {summary['errors']}/{summary['requests']}",
+            highlight=False,
+        )
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--target", "target_specs", multiple=True, metavar="NAME=URL|NAME=daemon:ENDPOINT",
-              help="an OpenAI-compatible base URL, or an mlxd endpoint (repeatable)")
-@click.option("--serve", "serve_specs", multiple=True, metavar="NAME=COMMAND",
-              help="start this server for the run; {port} in COMMAND becomes a free loopback port (repeatable)")
+@click.option(
+    "--target",
+    "target_specs",
+    multiple=True,
+    metavar="NAME=URL|NAME=daemon:ENDPOINT",
+    help="an OpenAI-compatible base URL, or an mlxd endpoint (repeatable)",
+)
+@click.option(
+    "--serve",
+    "serve_specs",
+    multiple=True,
+    metavar="NAME=COMMAND",
+    help="start this server for the run; {port} in COMMAND becomes a free loopback port (repeatable)",
+)
 @click.option("--baseline", default=None, help="target the ratios divide by (default: the first)")
-@click.option("--concurrency", "concurrencies", default="1,4,8", show_default=True, callback=_parse_concurrency,
-              help="comma list of concurrency levels")
-@click.option("--requests", default=None, type=click.IntRange(1),
-              help="requests per batch (per concurrency level, style, target and round) [default: 2 x concurrency]")
-@click.option("--duration", default=None, type=click.FloatRange(0, min_open=True),
-              help="seconds per batch instead of a request count")
+@click.option(
+    "--concurrency",
+    "concurrencies",
+    default="1,4,8",
+    show_default=True,
+    callback=_parse_concurrency,
+    help="comma list of concurrency levels",
+)
+@click.option(
+    "--requests",
+    default=None,
+    type=click.IntRange(1),
+    help="requests per batch (per concurrency level, style, target and round) [default: 2 x concurrency]",
+)
+@click.option(
+    "--duration",
+    default=None,
+    type=click.FloatRange(0, min_open=True),
+    help="seconds per batch instead of a request count",
+)
 @click.option("--max-tokens", default=128, show_default=True, type=click.IntRange(1))
-@click.option("--prompt-tokens", default=200, show_default=True, type=click.IntRange(1),
-              help="approximate length of the synthetic paragraph, in tokens")
-@click.option("--prompt-style", "styles", multiple=True, callback=_parse_styles,
-              help="plain, copy or chat (multi-turn sessions); repeatable or a comma list [default: plain]")
-@click.option("--turns", default=4, show_default=True, type=click.IntRange(1),
-              help="chat style: turns per session (each resends the history plus the last reply)")
+@click.option(
+    "--prompt-tokens",
+    default=200,
+    show_default=True,
+    type=click.IntRange(1),
+    help="approximate length of the synthetic paragraph, in tokens",
+)
+@click.option(
+    "--prompt-style",
+    "styles",
+    multiple=True,
+    callback=_parse_styles,
+    help="plain, copy or chat (multi-turn sessions); repeatable or a comma list [default: plain]",
+)
+@click.option(
+    "--turns",
+    default=4,
+    show_default=True,
+    type=click.IntRange(1),
+    help="chat style: turns per session (each resends the history plus the last reply)",
+)
 @click.option("--rounds", default=3, show_default=True, type=click.IntRange(1))
 @click.option("--warmup", default=1, show_default=True, type=click.IntRange(0), help="unmeasured requests per target")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0), help="prompts and sampling seed")
 @click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0))
-@click.option("--chat/--no-chat", default=True, show_default=True,
-              help="/v1/chat/completions, or /v1/completions with the raw prompt")
+@click.option(
+    "--chat/--no-chat",
+    default=True,
+    show_default=True,
+    help="/v1/chat/completions, or /v1/completions with the raw prompt",
+)
 @click.option("--ignore-eos", is_flag=True, help="ask servers to generate max-tokens tokens (ignore_eos)")
 @click.option("--api-key", default=None, envvar="MLX_BENCH_API_KEY", help="Bearer token for HTTP targets")
 @click.option("--model", default=None, help="the model field to send (default: the first id of /v1/models)")
-@click.option("--target-model", "target_model_specs", multiple=True, metavar="NAME=MODEL",
-              help="the model field for one target (repeatable); e.g. mlx_lm.server lists its HF cache "
-                   "before its --model, so give it NAME=default_model")
-@click.option("--no-cache-prompt", is_flag=True,
-              help="send cache_prompt: false (skip the server's prompt cache: llama-server, mlxd) with every request")
-@click.option("--target-no-cache-prompt", "no_cache_prompt_names", multiple=True, metavar="NAME",
-              help="send cache_prompt: false with this target's requests only (repeatable)")
-@click.option("--serve-timeout", default=300.0, show_default=True, type=click.FloatRange(0, min_open=True),
-              help="seconds to wait for a --serve server to answer /v1/models")
-@click.option("--request-timeout", default=600.0, show_default=True, type=click.FloatRange(0, min_open=True),
-              help="seconds before a request counts as a timeout error")
-@click.option("--out", default=None, type=click.Path(file_okay=False, path_type=Path),
-              help="write results.json, results.md and PNG plots here")
-def main(target_specs, serve_specs, baseline, concurrencies, requests, duration, max_tokens, prompt_tokens, styles,
-         turns, rounds, warmup, seed, temperature, chat, ignore_eos, api_key, model, target_model_specs,
-         no_cache_prompt, no_cache_prompt_names, serve_timeout, request_timeout, out):
+@click.option(
+    "--target-model",
+    "target_model_specs",
+    multiple=True,
+    metavar="NAME=MODEL",
+    help="the model field for one target (repeatable); e.g. mlx_lm.server lists its HF cache "
+    "before its --model, so give it NAME=default_model",
+)
+@click.option(
+    "--no-cache-prompt",
+    is_flag=True,
+    help="send cache_prompt: false (skip the server's prompt cache: llama-server, mlxd) with every request",
+)
+@click.option(
+    "--target-no-cache-prompt",
+    "no_cache_prompt_names",
+    multiple=True,
+    metavar="NAME",
+    help="send cache_prompt: false with this target's requests only (repeatable)",
+)
+@click.option(
+    "--serve-timeout",
+    default=300.0,
+    show_default=True,
+    type=click.FloatRange(0, min_open=True),
+    help="seconds to wait for a --serve server to answer /v1/models",
+)
+@click.option(
+    "--request-timeout",
+    default=600.0,
+    show_default=True,
+    type=click.FloatRange(0, min_open=True),
+    help="seconds before a request counts as a timeout error",
+)
+@click.option(
+    "--out",
+    default=None,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="write results.json, results.md and PNG plots here",
+)
+def main(
+    target_specs,
+    serve_specs,
+    baseline,
+    concurrencies,
+    requests,
+    duration,
+    max_tokens,
+    prompt_tokens,
+    styles,
+    turns,
+    rounds,
+    warmup,
+    seed,
+    temperature,
+    chat,
+    ignore_eos,
+    api_key,
+    model,
+    target_model_specs,
+    no_cache_prompt,
+    no_cache_prompt_names,
+    serve_timeout,
+    request_timeout,
+    out,
+):
     """Benchmark serving targets side by side, interleaved over rounds."""
     if requests is not None and duration is not None:
         raise click.UsageError("give --requests or --duration, not both")
     if "chat" in styles and not chat:
         raise click.UsageError("--prompt-style chat sends messages: it needs the chat endpoint, not --no-chat")
-    targets = build_targets(target_specs, serve_specs, api_key, model, target_model_specs, no_cache_prompt,
-                            no_cache_prompt_names)
+    targets = build_targets(
+        target_specs, serve_specs, api_key, model, target_model_specs, no_cache_prompt, no_cache_prompt_names
+    )
     names = [target.name for target in targets]
     baseline = baseline or names[0]
     if baseline not in names:
         raise click.UsageError(f"--baseline {baseline!r} is not a target ({', '.join(names)})")
-    config = BenchConfig(concurrencies=concurrencies, styles=styles, rounds=rounds, requests=requests,
-                         duration_s=duration, max_tokens=max_tokens, prompt_tokens=prompt_tokens, warmup=warmup,
-                         seed=seed, temperature=temperature, chat=chat, ignore_eos=ignore_eos,
-                         request_timeout_s=request_timeout, turns=turns)
+    config = BenchConfig(
+        concurrencies=concurrencies,
+        styles=styles,
+        rounds=rounds,
+        requests=requests,
+        duration_s=duration,
+        max_tokens=max_tokens,
+        prompt_tokens=prompt_tokens,
+        warmup=warmup,
+        seed=seed,
+        temperature=temperature,
+        chat=chat,
+        ignore_eos=ignore_eos,
+        request_timeout_s=request_timeout,
+        turns=turns,
+    )
     command = command_line()
     err = Console(stderr=True)
     served = [target for target in targets if isinstance(target, ServedTarget)]
@@ -220,10 +329,17 @@ def main(target_specs, serve_specs, baseline, concurrencies, requests, duration,
                 target.start(log_dir, serve_timeout)
                 err.print(f"{target.name} ready at {target.url} (log {target.log_path})", highlight=False)
         total_batches = rounds * len(concurrencies) * len(styles) * len(targets)
-        with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=err) as progress:
-            run = asyncio.run(run_benchmark(targets, config, PromptBook(seed, prompt_tokens),
-                                            RichProgress(progress, total_batches)))
+        with Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=err,
+        ) as progress:
+            run = asyncio.run(
+                run_benchmark(targets, config, PromptBook(seed, prompt_tokens), RichProgress(progress, total_batches))
+            )
     except TargetUnavailable as error:
         click.echo(f"mlx-bench: {error}", err=True)
         sys.exit(1)

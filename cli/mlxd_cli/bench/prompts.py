@@ -66,9 +66,20 @@ carries repairs paints opens closes finds watches crosses visits cleans follows 
 counts moves lifts checks delivers borrows returns plants studies builds draws
 """.split()
 _PREPOSITIONS = "across near behind beside under above along past through around".split()
-_TIMES = ("before dawn", "at noon", "in the evening", "after the storm", "during the winter", "on a Sunday",
-          "every morning", "late at night", "in early spring", "before the market opened", "after lunch",
-          "at the end of the summer")
+_TIMES = (
+    "before dawn",
+    "at noon",
+    "in the evening",
+    "after the storm",
+    "during the winter",
+    "on a Sunday",
+    "every morning",
+    "late at night",
+    "in early spring",
+    "before the market opened",
+    "after lunch",
+    "at the end of the summer",
+)
 _REASONS = """
 because the weather was changing|so that nobody would be late|while the others were asleep|
 although it had started to rain|since the old one was lost|before anyone else could ask|
@@ -115,10 +126,19 @@ def _sentence(rng: random.Random) -> str:
     adjective = rng.choice(_ADJECTIVES)
     article = "an" if adjective[0] in "aeiou" else "a"
     words = {
-        "adj": adjective, "a": article, "A": article.capitalize(), "noun": rng.choice(_NOUNS), "noun2": rng.choice(_NOUNS),
-        "thing": rng.choice(_THINGS), "thing2": rng.choice(_THINGS), "past": rng.choice(_VERBS_PAST),
-        "past2": rng.choice(_VERBS_PAST), "present": rng.choice(_VERBS_PRESENT),
-        "prep": rng.choice(_PREPOSITIONS), "time": time_phrase, "Time": time_phrase[0].upper() + time_phrase[1:],
+        "adj": adjective,
+        "a": article,
+        "A": article.capitalize(),
+        "noun": rng.choice(_NOUNS),
+        "noun2": rng.choice(_NOUNS),
+        "thing": rng.choice(_THINGS),
+        "thing2": rng.choice(_THINGS),
+        "past": rng.choice(_VERBS_PAST),
+        "past2": rng.choice(_VERBS_PAST),
+        "present": rng.choice(_VERBS_PRESENT),
+        "prep": rng.choice(_PREPOSITIONS),
+        "time": time_phrase,
+        "Time": time_phrase[0].upper() + time_phrase[1:],
         "reason": rng.choice(_REASONS),
     }
     return template.format(**words)
@@ -160,7 +180,7 @@ def first_sentence(paragraph: str) -> str:
         The first sentence, or the whole text when it has no period.
     """
     end = paragraph.find(". ")
-    return paragraph if end < 0 else paragraph[:end + 1]
+    return paragraph if end < 0 else paragraph[: end + 1]
 
 
 def style_prompt(style: str, paragraph: str) -> str:
@@ -298,7 +318,12 @@ class PromptBook:
         """
         question = self.follow_up(round_key, concurrency, index, 1)
         overhead = sum(estimate_tokens(text) for text in (CHAT_SYSTEM, CHAT_WRAPPER, question))
-        paragraph = make_paragraph(self.seed, self._chat_key(round_key, concurrency, index),
-                                   max(1, self.prompt_tokens - overhead - 2 * MESSAGE_OVERHEAD_TOKENS))
-        return [{"role": "system", "content": CHAT_SYSTEM},
-                {"role": "user", "content": f"{CHAT_WRAPPER}{paragraph} {question}"}]
+        paragraph = make_paragraph(
+            self.seed,
+            self._chat_key(round_key, concurrency, index),
+            max(1, self.prompt_tokens - overhead - 2 * MESSAGE_OVERHEAD_TOKENS),
+        )
+        return [
+            {"role": "system", "content": CHAT_SYSTEM},
+            {"role": "user", "content": f"{CHAT_WRAPPER}{paragraph} {question}"},
+        ]

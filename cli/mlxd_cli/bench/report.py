@@ -72,8 +72,15 @@ def machine_facts() -> dict[str, Any]:
         blas = preload_value() or "n/a"
     except ImportError:
         blas = "n/a"
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory": memory, "mlx": mlx_version, "blas": blas,
-            "python": platform.python_version(), "platform": platform.platform()}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory": memory,
+        "mlx": mlx_version,
+        "blas": blas,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
 
 
 def command_line(argv: list[str] | None = None) -> str:
@@ -181,26 +188,51 @@ def summary_rows(results: dict) -> list[list[str]]:
     for cell in results["summary"]:
         ratio = ratios.get((cell["style"], cell["concurrency"], cell["target"]))
         versus = "1 (baseline)" if cell["target"] == results["baseline"] else ""
-        rows.append([
-            cell["style"], str(cell["concurrency"]), cell["target"],
-            format_spread(cell["aggregate_tok_s"]),
-            format_spread(ratio["ratio"], digits=2) if ratio else versus,
-            format_spread(cell["decode_tok_s"]),
-            _pair(cell, "ttft_p50_s", "ttft_p95_s", 1000.0, 0),
-            _pair(cell, "itl_p50_s", "itl_p95_s", 1000.0, 1),
-            _pair(cell, "latency_p50_s", "latency_p95_s", 1.0, 2),
-            f"{cell['errors'] or 0}/{cell['requests'] or 0}",
-            _acceptance(cell),
-        ])
+        rows.append(
+            [
+                cell["style"],
+                str(cell["concurrency"]),
+                cell["target"],
+                format_spread(cell["aggregate_tok_s"]),
+                format_spread(ratio["ratio"], digits=2) if ratio else versus,
+                format_spread(cell["decode_tok_s"]),
+                _pair(cell, "ttft_p50_s", "ttft_p95_s", 1000.0, 0),
+                _pair(cell, "itl_p50_s", "itl_p95_s", 1000.0, 1),
+                _pair(cell, "latency_p50_s", "latency_p95_s", 1.0, 2),
+                f"{cell['errors'] or 0}/{cell['requests'] or 0}",
+                _acceptance(cell),
+            ]
+        )
     return rows
 
 
-SUMMARY_HEADERS = ["style", "c", "target", "aggregate tok/s", "vs baseline", "decode tok/s",
-                   "TTFT p50/p95 ms", "ITL p50/p95 ms", "latency p50/p95 s", "errors", "accepted/drafted"]
+SUMMARY_HEADERS = [
+    "style",
+    "c",
+    "target",
+    "aggregate tok/s",
+    "vs baseline",
+    "decode tok/s",
+    "TTFT p50/p95 ms",
+    "ITL p50/p95 ms",
+    "latency p50/p95 s",
+    "errors",
+    "accepted/drafted",
+]
 
 
-TURN_HEADERS = ["style", "c", "target", "turn", "TTFT p50 ms", "TTFT p95 ms", "TTFT speedup vs baseline",
-                "prompt tokens", "cached tokens", "errors"]
+TURN_HEADERS = [
+    "style",
+    "c",
+    "target",
+    "turn",
+    "TTFT p50 ms",
+    "TTFT p95 ms",
+    "TTFT speedup vs baseline",
+    "prompt tokens",
+    "cached tokens",
+    "errors",
+]
 
 
 def _whole(spread: dict | None) -> str:
@@ -216,21 +248,29 @@ def turn_rows(results: dict) -> list[list[str]]:
     Returns:
         One list of cells per style x concurrency x target x turn; empty without chat sessions.
     """
-    speedups = {key: {entry["turn"]: entry for entry in row.get("turns", [])}
-                for key, row in _ratio_lookup(results).items()}
+    speedups = {
+        key: {entry["turn"]: entry for entry in row.get("turns", [])} for key, row in _ratio_lookup(results).items()
+    }
     rows = []
     for cell in results["summary"]:
         key = (cell["style"], cell["concurrency"], cell["target"])
         for entry in cell.get("turns") or []:
             speedup = speedups.get(key, {}).get(entry["turn"])
             versus = "1 (baseline)" if cell["target"] == results["baseline"] else ""
-            rows.append([
-                cell["style"], str(cell["concurrency"]), cell["target"], str(entry["turn"]),
-                format_spread(entry["ttft_p50_s"], digits=0, scale=1000.0), _median(entry["ttft_p95_s"], 1000.0, 0),
-                format_spread(speedup["ratio"], digits=2) if speedup and speedup["ratio"] else versus,
-                _whole(entry["prompt_tokens_p50"]), _whole(entry["cached_tokens_p50"]),
-                f"{entry['errors']}/{entry['requests']}",
-            ])
+            rows.append(
+                [
+                    cell["style"],
+                    str(cell["concurrency"]),
+                    cell["target"],
+                    str(entry["turn"]),
+                    format_spread(entry["ttft_p50_s"], digits=0, scale=1000.0),
+                    _median(entry["ttft_p95_s"], 1000.0, 0),
+                    format_spread(speedup["ratio"], digits=2) if speedup and speedup["ratio"] else versus,
+                    _whole(entry["prompt_tokens_p50"]),
+                    _whole(entry["cached_tokens_p50"]),
+                    f"{entry['errors']}/{entry['requests']}",
+                ]
+            )
     return rows
 
 
@@ -246,8 +286,12 @@ def turn_table(results: dict) -> Table | None:
     rows = turn_rows(results)
     if not rows:
         return None
-    table = Table(title=Text(f"chat sessions, per turn: median [min-max] over {results['config']['rounds']} "
-                             f"rounds; speedup = {results['baseline']} TTFT / target TTFT"))
+    table = Table(
+        title=Text(
+            f"chat sessions, per turn: median [min-max] over {results['config']['rounds']} "
+            f"rounds; speedup = {results['baseline']} TTFT / target TTFT"
+        )
+    )
     for header in TURN_HEADERS:
         table.add_column(header, justify="left" if header in ("style", "target") else "right")
     previous = None
@@ -268,8 +312,11 @@ def rich_table(results: dict) -> Table:
     Returns:
         A ``rich.table.Table``.
     """
-    table = Table(title=Text(f"mlx-bench: median [min-max] over {results['config']['rounds']} rounds; "
-                             f"baseline {results['baseline']}"))
+    table = Table(
+        title=Text(
+            f"mlx-bench: median [min-max] over {results['config']['rounds']} rounds; baseline {results['baseline']}"
+        )
+    )
     for header in SUMMARY_HEADERS:
         table.add_column(header, justify="left" if header in ("style", "target") else "right")
     previous = None
@@ -301,49 +348,74 @@ def markdown(results: dict, plots: list[str] | tuple[str, ...] = ()) -> str:
         Markdown text.
     """
     config = results["config"]
-    per_batch = (f"{config['duration_s']:g} s per batch" if config.get("duration_s") is not None
-                 else f"{config['requests'] or '2 x concurrency'} requests per batch")
+    per_batch = (
+        f"{config['duration_s']:g} s per batch"
+        if config.get("duration_s") is not None
+        else f"{config['requests'] or '2 x concurrency'} requests per batch"
+    )
     lines = [
-        "# mlx-bench results", "",
-        f"Command: `{results['command']}`", "",
-        "Machine: " + ", ".join(f"{key} {value}" for key, value in results["machine"].items()), "",
+        "# mlx-bench results",
+        "",
+        f"Command: `{results['command']}`",
+        "",
+        "Machine: " + ", ".join(f"{key} {value}" for key, value in results["machine"].items()),
+        "",
         f"Settings: {config['rounds']} rounds (targets interleaved in each), {per_batch}, "
         f"{config['warmup']} warm-up request(s) per target, max tokens {config['max_tokens']}, "
         f"prompt ~{config['prompt_tokens']} tokens, temperature {config['temperature']:g}, seed {config['seed']}, "
         f"{'chat' if config['chat'] else 'completions'} endpoint, ignore_eos {config['ignore_eos']}. "
-        f"Created {results['created']}.", "",
+        f"Created {results['created']}.",
+        "",
         *_chat_settings(config),
-        "Targets:", "",
+        "Targets:",
+        "",
     ]
     for target in results["targets"]:
         where = target.get("command") or target.get("url") or target.get("endpoint")
         lines.append(f"- **{target['name']}** ({target['kind']}): `{where}`; model `{target.get('model')}`")
     lines += [
-        "", "Aggregate tok/s = completion tokens of a batch / its wall time; decode tok/s = per request "
+        "",
+        "Aggregate tok/s = completion tokens of a batch / its wall time; decode tok/s = per request "
         "(tokens - 1) / (last - first token time), median of the batch; TTFT, ITL (gaps between streamed "
         "chunks) and latency are p50 / p95 of each batch; every figure is the median [min-max] over rounds "
         "(p50/p95 columns: medians). Errors: failed / sent. accepted/drafted: draft tokens summed over "
-        "rounds, from the server's timings (blank when not reported).", "",
+        "rounds, from the server's timings (blank when not reported).",
+        "",
     ]
     lines += _markdown_table(SUMMARY_HEADERS, summary_rows(results))
     if results["ratios"]:
-        lines += ["", f"## Aggregate tok/s relative to {results['baseline']}", "",
-                  "Ratio of each round's aggregate tok/s to the baseline's in the same round; "
-                  "median [min-max] over rounds.", ""]
-        rows = [[row["style"], str(row["concurrency"]), row["target"], format_spread(row["ratio"], digits=3),
-                 ", ".join("" if value is None else f"{value:.3f}" for value in row["per_round"])]
-                for row in results["ratios"]]
+        lines += [
+            "",
+            f"## Aggregate tok/s relative to {results['baseline']}",
+            "",
+            "Ratio of each round's aggregate tok/s to the baseline's in the same round; median [min-max] over rounds.",
+            "",
+        ]
+        rows = [
+            [
+                row["style"],
+                str(row["concurrency"]),
+                row["target"],
+                format_spread(row["ratio"], digits=3),
+                ", ".join("" if value is None else f"{value:.3f}" for value in row["per_round"]),
+            ]
+            for row in results["ratios"]
+        ]
         lines += _markdown_table(["style", "c", "target", f"/ {results['baseline']}", "per round"], rows)
     rows = turn_rows(results)
     if rows:
-        lines += ["", "## Chat sessions: TTFT per turn", "",
-                  "Each session is one worker's turns, one after the other; turn t resends the whole history. "
-                  "TTFT p50 of each batch's turn t, median [min-max] over rounds (p95: median); speedup = "
-                  f"{results['baseline']}'s TTFT p50 / the target's, per round, median [min-max]; prompt and "
-                  "cached tokens: medians as the server reported them (cached: "
-                  "usage.prompt_tokens_details.cached_tokens, usage.cached_tokens or timings.cache_n; blank "
-                  "when not reported). Aggregate tok/s of the chat rows above is the whole batch of sessions.",
-                  ""]
+        lines += [
+            "",
+            "## Chat sessions: TTFT per turn",
+            "",
+            "Each session is one worker's turns, one after the other; turn t resends the whole history. "
+            "TTFT p50 of each batch's turn t, median [min-max] over rounds (p95: median); speedup = "
+            f"{results['baseline']}'s TTFT p50 / the target's, per round, median [min-max]; prompt and "
+            "cached tokens: medians as the server reported them (cached: "
+            "usage.prompt_tokens_details.cached_tokens, usage.cached_tokens or timings.cache_n; blank "
+            "when not reported). Aggregate tok/s of the chat rows above is the whole batch of sessions.",
+            "",
+        ]
         lines += _markdown_table(TURN_HEADERS, rows)
     if plots:
         lines += [""] + [f"![{Path(name).stem}]({name})" for name in plots]
@@ -355,9 +427,12 @@ def _chat_settings(config: dict) -> list[str]:
         return []
     turns = config.get("turns", 4)
     estimate = chat_history_tokens(config["prompt_tokens"], config["max_tokens"], turns)
-    return [f"Chat sessions: {turns} turns each; {config['requests'] or '2 x concurrency'} sessions per batch "
-            f"unless timed; history at turn {turns} about {estimate} tokens when every reply is "
-            f"{config['max_tokens']} tokens long (prompt tokens per turn below are what servers reported).", ""]
+    return [
+        f"Chat sessions: {turns} turns each; {config['requests'] or '2 x concurrency'} sessions per batch "
+        f"unless timed; history at turn {turns} about {estimate} tokens when every reply is "
+        f"{config['max_tokens']} tokens long (prompt tokens per turn below are what servers reported).",
+        "",
+    ]
 
 
 def write_plots(results: dict, out_dir: Path) -> list[Path]:
@@ -381,14 +456,19 @@ def write_plots(results: dict, out_dir: Path) -> list[Path]:
     figure, axes = plt.subplots(1, max(len(styles), 1), figsize=(5.5 * max(len(styles), 1), 4), squeeze=False)
     for axis, style in zip(axes[0], styles):
         for name in names:
-            cells = [cell for cell in results["summary"] if cell["style"] == style and cell["target"] == name
-                     and cell["aggregate_tok_s"]]
+            cells = [
+                cell
+                for cell in results["summary"]
+                if cell["style"] == style and cell["target"] == name and cell["aggregate_tok_s"]
+            ]
             if not cells:
                 continue
             x = [cell["concurrency"] for cell in cells]
             y = [cell["aggregate_tok_s"]["median"] for cell in cells]
-            errors = [[m - cell["aggregate_tok_s"]["min"] for m, cell in zip(y, cells)],
-                      [cell["aggregate_tok_s"]["max"] - m for m, cell in zip(y, cells)]]
+            errors = [
+                [m - cell["aggregate_tok_s"]["min"] for m, cell in zip(y, cells)],
+                [cell["aggregate_tok_s"]["max"] - m for m, cell in zip(y, cells)],
+            ]
             axis.errorbar(x, y, yerr=errors, marker="o", capsize=3, label=name)
         axis.set_title(f"{style} prompts")
         axis.set_xlabel("concurrency")
@@ -440,10 +520,13 @@ def write_plots(results: dict, out_dir: Path) -> list[Path]:
             for cell in (cell for cell in chat_cells if cell["concurrency"] == level):
                 entries = [entry for entry in cell["turns"] if entry["ttft_p50_s"]]
                 y = [entry["ttft_p50_s"]["median"] * 1000 for entry in entries]
-                errors = [[m - entry["ttft_p50_s"]["min"] * 1000 for m, entry in zip(y, entries)],
-                          [entry["ttft_p50_s"]["max"] * 1000 - m for m, entry in zip(y, entries)]]
-                axis.errorbar([entry["turn"] for entry in entries], y, yerr=errors, marker="o", capsize=3,
-                              label=cell["target"])
+                errors = [
+                    [m - entry["ttft_p50_s"]["min"] * 1000 for m, entry in zip(y, entries)],
+                    [entry["ttft_p50_s"]["max"] * 1000 - m for m, entry in zip(y, entries)],
+                ]
+                axis.errorbar(
+                    [entry["turn"] for entry in entries], y, yerr=errors, marker="o", capsize=3, label=cell["target"]
+                )
             axis.set_title(f"chat sessions, c={level}")
             axis.set_xlabel("turn")
             axis.set_ylabel("TTFT p50 (ms)")

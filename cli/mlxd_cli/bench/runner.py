@@ -127,8 +127,9 @@ class BenchConfig:
             return None
         return self.requests if self.requests is not None else 2 * concurrency
 
-    def make_request(self, index: int, prompt: str, messages: list[dict] | None = None,
-                     turn: int | None = None) -> BenchRequest:
+    def make_request(
+        self, index: int, prompt: str, messages: list[dict] | None = None, turn: int | None = None
+    ) -> BenchRequest:
         """A request with this configuration's settings.
 
         Args:
@@ -140,9 +141,18 @@ class BenchConfig:
         Returns:
             The ``BenchRequest``.
         """
-        return BenchRequest(index=index, prompt=prompt, max_tokens=self.max_tokens, temperature=self.temperature,
-                            seed=self.seed, chat=self.chat, ignore_eos=self.ignore_eos,
-                            timeout_s=self.request_timeout_s, messages=messages, turn=turn)
+        return BenchRequest(
+            index=index,
+            prompt=prompt,
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            seed=self.seed,
+            chat=self.chat,
+            ignore_eos=self.ignore_eos,
+            timeout_s=self.request_timeout_s,
+            messages=messages,
+            turn=turn,
+        )
 
     def turns_for(self, style: str) -> int:
         """Requests per unit of work: ``turns`` for the chat style (a session), else 1.
@@ -206,8 +216,15 @@ class ProgressHooks:
         """
 
 
-async def run_batch(target: Any, config: BenchConfig, prompts: Any, round_key: str, concurrency: int, style: str,
-                    hooks: ProgressHooks | None = None) -> tuple[list[RequestSample], float]:
+async def run_batch(
+    target: Any,
+    config: BenchConfig,
+    prompts: Any,
+    round_key: str,
+    concurrency: int,
+    style: str,
+    hooks: ProgressHooks | None = None,
+) -> tuple[list[RequestSample], float]:
     """Run one batch on one target.
 
     Args:
@@ -237,8 +254,9 @@ async def run_batch(target: Any, config: BenchConfig, prompts: Any, round_key: s
     async def worker() -> None:
         while (index := next_index()) is not None:
             if style == "chat":
-                samples.extend(await run_session(target, config, prompts, round_key, concurrency, index,
-                                                 started, hooks))
+                samples.extend(
+                    await run_session(target, config, prompts, round_key, concurrency, index, started, hooks)
+                )
                 continue
             request = config.make_request(index, prompts.prompt(style, round_key, concurrency, index))
             sent_at = time.perf_counter() - started
@@ -253,8 +271,16 @@ async def run_batch(target: Any, config: BenchConfig, prompts: Any, round_key: s
     return samples, wall_s
 
 
-async def run_session(target: Any, config: BenchConfig, prompts: Any, round_key: str, concurrency: int, index: int,
-                      started: float | None = None, hooks: ProgressHooks | None = None) -> list[RequestSample]:
+async def run_session(
+    target: Any,
+    config: BenchConfig,
+    prompts: Any,
+    round_key: str,
+    concurrency: int,
+    index: int,
+    started: float | None = None,
+    hooks: ProgressHooks | None = None,
+) -> list[RequestSample]:
     """Run one chat session: ``config.turns`` turns one after the other, each resending the history.
 
     Args:
@@ -289,8 +315,9 @@ async def run_session(target: Any, config: BenchConfig, prompts: Any, round_key:
     return samples
 
 
-async def run_benchmark(targets: Sequence[Any], config: BenchConfig, prompts: Any,
-                        hooks: ProgressHooks | None = None) -> RunRecord:
+async def run_benchmark(
+    targets: Sequence[Any], config: BenchConfig, prompts: Any, hooks: ProgressHooks | None = None
+) -> RunRecord:
     """Warm up, then run every round with targets interleaved; see the module docstring.
 
     Args:
@@ -319,17 +346,24 @@ async def run_benchmark(targets: Sequence[Any], config: BenchConfig, prompts: An
             for concurrency in config.concurrencies:
                 for style in config.styles:
                     for target in targets:
-                        label = (f"round {round_index + 1}/{config.rounds} c={concurrency} {style}: "
-                                 f"{target.name}")
+                        label = f"round {round_index + 1}/{config.rounds} c={concurrency} {style}: {target.name}"
                         limit = config.requests_for(concurrency)
                         hooks.batch_started(label, None if limit is None else limit * config.turns_for(style))
                         record.order.append((round_index, concurrency, style, target.name))
                         batch_started = time.perf_counter() - run_started
-                        samples, wall_s = await run_batch(target, config, prompts, str(round_index), concurrency,
-                                                          style, hooks)
-                        batch = BatchRecord(round=round_index, concurrency=concurrency, style=style,
-                                            target=target.name, started_at_s=batch_started, wall_s=wall_s,
-                                            summary=summarize_batch(samples, wall_s), samples=samples)
+                        samples, wall_s = await run_batch(
+                            target, config, prompts, str(round_index), concurrency, style, hooks
+                        )
+                        batch = BatchRecord(
+                            round=round_index,
+                            concurrency=concurrency,
+                            style=style,
+                            target=target.name,
+                            started_at_s=batch_started,
+                            wall_s=wall_s,
+                            summary=summarize_batch(samples, wall_s),
+                            samples=samples,
+                        )
                         record.batches.append(batch)
                         hooks.batch_finished(batch)
         return record

@@ -150,8 +150,11 @@ def draft_counts(timings: dict | None, usage: dict | None = None) -> tuple[int |
         ``(drafted, accepted, verify_rounds)``, each None when not reported.
     """
     sources = [source for source in (timings, usage) if isinstance(source, dict)]
-    return (_first_count(sources, DRAFTED_KEYS), _first_count(sources, ACCEPTED_KEYS),
-            _first_count(sources, VERIFY_KEYS))
+    return (
+        _first_count(sources, DRAFTED_KEYS),
+        _first_count(sources, ACCEPTED_KEYS),
+        _first_count(sources, VERIFY_KEYS),
+    )
 
 
 def _sum_or_none(values: Iterable[int | None]) -> int | None:
@@ -175,8 +178,11 @@ def cached_prompt_tokens(usage: dict | None, timings: dict | None) -> int | None
     """
     usage = usage if isinstance(usage, dict) else {}
     details = usage.get("prompt_tokens_details")
-    for value in ((details or {}).get("cached_tokens") if isinstance(details, dict) else None,
-                  usage.get("cached_tokens"), (timings or {}).get("cache_n") if isinstance(timings, dict) else None):
+    for value in (
+        (details or {}).get("cached_tokens") if isinstance(details, dict) else None,
+        usage.get("cached_tokens"),
+        (timings or {}).get("cache_n") if isinstance(timings, dict) else None,
+    ):
         if (count := _count(value)) is not None:
             return count
     return None
@@ -201,9 +207,17 @@ def summarize_turns(samples: Sequence[Any]) -> list[dict[str, Any]]:
         ttfts = [sample.ttft_s for sample in good if sample.ttft_s is not None]
         prompt_tokens = [sample.prompt_tokens for sample in good if sample.prompt_tokens is not None]
         cached = [sample.cached_tokens for sample in good if sample.cached_tokens is not None]
-        rows.append({"turn": turn, "requests": len(mine), "errors": len(mine) - len(good),
-                     "ttft_p50_s": percentile(ttfts, 50), "ttft_p95_s": percentile(ttfts, 95),
-                     "prompt_tokens_p50": median(prompt_tokens), "cached_tokens_p50": median(cached)})
+        rows.append(
+            {
+                "turn": turn,
+                "requests": len(mine),
+                "errors": len(mine) - len(good),
+                "ttft_p50_s": percentile(ttfts, 50),
+                "ttft_p95_s": percentile(ttfts, 95),
+                "prompt_tokens_p50": median(prompt_tokens),
+                "cached_tokens_p50": median(cached),
+            }
+        )
     return rows
 
 
@@ -221,8 +235,11 @@ def summarize_batch(samples: Sequence[Any], wall_s: float) -> dict[str, Any]:
     """
     good = [sample for sample in samples if sample.ok]
     tokens = sum(sample.completion_tokens for sample in good)
-    decode = [speed for sample in good
-              if (speed := decode_tokens_per_s(sample.completion_tokens, sample.token_times_s)) is not None]
+    decode = [
+        speed
+        for sample in good
+        if (speed := decode_tokens_per_s(sample.completion_tokens, sample.token_times_s)) is not None
+    ]
     ttfts = [sample.ttft_s for sample in good if sample.ttft_s is not None]
     gaps = [gap for sample in good for gap in inter_token_latencies(sample.token_times_s)]
     latencies = [sample.latency_s for sample in good]
@@ -237,10 +254,15 @@ def summarize_batch(samples: Sequence[Any], wall_s: float) -> dict[str, Any]:
         "wall_s": wall_s,
         "aggregate_tok_s": tokens / wall_s if good and wall_s > 0 else None,
         "decode_tok_s": median(decode),
-        "ttft_p50_s": percentile(ttfts, 50), "ttft_p95_s": percentile(ttfts, 95),
-        "itl_p50_s": percentile(gaps, 50), "itl_p95_s": percentile(gaps, 95),
-        "latency_p50_s": percentile(latencies, 50), "latency_p95_s": percentile(latencies, 95),
-        "drafted": drafted, "accepted": accepted, "verify_rounds": verify_rounds,
+        "ttft_p50_s": percentile(ttfts, 50),
+        "ttft_p95_s": percentile(ttfts, 95),
+        "itl_p50_s": percentile(gaps, 50),
+        "itl_p95_s": percentile(gaps, 95),
+        "latency_p50_s": percentile(latencies, 50),
+        "latency_p95_s": percentile(latencies, 95),
+        "drafted": drafted,
+        "accepted": accepted,
+        "verify_rounds": verify_rounds,
         "accepted_per_verify": accepted / verify_rounds if accepted is not None and verify_rounds else None,
     }
     turns = summarize_turns(samples)
@@ -249,8 +271,17 @@ def summarize_batch(samples: Sequence[Any], wall_s: float) -> dict[str, Any]:
     return summary
 
 
-SPREAD_METRICS = ("aggregate_tok_s", "decode_tok_s", "ttft_p50_s", "ttft_p95_s", "itl_p50_s", "itl_p95_s",
-                  "latency_p50_s", "latency_p95_s", "accepted_per_verify")
+SPREAD_METRICS = (
+    "aggregate_tok_s",
+    "decode_tok_s",
+    "ttft_p50_s",
+    "ttft_p95_s",
+    "itl_p50_s",
+    "itl_p95_s",
+    "latency_p50_s",
+    "latency_p95_s",
+    "accepted_per_verify",
+)
 SUMMED_METRICS = ("requests", "errors", "completion_tokens", "drafted", "accepted", "verify_rounds")
 
 
@@ -294,8 +325,11 @@ def combine_turns(per_round: Sequence[Sequence[dict[str, Any]]]) -> list[dict[st
     for turn in numbers:
         rows = [next((row for row in rounds if row["turn"] == turn), None) for rounds in per_round]
         present = [row for row in rows if row is not None]
-        entry: dict[str, Any] = {"turn": turn, "requests": sum(row["requests"] for row in present),
-                                 "errors": sum(row["errors"] for row in present)}
+        entry: dict[str, Any] = {
+            "turn": turn,
+            "requests": sum(row["requests"] for row in present),
+            "errors": sum(row["errors"] for row in present),
+        }
         for metric in TURN_SPREAD_METRICS:
             entry[metric] = spread(row[metric] for row in present)
         entry["ttft_p50_s_per_round"] = [row["ttft_p50_s"] if row is not None else None for row in rows]
@@ -321,14 +355,26 @@ def summarize_cells(batches: Sequence[Any], target_names: Sequence[str]) -> list
     for style in styles:
         for concurrency in concurrencies:
             for name in target_names:
-                mine = sorted((batch for batch in batches if (batch.style, batch.concurrency, batch.target)
-                               == (style, concurrency, name)), key=lambda batch: batch.round)
+                mine = sorted(
+                    (
+                        batch
+                        for batch in batches
+                        if (batch.style, batch.concurrency, batch.target) == (style, concurrency, name)
+                    ),
+                    key=lambda batch: batch.round,
+                )
                 if not mine:
                     continue
                 summaries = [batch.summary for batch in mine]
-                cells.append({"style": style, "concurrency": concurrency, "target": name,
-                              **summarize_rounds(summaries),
-                              "aggregate_tok_s_per_round": [summary["aggregate_tok_s"] for summary in summaries]})
+                cells.append(
+                    {
+                        "style": style,
+                        "concurrency": concurrency,
+                        "target": name,
+                        **summarize_rounds(summaries),
+                        "aggregate_tok_s_per_round": [summary["aggregate_tok_s"] for summary in summaries],
+                    }
+                )
     return cells
 
 
@@ -352,8 +398,14 @@ def ratio_rows(cells: Sequence[dict[str, Any]], baseline: str) -> list[dict[str,
         if base is None:
             continue
         per_round = ratios_per_round(cell["aggregate_tok_s_per_round"], base["aggregate_tok_s_per_round"])
-        row = {"style": cell["style"], "concurrency": cell["concurrency"], "target": cell["target"],
-               "baseline": baseline, "per_round": per_round, "ratio": spread(per_round)}
+        row = {
+            "style": cell["style"],
+            "concurrency": cell["concurrency"],
+            "target": cell["target"],
+            "baseline": baseline,
+            "per_round": per_round,
+            "ratio": spread(per_round),
+        }
         if cell.get("turns") and base.get("turns"):
             row["turns"] = ttft_speedups(cell["turns"], base["turns"])
         rows.append(row)

@@ -124,8 +124,13 @@ class HttpTarget(_Target):
 
     def describe(self) -> dict[str, Any]:
         """Returns: what reports say about this target."""
-        return {"name": self.name, "kind": self.kind, "url": self.url, "model": self.model,
-                "cache_prompt": self.cache_prompt}
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "url": self.url,
+            "model": self.model,
+            "cache_prompt": self.cache_prompt,
+        }
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -137,9 +142,12 @@ class HttpTarget(_Target):
             TargetUnavailable: ``/v1/models`` failed while the model name was needed.
         """
         self._client = httpx.AsyncClient(  # environment proxies must not capture requests to this machine
-            base_url=self.url, headers=self._headers(), trust_env=urlparse(self.url).hostname not in _LOOPBACK_HOSTS,
+            base_url=self.url,
+            headers=self._headers(),
+            trust_env=urlparse(self.url).hostname not in _LOOPBACK_HOSTS,
             timeout=httpx.Timeout(None, connect=30.0),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None))
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
+        )
         if self.model is None:
             try:
                 response = await self._client.get("/v1/models", timeout=OPEN_TIMEOUT_S)
@@ -147,8 +155,9 @@ class HttpTarget(_Target):
                 self.model = response.json()["data"][0]["id"]
             except Exception as error:
                 await self.aclose()
-                raise TargetUnavailable(f"{self.name}: GET {self.url}/v1/models failed: "
-                                        f"{_describe_error(error)} (give --model)") from error
+                raise TargetUnavailable(
+                    f"{self.name}: GET {self.url}/v1/models failed: {_describe_error(error)} (give --model)"
+                ) from error
 
     def request_body(self, request: BenchRequest) -> tuple[str, dict[str, Any]]:
         """The path and JSON body of a streaming request.
@@ -159,9 +168,13 @@ class HttpTarget(_Target):
         Returns:
             ``("/v1/chat/completions" | "/v1/completions", body)``.
         """
-        body: dict[str, Any] = {"model": self.model, "max_tokens": request.max_tokens,
-                                "temperature": request.temperature, "stream": True,
-                                "stream_options": {"include_usage": True}}
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": request.max_tokens,
+            "temperature": request.temperature,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         if request.seed is not None:
             body["seed"] = request.seed
         if request.ignore_eos:
@@ -196,8 +209,9 @@ class HttpTarget(_Target):
             raise RuntimeError(f"error event in the stream: {json.dumps(event['error'])[:200]}")
         for choice in event.get("choices") or []:
             delta = choice.get("delta") or {}
-            content = (delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
-                       or choice.get("text"))
+            content = (
+                delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning") or choice.get("text")
+            )
             if content:
                 sample.content_arrived(elapsed_s)
             text = delta.get("content") or choice.get("text")
@@ -228,8 +242,13 @@ class DaemonTarget(_Target):
 
     def describe(self) -> dict[str, Any]:
         """Returns: what reports say about this target."""
-        return {"name": self.name, "kind": self.kind, "endpoint": self.endpoint, "model": self.model,
-                "cache_prompt": self.cache_prompt}
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "endpoint": self.endpoint,
+            "model": self.model,
+            "cache_prompt": self.cache_prompt,
+        }
 
     async def open(self) -> None:
         """Connect and read the daemon's model.
@@ -240,8 +259,10 @@ class DaemonTarget(_Target):
         from mlxd_protocol import AsyncClient
 
         if self.cache_prompt is not None and not _generate_has_cache_prompt():
-            raise TargetUnavailable(f"{self.name}: this mlxd_protocol's Generate has no cache_prompt field, "
-                                    "so --no-cache-prompt works only for HTTP targets")
+            raise TargetUnavailable(
+                f"{self.name}: this mlxd_protocol's Generate has no cache_prompt field, "
+                "so --no-cache-prompt works only for HTTP targets"
+            )
         self._client = AsyncClient(self.endpoint, timeout_s=600.0)
         self.endpoint = self._client.endpoint
         try:
@@ -249,8 +270,9 @@ class DaemonTarget(_Target):
                 self.model = (await self._client.status()).model
         except Exception as error:
             await self.aclose()
-            raise TargetUnavailable(f"{self.name}: no mlxd answers at {self.endpoint}: "
-                                    f"{_describe_error(error)}") from error
+            raise TargetUnavailable(
+                f"{self.name}: no mlxd answers at {self.endpoint}: {_describe_error(error)}"
+            ) from error
 
     async def _stream(self, request: BenchRequest, sample: RequestSample, started: float) -> None:
         from mlxd_protocol import Chunk, Generate, Sampling, new_request_id
@@ -258,10 +280,16 @@ class DaemonTarget(_Target):
         chat = request.chat or request.messages is not None
         extra = {} if self.cache_prompt is None else {"cache_prompt": self.cache_prompt}
         generate = Generate(
-            id=new_request_id(), max_tokens=request.max_tokens, stream=True, ignore_eos=request.ignore_eos,
+            id=new_request_id(),
+            max_tokens=request.max_tokens,
+            stream=True,
+            ignore_eos=request.ignore_eos,
             messages=(request.messages or [{"role": "user", "content": request.prompt}]) if chat else None,
-            prompt=None if chat else request.prompt, chat=chat,
-            sampling=Sampling(temperature=request.temperature, seed=request.seed), **extra)
+            prompt=None if chat else request.prompt,
+            chat=chat,
+            sampling=Sampling(temperature=request.temperature, seed=request.seed),
+            **extra,
+        )
         counted = 0
         # aclosing: on a timeout the client's generator ends at once, so it sends Cancel to the daemon now.
         async with contextlib.aclosing(self._client.generate(generate)) as replies:
@@ -323,8 +351,11 @@ class ServedTarget(HttpTarget):
 
     def describe(self) -> dict[str, Any]:
         """Returns: what reports say about this target."""
-        return {**super().describe(), "command": self.command or self.command_template,
-                "log": str(self.log_path) if self.log_path else None}
+        return {
+            **super().describe(),
+            "command": self.command or self.command_template,
+            "log": str(self.log_path) if self.log_path else None,
+        }
 
     def start(self, log_dir: Path, timeout_s: float = 300.0) -> None:
         """Start the server and wait until ``GET /v1/models`` answers 200.
@@ -341,8 +372,14 @@ class ServedTarget(HttpTarget):
         self.command = self.command_template.replace("{port}", str(port))
         self.log_path = Path(log_dir) / f"serve-{re.sub(r'[^A-Za-z0-9_.-]+', '_', self.name)}.log"
         with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(self.command, shell=True, stdin=subprocess.DEVNULL, stdout=log,
-                                            stderr=subprocess.STDOUT, start_new_session=True)
+            self.process = subprocess.Popen(
+                self.command,
+                shell=True,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + timeout_s
         with httpx.Client(headers=self._headers(), trust_env=False, timeout=5.0) as client:
             while (code := self.process.poll()) is None and time.monotonic() < deadline:
@@ -395,7 +432,7 @@ def parse_target(name: str, spec: str, api_key: str | None = None, model: str | 
         An ``HttpTarget`` or a ``DaemonTarget``; ValueError when the spec is neither form.
     """
     if spec.startswith("daemon:"):
-        return DaemonTarget(name, spec[len("daemon:"):])
+        return DaemonTarget(name, spec[len("daemon:") :])
     if spec.startswith(("http://", "https://")):
         return HttpTarget(name, spec, api_key, model)
     raise ValueError(f"target {name!r}: expected http://HOST:PORT or daemon:ENDPOINT, got {spec!r}")

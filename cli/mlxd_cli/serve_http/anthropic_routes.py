@@ -38,18 +38,32 @@ from .json_body import JsonBodyRoute, UnsafeJson, parse_json
 from .request_fields import name_daemon_field
 from .schemas import build_sampling, normalize_stop
 from .schemas.anthropic_api import (
-    AnthropicErrorResponse, AnthropicMessage, CountTokensRequest, MessagesInput, MessagesRequest, MessageUsage,
-    StopReason, TextContent, TokenCount, ToolUseContent)
+    AnthropicErrorResponse,
+    AnthropicMessage,
+    CountTokensRequest,
+    MessagesInput,
+    MessagesRequest,
+    MessageUsage,
+    StopReason,
+    TextContent,
+    TokenCount,
+    ToolUseContent,
+)
 from .streaming import SSE_HEADERS, ClosingStreamingResponse, StreamedOutput, collect_generation, sse_body
 
 router = APIRouter(route_class=JsonBodyRoute)  # bodies read by json_body.parse_json
 # protocol field -> the Messages API field a daemon refusal is about
 DAEMON_FIELDS = {"tools": "tools", "tool_choice": "tool_choice", "constraint": "output_config.format"}
 ERROR_RESPONSES: dict[int | str, dict] = {
-    status: {"model": AnthropicErrorResponse, "description": description} for status, description in (
-        (400, "invalid request (invalid_request_error)"), (401, "missing or wrong API key (authentication_error)"),
-        (413, "request body too large"), (429, "too many requests in flight, or the daemon is overloaded"),
-        (500, "internal error (api_error)"), (503, "no daemon available (overloaded_error)"))
+    status: {"model": AnthropicErrorResponse, "description": description}
+    for status, description in (
+        (400, "invalid request (invalid_request_error)"),
+        (401, "missing or wrong API key (authentication_error)"),
+        (413, "request body too large"),
+        (429, "too many requests in flight, or the daemon is overloaded"),
+        (500, "internal error (api_error)"),
+        (503, "no daemon available (overloaded_error)"),
+    )
 }
 STREAM_RESPONSES = {200: {"content": {"text/event-stream": {}}, "description": "the message, or SSE when stream=true"}}
 
@@ -72,10 +86,18 @@ def message_request_builder(body: MessagesRequest) -> Callable[[DaemonHandle], G
     constraint = body.constraint()
 
     def make_request(handle: DaemonHandle) -> Generate:
-        return Generate(id=new_request_id(), messages=conversation.messages, chat=True, max_tokens=body.max_tokens,
-                        stop=stop, stream=True, sampling=build_sampling(overrides, handle.sampling_defaults),
-                        constraint=constraint, continue_final_message=conversation.continue_final_message,
-                        **tool_fields)
+        return Generate(
+            id=new_request_id(),
+            messages=conversation.messages,
+            chat=True,
+            max_tokens=body.max_tokens,
+            stop=stop,
+            stream=True,
+            sampling=build_sampling(overrides, handle.sampling_defaults),
+            constraint=constraint,
+            continue_final_message=conversation.continue_final_message,
+            **tool_fields,
+        )
 
     return make_request
 
@@ -83,8 +105,13 @@ def message_request_builder(body: MessagesRequest) -> Callable[[DaemonHandle], G
 def _refusal_named_for_http(error: ApiError) -> ApiError:
     """A daemon refusal, naming the Messages API's field (or what to do) rather than the protocol's."""
     if error.status == 400 and "no chat template" in error.message:
-        return ApiError(400, "this model has no chat template, which the Messages API needs: send a plain prompt "
-                             "to /v1/completions or /completion instead", param="messages", code=error.code)
+        return ApiError(
+            400,
+            "this model has no chat template, which the Messages API needs: send a plain prompt "
+            "to /v1/completions or /completion instead",
+            param="messages",
+            code=error.code,
+        )
     return name_daemon_field(error, DAEMON_FIELDS)
 
 
@@ -102,8 +129,9 @@ def tool_use_blocks(done: Done, first_only: bool) -> list[ToolUseContent]:
     return blocks
 
 
-async def stop_reason_of(pool: DaemonPool, done: Done, tokens: list[int], stop: list[str],
-                         called_tools: bool) -> tuple[StopReason, str | None]:
+async def stop_reason_of(
+    pool: DaemonPool, done: Done, tokens: list[int], stop: list[str], called_tools: bool
+) -> tuple[StopReason, str | None]:
     """Anthropic's (stop_reason, stop_sequence) of a finished generation."""
     if called_tools:
         return "tool_use", None
@@ -121,8 +149,11 @@ async def stop_reason_of(pool: DaemonPool, done: Done, tokens: list[int], stop: 
 def usage_of(done: Done) -> MessageUsage:
     """Anthropic's usage: the prompt split into prefilled and prefix-cache tokens."""
     prompt, cached = int(done.usage.get("prompt_tokens", 0)), int(done.usage.get("cached_tokens", 0))
-    return MessageUsage(input_tokens=prompt - cached, output_tokens=int(done.usage.get("completion_tokens", 0)),
-                        cache_read_input_tokens=cached)
+    return MessageUsage(
+        input_tokens=prompt - cached,
+        output_tokens=int(done.usage.get("completion_tokens", 0)),
+        cache_read_input_tokens=cached,
+    )
 
 
 @router.post("/v1/messages", response_model=AnthropicMessage, responses={**STREAM_RESPONSES, **ERROR_RESPONSES})
@@ -135,27 +166,37 @@ async def create_message(body: MessagesRequest, request: Request):
         raise _refusal_named_for_http(error) from error
     message_id = f"msg_{uuid.uuid4().hex[:24]}"
     if body.stream:
-        return ClosingStreamingResponse(_message_events(stream, request, body, message_id),
-                                        media_type="text/event-stream", headers=SSE_HEADERS)
+        return ClosingStreamingResponse(
+            _message_events(stream, request, body, message_id), media_type="text/event-stream", headers=SSE_HEADERS
+        )
     result = await collect_generation(stream, request)
     if result is None:
         return Response(status_code=499)  # the client left; nobody reads this
     gateway(request).count_generation(result.done)
     calls = tool_use_blocks(result.done, body.keeps_one_call())
-    reason, sequence = await stop_reason_of(pool, result.done, result.tokens, normalize_stop(body.stop_sequences),
-                                            bool(calls))
+    reason, sequence = await stop_reason_of(
+        pool, result.done, result.tokens, normalize_stop(body.stop_sequences), bool(calls)
+    )
     content = ([TextContent(text=result.text)] if result.text else []) + calls
-    return AnthropicMessage(id=message_id, model=gateway(request).model_name(stream.handle), content=content,
-                            stop_reason=reason, stop_sequence=sequence, usage=usage_of(result.done))
+    return AnthropicMessage(
+        id=message_id,
+        model=gateway(request).model_name(stream.handle),
+        content=content,
+        stop_reason=reason,
+        stop_sequence=sequence,
+        usage=usage_of(result.done),
+    )
 
 
-def _message_events(stream: GenerationStream, request: Request, body: MessagesRequest,
-                    message_id: str) -> AsyncIterator[bytes]:
+def _message_events(
+    stream: GenerationStream, request: Request, body: MessagesRequest, message_id: str
+) -> AsyncIterator[bytes]:
     model = gateway(request).model_name(stream.handle)
     output = StreamedOutput()
     blocks_started = []  # the content blocks opened so far (only the text block stays open between replies)
-    empty = AnthropicMessage(id=message_id, model=model, content=[], stop_reason=None,
-                             usage=MessageUsage(input_tokens=0, output_tokens=0))
+    empty = AnthropicMessage(
+        id=message_id, model=model, content=[], stop_reason=None, usage=MessageUsage(input_tokens=0, output_tokens=0)
+    )
     opening = anthropic_event("message_start", {"message": empty.model_dump()}) + anthropic_event("ping", {})
 
     async def events_for(reply) -> AsyncIterator[bytes]:
@@ -163,8 +204,9 @@ def _message_events(stream: GenerationStream, request: Request, body: MessagesRe
         if text:
             if not blocks_started:
                 blocks_started.append("text")
-                yield anthropic_event("content_block_start",
-                                      {"index": 0, "content_block": {"type": "text", "text": ""}})
+                yield anthropic_event(
+                    "content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}
+                )
             yield anthropic_event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": text}})
         if not isinstance(reply, Done):
             return
@@ -175,15 +217,21 @@ def _message_events(stream: GenerationStream, request: Request, body: MessagesRe
         for call in calls:
             index = len(blocks_started)
             blocks_started.append("tool_use")
-            yield anthropic_event("content_block_start",
-                                  {"index": index, "content_block": {**call.model_dump(), "input": {}}})
-            yield anthropic_event("content_block_delta", {"index": index, "delta": {
-                "type": "input_json_delta", "partial_json": json.dumps(call.input)}})
+            yield anthropic_event(
+                "content_block_start", {"index": index, "content_block": {**call.model_dump(), "input": {}}}
+            )
+            yield anthropic_event(
+                "content_block_delta",
+                {"index": index, "delta": {"type": "input_json_delta", "partial_json": json.dumps(call.input)}},
+            )
             yield anthropic_event("content_block_stop", {"index": index})
-        reason, sequence = await stop_reason_of(gateway(request).pool, reply, output.tokens,
-                                                normalize_stop(body.stop_sequences), bool(calls))
-        yield anthropic_event("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": sequence},
-                                                "usage": usage_of(reply).model_dump()})
+        reason, sequence = await stop_reason_of(
+            gateway(request).pool, reply, output.tokens, normalize_stop(body.stop_sequences), bool(calls)
+        )
+        yield anthropic_event(
+            "message_delta",
+            {"delta": {"stop_reason": reason, "stop_sequence": sequence}, "usage": usage_of(reply).model_dump()},
+        )
         yield anthropic_event("message_stop", {})
 
     return sse_body(stream, request, events_for, opening=opening, error_event=_error_event)
@@ -208,8 +256,12 @@ async def count_conversation_tokens(pool: DaemonPool, body: MessagesInput) -> in
     conversation = body.chat_conversation()
     tools = body.tool_fields().get("tools")
     try:
-        tokens = await call_daemon(pool, lambda client: client.tokenize(
-            messages=conversation.messages, tools=tools, continue_final_message=conversation.continue_final_message))
+        tokens = await call_daemon(
+            pool,
+            lambda client: client.tokenize(
+                messages=conversation.messages, tools=tools, continue_final_message=conversation.continue_final_message
+            ),
+        )
     except ApiError as error:
         raise _refusal_named_for_http(error) from error
     return len(tokens)

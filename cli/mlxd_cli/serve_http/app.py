@@ -47,6 +47,7 @@ def create_app(settings: Settings, supervisor: DaemonSupervisor | None = None) -
         await pool.start()
         supervising = None
         if supervisor is not None:
+
             def answers() -> bool:
                 return any(handle.up for handle in pool.handles if handle.endpoint == supervisor.endpoint)
 
@@ -59,8 +60,12 @@ def create_app(settings: Settings, supervisor: DaemonSupervisor | None = None) -
                 await asyncio.gather(supervising, return_exceptions=True)
             await pool.stop()
 
-    app = FastAPI(title="mlx-serve-http", version="0.1.0", lifespan=lifespan,
-                  description="OpenAI- and llama-server-compatible HTTP front for the mlxd daemon.")
+    app = FastAPI(
+        title="mlx-serve-http",
+        version="0.1.0",
+        lifespan=lifespan,
+        description="OpenAI- and llama-server-compatible HTTP front for the mlxd daemon.",
+    )
     install_context(app, GatewayContext(settings=settings, pool=pool, metrics=metrics))
     install_error_handlers(app)
     app.include_router(openai_routes.router)
@@ -70,7 +75,11 @@ def create_app(settings: Settings, supervisor: DaemonSupervisor | None = None) -
     app.include_router(responses_routes.responses_router())  # with its own store of responses
     app.add_middleware(GatewayMiddleware, settings=settings, metrics=metrics)
     if settings.cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET", "POST", "DELETE"],
-                           allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version",
-                                          "anthropic-beta"], max_age=600)
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.cors_origins),
+            allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version", "anthropic-beta"],
+            max_age=600,
+        )
     return app

@@ -51,19 +51,29 @@ class GatewayContext:
             token id -> text, for every token the entries name (and those cached before).
         """
         cache = self._token_texts
-        wanted = {entry["token"] for entry in entries} | {pair[0] for entry in entries for pair in entry.get("top") or ()}
+        wanted = {entry["token"] for entry in entries} | {
+            pair[0] for entry in entries for pair in entry.get("top") or ()
+        }
         missing = sorted(token for token in wanted if token not in cache)
         if missing:
             pool = self.pool
             # SentencePiece drops the leading space of the first token decoded: decode the token twice
             # and keep what the second copy added, which is its text in the middle of a sequence.
             alone, twice = await asyncio.gather(
-                asyncio.gather(*(call_daemon(pool, lambda client, token=token: client.detokenize([token]))
-                                 for token in missing)),
-                asyncio.gather(*(call_daemon(pool, lambda client, token=token: client.detokenize([token, token]))
-                                 for token in missing)))
-            cache.update((token, double[len(single):] if double.startswith(single) else single)
-                         for token, single, double in zip(missing, alone, twice))
+                asyncio.gather(
+                    *(call_daemon(pool, lambda client, token=token: client.detokenize([token])) for token in missing)
+                ),
+                asyncio.gather(
+                    *(
+                        call_daemon(pool, lambda client, token=token: client.detokenize([token, token]))
+                        for token in missing
+                    )
+                ),
+            )
+            cache.update(
+                (token, double[len(single) :] if double.startswith(single) else single)
+                for token, single, double in zip(missing, alone, twice)
+            )
         return cache
 
 

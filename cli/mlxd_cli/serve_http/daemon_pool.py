@@ -37,7 +37,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlxd_protocol import OVERLOADED, AsyncClient, Chunk, DaemonError, DaemonTimeout, Done, Generate, ProtocolError, Status
+from mlxd_protocol import (
+    OVERLOADED,
+    AsyncClient,
+    Chunk,
+    DaemonError,
+    DaemonTimeout,
+    Done,
+    Generate,
+    ProtocolError,
+    Status,
+)
 
 from .errors import UNAVAILABLE_CODES, NoDaemonAvailable, from_daemon_failure
 
@@ -157,8 +167,9 @@ class DaemonPool:
             handle.client.start()  # connection events flow from now on, requests or not
         await self.probe_all()
         loop = asyncio.get_running_loop()
-        self._watchers = [loop.create_task(self._watch(handle), name=f"mlxd-health {handle.endpoint}")
-                          for handle in self.handles]
+        self._watchers = [
+            loop.create_task(self._watch(handle), name=f"mlxd-health {handle.endpoint}") for handle in self.handles
+        ]
 
     async def stop(self) -> None:
         """Stop probing and close every client (requests still waiting fail with client_closed)."""
@@ -232,8 +243,11 @@ class DaemonPool:
 
     async def _reset_client(self, handle: DaemonHandle) -> None:
         """Close a dead daemon's client (waking everything waiting on it) and open a fresh one."""
-        log.warning("daemon %s answered no probe for %g s (stalled); failing its requests", handle.endpoint,
-                    STALLED_DAEMON_TIMEOUT_S)
+        log.warning(
+            "daemon %s answered no probe for %g s (stalled); failing its requests",
+            handle.endpoint,
+            STALLED_DAEMON_TIMEOUT_S,
+        )
         old_client, handle.client = handle.client, self._new_client(handle.endpoint)
         self._watch_connection(handle)
         handle.client.start()
@@ -362,6 +376,7 @@ class DaemonPool:
 
     async def statuses(self) -> list[tuple[DaemonHandle, Status | None]]:
         """Each daemon's current Status (None for one that is down or does not answer quickly)."""
+
         async def one(handle: DaemonHandle) -> Status | None:
             if not handle.up:
                 return None
@@ -419,4 +434,3 @@ async def call_daemon(pool: DaemonPool, operation: Callable[[AsyncClient], Await
         return await pool.call(operation)
     except (NoDaemonAvailable, DaemonError, DaemonTimeout, ProtocolError) as error:
         raise from_daemon_failure(error) from error
-

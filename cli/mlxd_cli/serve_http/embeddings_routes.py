@@ -31,7 +31,13 @@ from .errors import ERROR_RESPONSES, ApiError
 from .json_body import JsonBodyRoute
 from .request_fields import LLAMA_NO_EFFECT, OPENAI_NO_EFFECT, check_extra_fields, ignored_fields_header
 from .schemas import (
-    EmbeddingData, EmbeddingList, EmbeddingRequest, EmbeddingUsage, LlamaEmbedding, LlamaEmbeddingRequest)
+    EmbeddingData,
+    EmbeddingList,
+    EmbeddingRequest,
+    EmbeddingUsage,
+    LlamaEmbedding,
+    LlamaEmbeddingRequest,
+)
 
 router = APIRouter(route_class=JsonBodyRoute)  # bodies read by json_body.parse_json
 
@@ -67,7 +73,7 @@ def split_by_input(result: EmbedResult) -> list[list[list[float]]]:
         return [[vector] for vector in result.embeddings]
     parts, start = [], 0
     for count in result.token_counts:
-        parts.append(result.embeddings[start:start + count])
+        parts.append(result.embeddings[start : start + count])
         start += count
     return parts
 
@@ -83,13 +89,20 @@ async def openai_embeddings(body: EmbeddingRequest, request: Request, response: 
     response.headers.update(ignored_fields_header(check_extra_fields(body, {}, OPENAI_NO_EFFECT)))
     result, model = await embed(request, body.protocol_inputs(), normalize=True)
     if result.pooling == "none":
-        raise ApiError(400, "the daemon pools none (mlxd --pooling none): /v1/embeddings needs one vector per "
-                            "input; use /embedding, or start mlxd with --pooling mean, last or cls",
-                       code="unsupported_pooling")
+        raise ApiError(
+            400,
+            "the daemon pools none (mlxd --pooling none): /v1/embeddings needs one vector per "
+            "input; use /embedding, or start mlxd with --pooling mean, last or cls",
+            code="unsupported_pooling",
+        )
     size = len(result.embeddings[0])
     if body.dimensions is not None and body.dimensions != size:
-        raise ApiError(400, f"dimensions: this model's embeddings have {size} dimensions; only {size} is supported",
-                       param="dimensions", code="unsupported_value")
+        raise ApiError(
+            400,
+            f"dimensions: this model's embeddings have {size} dimensions; only {size} is supported",
+            param="dimensions",
+            code="unsupported_value",
+        )
     encode = base64_floats if body.encoding_format == "base64" else list
     data = [EmbeddingData(index=index, embedding=encode(vector)) for index, vector in enumerate(result.embeddings)]
     tokens = sum(result.token_counts)

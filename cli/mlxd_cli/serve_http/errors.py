@@ -31,8 +31,17 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 import re
 
 from mlxd_protocol import (
-    BAD_FRAME, CANCELLED, CLIENT_CLOSED, DISCONNECTED, INVALID, NOT_FOUND, OVERLOADED, DaemonError, DaemonTimeout,
-    ProtocolError)
+    BAD_FRAME,
+    CANCELLED,
+    CLIENT_CLOSED,
+    DISCONNECTED,
+    INVALID,
+    NOT_FOUND,
+    OVERLOADED,
+    DaemonError,
+    DaemonTimeout,
+    ProtocolError,
+)
 
 from .schemas import ErrorResponse
 
@@ -42,10 +51,17 @@ RETRY_AFTER_S = 1  # what 429 / 503 tell clients to wait: daemons free up (or co
 
 # OpenAI's error "type" for each status we send.
 _TYPE_BY_STATUS = {
-    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-    405: "invalid_request_error", 408: "invalid_request_error", 413: "invalid_request_error",
-    415: "invalid_request_error", 429: "rate_limit_error",
-    500: "server_error", 503: "service_unavailable",
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    408: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "service_unavailable",
 }
 # Daemon codes that mean "this daemon cannot serve now", not "the request is bad".
 UNAVAILABLE_CODES = frozenset({CLIENT_CLOSED, CANCELLED, DISCONNECTED})
@@ -88,13 +104,18 @@ def _status_of_daemon_code(code: str) -> int:
 
 # For /openapi.json: every route may answer these, all with the OpenAI error body.
 ERROR_RESPONSES: dict[int | str, dict] = {
-    status: {"model": ErrorResponse, "description": description} for status, description in (
+    status: {"model": ErrorResponse, "description": description}
+    for status, description in (
         (400, "invalid request (or a Host header this server does not answer to)"),
-        (401, "missing or wrong API key"), (403, "a browser request from an origin not in --cors-origins"),
-        (408, "the request body did not arrive in time"), (413, "request body too large"),
+        (401, "missing or wrong API key"),
+        (403, "a browser request from an origin not in --cors-origins"),
+        (408, "the request body did not arrive in time"),
+        (413, "request body too large"),
         (415, "the request body is not declared as JSON"),
         (429, "too many requests in flight, or the daemon is overloaded (see Retry-After)"),
-        (500, "internal error"), (503, "no daemon available (see Retry-After)"))
+        (500, "internal error"),
+        (503, "no daemon available (see Retry-After)"),
+    )
 }
 
 
@@ -110,21 +131,36 @@ class ApiError(Exception):
         extra: Further members of the error object.
     """
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 error_type: str | None = None, extra: dict | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        error_type: str | None = None,
+        extra: dict | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
         self.extra = extra or {}  # more members of the error object (llama-server's n_prompt_tokens, n_ctx)
-        self.error_type = error_type or _TYPE_BY_STATUS.get(status, "server_error" if status >= 500 else
-                                                            "invalid_request_error")
+        self.error_type = error_type or _TYPE_BY_STATUS.get(
+            status, "server_error" if status >= 500 else "invalid_request_error"
+        )
 
     def body(self) -> dict:
         """The JSON body: ``{"error": {...}}``."""
-        return {"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code,
-                          **self.extra}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": self.param,
+                "code": self.code,
+                **self.extra,
+            }
+        }
 
     def headers(self) -> dict[str, str]:
         """Extra response headers: Retry-After for the statuses a client should retry."""
@@ -148,8 +184,14 @@ class ApiError(Exception):
 ANTHROPIC_PATH = "/v1/messages"
 # Anthropic's error "type" for each status we send (429 from an overloaded daemon: "overloaded_error").
 _ANTHROPIC_TYPE_BY_STATUS = {
-    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-    413: "request_too_large", 429: "rate_limit_error", 500: "api_error", 503: "overloaded_error",
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
 }
 
 
@@ -192,8 +234,11 @@ def from_daemon_failure(error: BaseException) -> ApiError:
         if status == 400 and error.message.startswith(REPLY_TOO_LARGE_PREFIX):
             return ApiError(413, public_text(error.message), code="reply_too_large")
         if status == 503:
-            return ApiError(503, "the daemon stopped while answering this request (it exited, was restarted or "
-                                 "stalled); retry shortly", code="daemon_unavailable")
+            return ApiError(
+                503,
+                "the daemon stopped while answering this request (it exited, was restarted or stalled); retry shortly",
+                code="daemon_unavailable",
+            )
         if status == 500:
             log.error("daemon error %s: %s", error.code, error.message)
             return ApiError(500, INTERNAL_MESSAGE, code=error.code)
@@ -202,9 +247,14 @@ def from_daemon_failure(error: BaseException) -> ApiError:
         exceeded = _CONTEXT_EXCEEDED.search(error.message) if status == 400 else None
         if exceeded:
             n_prompt, n_ctx = int(exceeded["prompt"]), int(exceeded["ctx"])
-            return ApiError(400, f"the request ({n_prompt} tokens) exceeds the available context size ({n_ctx} "
-                                 "tokens), try increasing it", code="exceed_context_size",
-                            error_type="exceed_context_size_error", extra={"n_prompt_tokens": n_prompt, "n_ctx": n_ctx})
+            return ApiError(
+                400,
+                f"the request ({n_prompt} tokens) exceeds the available context size ({n_ctx} "
+                "tokens), try increasing it",
+                code="exceed_context_size",
+                error_type="exceed_context_size_error",
+                extra={"n_prompt_tokens": n_prompt, "n_ctx": n_ctx},
+            )
         return ApiError(status, public_text(error.message), code=error.code)
     log.error("unexpected failure talking to a daemon: %r", error)
     return ApiError(500, INTERNAL_MESSAGE, code="internal")
@@ -235,8 +285,9 @@ def describe_validation_error(errors: list[dict]) -> tuple[str, str | None]:
     field_path = _field_path(first)
     # A value of the wrong type for a union field fails once per member: say what each wanted.
     same_field = [error for error in errors if _field_path(error) == field_path]
-    message = " | ".join(dict.fromkeys(error.get("msg", "invalid value").removeprefix("Value error, ")
-                                       for error in same_field))
+    message = " | ".join(
+        dict.fromkeys(error.get("msg", "invalid value").removeprefix("Value error, ") for error in same_field)
+    )
     others = len(errors) - len(same_field)
     more = f" (and {others} more problem{'s' if others > 1 else ''})" if others else ""
     return f"{field_path or 'body'}: {message}{more}", field_path or None
@@ -281,7 +332,9 @@ def install_error_handlers(app: FastAPI) -> None:
             message = f"method {request.method} is not allowed on {request.url.path}"
         else:
             message = str(error.detail)
-        api_error = ApiError(error.status_code, message, code=getattr(error, "code", None) or _code_for(error.status_code))
+        api_error = ApiError(
+            error.status_code, message, code=getattr(error, "code", None) or _code_for(error.status_code)
+        )
         response = api_error.response(request.url.path)
         for name, value in (error.headers or {}).items():
             response.headers[name] = value  # e.g. Allow on 405

@@ -47,8 +47,9 @@ def _checked_int(text: str) -> int:
     digits = len(text) - text.startswith("-")
     value = int(text) if digits <= 20 else None  # never convert thousands of digits
     if value is None or not INT64_MIN <= value <= INT64_MAX:
-        raise UnsafeJson(f"the integer {text[:24]}{'...' if len(text) > 24 else ''} is outside the signed 64-bit "
-                         "range [-2^63, 2^63)")
+        raise UnsafeJson(
+            f"the integer {text[:24]}{'...' if len(text) > 24 else ''} is outside the signed 64-bit range [-2^63, 2^63)"
+        )
     return value
 
 
@@ -115,8 +116,9 @@ def parse_json(data: bytes | str) -> Any:
     if _SURROGATE.search(raw):
         where = _lone_surrogate_at(value, "")
         if where is not None:
-            raise UnsafeJson(f"{where or 'the value'}: holds a lone UTF-16 surrogate (\\ud800-\\udfff), "
-                             "which is not Unicode text")
+            raise UnsafeJson(
+                f"{where or 'the value'}: holds a lone UTF-16 surrogate (\\ud800-\\udfff), which is not Unicode text"
+            )
     return value
 
 

@@ -38,7 +38,13 @@ from .context import GatewayContext, gateway
 from .daemon_pool import DaemonHandle, DaemonPool, GenerationStream, call_daemon, open_generation
 from .errors import ERROR_RESPONSES, ApiError
 from .json_body import JsonBodyRoute
-from .request_fields import LLAMA_NO_EFFECT, LLAMA_UNIMPLEMENTED, check_extra_fields, ignored_fields_header, name_daemon_field
+from .request_fields import (
+    LLAMA_NO_EFFECT,
+    LLAMA_UNIMPLEMENTED,
+    check_extra_fields,
+    ignored_fields_header,
+    name_daemon_field,
+)
 from .schemas import MAX_TOKENS_LIMIT, build_sampling, normalize_stop
 from .schemas.llama import LlamaCompletionBody, PromptObject, is_single_prompt
 from .streaming import SSE_HEADERS, ClosingStreamingResponse, StreamedOutput, collect_generation, sse_body, sse_event
@@ -46,8 +52,16 @@ from .streaming import SSE_HEADERS, ClosingStreamingResponse, StreamedOutput, co
 router = APIRouter(route_class=JsonBodyRoute)
 FALLBACK_CONTEXT = 4096  # n_predict -1 on a daemon that has not reported its context bound
 # llama.cpp's defaults for the samplers mlxd does not implement: reported, they say "off"
-NEUTRAL_SAMPLERS = {"mirostat": 0, "typical_p": 1.0, "xtc_probability": 0.0, "dry_multiplier": 0.0,
-                    "dynatemp_range": 0.0, "top_n_sigma": -1.0, "adaptive_target": -1.0, "adaptive_decay": 0.9}
+NEUTRAL_SAMPLERS = {
+    "mirostat": 0,
+    "typical_p": 1.0,
+    "xtc_probability": 0.0,
+    "dry_multiplier": 0.0,
+    "dynatemp_range": 0.0,
+    "top_n_sigma": -1.0,
+    "adaptive_target": -1.0,
+    "adaptive_decay": 0.9,
+}
 
 
 async def prompt_fields(pool: DaemonPool, prompt: Any) -> dict:
@@ -59,8 +73,12 @@ async def prompt_fields(pool: DaemonPool, prompt: Any) -> dict:
     if isinstance(prompt, dict):
         item = PromptObject.model_validate(prompt)
         if item.multimodal_data:
-            raise ApiError(400, "prompt: multimodal_data is not supported (this model takes text only)",
-                           param="prompt", code="unsupported_field")
+            raise ApiError(
+                400,
+                "prompt: multimodal_data is not supported (this model takes text only)",
+                param="prompt",
+                code="unsupported_field",
+            )
         return {"prompt": item.prompt_string}
     if isinstance(prompt, str):
         return {"prompt": prompt}
@@ -71,8 +89,9 @@ async def prompt_fields(pool: DaemonPool, prompt: Any) -> dict:
         if isinstance(part, int):
             tokens.append(part)
         else:
-            tokens += await call_daemon(pool, lambda client, text=part, first=index == 0: client.tokenize(
-                text=text, add_special_tokens=first))
+            tokens += await call_daemon(
+                pool, lambda client, text=part, first=index == 0: client.tokenize(text=text, add_special_tokens=first)
+            )
     return {"prompt_tokens": tokens}
 
 
@@ -93,10 +112,19 @@ def request_builder(body: LlamaCompletionBody, fields: dict, n_predict: int):
     def make_request(handle: DaemonHandle) -> Generate:
         context = min(handle.context_bound or FALLBACK_CONTEXT, MAX_TOKENS_LIMIT)
         max_tokens = context if n_predict == -1 else min(n_predict, context)
-        return Generate(id=new_request_id(), **fields, chat=False, max_tokens=max_tokens, stop=normalize_stop(body.stop),
-                        stream=True, sampling=build_sampling(overrides, handle.sampling_defaults),
-                        speculative=speculative, ignore_eos=body.ignore_eos, constraint=body.constraint(),
-                        cache_prompt=body.cache_prompt)
+        return Generate(
+            id=new_request_id(),
+            **fields,
+            chat=False,
+            max_tokens=max_tokens,
+            stop=normalize_stop(body.stop),
+            stream=True,
+            sampling=build_sampling(overrides, handle.sampling_defaults),
+            speculative=speculative,
+            ignore_eos=body.ignore_eos,
+            constraint=body.constraint(),
+            cache_prompt=body.cache_prompt,
+        )
 
     return make_request
 
@@ -125,14 +153,22 @@ def generation_settings(body: LlamaCompletionBody, handle: DaemonHandle, n_predi
     eos = handle.status.options.get("eos_token_ids", []) if handle.status else []
     bias = [{"token": token, "bias": None} for token in eos] if body.ignore_eos else []  # null: -inf, as llama-server
     return {
-        "n_predict": n_predict, "seed": sampling.get("seed") if sampling.get("seed") is not None else -1,
-        "temperature": sampling.get("temperature", 0.0), "top_k": sampling.get("top_k", 0),
-        "top_p": sampling.get("top_p", 1.0), "min_p": sampling.get("min_p", 0.0),
+        "n_predict": n_predict,
+        "seed": sampling.get("seed") if sampling.get("seed") is not None else -1,
+        "temperature": sampling.get("temperature", 0.0),
+        "top_k": sampling.get("top_k", 0),
+        "top_p": sampling.get("top_p", 1.0),
+        "min_p": sampling.get("min_p", 0.0),
         "repeat_penalty": sampling.get("repetition_penalty", 1.0),
         "presence_penalty": sampling.get("presence_penalty", 0.0),
-        "frequency_penalty": sampling.get("frequency_penalty", 0.0), "stop": normalize_stop(body.stop),
-        "ignore_eos": body.ignore_eos, "stream": body.stream, "cache_prompt": body.cache_prompt,
-        "n_probs": body.n_probs, "logit_bias": bias, **NEUTRAL_SAMPLERS,
+        "frequency_penalty": sampling.get("frequency_penalty", 0.0),
+        "stop": normalize_stop(body.stop),
+        "ignore_eos": body.ignore_eos,
+        "stream": body.stream,
+        "cache_prompt": body.cache_prompt,
+        "n_probs": body.n_probs,
+        "logit_bias": bias,
+        **NEUTRAL_SAMPLERS,
     }
 
 
@@ -144,8 +180,13 @@ async def probabilities(context: GatewayContext, entries: list[dict]) -> list[di
         text = texts[token]
         return {"id": token, "token": text, "logprob": logprob, "bytes": list(text.encode())}
 
-    return [{**item(entry["token"], entry["logprob"]),
-             "top_logprobs": [item(token, logprob) for token, logprob in entry.get("top") or ()]} for entry in entries]
+    return [
+        {
+            **item(entry["token"], entry["logprob"]),
+            "top_logprobs": [item(token, logprob) for token, logprob in entry.get("top") or ()],
+        }
+        for entry in entries
+    ]
 
 
 def pick_fields(answer: dict, names: list[str]) -> dict:
@@ -160,8 +201,17 @@ def pick_fields(answer: dict, names: list[str]) -> dict:
     return picked
 
 
-async def final_answer(request: Request, body: LlamaCompletionBody, stream: GenerationStream, done: Done,
-                       content: str, tokens: list[int], prompt_text: str, n_predict: int, index: int) -> dict:
+async def final_answer(
+    request: Request,
+    body: LlamaCompletionBody,
+    stream: GenerationStream,
+    done: Done,
+    content: str,
+    tokens: list[int],
+    prompt_text: str,
+    n_predict: int,
+    index: int,
+) -> dict:
     """The whole /completion answer for one prompt (the last streamed event too, with empty content)."""
     context = gateway(request)
     stop_type, word = await stop_reason(context.pool, done, tokens, normalize_stop(body.stop))
@@ -169,11 +219,21 @@ async def final_answer(request: Request, body: LlamaCompletionBody, stream: Gene
     bound = stream.handle.context_bound
     truncated = stop_type == "limit" and bound is not None and prompt_n + predicted_n >= bound
     return {
-        "index": index, "content": content, "tokens": tokens if body.return_tokens and not body.stream else [],
-        "id_slot": -1, "stop": True, "model": context.model_name(stream.handle), "tokens_predicted": predicted_n,
-        "tokens_evaluated": prompt_n, "tokens_cached": int(done.usage.get("cached_tokens", 0)),
-        "generation_settings": generation_settings(body, stream.handle, n_predict), "prompt": prompt_text,
-        "has_new_line": "\n" in content, "truncated": truncated, "stop_type": stop_type, "stopping_word": word,
+        "index": index,
+        "content": content,
+        "tokens": tokens if body.return_tokens and not body.stream else [],
+        "id_slot": -1,
+        "stop": True,
+        "model": context.model_name(stream.handle),
+        "tokens_predicted": predicted_n,
+        "tokens_evaluated": prompt_n,
+        "tokens_cached": int(done.usage.get("cached_tokens", 0)),
+        "generation_settings": generation_settings(body, stream.handle, n_predict),
+        "prompt": prompt_text,
+        "has_new_line": "\n" in content,
+        "truncated": truncated,
+        "stop_type": stop_type,
+        "stopping_word": word,
         "timings": done.timings,
     }
 
@@ -210,8 +270,9 @@ async def completion(body: LlamaCompletionBody, request: Request, response: Resp
         stream, fields = await open_one(request, body, prompts[0], n_predict)
         events = _completion_events(request, body, stream, fields, n_predict)
         return ClosingStreamingResponse(events, media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
-    answers = await asyncio.gather(*(_answer_one(request, body, prompt, n_predict, index)
-                                     for index, prompt in enumerate(prompts)))
+    answers = await asyncio.gather(
+        *(_answer_one(request, body, prompt, n_predict, index) for index, prompt in enumerate(prompts))
+    )
     if any(answer is None for answer in answers):
         return Response(status_code=499)  # the client left; nobody reads this
     if body.response_fields:
@@ -219,28 +280,35 @@ async def completion(body: LlamaCompletionBody, request: Request, response: Resp
     return JSONResponse(answers[0] if is_single_prompt(body.prompt) else answers, headers=headers)
 
 
-async def _answer_one(request: Request, body: LlamaCompletionBody, prompt: Any, n_predict: int, index: int) -> dict | None:
+async def _answer_one(
+    request: Request, body: LlamaCompletionBody, prompt: Any, n_predict: int, index: int
+) -> dict | None:
     stream, fields = await open_one(request, body, prompt, n_predict)
     result = await collect_generation(stream, request)
     if result is None:
         return None
     gateway(request).count_generation(result.done)
     prompt_text = await prompt_as_text(gateway(request).pool, fields)
-    answer = await final_answer(request, body, stream, result.done, result.text, result.tokens, prompt_text, n_predict, index)
+    answer = await final_answer(
+        request, body, stream, result.done, result.text, result.tokens, prompt_text, n_predict, index
+    )
     if body.n_probs:
         answer["completion_probabilities"] = await probabilities(gateway(request), result.logprobs)
     return answer
 
 
-def _completion_events(request: Request, body: LlamaCompletionBody, stream: GenerationStream, fields: dict,
-                       n_predict: int) -> AsyncIterator[bytes]:
+def _completion_events(
+    request: Request, body: LlamaCompletionBody, stream: GenerationStream, fields: dict, n_predict: int
+) -> AsyncIterator[bytes]:
     output = StreamedOutput()
 
     async def events_for(reply) -> AsyncIterator[bytes]:
         text, tokens = output.add(reply)
         if isinstance(reply, Done):
             if text or tokens:
-                yield sse_event(json.dumps({"index": 0, "content": text, "tokens": tokens, "stop": False, "id_slot": -1}))
+                yield sse_event(
+                    json.dumps({"index": 0, "content": text, "tokens": tokens, "stop": False, "id_slot": -1})
+                )
             gateway(request).count_generation(reply)
             prompt_text = await prompt_as_text(gateway(request).pool, fields)
             answer = await final_answer(request, body, stream, reply, "", output.tokens, prompt_text, n_predict, 0)

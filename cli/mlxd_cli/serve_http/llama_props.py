@@ -47,12 +47,20 @@ def default_params(request: Request, handle: DaemonHandle) -> dict:
     return {
         "n_predict": -1 if n_predict is None else n_predict,
         "seed": sampling.get("seed") if sampling.get("seed") is not None else -1,
-        "temperature": sampling.get("temperature", 0.0), "top_k": sampling.get("top_k", 0),
-        "top_p": sampling.get("top_p", 1.0), "min_p": sampling.get("min_p", 0.0),
+        "temperature": sampling.get("temperature", 0.0),
+        "top_k": sampling.get("top_k", 0),
+        "top_p": sampling.get("top_p", 1.0),
+        "min_p": sampling.get("min_p", 0.0),
         "repeat_penalty": sampling.get("repetition_penalty", 1.0),
         "presence_penalty": sampling.get("presence_penalty", 0.0),
-        "frequency_penalty": sampling.get("frequency_penalty", 0.0), "stop": [], "ignore_eos": False,
-        "stream": False, "cache_prompt": True, "n_probs": 0, "logit_bias": [], **NEUTRAL_SAMPLERS,
+        "frequency_penalty": sampling.get("frequency_penalty", 0.0),
+        "stop": [],
+        "ignore_eos": False,
+        "stream": False,
+        "cache_prompt": True,
+        "n_probs": 0,
+        "logit_bias": [],
+        **NEUTRAL_SAMPLERS,
     }
 
 
@@ -63,13 +71,25 @@ async def props(request: Request) -> dict:
     handle = await _serving_handle(request)
     options = handle.status.options
     return {
-        "default_generation_settings": {"id": 0, "id_task": -1, "n_ctx": handle.context_bound, "speculative": False,
-                                        "is_processing": False, "params": default_params(request, handle)},
-        "total_slots": handle.status.max_batch, "model_alias": context.model_name(handle),
-        "model_path": handle.status.model, "n_ctx_train": options.get("context_length"),
-        "chat_template": options.get("chat_template") or "", "modalities": {"vision": False, "audio": False},
-        "endpoint_slots": context.settings.slots_enabled, "endpoint_props": False,
-        "endpoint_metrics": context.settings.metrics_enabled, "webui": False, "is_sleeping": False,
+        "default_generation_settings": {
+            "id": 0,
+            "id_task": -1,
+            "n_ctx": handle.context_bound,
+            "speculative": False,
+            "is_processing": False,
+            "params": default_params(request, handle),
+        },
+        "total_slots": handle.status.max_batch,
+        "model_alias": context.model_name(handle),
+        "model_path": handle.status.model,
+        "n_ctx_train": options.get("context_length"),
+        "chat_template": options.get("chat_template") or "",
+        "modalities": {"vision": False, "audio": False},
+        "endpoint_slots": context.settings.slots_enabled,
+        "endpoint_props": False,
+        "endpoint_metrics": context.settings.metrics_enabled,
+        "webui": False,
+        "is_sleeping": False,
         "build_info": f"mlxd {handle.status.daemon_version}",
     }
 
@@ -88,7 +108,14 @@ async def slots(request: Request) -> list[dict]:
     handle = await _serving_handle(request)
     fresh = dict((one.endpoint, status) for one, status in await gateway(request).pool.statuses())
     status = fresh.get(handle.endpoint) or handle.status
-    return [{"id": index, "id_task": -1, "n_ctx": handle.context_bound, "speculative": False,
-             "is_processing": index < status.active,
-             "next_token": [{"has_next_token": index < status.active, "n_remain": -1, "n_decoded": 0}]}
-            for index in range(status.max_batch)]
+    return [
+        {
+            "id": index,
+            "id_task": -1,
+            "n_ctx": handle.context_bound,
+            "speculative": False,
+            "is_processing": index < status.active,
+            "next_token": [{"has_next_token": index < status.active, "n_remain": -1, "n_decoded": 0}],
+        }
+        for index in range(status.max_batch)
+    ]

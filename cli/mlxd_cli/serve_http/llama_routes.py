@@ -37,8 +37,9 @@ router.include_router(llama_props.router)
 async def tokenize(body: TokenizeBody, request: Request) -> dict:
     """Token ids of ``content`` (``add_special`` adds BOS and the like, default false)."""
     context = gateway(request)
-    tokens = await call_daemon(context.pool,
-                               lambda client: client.tokenize(text=body.content, add_special_tokens=body.add_special))
+    tokens = await call_daemon(
+        context.pool, lambda client: client.tokenize(text=body.content, add_special_tokens=body.add_special)
+    )
     if not body.with_pieces:
         return {"tokens": tokens}
     texts = await context.token_texts([{"token": token} for token in tokens])
@@ -54,12 +55,18 @@ async def apply_template(body: ApplyTemplateBody, request: Request) -> dict:
     messages = [message.to_protocol() for message in body.messages]
     tools = [tool.to_protocol() for tool in body.tools] if body.tools else None
     try:
-        text = await call_daemon(gateway(request).pool, lambda client: client.render_chat(
-            messages, tools, body.add_generation_prompt, body.chat_template_kwargs))
+        text = await call_daemon(
+            gateway(request).pool,
+            lambda client: client.render_chat(messages, tools, body.add_generation_prompt, body.chat_template_kwargs),
+        )
     except ApiError as error:
         if error.status == 400 and "no chat template" in error.message:
-            raise ApiError(400, "this model has no chat template (start the server with --chat-template)",
-                           param="messages", code=error.code) from error
+            raise ApiError(
+                400,
+                "this model has no chat template (start the server with --chat-template)",
+                param="messages",
+                code=error.code,
+            ) from error
         raise
     return {"prompt": text}
 
@@ -94,8 +101,14 @@ async def metrics(request: Request) -> PlainTextResponse:
     speculation totals."""
     context = gateway(request)
     if not context.settings.metrics_enabled:
-        raise ApiError(501, "this server does not serve /metrics (started without --metrics)",
-                       code="not_supported", error_type="not_supported_error")
+        raise ApiError(
+            501,
+            "this server does not serve /metrics (started without --metrics)",
+            code="not_supported",
+            error_type="not_supported_error",
+        )
     statuses = await context.pool.statuses()
     page = context.metrics.render([(handle.endpoint, handle.up, status) for handle, status in statuses])
-    return PlainTextResponse(page, media_type=CONTENT_TYPE, headers={"Process-Start-Time-Unix": str(int(context.metrics.started))})
+    return PlainTextResponse(
+        page, media_type=CONTENT_TYPE, headers={"Process-Start-Time-Unix": str(int(context.metrics.started))}
+    )

@@ -32,9 +32,15 @@ from .settings import DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S
 from .supervisor import DaemonSupervisor
 
 
-def daemon_args(draft_kind: str | None, draft_block_size: int | None, prompt_lookup_max_batch: int | None,
-                seed: int | None = None, chat_template: str | None = None, chat_template_file: str | None = None,
-                reasoning: str | None = None) -> list[str]:
+def daemon_args(
+    draft_kind: str | None,
+    draft_block_size: int | None,
+    prompt_lookup_max_batch: int | None,
+    seed: int | None = None,
+    chat_template: str | None = None,
+    chat_template_file: str | None = None,
+    reasoning: str | None = None,
+) -> list[str]:
     """The ``mlxd`` options for a daemon this command starts.
 
     Args:
@@ -50,73 +56,184 @@ def daemon_args(draft_kind: str | None, draft_block_size: int | None, prompt_loo
         The argument list (empty when all are None).
     """
     args: list[str] = []
-    for flag, value in (("--draft-kind", draft_kind), ("--draft-block-size", draft_block_size),
-                        ("--prompt-lookup-max-batch", prompt_lookup_max_batch), ("--seed", seed),
-                        ("--chat-template", chat_template), ("--chat-template-file", chat_template_file),
-                        ("--reasoning", reasoning)):
+    for flag, value in (
+        ("--draft-kind", draft_kind),
+        ("--draft-block-size", draft_block_size),
+        ("--prompt-lookup-max-batch", prompt_lookup_max_batch),
+        ("--seed", seed),
+        ("--chat-template", chat_template),
+        ("--chat-template-file", chat_template_file),
+        ("--reasoning", reasoning),
+    ):
         if value is not None:
             args += [flag, str(value)]
     return args
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--daemon", "daemons", multiple=True,
-              help="mlxd endpoint to forward to (repeatable; default: the private ipc socket, started if needed)")
-@click.option("-m", "--model", default=None, help="model for a daemon started by this command: checkpoint directory, .gguf file, hub id or 'embedded' (default: the default model, SmolLM2-135M-Instruct)")
+@click.option(
+    "--daemon",
+    "daemons",
+    multiple=True,
+    help="mlxd endpoint to forward to (repeatable; default: the private ipc socket, started if needed)",
+)
+@click.option(
+    "-m",
+    "--model",
+    default=None,
+    help="model for a daemon started by this command: checkpoint directory, .gguf file, hub id or 'embedded' (default: the default model, SmolLM2-135M-Instruct)",
+)
 @click.option("--alias", default=None, help="the model name replies carry (default: the checkpoint's directory name)")
-@click.option("--host", "hosts", multiple=True, default=["127.0.0.1"], show_default=True,
-              help="address to listen on (repeatable, or comma-separated: every one is listened on)")
+@click.option(
+    "--host",
+    "hosts",
+    multiple=True,
+    default=["127.0.0.1"],
+    show_default=True,
+    help="address to listen on (repeatable, or comma-separated: every one is listened on)",
+)
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535))
-@click.option("--api-key", default=None, envvar="MLXD_HTTP_API_KEY",
-              help="require 'Authorization: Bearer KEY' on every endpoint but /health (env MLXD_HTTP_API_KEY)")
-@click.option("--allowed-hosts", default=None,
-              help="comma-separated Host header names answered besides the loopback names and --host; '*': any "
-                   "(default: only those; any when --host is a wildcard address such as 0.0.0.0)")
-@click.option("--cors-origins", default="",
-              help="comma-separated browser origins allowed to call the API (CORS), e.g. http://localhost:3000; "
-                   "'*': any (default: none)")
-@click.option("--draft-kind", default=None, type=click.Choice(["prompt-lookup", "none"]),
-              help="speculative decoding for a daemon started here")
+@click.option(
+    "--api-key",
+    default=None,
+    envvar="MLXD_HTTP_API_KEY",
+    help="require 'Authorization: Bearer KEY' on every endpoint but /health (env MLXD_HTTP_API_KEY)",
+)
+@click.option(
+    "--allowed-hosts",
+    default=None,
+    help="comma-separated Host header names answered besides the loopback names and --host; '*': any "
+    "(default: only those; any when --host is a wildcard address such as 0.0.0.0)",
+)
+@click.option(
+    "--cors-origins",
+    default="",
+    help="comma-separated browser origins allowed to call the API (CORS), e.g. http://localhost:3000; "
+    "'*': any (default: none)",
+)
+@click.option(
+    "--draft-kind",
+    default=None,
+    type=click.Choice(["prompt-lookup", "none"]),
+    help="speculative decoding for a daemon started here",
+)
 @click.option("--draft-block-size", default=None, type=click.IntRange(1), help="most draft tokens per verify round")
-@click.option("--prompt-lookup-max-batch", default=None, type=click.IntRange(0),
-              help="verify gate of a daemon started here: no verify rounds above this many rows")
-@click.option("--seed", default=None, type=click.IntRange(0, 2**63 - 1),
-              help="default sampling seed of a daemon started here (requests that send none)")
-@click.option("--chat-template", default=None,
-              help="chat template of a daemon started here instead of the model's: chatml, llama2, llama3, "
-                   "command-r, or Jinja text")
-@click.option("--chat-template-file", default=None, type=click.Path(dir_okay=False, exists=True),
-              help="file holding the Jinja chat template of a daemon started here")
-@click.option("--reasoning", default=None, type=click.Choice(["on", "off", "auto"]),
-              help="thinking in the chat template of a daemon started here (mlxd --reasoning; default auto)")
-@click.option("--n-predict", default=None, type=click.IntRange(-1),
-              help="llama-server's --n-predict: the most tokens a /completion generates, and its default "
-                   "(-1 or unset: until end of sequence)")
-@click.option("--metrics/--no-metrics", default=True, show_default=True,
-              help="serve /metrics (off: 501, as llama-server without --metrics)")
-@click.option("--slots/--no-slots", default=True, show_default=True,
-              help="serve llama-server's /slots (off: 501)")
-@click.option("--max-concurrency", default=None, type=click.IntRange(1),
-              help="most requests in flight; more are answered 429 at once (default: no limit)")
-@click.option("--max-requests-per-client", default=32, show_default=True, type=click.IntRange(1),
-              help="most requests in flight from one client address; more are answered 429")
-@click.option("--max-body-bytes", default=DEFAULT_MAX_BODY_BYTES, show_default=True, type=click.IntRange(1),
-              help="largest request body; larger ones are answered 413")
-@click.option("--header-timeout", default=DEFAULT_HEADER_TIMEOUT_S, show_default=True, type=click.FloatRange(min=0.1),
-              help="seconds a client has to send a request's headers; slower connections are closed")
-@click.option("--body-timeout", default=DEFAULT_BODY_TIMEOUT_S, show_default=True, type=click.FloatRange(min=0.1),
-              help="seconds a client has to send a request's body, once its headers came; then 408")
-@click.option("--log-level", default="info", show_default=True,
-              type=click.Choice(["debug", "info", "warning", "error"]))
-def main(daemons, model, alias, hosts, port, api_key, allowed_hosts, cors_origins, draft_kind, draft_block_size,
-         prompt_lookup_max_batch, seed, chat_template, chat_template_file, reasoning, n_predict, metrics, slots, max_concurrency, max_requests_per_client, max_body_bytes, header_timeout,
-         body_timeout, log_level):
+@click.option(
+    "--prompt-lookup-max-batch",
+    default=None,
+    type=click.IntRange(0),
+    help="verify gate of a daemon started here: no verify rounds above this many rows",
+)
+@click.option(
+    "--seed",
+    default=None,
+    type=click.IntRange(0, 2**63 - 1),
+    help="default sampling seed of a daemon started here (requests that send none)",
+)
+@click.option(
+    "--chat-template",
+    default=None,
+    help="chat template of a daemon started here instead of the model's: chatml, llama2, llama3, "
+    "command-r, or Jinja text",
+)
+@click.option(
+    "--chat-template-file",
+    default=None,
+    type=click.Path(dir_okay=False, exists=True),
+    help="file holding the Jinja chat template of a daemon started here",
+)
+@click.option(
+    "--reasoning",
+    default=None,
+    type=click.Choice(["on", "off", "auto"]),
+    help="thinking in the chat template of a daemon started here (mlxd --reasoning; default auto)",
+)
+@click.option(
+    "--n-predict",
+    default=None,
+    type=click.IntRange(-1),
+    help="llama-server's --n-predict: the most tokens a /completion generates, and its default "
+    "(-1 or unset: until end of sequence)",
+)
+@click.option(
+    "--metrics/--no-metrics",
+    default=True,
+    show_default=True,
+    help="serve /metrics (off: 501, as llama-server without --metrics)",
+)
+@click.option("--slots/--no-slots", default=True, show_default=True, help="serve llama-server's /slots (off: 501)")
+@click.option(
+    "--max-concurrency",
+    default=None,
+    type=click.IntRange(1),
+    help="most requests in flight; more are answered 429 at once (default: no limit)",
+)
+@click.option(
+    "--max-requests-per-client",
+    default=32,
+    show_default=True,
+    type=click.IntRange(1),
+    help="most requests in flight from one client address; more are answered 429",
+)
+@click.option(
+    "--max-body-bytes",
+    default=DEFAULT_MAX_BODY_BYTES,
+    show_default=True,
+    type=click.IntRange(1),
+    help="largest request body; larger ones are answered 413",
+)
+@click.option(
+    "--header-timeout",
+    default=DEFAULT_HEADER_TIMEOUT_S,
+    show_default=True,
+    type=click.FloatRange(min=0.1),
+    help="seconds a client has to send a request's headers; slower connections are closed",
+)
+@click.option(
+    "--body-timeout",
+    default=DEFAULT_BODY_TIMEOUT_S,
+    show_default=True,
+    type=click.FloatRange(min=0.1),
+    help="seconds a client has to send a request's body, once its headers came; then 408",
+)
+@click.option(
+    "--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"])
+)
+def main(
+    daemons,
+    model,
+    alias,
+    hosts,
+    port,
+    api_key,
+    allowed_hosts,
+    cors_origins,
+    draft_kind,
+    draft_block_size,
+    prompt_lookup_max_batch,
+    seed,
+    chat_template,
+    chat_template_file,
+    reasoning,
+    n_predict,
+    metrics,
+    slots,
+    max_concurrency,
+    max_requests_per_client,
+    max_body_bytes,
+    header_timeout,
+    body_timeout,
+    log_level,
+):
     """Serve the mlxd daemon(s) over HTTP (OpenAI and llama-server APIs)."""
     import uvicorn
 
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    extra_args = daemon_args(draft_kind, draft_block_size, prompt_lookup_max_batch, seed, chat_template,
-                             chat_template_file, reasoning)
+    logging.basicConfig(
+        level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    extra_args = daemon_args(
+        draft_kind, draft_block_size, prompt_lookup_max_batch, seed, chat_template, chat_template_file, reasoning
+    )
     hosts = list(dict.fromkeys(name.strip() for value in hosts for name in value.split(",") if name.strip()))
     endpoints = list(dict.fromkeys(daemons))  # the same daemon twice would only skew the balance
     supervisor = None
@@ -128,12 +245,16 @@ def main(daemons, model, alias, hosts, port, api_key, allowed_hosts, cors_origin
             if not daemon_answers(endpoint):
                 process = start_daemon(endpoint, model, extra_args)
                 supervisor = DaemonSupervisor(endpoint, model, extra_args, process)
-                click.echo(f"mlx-serve-http: started mlxd at {endpoint} (pid {process.pid}); it is restarted "
-                           "if it exits", err=True)
+                click.echo(
+                    f"mlx-serve-http: started mlxd at {endpoint} (pid {process.pid}); it is restarted if it exits",
+                    err=True,
+                )
             endpoints = [endpoint]
         elif model or extra_args:
-            click.echo("mlx-serve-http: -m and the daemon options only apply to a daemon started here; "
-                       "ignored with --daemon", err=True)
+            click.echo(
+                "mlx-serve-http: -m and the daemon options only apply to a daemon started here; ignored with --daemon",
+                err=True,
+            )
     except (ValueError, AutostartError) as error:
         click.echo(f"mlx-serve-http: {error}", err=True)
         sys.exit(1)
@@ -143,16 +264,31 @@ def main(daemons, model, alias, hosts, port, api_key, allowed_hosts, cors_origin
     names = allowed_hosts.split(",") if allowed_hosts is not None else None
     allowed = frozenset().union(*(default_allowed_hosts(host, names) or {"*"} for host in hosts))
     allowed = None if "*" in allowed else allowed
-    settings = Settings(daemons=endpoints, api_key=api_key, max_concurrency=max_concurrency,
-                        max_body_bytes=max_body_bytes, max_requests_per_client=max_requests_per_client,
-                        model_alias=alias, allowed_hosts=allowed, default_n_predict=None if n_predict == -1 else n_predict,
-                        metrics_enabled=metrics, slots_enabled=slots,
-                        cors_origins=tuple(origin.strip().rstrip("/") for origin in cors_origins.split(",") if origin.strip()),
-                        header_timeout_s=header_timeout, body_timeout_s=body_timeout)
+    settings = Settings(
+        daemons=endpoints,
+        api_key=api_key,
+        max_concurrency=max_concurrency,
+        max_body_bytes=max_body_bytes,
+        max_requests_per_client=max_requests_per_client,
+        model_alias=alias,
+        allowed_hosts=allowed,
+        default_n_predict=None if n_predict == -1 else n_predict,
+        metrics_enabled=metrics,
+        slots_enabled=slots,
+        cors_origins=tuple(origin.strip().rstrip("/") for origin in cors_origins.split(",") if origin.strip()),
+        header_timeout_s=header_timeout,
+        body_timeout_s=body_timeout,
+    )
     urls = ", ".join(f"http://{f'[{host}]' if ':' in host else host}:{port}" for host in hosts)
     click.echo(f"mlx-serve-http on {urls} -> {', '.join(endpoints)}", err=True)
-    config = uvicorn.Config(create_app(settings, supervisor), host=hosts[0], port=port, log_level=log_level,
-                            timeout_graceful_shutdown=5, http=header_timeout_protocol(header_timeout))
+    config = uvicorn.Config(
+        create_app(settings, supervisor),
+        host=hosts[0],
+        port=port,
+        log_level=log_level,
+        timeout_graceful_shutdown=5,
+        http=header_timeout_protocol(header_timeout),
+    )
     if len(hosts) == 1:
         uvicorn.Server(config).run()
         return
@@ -166,7 +302,9 @@ def main(daemons, model, alias, hosts, port, api_key, allowed_hosts, cors_origin
 
 def listening_socket(host: str, port: int) -> socket.socket:
     """A bound, listening TCP socket on ``host`` (an IPv4 or IPv6 address, or a name) and ``port``."""
-    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[
+        0
+    ]
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     if family == socket.AF_INET6:

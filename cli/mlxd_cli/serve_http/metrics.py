@@ -45,12 +45,34 @@ from dataclasses import dataclass
 from mlxd_protocol import Status
 
 RECENT_REQUESTS = 16
-KNOWN_ENDPOINTS = frozenset({
-    "/v1/chat/completions", "/v1/completions", "/v1/models", "/completion", "/tokenize", "/detokenize",
-    "/health", "/metrics", "/openapi.json", "/docs", "/completions", "/chat/completions", "/models", "/props",
-    "/slots", "/apply-template", "/v1/chat/completions/input_tokens", "/chat/completions/input_tokens",
-    "/v1/responses", "/v1/messages", "/v1/messages/count_tokens", "/v1/embeddings", "/embedding", "/embeddings",
-})
+KNOWN_ENDPOINTS = frozenset(
+    {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/models",
+        "/completion",
+        "/tokenize",
+        "/detokenize",
+        "/health",
+        "/metrics",
+        "/openapi.json",
+        "/docs",
+        "/completions",
+        "/chat/completions",
+        "/models",
+        "/props",
+        "/slots",
+        "/apply-template",
+        "/v1/chat/completions/input_tokens",
+        "/chat/completions/input_tokens",
+        "/v1/responses",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
+        "/v1/embeddings",
+        "/embedding",
+        "/embeddings",
+    }
+)
 # Status.totals key -> metric name suffix.
 DAEMON_TOTALS = {
     "draft_tokens": "draft_tokens_total",
@@ -109,44 +131,115 @@ class GatewayMetrics:
             Prometheus text exposition.
         """
         lines: list[str] = []
-        _family(lines, "mlxd_http_requests_total", "counter", "HTTP requests answered, by endpoint and status",
-                [(f'endpoint="{path}",status="{status}"', count) for (path, status), count in sorted(self.requests.items())])
+        _family(
+            lines,
+            "mlxd_http_requests_total",
+            "counter",
+            "HTTP requests answered, by endpoint and status",
+            [
+                (f'endpoint="{path}",status="{status}"', count)
+                for (path, status), count in sorted(self.requests.items())
+            ],
+        )
         _family(lines, "mlxd_http_requests_in_flight", "gauge", "HTTP requests being served", [("", self.in_flight)])
-        _family(lines, "mlxd_http_prompt_tokens_total", "counter", "prompt tokens of finished generations",
-                [("", self.prompt_tokens)])
-        _family(lines, "mlxd_http_generated_tokens_total", "counter", "tokens generated for HTTP clients",
-                [("", self.generated_tokens)])
+        _family(
+            lines,
+            "mlxd_http_prompt_tokens_total",
+            "counter",
+            "prompt tokens of finished generations",
+            [("", self.prompt_tokens)],
+        )
+        _family(
+            lines,
+            "mlxd_http_generated_tokens_total",
+            "counter",
+            "tokens generated for HTTP clients",
+            [("", self.generated_tokens)],
+        )
         recent = self.recent_tokens_per_s
-        _family(lines, "mlxd_http_tokens_per_second", "gauge",
-                f"mean decode tokens/s of the last {RECENT_REQUESTS} generations",
-                [("", round(sum(recent) / len(recent), 3) if recent else 0.0)])
+        _family(
+            lines,
+            "mlxd_http_tokens_per_second",
+            "gauge",
+            f"mean decode tokens/s of the last {RECENT_REQUESTS} generations",
+            [("", round(sum(recent) / len(recent), 3) if recent else 0.0)],
+        )
         labels = {endpoint: f'daemon="{index}"' for index, (endpoint, _, _) in enumerate(daemons)}
-        _family(lines, "mlxd_daemon_up", "gauge", "1 when the daemon answered its last health probe",
-                [(labels[endpoint], int(up)) for endpoint, up, _ in daemons])
+        _family(
+            lines,
+            "mlxd_daemon_up",
+            "gauge",
+            "1 when the daemon answered its last health probe",
+            [(labels[endpoint], int(up)) for endpoint, up, _ in daemons],
+        )
         answered = [(endpoint, status) for endpoint, _, status in daemons if status is not None]
-        _family(lines, "mlxd_daemon_queued", "gauge", "requests waiting for a decode slot",
-                [(labels[endpoint], status.queued) for endpoint, status in answered])
-        _family(lines, "mlxd_daemon_active", "gauge", "sequences being decoded together (batch size)",
-                [(labels[endpoint], status.active) for endpoint, status in answered])
+        _family(
+            lines,
+            "mlxd_daemon_queued",
+            "gauge",
+            "requests waiting for a decode slot",
+            [(labels[endpoint], status.queued) for endpoint, status in answered],
+        )
+        _family(
+            lines,
+            "mlxd_daemon_active",
+            "gauge",
+            "sequences being decoded together (batch size)",
+            [(labels[endpoint], status.active) for endpoint, status in answered],
+        )
         kv = [(endpoint, status.memory.get("kv") or {}) for endpoint, status in answered]
-        _family(lines, "mlxd_daemon_kv_blocks_used", "gauge", "paged KV blocks holding tokens (paged storage only)",
-                [(labels[endpoint], usage["blocks_used"]) for endpoint, usage in kv if "blocks_used" in usage])
-        _family(lines, "mlxd_daemon_kv_blocks_cached", "gauge",
-                "paged KV blocks the prefix cache holds, shared with sequences or not (paged storage only)",
-                [(labels[endpoint], usage["blocks_cached"]) for endpoint, usage in kv if "blocks_cached" in usage])
-        _family(lines, "mlxd_daemon_kv_blocks", "gauge", "paged KV blocks in the pool (paged storage only)",
-                [(labels[endpoint], usage["blocks"]) for endpoint, usage in kv if "blocks" in usage])
-        _family(lines, "mlxd_daemon_kv_slots_free", "gauge", "free KV slots (contiguous storage only)",
-                [(labels[endpoint], usage["slots_free"]) for endpoint, usage in kv if "slots_free" in usage])
-        _family(lines, "mlxd_daemon_kv_allocated_bytes", "gauge", "bytes of KV buffers allocated",
-                [(labels[endpoint], usage.get("allocated_bytes", 0)) for endpoint, usage in kv])
+        _family(
+            lines,
+            "mlxd_daemon_kv_blocks_used",
+            "gauge",
+            "paged KV blocks holding tokens (paged storage only)",
+            [(labels[endpoint], usage["blocks_used"]) for endpoint, usage in kv if "blocks_used" in usage],
+        )
+        _family(
+            lines,
+            "mlxd_daemon_kv_blocks_cached",
+            "gauge",
+            "paged KV blocks the prefix cache holds, shared with sequences or not (paged storage only)",
+            [(labels[endpoint], usage["blocks_cached"]) for endpoint, usage in kv if "blocks_cached" in usage],
+        )
+        _family(
+            lines,
+            "mlxd_daemon_kv_blocks",
+            "gauge",
+            "paged KV blocks in the pool (paged storage only)",
+            [(labels[endpoint], usage["blocks"]) for endpoint, usage in kv if "blocks" in usage],
+        )
+        _family(
+            lines,
+            "mlxd_daemon_kv_slots_free",
+            "gauge",
+            "free KV slots (contiguous storage only)",
+            [(labels[endpoint], usage["slots_free"]) for endpoint, usage in kv if "slots_free" in usage],
+        )
+        _family(
+            lines,
+            "mlxd_daemon_kv_allocated_bytes",
+            "gauge",
+            "bytes of KV buffers allocated",
+            [(labels[endpoint], usage.get("allocated_bytes", 0)) for endpoint, usage in kv],
+        )
         cached = [(endpoint, usage["prefix_cache"]) for endpoint, usage in kv if "prefix_cache" in usage]
         for key, kind, help_text in PREFIX_CACHE_FIGURES:
-            _family(lines, f"mlxd_daemon_prefix_cache_{key}", kind, help_text,
-                    [(labels[endpoint], stats.get(key.removesuffix("_total"), 0)) for endpoint, stats in cached])
+            _family(
+                lines,
+                f"mlxd_daemon_prefix_cache_{key}",
+                kind,
+                help_text,
+                [(labels[endpoint], stats.get(key.removesuffix("_total"), 0)) for endpoint, stats in cached],
+            )
         for key, suffix in DAEMON_TOTALS.items():
-            _family(lines, f"mlxd_daemon_{suffix}", "counter", f"daemon total {key} since it started",
-                    [(labels[endpoint], status.totals.get(key, 0)) for endpoint, status in answered])
+            _family(
+                lines,
+                f"mlxd_daemon_{suffix}",
+                "counter",
+                f"daemon total {key} since it started",
+                [(labels[endpoint], status.totals.get(key, 0)) for endpoint, status in answered],
+            )
         self.llama.render(lines, answered)
         return "\n".join(lines) + "\n"
 
@@ -165,7 +258,6 @@ def _family(lines: list[str], name: str, kind: str, help_text: str, samples: lis
     lines.append(f"# TYPE {name} {kind}")
     for labels, value in samples:
         lines.append(f"{name}{{{labels}}} {value}" if labels else f"{name} {value}")
-
 
 
 @dataclass
@@ -215,10 +307,16 @@ class LlamaTotals:
             _family(lines, f"llamacpp:{name}", "counter", help_text, [("", value)])
         active = sum(status.active for _, status in answered)
         gauges = [
-            ("prompt_tokens_seconds", "average prompt throughput in tokens/s",
-             self.prompt_tokens / (self.prompt_ms / 1e3) if self.prompt_ms else 0.0),
-            ("predicted_tokens_seconds", "average generation throughput in tokens/s",
-             self.predicted_tokens / (self.predicted_ms / 1e3) if self.predicted_ms else 0.0),
+            (
+                "prompt_tokens_seconds",
+                "average prompt throughput in tokens/s",
+                self.prompt_tokens / (self.prompt_ms / 1e3) if self.prompt_ms else 0.0,
+            ),
+            (
+                "predicted_tokens_seconds",
+                "average generation throughput in tokens/s",
+                self.predicted_tokens / (self.predicted_ms / 1e3) if self.predicted_ms else 0.0,
+            ),
             ("requests_processing", "requests being decoded", active),
             ("requests_deferred", "requests waiting for a row", sum(status.queued for _, status in answered)),
             ("n_busy_slots_per_decode", "rows decoding together now", active),

@@ -65,15 +65,23 @@ class GatewayMiddleware:
 
     async def _guarded(self, scope, receive, send, path: str) -> None:
         host = _header(scope, b"host")
-        refused = (host_problem(host, self.settings.allowed_hosts)
-                   or origin_problem(_header(scope, b"origin"), host, self.settings.cors_origins))
+        refused = host_problem(host, self.settings.allowed_hosts) or origin_problem(
+            _header(scope, b"origin"), host, self.settings.cors_origins
+        )
         if refused is not None:
             await _send_error(send, path, refused)
             return
         if self._expected_auth is not None and path not in OPEN_PATHS and not self._authorized(scope):
-            await _send_error(send, path, ApiError(401, "missing or wrong API key: send Authorization: Bearer "
-                                                   "<key> or x-api-key: <key>", code="invalid_api_key"),
-                              {"WWW-Authenticate": "Bearer"})
+            await _send_error(
+                send,
+                path,
+                ApiError(
+                    401,
+                    "missing or wrong API key: send Authorization: Bearer <key> or x-api-key: <key>",
+                    code="invalid_api_key",
+                ),
+                {"WWW-Authenticate": "Bearer"},
+            )
             return
         body_receive = await self._read_body(scope, receive, send)
         if body_receive is None:
@@ -81,14 +89,28 @@ class GatewayMiddleware:
         limit = self.settings.max_concurrency
         limited = path not in UNLIMITED_PATHS
         if limited and limit is not None and self.metrics.in_flight >= limit:
-            await _send_error(send, path, ApiError(429, f"the server is at its limit of {limit} requests in flight; "
-                                                        "retry shortly", code="too_many_requests"))
+            await _send_error(
+                send,
+                path,
+                ApiError(
+                    429,
+                    f"the server is at its limit of {limit} requests in flight; retry shortly",
+                    code="too_many_requests",
+                ),
+            )
             return
         client = (scope.get("client") or ("?", 0))[0]
         per_client = self.settings.max_requests_per_client
         if limited and per_client is not None and self._per_client.get(client, 0) >= per_client:
-            await _send_error(send, path, ApiError(429, f"this client already has {per_client} requests in flight; "
-                                                        "retry when one finishes", code="too_many_requests"))
+            await _send_error(
+                send,
+                path,
+                ApiError(
+                    429,
+                    f"this client already has {per_client} requests in flight; retry when one finishes",
+                    code="too_many_requests",
+                ),
+            )
             return
         if limited:
             self.metrics.in_flight += 1
@@ -126,8 +148,9 @@ class GatewayMiddleware:
         declared = _header(scope, b"content-length")
         if declared is not None:
             if not declared.isdigit():
-                await _send_error(send, scope["path"], ApiError(400, f"invalid Content-Length {declared!r}",
-                                                                code="invalid_header"))
+                await _send_error(
+                    send, scope["path"], ApiError(400, f"invalid Content-Length {declared!r}", code="invalid_header")
+                )
                 return None
             if int(declared) > limit:
                 await _send_error(send, scope["path"], _too_large(limit))
@@ -156,8 +179,11 @@ class GatewayMiddleware:
                     if not message.get("more_body", False):
                         break
         except TimeoutError:
-            timeout = ApiError(408, f"the request body did not arrive within {self.settings.body_timeout_s:g} s",
-                               code="request_timeout")
+            timeout = ApiError(
+                408,
+                f"the request body did not arrive within {self.settings.body_timeout_s:g} s",
+                code="request_timeout",
+            )
             await _send_error(send, scope["path"], timeout, {"Connection": "close"})
             return None
         body = b"".join(chunks)
@@ -187,8 +213,9 @@ def _treat_body_as_json(scope) -> None:
 
 
 def _too_large(limit: int) -> ApiError:
-    return ApiError(413, f"the request body is larger than the limit of {limit} bytes (--max-body-bytes)",
-                    code="request_too_large")
+    return ApiError(
+        413, f"the request body is larger than the limit of {limit} bytes (--max-body-bytes)", code="request_too_large"
+    )
 
 
 def _header(scope, name: bytes) -> str | None:
@@ -201,8 +228,17 @@ def _header(scope, name: bytes) -> str | None:
 async def _send_error(send, path: str, error: ApiError, extra_headers: dict[str, str] | None = None) -> None:
     """Answer an error straight from the middleware, in OpenAI's shape (Anthropic's on its paths)."""
     body = error.encoded(path)
-    headers = {"content-type": "application/json", "content-length": str(len(body)), **error.headers(),
-               **(extra_headers or {})}
-    await send({"type": "http.response.start", "status": error.status,
-                "headers": [(key.lower().encode(), value.encode()) for key, value in headers.items()]})
+    headers = {
+        "content-type": "application/json",
+        "content-length": str(len(body)),
+        **error.headers(),
+        **(extra_headers or {}),
+    }
+    await send(
+        {
+            "type": "http.response.start",
+            "status": error.status,
+            "headers": [(key.lower().encode(), value.encode()) for key, value in headers.items()],
+        }
+    )
     await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -50,11 +50,34 @@ from .daemon_pool import DaemonHandle, call_daemon
 from .errors import ERROR_RESPONSES, ApiError, NoDaemonAvailable, from_daemon_failure
 from .json_body import JsonBodyRoute
 from .schemas import (
-    MAX_TOKENS_LIMIT, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
-    ChatDelta, ChatMessageOut, Completion, CompletionChoice, CompletionRequest, CompletionTokensDetails, ModelCard,
-    ModelList, OpenAIGenerationFields, PromptTokensDetails, ToolCallOut, Usage, build_sampling, normalize_stop)
+    MAX_TOKENS_LIMIT,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatDelta,
+    ChatMessageOut,
+    Completion,
+    CompletionChoice,
+    CompletionRequest,
+    CompletionTokensDetails,
+    ModelCard,
+    ModelList,
+    OpenAIGenerationFields,
+    PromptTokensDetails,
+    ToolCallOut,
+    Usage,
+    build_sampling,
+    normalize_stop,
+)
 from .request_fields import (
-    OPENAI_NO_EFFECT, OPENAI_UNIMPLEMENTED, check_extra_fields, ignored_fields_header, name_daemon_field)
+    OPENAI_NO_EFFECT,
+    OPENAI_UNIMPLEMENTED,
+    check_extra_fields,
+    ignored_fields_header,
+    name_daemon_field,
+)
 from .streaming import SSE_HEADERS, ClosingStreamingResponse, StreamedOutput, sse_body, sse_event
 
 router = APIRouter(route_class=JsonBodyRoute)  # bodies read by json_body.parse_json
@@ -71,10 +94,17 @@ def usage_of(done: Done) -> Usage:
     details = PromptTokensDetails(cached_tokens=int(usage.get("cached_tokens", 0)))
     predicted = None
     if "accepted_prediction_tokens" in usage:
-        predicted = CompletionTokensDetails(accepted_prediction_tokens=int(usage["accepted_prediction_tokens"]),
-                                            rejected_prediction_tokens=int(usage["rejected_prediction_tokens"]))
-    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
-                 prompt_tokens_details=details, completion_tokens_details=predicted)
+        predicted = CompletionTokensDetails(
+            accepted_prediction_tokens=int(usage["accepted_prediction_tokens"]),
+            rejected_prediction_tokens=int(usage["rejected_prediction_tokens"]),
+        )
+    return Usage(
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+        prompt_tokens_details=details,
+        completion_tokens_details=predicted,
+    )
 
 
 def usage_of_choices(dones: list[Done]) -> Usage:
@@ -83,12 +113,21 @@ def usage_of_choices(dones: list[Done]) -> Usage:
     first = usages[0]
     completion = sum(usage.completion_tokens for usage in usages)
     predicted = [usage.completion_tokens_details for usage in usages if usage.completion_tokens_details]
-    details = None if not predicted else CompletionTokensDetails(
-        accepted_prediction_tokens=sum(part.accepted_prediction_tokens for part in predicted),
-        rejected_prediction_tokens=sum(part.rejected_prediction_tokens for part in predicted))
-    return Usage(prompt_tokens=first.prompt_tokens, completion_tokens=completion,
-                 total_tokens=first.prompt_tokens + completion, prompt_tokens_details=first.prompt_tokens_details,
-                 completion_tokens_details=details)
+    details = (
+        None
+        if not predicted
+        else CompletionTokensDetails(
+            accepted_prediction_tokens=sum(part.accepted_prediction_tokens for part in predicted),
+            rejected_prediction_tokens=sum(part.rejected_prediction_tokens for part in predicted),
+        )
+    )
+    return Usage(
+        prompt_tokens=first.prompt_tokens,
+        completion_tokens=completion,
+        total_tokens=first.prompt_tokens + completion,
+        prompt_tokens_details=first.prompt_tokens_details,
+        completion_tokens_details=details,
+    )
 
 
 def system_fingerprint(handle: DaemonHandle) -> str | None:
@@ -99,9 +138,15 @@ def system_fingerprint(handle: DaemonHandle) -> str | None:
     return "fp_" + hashlib.sha256(identity).hexdigest()[:12]
 
 
-def request_builder(body: OpenAIGenerationFields, prompt_fields: dict, max_tokens: int | None,
-                    logprobs: int | None, chat: bool | None, tool_fields: dict | None = None,
-                    choice: int = 0) -> Callable[[DaemonHandle], Generate]:
+def request_builder(
+    body: OpenAIGenerationFields,
+    prompt_fields: dict,
+    max_tokens: int | None,
+    logprobs: int | None,
+    chat: bool | None,
+    tool_fields: dict | None = None,
+    choice: int = 0,
+) -> Callable[[DaemonHandle], Generate]:
     """A function building the Generate for the daemon the pool picks.
 
     Args:
@@ -125,23 +170,40 @@ def request_builder(body: OpenAIGenerationFields, prompt_fields: dict, max_token
 
     def make_request(handle: DaemonHandle) -> Generate:
         limit = max_tokens or min(handle.context_bound or FALLBACK_MAX_TOKENS, MAX_TOKENS_LIMIT)
-        return Generate(id=new_request_id(), **prompt_fields, chat=chat, max_tokens=limit, stop=stop, stream=True,
-                        sampling=build_sampling(overrides, handle.sampling_defaults), speculative=speculative,
-                        constraint=constraint, cache_prompt=body.cache_prompt,
-                        prediction=body.prediction_text(), **(tool_fields or {}))
+        return Generate(
+            id=new_request_id(),
+            **prompt_fields,
+            chat=chat,
+            max_tokens=limit,
+            stop=stop,
+            stream=True,
+            sampling=build_sampling(overrides, handle.sampling_defaults),
+            speculative=speculative,
+            constraint=constraint,
+            cache_prompt=body.cache_prompt,
+            prediction=body.prediction_text(),
+            **(tool_fields or {}),
+        )
 
     return make_request
 
 
 def chat_logprobs(entries: list[dict], texts: dict[int, str]) -> dict:
     """OpenAI chat ``logprobs`` ({"content": [...]}) from the daemon's entries."""
+
     def item(token: int, logprob: float) -> dict:
         text = texts[token]
         return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
 
-    return {"content": [{**item(entry["token"], entry["logprob"]),
-                         "top_logprobs": [item(token, logprob) for token, logprob in entry.get("top") or ()]}
-                        for entry in entries]}
+    return {
+        "content": [
+            {
+                **item(entry["token"], entry["logprob"]),
+                "top_logprobs": [item(token, logprob) for token, logprob in entry.get("top") or ()],
+            }
+            for entry in entries
+        ]
+    }
 
 
 def completion_logprobs(entries: list[dict], texts: dict[int, str], offset: int) -> dict:
@@ -150,10 +212,12 @@ def completion_logprobs(entries: list[dict], texts: dict[int, str], offset: int)
     for entry in entries:
         offsets.append(position)
         position += len(texts[entry["token"]])
-    return {"tokens": [texts[entry["token"]] for entry in entries],
-            "token_logprobs": [entry["logprob"] for entry in entries],
-            "top_logprobs": [{texts[token]: logprob for token, logprob in entry.get("top") or ()} for entry in entries],
-            "text_offset": offsets}
+    return {
+        "tokens": [texts[entry["token"]] for entry in entries],
+        "token_logprobs": [entry["logprob"] for entry in entries],
+        "top_logprobs": [{texts[token]: logprob for token, logprob in entry.get("top") or ()} for entry in entries],
+        "text_offset": offsets,
+    }
 
 
 # ---- /v1/chat/completions --------------------------------------------------------------------
@@ -170,20 +234,40 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, respon
         prompt_fields["continue_final_message"] = True
     if body.chat_template_kwargs is not None:
         prompt_fields["chat_template_kwargs"] = body.chat_template_kwargs
-    builders = [request_builder(body, prompt_fields, body.max_completion_tokens or body.max_tokens, logprobs,
-                                chat=None, tool_fields=body.tool_fields(), choice=index) for index in range(body.n)]
+    builders = [
+        request_builder(
+            body,
+            prompt_fields,
+            body.max_completion_tokens or body.max_tokens,
+            logprobs,
+            chat=None,
+            tool_fields=body.tool_fields(),
+            choice=index,
+        )
+        for index in range(body.n)
+    ]
     try:
         choices = await open_choices(gateway(request).pool, builders)
     except ApiError as error:
         if error.status == 400 and "no chat template" in error.message:
             # The daemon's advice names protocol fields; say what to do over HTTP instead.
-            raise ApiError(400, "this model has no chat template: send a plain prompt to /v1/completions or "
-                                "/completion instead", param="messages", code=error.code) from error
+            raise ApiError(
+                400,
+                "this model has no chat template: send a plain prompt to /v1/completions or /completion instead",
+                param="messages",
+                code=error.code,
+            ) from error
         raise name_daemon_field(error, {**CHAT_FIELDS, "constraint": body.constraint_field()}) from error
     reply_id, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
     if body.stream:
-        events = _chat_events(choices, request, reply_id, created, logprobs is not None,
-                              body.stream_options is not None and body.stream_options.include_usage)
+        events = _chat_events(
+            choices,
+            request,
+            reply_id,
+            created,
+            logprobs is not None,
+            body.stream_options is not None and body.stream_options.include_usage,
+        )
         return ClosingStreamingResponse(events, media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
     results = await collect_choices(choices, request)
     if results is None:
@@ -192,42 +276,61 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, respon
     answers = []
     for index, result in enumerate(results):
         gateway(request).count_generation(result.done)
-        choice_logprobs = (chat_logprobs(result.logprobs, await gateway(request).token_texts(result.logprobs))
-                           if logprobs is not None else None)
+        choice_logprobs = (
+            chat_logprobs(result.logprobs, await gateway(request).token_texts(result.logprobs))
+            if logprobs is not None
+            else None
+        )
         calls = tool_calls_of(result.done)
-        message = ChatMessageOut(content=result.text or None, tool_calls=calls) if calls else ChatMessageOut(content=result.text)
-        answers.append(ChatChoice(index=index, message=message, logprobs=choice_logprobs,
-                                  finish_reason=chat_finish_reason(result.done)))
+        message = (
+            ChatMessageOut(content=result.text or None, tool_calls=calls)
+            if calls
+            else ChatMessageOut(content=result.text)
+        )
+        answers.append(
+            ChatChoice(
+                index=index, message=message, logprobs=choice_logprobs, finish_reason=chat_finish_reason(result.done)
+            )
+        )
     return ChatCompletion(
-        id=reply_id, created=created, model=gateway(request).model_name(choices.handle),
-        system_fingerprint=system_fingerprint(choices.handle), usage=usage_of_choices([r.done for r in results]),
-        timings=results[0].done.timings, choices=answers)
+        id=reply_id,
+        created=created,
+        model=gateway(request).model_name(choices.handle),
+        system_fingerprint=system_fingerprint(choices.handle),
+        usage=usage_of_choices([r.done for r in results]),
+        timings=results[0].done.timings,
+        choices=answers,
+    )
 
 
 def tool_calls_of(done: Done) -> list[ToolCallOut] | None:
     """OpenAI's tool_calls from the daemon's parsed calls (None when the model called no tool)."""
     if not done.tool_calls:
         return None
-    return [ToolCallOut(id=f"call_{uuid.uuid4().hex[:24]}", function={"name": call["name"], "arguments": call["arguments"]})
-            for call in done.tool_calls]
+    return [
+        ToolCallOut(id=f"call_{uuid.uuid4().hex[:24]}", function={"name": call["name"], "arguments": call["arguments"]})
+        for call in done.tool_calls
+    ]
 
 
 def chat_finish_reason(done: Done) -> str:
-    """"tool_calls" when the model ended its turn with tool calls, else the daemon's reason."""
+    """ "tool_calls" when the model ended its turn with tool calls, else the daemon's reason."""
     if done.tool_calls and done.finish_reason == "stop":
         return "tool_calls"
     return FINISH_REASONS[done.finish_reason]
 
 
-def _chat_events(choices: ChoiceStreams, request: Request, reply_id: str, created: int,
-                 want_logprobs: bool, include_usage: bool) -> AsyncIterator[bytes]:
+def _chat_events(
+    choices: ChoiceStreams, request: Request, reply_id: str, created: int, want_logprobs: bool, include_usage: bool
+) -> AsyncIterator[bytes]:
     model, fingerprint = gateway(request).model_name(choices.handle), system_fingerprint(choices.handle)
     outputs = [StreamedOutput() for _ in choices.streams]
     dones: dict[int, Done] = {}
 
     def event(parts: list[ChatChunkChoice], **extra) -> bytes:
-        chunk = ChatCompletionChunk(id=reply_id, created=created, model=model, system_fingerprint=fingerprint,
-                                    choices=parts, **extra)
+        chunk = ChatCompletionChunk(
+            id=reply_id, created=created, model=model, system_fingerprint=fingerprint, choices=parts, **extra
+        )
         return sse_event(chunk.model_dump_json())
 
     async def events_for(indexed_reply) -> AsyncIterator[bytes]:
@@ -235,7 +338,11 @@ def _chat_events(choices: ChoiceStreams, request: Request, reply_id: str, create
         text, _ = outputs[index].add(reply)
         entries = getattr(reply, "logprobs", None) or []
         if text or entries:
-            logprobs = chat_logprobs(entries, await gateway(request).token_texts(entries)) if want_logprobs and entries else None
+            logprobs = (
+                chat_logprobs(entries, await gateway(request).token_texts(entries))
+                if want_logprobs and entries
+                else None
+            )
             yield event([ChatChunkChoice(index=index, delta=ChatDelta(content=text), logprobs=logprobs)])
         if isinstance(reply, Done):
             dones[index] = reply
@@ -244,15 +351,19 @@ def _chat_events(choices: ChoiceStreams, request: Request, reply_id: str, create
             if calls:
                 deltas = [{"index": number, **call.model_dump()} for number, call in enumerate(calls)]
                 yield event([ChatChunkChoice(index=index, delta=ChatDelta(tool_calls=deltas))])
-            yield event([ChatChunkChoice(index=index, delta=ChatDelta(), finish_reason=chat_finish_reason(reply))],
-                        timings=reply.timings)
+            yield event(
+                [ChatChunkChoice(index=index, delta=ChatDelta(), finish_reason=chat_finish_reason(reply))],
+                timings=reply.timings,
+            )
             if len(dones) == len(outputs):
                 if include_usage:
                     yield event([], usage=usage_of_choices([dones[number] for number in sorted(dones)]))
                 yield sse_event(b"[DONE]")
 
-    opening = b"".join(event([ChatChunkChoice(index=index, delta=ChatDelta(role="assistant", content=""))])
-                       for index in range(len(outputs)))
+    opening = b"".join(
+        event([ChatChunkChoice(index=index, delta=ChatDelta(role="assistant", content=""))])
+        for index in range(len(outputs))
+    )
     return sse_body(choices, request, events_for, opening=opening)
 
 
@@ -266,9 +377,15 @@ async def chat_input_tokens(body: ChatCompletionRequest, request: Request) -> di
     messages = [message.to_protocol() for message in body.messages]
     tools = body.tool_fields().get("tools")
     try:
-        tokens = await call_daemon(gateway(request).pool, lambda client: client.tokenize(
-            messages=messages, tools=tools, chat_template_kwargs=body.chat_template_kwargs,
-            continue_final_message=body.continues_final_message()))
+        tokens = await call_daemon(
+            gateway(request).pool,
+            lambda client: client.tokenize(
+                messages=messages,
+                tools=tools,
+                chat_template_kwargs=body.chat_template_kwargs,
+                continue_final_message=body.continues_final_message(),
+            ),
+        )
     except ApiError as error:
         raise name_daemon_field(error, CHAT_FIELDS) from error
     return {"input_tokens": len(tokens)}
@@ -279,16 +396,24 @@ async def completions(body: CompletionRequest, request: Request, response: Respo
     """Plain text completion, no chat template (OpenAI's legacy completions API)."""
     headers = ignored_fields_header(check_extra_fields(body, OPENAI_UNIMPLEMENTED, OPENAI_NO_EFFECT))
     prompt_fields = {"prompt_tokens": body.prompt} if isinstance(body.prompt, list) else {"prompt": body.prompt}
-    builders = [request_builder(body, prompt_fields, body.max_tokens, body.logprobs, chat=False, choice=index)
-                for index in range(body.n)]
+    builders = [
+        request_builder(body, prompt_fields, body.max_tokens, body.logprobs, chat=False, choice=index)
+        for index in range(body.n)
+    ]
     try:
         choices = await open_choices(gateway(request).pool, builders)
     except ApiError as error:
         raise name_daemon_field(error, {"constraint": body.constraint_field()}) from error
     reply_id, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
     if body.stream:
-        events = _completion_events(choices, request, reply_id, created, body.logprobs is not None,
-                                    body.stream_options is not None and body.stream_options.include_usage)
+        events = _completion_events(
+            choices,
+            request,
+            reply_id,
+            created,
+            body.logprobs is not None,
+            body.stream_options is not None and body.stream_options.include_usage,
+        )
         return ClosingStreamingResponse(events, media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
     results = await collect_choices(choices, request)
     if results is None:
@@ -297,25 +422,43 @@ async def completions(body: CompletionRequest, request: Request, response: Respo
     answers = []
     for index, result in enumerate(results):
         gateway(request).count_generation(result.done)
-        choice_logprobs = (completion_logprobs(result.logprobs, await gateway(request).token_texts(result.logprobs), 0)
-                           if body.logprobs is not None else None)
-        answers.append(CompletionChoice(index=index, text=result.text, logprobs=choice_logprobs,
-                                        finish_reason=FINISH_REASONS[result.done.finish_reason]))
+        choice_logprobs = (
+            completion_logprobs(result.logprobs, await gateway(request).token_texts(result.logprobs), 0)
+            if body.logprobs is not None
+            else None
+        )
+        answers.append(
+            CompletionChoice(
+                index=index,
+                text=result.text,
+                logprobs=choice_logprobs,
+                finish_reason=FINISH_REASONS[result.done.finish_reason],
+            )
+        )
     return Completion(
-        id=reply_id, created=created, model=gateway(request).model_name(choices.handle),
-        system_fingerprint=system_fingerprint(choices.handle), usage=usage_of_choices([r.done for r in results]),
-        timings=results[0].done.timings, choices=answers)
+        id=reply_id,
+        created=created,
+        model=gateway(request).model_name(choices.handle),
+        system_fingerprint=system_fingerprint(choices.handle),
+        usage=usage_of_choices([r.done for r in results]),
+        timings=results[0].done.timings,
+        choices=answers,
+    )
 
 
-def _completion_events(choices: ChoiceStreams, request: Request, reply_id: str, created: int,
-                       want_logprobs: bool, include_usage: bool) -> AsyncIterator[bytes]:
+def _completion_events(
+    choices: ChoiceStreams, request: Request, reply_id: str, created: int, want_logprobs: bool, include_usage: bool
+) -> AsyncIterator[bytes]:
     model, fingerprint = gateway(request).model_name(choices.handle), system_fingerprint(choices.handle)
     outputs = [StreamedOutput() for _ in choices.streams]
     dones: dict[int, Done] = {}
 
     def event(parts: list[CompletionChoice], **extra) -> bytes:
-        return sse_event(Completion(id=reply_id, created=created, model=model, system_fingerprint=fingerprint,
-                                    choices=parts, **extra).model_dump_json())
+        return sse_event(
+            Completion(
+                id=reply_id, created=created, model=model, system_fingerprint=fingerprint, choices=parts, **extra
+            ).model_dump_json()
+        )
 
     async def events_for(indexed_reply) -> AsyncIterator[bytes]:
         index, reply = indexed_reply
@@ -323,14 +466,19 @@ def _completion_events(choices: ChoiceStreams, request: Request, reply_id: str, 
         text, _ = outputs[index].add(reply)
         entries = getattr(reply, "logprobs", None) or []
         if text or entries:
-            logprobs = (completion_logprobs(entries, await gateway(request).token_texts(entries), offset)
-                        if want_logprobs and entries else None)
+            logprobs = (
+                completion_logprobs(entries, await gateway(request).token_texts(entries), offset)
+                if want_logprobs and entries
+                else None
+            )
             yield event([CompletionChoice(index=index, text=text, logprobs=logprobs)])
         if isinstance(reply, Done):
             dones[index] = reply
             gateway(request).count_generation(reply)
-            yield event([CompletionChoice(index=index, text="", finish_reason=FINISH_REASONS[reply.finish_reason])],
-                        timings=reply.timings)
+            yield event(
+                [CompletionChoice(index=index, text="", finish_reason=FINISH_REASONS[reply.finish_reason])],
+                timings=reply.timings,
+            )
             if len(dones) == len(outputs):
                 if include_usage:
                     yield event([], usage=usage_of_choices([dones[number] for number in sorted(dones)]))

@@ -90,18 +90,31 @@ LLAMA_UNIMPLEMENTED: dict[str, tuple[Neutral, str]] = {
     "t_max_predict_ms": (_equals(0), "t_max_predict_ms is not supported"),
     "n_indent": (_equals(0), "n_indent is not supported"),
 }
-LLAMA_NO_EFFECT = frozenset({
-    "mirostat_tau", "mirostat_eta", "dynatemp_exponent", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
-    "dry_sequence_breakers", "xtc_threshold", "n_keep", "id_slot", "min_keep", "t_max_prompt_ms",
-    "n_discard",
-})
+LLAMA_NO_EFFECT = frozenset(
+    {
+        "mirostat_tau",
+        "mirostat_eta",
+        "dynatemp_exponent",
+        "dry_base",
+        "dry_allowed_length",
+        "dry_penalty_last_n",
+        "dry_sequence_breakers",
+        "xtc_threshold",
+        "n_keep",
+        "id_slot",
+        "min_keep",
+        "t_max_prompt_ms",
+        "n_discard",
+    }
+)
 
 _logged: set[str] = set()
 MAX_LOGGED_NAMES = 1024  # random names from clients must not grow the set without bound
 
 
-def check_extra_fields(body: BaseModel, unimplemented: dict[str, tuple[Neutral, str]],
-                       no_effect: frozenset[str]) -> list[str]:
+def check_extra_fields(
+    body: BaseModel, unimplemented: dict[str, tuple[Neutral, str]], no_effect: frozenset[str]
+) -> list[str]:
     """Refuse an unimplemented field; return the vendor extensions that will be ignored.
 
     Args:
@@ -125,8 +138,12 @@ def check_extra_fields(body: BaseModel, unimplemented: dict[str, tuple[Neutral, 
     for name in ignored:
         if name not in _logged and len(_logged) < MAX_LOGGED_NAMES:
             _logged.add(name)
-            log.warning("request field %a is not defined by OpenAI or llama-server and is ignored "
-                        "(named in the %s response header)", name, IGNORED_FIELDS_HEADER)
+            log.warning(
+                "request field %a is not defined by OpenAI or llama-server and is ignored "
+                "(named in the %s response header)",
+                name,
+                IGNORED_FIELDS_HEADER,
+            )
     return ignored
 
 
@@ -138,7 +155,10 @@ def ignored_fields_header(ignored: list[str]) -> dict[str, str]:
     """
     if not ignored:
         return {}
-    names = [quote(name[:MAX_IGNORED_NAME_CHARS], safe=_HEADER_SAFE, errors="surrogatepass") for name in ignored[:MAX_NAMED_IGNORED]]
+    names = [
+        quote(name[:MAX_IGNORED_NAME_CHARS], safe=_HEADER_SAFE, errors="surrogatepass")
+        for name in ignored[:MAX_NAMED_IGNORED]
+    ]
     more = len(ignored) - MAX_NAMED_IGNORED
     return {IGNORED_FIELDS_HEADER: ", ".join(names) + (f", (and {more} more)" if more > 0 else "")}
 
@@ -154,6 +174,7 @@ def name_daemon_field(error: ApiError, fields: dict[str, str]) -> ApiError:
     for protocol_field, http_field in fields.items():
         prefix = f"{protocol_field}: "
         if error.status == 400 and error.message.startswith(prefix):
-            return ApiError(400, f"{http_field}: {error.message.removeprefix(prefix)}", param=http_field,
-                            code=error.code)
+            return ApiError(
+                400, f"{http_field}: {error.message.removeprefix(prefix)}", param=http_field, code=error.code
+            )
     return error

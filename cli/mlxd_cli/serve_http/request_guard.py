@@ -68,8 +68,9 @@ def host_problem(host: str | None, allowed: frozenset[str] | None) -> ApiError |
     """The error to answer for a Host header outside ``allowed``, else None."""
     if host is None or allowed is None or host_name(host) in allowed:
         return None
-    return ApiError(400, "the Host header names a host this server does not answer to (see --allowed-hosts)",
-                    code="invalid_host")
+    return ApiError(
+        400, "the Host header names a host this server does not answer to (see --allowed-hosts)", code="invalid_host"
+    )
 
 
 def origin_problem(origin: str | None, host: str | None, cors_origins: tuple[str, ...]) -> ApiError | None:
@@ -84,8 +85,11 @@ def origin_problem(origin: str | None, host: str | None, cors_origins: tuple[str
         return None
     if host is not None and origin != "null" and urlsplit(origin).netloc.lower() == host.strip().lower():
         return None  # the gateway's own pages (/docs)
-    return ApiError(403, "requests from this web origin are refused; start the server with --cors-origins to "
-                         "allow it", code="origin_not_allowed")
+    return ApiError(
+        403,
+        "requests from this web origin are refused; start the server with --cors-origins to allow it",
+        code="origin_not_allowed",
+    )
 
 
 def content_type_problem(content_type: str | None) -> ApiError | None:
@@ -95,5 +99,6 @@ def content_type_problem(content_type: str | None) -> ApiError | None:
         return None
     if media.startswith("application/") and media.endswith("+json"):
         return None
-    return ApiError(415, "the request body must be JSON: send Content-Type: application/json",
-                    code="unsupported_media_type")
+    return ApiError(
+        415, "the request body must be JSON: send Content-Type: application/json", code="unsupported_media_type"
+    )

@@ -47,8 +47,20 @@ from .request_fields import check_extra_fields, ignored_fields_header, name_daem
 from .responses_store import DEFAULT_MAX_STORED_RESPONSES, ResponsesStore, StoredResponse
 from .schemas import OpenAIGenerationFields
 from .schemas.responses_api import (
-    DeletedResponse, FunctionCallItem, FunctionCallOutput, FunctionToolChoice, IncompleteDetails, InputTokensDetails,
-    MessageItem, OutputMessage, OutputText, ResponseObject, ResponsesRequest, ResponseUsage, conversation_messages)
+    DeletedResponse,
+    FunctionCallItem,
+    FunctionCallOutput,
+    FunctionToolChoice,
+    IncompleteDetails,
+    InputTokensDetails,
+    MessageItem,
+    OutputMessage,
+    OutputText,
+    ResponseObject,
+    ResponsesRequest,
+    ResponseUsage,
+    conversation_messages,
+)
 from .streaming import SSE_HEADERS, ClosingStreamingResponse, StreamedOutput, collect_generation, sse_body
 
 
@@ -73,8 +85,10 @@ RESPONSES_UNIMPLEMENTED = {
     "reasoning": (_no_options, "reasoning options are not supported"),
     "background": (_one_of(False), "background responses are not supported"),
     "include": (_empty, "include is not supported (no logprobs, reasoning or tool outputs to add)"),
-    "truncation": (_one_of("disabled"), 'only truncation "disabled" is supported (a conversation longer than '
-                                        'the context is refused)'),
+    "truncation": (
+        _one_of("disabled"),
+        'only truncation "disabled" is supported (a conversation longer than the context is refused)',
+    ),
     "top_logprobs": (_one_of(0), "logprobs are not supported on /v1/responses: use /v1/chat/completions"),
     "max_tool_calls": (_absent, "max_tool_calls is not supported"),
     "conversation": (_absent, "conversations are not supported: use previous_response_id"),
@@ -89,8 +103,9 @@ RESPONSES_UNIMPLEMENTED = {
     "max_tokens": (_absent, "/v1/responses takes max_output_tokens"),
     "response_format": (_absent, "/v1/responses takes text.format"),
 }
-RESPONSES_NO_EFFECT = frozenset({"service_tier", "safety_identifier", "prompt_cache_key", "user",
-                                 "prompt_cache_retention", "prompt_cache_options"})
+RESPONSES_NO_EFFECT = frozenset(
+    {"service_tier", "safety_identifier", "prompt_cache_key", "user", "prompt_cache_retention", "prompt_cache_options"}
+)
 DAEMON_FIELDS = {"constraint": "text.format", "tools": "tools", "tool_choice": "tool_choice"}  # daemon -> HTTP
 STREAM_RESPONSES = {200: {"content": {"text/event-stream": {}}, "description": "the response, or SSE when stream=true"}}
 
@@ -135,8 +150,13 @@ def stored(store: ResponsesStore, response_id: str, param: str) -> StoredRespons
     """The stored response ``response_id``, or a 404 naming it."""
     entry = store.get(response_id)
     if entry is None:
-        raise ApiError(404, f"no stored response with id {response_id[:128]!r} (never stored, made with store "
-                            "false, deleted, or evicted)", param=param, code="response_not_found")
+        raise ApiError(
+            404,
+            f"no stored response with id {response_id[:128]!r} (never stored, made with store "
+            "false, deleted, or evicted)",
+            param=param,
+            code="response_not_found",
+        )
     return entry
 
 
@@ -144,27 +164,50 @@ def generation_fields(body: ResponsesRequest) -> OpenAIGenerationFields:
     """The chat endpoint's generation fields asking for the same sampling, constraint and drafting."""
     text_format = body.text.format if body.text is not None else None
     return OpenAIGenerationFields(
-        temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
-        repetition_penalty=body.repetition_penalty, presence_penalty=body.presence_penalty,
-        frequency_penalty=body.frequency_penalty, seed=body.seed, stop=body.stop, speculative=body.speculative,
-        cache_prompt=body.cache_prompt, response_format=text_format.response_format() if text_format else None)
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        min_p=body.min_p,
+        repetition_penalty=body.repetition_penalty,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        seed=body.seed,
+        stop=body.stop,
+        speculative=body.speculative,
+        cache_prompt=body.cache_prompt,
+        response_format=text_format.response_format() if text_format else None,
+    )
 
 
 async def answer(body: ResponsesRequest, request: Request, response: Response, store: ResponsesStore):
     """Answer ``POST /v1/responses`` (see the module docstring)."""
     headers = ignored_fields_header(check_extra_fields(body, RESPONSES_UNIMPLEMENTED, RESPONSES_NO_EFFECT))
-    earlier = stored(store, body.previous_response_id, "previous_response_id").conversation \
-        if body.previous_response_id is not None else []
+    earlier = (
+        stored(store, body.previous_response_id, "previous_response_id").conversation
+        if body.previous_response_id is not None
+        else []
+    )
     conversation = earlier + conversation_messages(body.input_items())
     system = [{"role": "system", "content": body.instructions}] if body.instructions else []
-    make_request = request_builder(generation_fields(body), {"messages": system + conversation},
-                                   body.max_output_tokens, None, chat=None, tool_fields=body.tool_fields())
+    make_request = request_builder(
+        generation_fields(body),
+        {"messages": system + conversation},
+        body.max_output_tokens,
+        None,
+        chat=None,
+        tool_fields=body.tool_fields(),
+    )
     try:
         stream = await open_generation(gateway(request).pool, make_request)
     except ApiError as error:
         if error.status == 400 and "no chat template" in error.message:
-            raise ApiError(400, "this model has no chat template, which /v1/responses needs: send a plain prompt "
-                                "to /v1/completions or /completion instead", param="input", code=error.code) from error
+            raise ApiError(
+                400,
+                "this model has no chat template, which /v1/responses needs: send a plain prompt "
+                "to /v1/completions or /completion instead",
+                param="input",
+                code=error.code,
+            ) from error
         raise name_daemon_field(error, DAEMON_FIELDS) from error
     draft = ResponseDraft(body, _new_id("resp"), int(time.time()), gateway(request).model_name(stream.handle))
 
@@ -176,8 +219,11 @@ async def answer(body: ResponsesRequest, request: Request, response: Response, s
         return final
 
     if body.stream:
-        return ClosingStreamingResponse(_response_events(stream, request, draft, finish),
-                                        media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
+        return ClosingStreamingResponse(
+            _response_events(stream, request, draft, finish),
+            media_type="text/event-stream",
+            headers={**SSE_HEADERS, **headers},
+        )
     result = await collect_generation(stream, request)
     if result is None:
         return Response(status_code=499)  # the client left; nobody reads this
@@ -187,10 +233,12 @@ async def answer(body: ResponsesRequest, request: Request, response: Response, s
 
 def as_input(output: list[OutputMessage | FunctionCallOutput]) -> list[MessageItem | FunctionCallItem]:
     """Output items as the input items that would send them back (the next turn's history)."""
-    return [MessageItem(role="assistant", content="".join(part.text for part in item.content))
-            if isinstance(item, OutputMessage) else
-            FunctionCallItem(type="function_call", call_id=item.call_id, name=item.name, arguments=item.arguments)
-            for item in output]
+    return [
+        MessageItem(role="assistant", content="".join(part.text for part in item.content))
+        if isinstance(item, OutputMessage)
+        else FunctionCallItem(type="function_call", call_id=item.call_id, name=item.name, arguments=item.arguments)
+        for item in output
+    ]
 
 
 @dataclass
@@ -209,13 +257,23 @@ class ResponseDraft:
         choice = body.tool_choice.model_dump() if isinstance(body.tool_choice, FunctionToolChoice) else body.tool_choice
         text_format = body.text.format if body.text is not None else None
         return ResponseObject(
-            id=self.response_id, created_at=self.created_at, status=status, model=self.model,
-            instructions=body.instructions, max_output_tokens=body.max_output_tokens, temperature=body.temperature,
-            top_p=body.top_p, parallel_tool_calls=body.parallel_tool_calls is not False, tool_choice=choice or "auto",
+            id=self.response_id,
+            created_at=self.created_at,
+            status=status,
+            model=self.model,
+            instructions=body.instructions,
+            max_output_tokens=body.max_output_tokens,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            parallel_tool_calls=body.parallel_tool_calls is not False,
+            tool_choice=choice or "auto",
             tools=[tool.model_dump(exclude_none=True) for tool in body.tools or ()],
             text={"format": _echoed_format(text_format)},
-            previous_response_id=body.previous_response_id, store=body.store is not False,
-            metadata=body.metadata or {}, **fields)
+            previous_response_id=body.previous_response_id,
+            store=body.store is not False,
+            metadata=body.metadata or {},
+            **fields,
+        )
 
     def finished(self, text: str, done: Done) -> ResponseObject:
         """The final response for the generation's whole text and its Done."""
@@ -223,11 +281,19 @@ class ResponseDraft:
         output: list[OutputMessage | FunctionCallOutput] = []
         if text or not done.tool_calls:
             output.append(self.message(text, "completed" if complete else "incomplete"))
-        output += [FunctionCallOutput(id=_new_id("fc"), call_id=_new_id("call"), name=call["name"],
-                                      arguments=call["arguments"]) for call in done.tool_calls or ()]
-        return self.reply("completed" if complete else "incomplete", output=output, usage=response_usage(done),
-                          incomplete_details=None if complete else IncompleteDetails(reason="max_output_tokens"),
-                          timings=done.timings)
+        output += [
+            FunctionCallOutput(
+                id=_new_id("fc"), call_id=_new_id("call"), name=call["name"], arguments=call["arguments"]
+            )
+            for call in done.tool_calls or ()
+        ]
+        return self.reply(
+            "completed" if complete else "incomplete",
+            output=output,
+            usage=response_usage(done),
+            incomplete_details=None if complete else IncompleteDetails(reason="max_output_tokens"),
+            timings=done.timings,
+        )
 
     def message(self, text: str, status: str) -> OutputMessage:
         """The message output item (no content part yet while in progress)."""
@@ -243,8 +309,12 @@ def response_usage(done: Done) -> ResponseUsage:
     """The Responses API's usage of a Done (the chat endpoint's counts under their Responses names)."""
     usage = usage_of(done)
     cached = InputTokensDetails(cached_tokens=usage.prompt_tokens_details.cached_tokens)
-    return ResponseUsage(input_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens,
-                         total_tokens=usage.total_tokens, input_tokens_details=cached)
+    return ResponseUsage(
+        input_tokens=usage.prompt_tokens,
+        output_tokens=usage.completion_tokens,
+        total_tokens=usage.total_tokens,
+        input_tokens_details=cached,
+    )
 
 
 class EventWriter:
@@ -254,15 +324,21 @@ class EventWriter:
         self.sequence_number = 0
 
     def __call__(self, kind: str, **payload: Any) -> bytes:
-        data = {"type": kind, "sequence_number": self.sequence_number,
-                **{name: value.model_dump(mode="json") if hasattr(value, "model_dump") else value
-                   for name, value in payload.items()}}
+        data = {
+            "type": kind,
+            "sequence_number": self.sequence_number,
+            **{
+                name: value.model_dump(mode="json") if hasattr(value, "model_dump") else value
+                for name, value in payload.items()
+            },
+        }
         self.sequence_number += 1
         return f"event: {kind}\ndata: {json.dumps(data)}\n\n".encode()
 
 
-def _response_events(stream: GenerationStream, request: Request, draft: ResponseDraft,
-                     finish: Callable[[str, Done], ResponseObject]) -> AsyncIterator[bytes]:
+def _response_events(
+    stream: GenerationStream, request: Request, draft: ResponseDraft, finish: Callable[[str, Done], ResponseObject]
+) -> AsyncIterator[bytes]:
     event = EventWriter()
     output = StreamedOutput()
     text_at = {"item_id": draft.message_id, "output_index": 0, "content_index": 0}
@@ -271,22 +347,28 @@ def _response_events(stream: GenerationStream, request: Request, draft: Response
     def open_message() -> bytes:
         nonlocal message_opened
         message_opened = True
-        return (event("response.output_item.added", output_index=0, item=draft.message("", "in_progress"))
-                + event("response.content_part.added", **text_at, part=OutputText(text="")))
+        return event("response.output_item.added", output_index=0, item=draft.message("", "in_progress")) + event(
+            "response.content_part.added", **text_at, part=OutputText(text="")
+        )
 
     def item_events(index: int, item: OutputMessage | FunctionCallOutput) -> bytes:
         if isinstance(item, OutputMessage):
             part = item.content[0]
             events = b"" if message_opened else open_message()
-            events += (event("response.output_text.done", **text_at, text=part.text, logprobs=[])
-                       + event("response.content_part.done", **text_at, part=part))
+            events += event("response.output_text.done", **text_at, text=part.text, logprobs=[]) + event(
+                "response.content_part.done", **text_at, part=part
+            )
         else:
             call_at = {"item_id": item.id, "output_index": index}
-            events = (event("response.output_item.added", output_index=index,
-                            item=item.model_copy(update={"arguments": "", "status": "in_progress"}))
-                      + event("response.function_call_arguments.delta", **call_at, delta=item.arguments)
-                      + event("response.function_call_arguments.done", **call_at, name=item.name,
-                              arguments=item.arguments))
+            events = (
+                event(
+                    "response.output_item.added",
+                    output_index=index,
+                    item=item.model_copy(update={"arguments": "", "status": "in_progress"}),
+                )
+                + event("response.function_call_arguments.delta", **call_at, delta=item.arguments)
+                + event("response.function_call_arguments.done", **call_at, name=item.name, arguments=item.arguments)
+            )
         return events + event("response.output_item.done", output_index=index, item=item)
 
     async def events_for(reply) -> AsyncIterator[bytes]:
@@ -303,8 +385,9 @@ def _response_events(stream: GenerationStream, request: Request, draft: Response
 
     def error_event(error: ApiError) -> bytes:
         failed = draft.reply("failed", error={"code": error.code or "server_error", "message": error.message})
-        return (event("error", code=error.code, message=error.message, param=error.param)
-                + event("response.failed", response=failed))
+        return event("error", code=error.code, message=error.message, param=error.param) + event(
+            "response.failed", response=failed
+        )
 
     in_progress = draft.reply("in_progress")
     opening = event("response.created", response=in_progress) + event("response.in_progress", response=in_progress)

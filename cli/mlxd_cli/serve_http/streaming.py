@@ -47,9 +47,13 @@ class ClosingStreamingResponse(StreamingResponse):
                 await close()
 
 
-async def sse_body(stream: GenerationStream, request: Request,
-                   events_for: Callable[[Chunk | Done], AsyncIterator[bytes]], opening: bytes | None = None,
-                   error_event: Callable[[ApiError], bytes] | None = None) -> AsyncIterator[bytes]:
+async def sse_body(
+    stream: GenerationStream,
+    request: Request,
+    events_for: Callable[[Chunk | Done], AsyncIterator[bytes]],
+    opening: bytes | None = None,
+    error_event: Callable[[ApiError], bytes] | None = None,
+) -> AsyncIterator[bytes]:
     """The body of a streaming answer: ``opening`` (if any), then ``events_for(reply)`` for every reply.
 
     Shared by every streaming route, which only says what each reply becomes. The stream ends after the
@@ -91,10 +95,13 @@ def unsent_part(streamed_text: str, streamed_tokens: list[int], done: Done) -> t
     """
     if not streamed_tokens and not streamed_text:
         return done.text, list(done.tokens)
-    whole = (len(done.tokens) == done.usage.get("completion_tokens", -1)
-             and done.tokens[: len(streamed_tokens)] == streamed_tokens and done.text.startswith(streamed_text))
+    whole = (
+        len(done.tokens) == done.usage.get("completion_tokens", -1)
+        and done.tokens[: len(streamed_tokens)] == streamed_tokens
+        and done.text.startswith(streamed_text)
+    )
     if whole:
-        return done.text[len(streamed_text):], list(done.tokens[len(streamed_tokens):])
+        return done.text[len(streamed_text) :], list(done.tokens[len(streamed_tokens) :])
     return done.text, list(done.tokens)
 
 

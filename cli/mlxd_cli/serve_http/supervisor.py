@@ -70,8 +70,14 @@ class DaemonSupervisor:
             ran_s = time.monotonic() - self.started_at
             self.quick_exits = 0 if ran_s >= STABLE_RUN_S else self.quick_exits + 1
             delay = RESTART_DELAYS_S[min(self.quick_exits, len(RESTART_DELAYS_S) - 1)]
-            log.warning("mlxd (pid %d) at %s exited with status %s after %.1f s; starting it again in %g s",
-                        self.process.pid, self.endpoint, status, ran_s, delay)
+            log.warning(
+                "mlxd (pid %d) at %s exited with status %s after %.1f s; starting it again in %g s",
+                self.process.pid,
+                self.endpoint,
+                status,
+                ran_s,
+                delay,
+            )
             await asyncio.sleep(delay)
             while someone_answers():  # another daemon took the endpoint: not ours to replace
                 await asyncio.sleep(ANSWER_POLL_S)

@@ -38,6 +38,7 @@ CONTENT_BLOCK_TYPES = ("text", "tool_use", "tool_result", "thinking", "redacted_
 
 def unsupported(neutral: Callable[[Any], bool], why: str) -> Any:
     """A field type taking any value, refused (``why``) unless ``neutral(value)``."""
+
     def check(value: Any) -> Any:
         if not neutral(value):
             raise ValueError(why)
@@ -60,8 +61,9 @@ NoThinking = unsupported(lambda value: value in (None, {"type": "disabled"}), "e
 NoMcpServers = unsupported(_absent, "MCP servers are not supported")
 NoContextManagement = unsupported(_absent, "context management is not supported")
 StandardSpeed = unsupported(lambda value: value in (None, "standard"), 'only "standard" speed is served')
-StandardTier = unsupported(lambda value: value in (None, "standard_only"),
-                           'only "standard_only" is served (there is no priority capacity)')
+StandardTier = unsupported(
+    lambda value: value in (None, "standard_only"), 'only "standard_only" is served (there is no priority capacity)'
+)
 NoContainer = unsupported(_absent, "containers are not supported")
 NoInferenceGeo = unsupported(lambda value: value is None, "inference_geo is not supported")
 NoDiagnostics = unsupported(_absent, "diagnostics are not supported")
@@ -121,8 +123,9 @@ class DroppedBlockIn(BaseModel):
     type: Literal["thinking", "redacted_thinking"]
 
 
-ContentBlockIn = Annotated[TextBlockIn | ToolUseBlockIn | ToolResultBlockIn | DroppedBlockIn,
-                           Field(discriminator="type")]
+ContentBlockIn = Annotated[
+    TextBlockIn | ToolUseBlockIn | ToolResultBlockIn | DroppedBlockIn, Field(discriminator="type")
+]
 
 
 def _refuse_other_blocks(content: Any, allowed: tuple[str, ...], taken: str) -> None:
@@ -181,8 +184,9 @@ class MessageIn(AnthropicPart):
             if isinstance(block, TextBlockIn):
                 texts.append(block.text)
             elif isinstance(block, ToolUseBlockIn):
-                calls.append({"id": block.id, "type": "function",
-                              "function": {"name": block.name, "arguments": block.input}})
+                calls.append(
+                    {"id": block.id, "type": "function", "function": {"name": block.name, "arguments": block.input}}
+                )
             elif isinstance(block, ToolResultBlockIn):
                 flush()
                 chat.append({"role": "tool", "content": block.text(), "tool_call_id": block.tool_use_id})
@@ -285,8 +289,9 @@ class MessagesInput(AnthropicPart):
         for tool in tools if isinstance(tools, list) else ():
             kind = tool.get("type") if isinstance(tool, dict) else None
             if isinstance(kind, str) and kind != "custom":
-                raise ValueError(f'server tool "{kind[:64]}" is not supported (only client tools: name, '
-                                 "description, input_schema)")
+                raise ValueError(
+                    f'server tool "{kind[:64]}" is not supported (only client tools: name, description, input_schema)'
+                )
         return tools
 
     @model_validator(mode="after")
@@ -320,8 +325,13 @@ class MessagesInput(AnthropicPart):
                 else:
                     chat.append(turn)
         last = chat[-1] if chat else None
-        prefill = (self.messages[-1].role == "assistant" and last is not None and last["role"] == "assistant"
-                   and "tool_calls" not in last and bool(last["content"]))
+        prefill = (
+            self.messages[-1].role == "assistant"
+            and last is not None
+            and last["role"] == "assistant"
+            and "tool_calls" not in last
+            and bool(last["content"])
+        )
         return ChatConversation(chat, prefill)
 
     def tool_fields(self) -> dict:

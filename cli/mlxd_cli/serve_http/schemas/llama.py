@@ -35,11 +35,15 @@ def _one_prompt_problem(item: Any) -> str | None:
         return None if item else "a prompt must not be empty"
     if isinstance(item, dict):
         return None
-    if isinstance(item, list) and item and all(isinstance(part, (int, str)) and not isinstance(part, bool) for part in item):
+    if (
+        isinstance(item, list)
+        and item
+        and all(isinstance(part, (int, str)) and not isinstance(part, bool) for part in item)
+    ):
         if any(isinstance(part, int) and part < 0 for part in item):
             return "token ids must be >= 0"
         return None
-    return "each prompt must be a string, a list of token ids (mixed with strings), or {\"prompt_string\": ...}"
+    return 'each prompt must be a string, a list of token ids (mixed with strings), or {"prompt_string": ...}'
 
 
 def is_single_prompt(prompt: Any) -> bool:

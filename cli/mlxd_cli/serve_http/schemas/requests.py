@@ -22,7 +22,13 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInf
 from mlxd_protocol import Constraint, Sampling, Speculative
 from mlxd_protocol.field_checks import MAX_LIST_ITEMS
 from mlxd_protocol.messages import (
-    MAX_DRAFT_LIMIT, MAX_EMBED_INPUTS, MAX_LOGPROBS, MAX_STOP_CHARS, MAX_STOP_STRINGS, check_template_kwargs)
+    MAX_DRAFT_LIMIT,
+    MAX_EMBED_INPUTS,
+    MAX_LOGPROBS,
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+    check_template_kwargs,
+)
 
 from ..json_body import INT64_MAX, UnsafeJson, parse_json
 
@@ -56,7 +62,6 @@ def _template_kwargs(value: dict | None) -> dict | None:
 
 # vLLM's and llama-server's chat_template_kwargs: extra chat-template variables, e.g. {"enable_thinking": false}
 TemplateKwargs = Annotated[dict[str, Any] | None, AfterValidator(_template_kwargs)]
-
 
 
 class SpeculativeOptions(StrictModel):
@@ -208,8 +213,11 @@ class OpenAIGenerationFields(RequestBody):
 
     def constraint_fields_given(self) -> list[str]:
         """The fields asking for a constraint: response_format (but "text"), json_schema, grammar (non-empty)."""
-        given = {"response_format": self.response_format is not None and self.response_format.type != "text",
-                 "json_schema": self.json_schema is not None, "grammar": bool(self.grammar)}
+        given = {
+            "response_format": self.response_format is not None and self.response_format.type != "text",
+            "json_schema": self.json_schema is not None,
+            "grammar": bool(self.grammar),
+        }
         return [name for name, asked in given.items() if asked]
 
     @model_validator(mode="after")
@@ -260,9 +268,15 @@ class OpenAIGenerationFields(RequestBody):
             Protocol ``Sampling`` field -> value, only for fields the client gave.
         """
         given = {
-            "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
-            "repetition_penalty": self.repetition_penalty, "presence_penalty": self.presence_penalty,
-            "frequency_penalty": self.frequency_penalty, "seed": self.seed, "logprobs": logprobs,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "repetition_penalty": self.repetition_penalty,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "seed": self.seed,
+            "logprobs": logprobs,
             "logit_bias": {int(key): value for key, value in self.logit_bias.items()} if self.logit_bias else None,
         }
         return {name: value for name, value in given.items() if value is not None}
@@ -321,9 +335,14 @@ class ChatMessage(StrictModel):
         # Chat templates know "system"; "developer" is OpenAI's newer name for it.
         message: dict = {"role": "system" if self.role == "developer" else self.role, "content": content}
         if self.tool_calls:
-            message["tool_calls"] = [{"id": call.id, "type": "function", "function": {
-                "name": call.function.name, "arguments": _arguments_object(call.function.arguments)}}
-                for call in self.tool_calls]
+            message["tool_calls"] = [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.function.name, "arguments": _arguments_object(call.function.arguments)},
+                }
+                for call in self.tool_calls
+            ]
         if self.tool_call_id is not None:
             message["tool_call_id"] = self.tool_call_id
         return message
@@ -385,8 +404,9 @@ class ChatCompletionRequest(OpenAIGenerationFields):
         if self.continue_final_message and self.add_generation_prompt:
             raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
         if self.add_generation_prompt is False and not self.continues_final_message():
-            raise ValueError("add_generation_prompt: false is only supported with a final assistant message, "
-                             "which is then continued")
+            raise ValueError(
+                "add_generation_prompt: false is only supported with a final assistant message, which is then continued"
+            )
         return self
 
     def continues_final_message(self) -> bool:
@@ -412,8 +432,11 @@ class ChatCompletionRequest(OpenAIGenerationFields):
         if not self.tools or self.tool_choice == "none":
             return {}
         if isinstance(self.tool_choice, NamedToolChoice):
-            return {"tools": [tool.to_protocol() for tool in self.tools], "tool_choice": "required",
-                    "tool_name": self.tool_choice.function.name}
+            return {
+                "tools": [tool.to_protocol() for tool in self.tools],
+                "tool_choice": "required",
+                "tool_name": self.tool_choice.function.name,
+            }
         return {"tools": [tool.to_protocol() for tool in self.tools], "tool_choice": self.tool_choice}
 
 
@@ -440,9 +463,11 @@ class CompletionRequest(OpenAIGenerationFields):
     @classmethod
     def _unsupported_options(cls, value, info: ValidationInfo):
         # Refused rather than ignored: each would change what the client gets back.
-        problems = {"echo": value is True and "echo is not supported",
-                    "best_of": value not in (None, 1) and "only best_of=1 is supported",
-                    "suffix": bool(value) and "suffix (fill-in-the-middle) is not supported"}
+        problems = {
+            "echo": value is True and "echo is not supported",
+            "best_of": value not in (None, 1) and "only best_of=1 is supported",
+            "suffix": bool(value) and "suffix (fill-in-the-middle) is not supported",
+        }
         if problems[info.field_name]:
             raise ValueError(problems[info.field_name])
         return value
@@ -500,9 +525,14 @@ class LlamaCompletionRequest(RequestBody):
     def sampling_overrides(self) -> dict:
         """The protocol sampling fields this request sets (seed -1 means random: no seed)."""
         given = {
-            "temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "min_p": self.min_p,
-            "repetition_penalty": self.repeat_penalty, "presence_penalty": self.presence_penalty,
-            "frequency_penalty": self.frequency_penalty, "seed": self.seed if self.seed != -1 else None,
+            "temperature": self.temperature,
+            "top_k": self.top_k,
+            "top_p": self.top_p,
+            "min_p": self.min_p,
+            "repetition_penalty": self.repeat_penalty,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "seed": self.seed if self.seed != -1 else None,
         }
         return {name: value for name, value in given.items() if value is not None}
 

@@ -9,7 +9,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 
-
 def _exclude_none(value: Any) -> bool:
     return value is None
 

@@ -21,8 +21,20 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Discriminator, Field, Tag, ValidationInfo, field_validator
 
 from .requests import (
-    MAX_TOKENS_LIMIT, ChatMessage, FiniteFloat, JsonSchemaFormat, RequestBody, ResponseFormat, SpeculativeOptions,
-    StopStrings, StrictModel, Tool, ToolCallFunction, ToolCallIn, ToolFunction)
+    MAX_TOKENS_LIMIT,
+    ChatMessage,
+    FiniteFloat,
+    JsonSchemaFormat,
+    RequestBody,
+    ResponseFormat,
+    SpeculativeOptions,
+    StopStrings,
+    StrictModel,
+    Tool,
+    ToolCallFunction,
+    ToolCallIn,
+    ToolFunction,
+)
 from ..json_body import UnsafeJson, parse_json
 
 MAX_METADATA_PAIRS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512  # OpenAI's bounds
@@ -96,10 +108,15 @@ def _item_tag(item: Any) -> str | None:
 
 
 InputItem = Annotated[
-    Annotated[MessageItem, Tag("Message")] | Annotated[FunctionCallItem, Tag("FunctionCall")]
+    Annotated[MessageItem, Tag("Message")]
+    | Annotated[FunctionCallItem, Tag("FunctionCall")]
     | Annotated[FunctionCallOutputItem, Tag("FunctionCallOutput")],
-    Discriminator(_item_tag, custom_error_type="item_type",
-                  custom_error_message="items are of type message, function_call or function_call_output only")]
+    Discriminator(
+        _item_tag,
+        custom_error_type="item_type",
+        custom_error_message="items are of type message, function_call or function_call_output only",
+    ),
+]
 
 
 def conversation_messages(items: list[MessageItem | FunctionCallItem | FunctionCallOutputItem]) -> list[dict]:
@@ -229,9 +246,12 @@ class ResponsesRequest(RequestBody):
     def _bounded_metadata(cls, metadata: dict[str, str] | None):
         pairs = (metadata or {}).items()
         if len(pairs) > MAX_METADATA_PAIRS or any(
-                len(key) > MAX_METADATA_KEY_CHARS or len(value) > MAX_METADATA_VALUE_CHARS for key, value in pairs):
-            raise ValueError(f"at most {MAX_METADATA_PAIRS} pairs, keys of at most {MAX_METADATA_KEY_CHARS} "
-                             f"characters, values of at most {MAX_METADATA_VALUE_CHARS}")
+            len(key) > MAX_METADATA_KEY_CHARS or len(value) > MAX_METADATA_VALUE_CHARS for key, value in pairs
+        ):
+            raise ValueError(
+                f"at most {MAX_METADATA_PAIRS} pairs, keys of at most {MAX_METADATA_KEY_CHARS} "
+                f"characters, values of at most {MAX_METADATA_VALUE_CHARS}"
+            )
         return metadata
 
     @field_validator("tool_choice")
