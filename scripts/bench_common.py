@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 import platform
-import statistics
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from mlxd_fast_blas import ensure_fast_blas  # noqa: E402
 ensure_fast_blas()
 
 import mlx.core as mx  # noqa: E402
+
 from bench_common import ROOT, command_line, machine_facts, ratio_spread, spread, start_daemon, stop_daemon  # noqa: E402
 
 PROMPT = (

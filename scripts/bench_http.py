@@ -26,6 +26,7 @@ from mlxd_fast_blas import ensure_fast_blas  # noqa: E402
 ensure_fast_blas()  # before starting anything: both servers inherit the same BLAS through LD_PRELOAD
 
 import httpx  # noqa: E402
+
 from bench_common import ROOT, command_line, machine_facts, spread, start_daemon, stop_daemon  # noqa: E402
 
 PROMPTS = [

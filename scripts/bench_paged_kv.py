@@ -24,8 +24,8 @@ from mlxd_fast_blas import ensure_fast_blas  # noqa: E402
 ensure_fast_blas()
 
 import mlx.core as mx  # noqa: E402
-from bench_common import ROOT, command_line, machine_facts  # noqa: E402
 
+from bench_common import ROOT, command_line, machine_facts  # noqa: E402
 from mlxd_engine import Engine, load  # noqa: E402
 from mlxd_engine.engine import kv_bytes_per_token  # noqa: E402
 

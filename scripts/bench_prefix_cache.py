@@ -34,7 +34,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_common import ROOT, start_daemon, stop_daemon  # noqa: E402
-
 from mlxd_cli.bench.report import format_spread  # noqa: E402
 from mlxd_cli.bench.stats import spread, ttft_speedups  # noqa: E402
 from mlxd_cli.bench.targets import ServedTarget  # noqa: E402

@@ -28,7 +28,6 @@ from mlxd_fast_blas import ensure_fast_blas  # noqa: E402
 ensure_fast_blas()  # the daemons re-exec with OpenBLAS anyway; this makes the recorded machine facts true
 
 from bench_common import ROOT, command_line, machine_facts, ratio_spread, spread, start_daemon, stop_daemon  # noqa: E402
-
 from mlxd_protocol import AsyncClient, Generate, new_request_id  # noqa: E402
 
 PARAGRAPHS = [

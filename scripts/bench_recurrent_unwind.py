@@ -36,9 +36,9 @@ ACCEPTS = (0, 2, 4)
 
 def measure(name: str, reps: int) -> dict[str, float]:
     import mlx.core as mx
+    from tests.engine.architectures import build, loaded, prompt
 
     from mlxd_engine import Engine
-    from tests.engine.architectures import build, loaded, prompt
 
     engine = Engine(loaded(name, model=build(name, seed=3)), max_sequences=1)
     seq = engine.add_sequence(prompt(CONTEXT, 0), max_new_tokens=4096)

@@ -28,7 +28,6 @@ from mlxd_fast_blas import ensure_fast_blas  # noqa: E402
 ensure_fast_blas()
 
 from bench_common import ROOT, command_line, machine_facts, ratio_spread, spread, start_daemon, stop_daemon  # noqa: E402
-
 from mlxd_protocol import AsyncClient, Constraint, Generate, Speculative, new_request_id  # noqa: E402
 
 SMOLLM2 = ROOT.parent / "shared" / "models" / "smollm2-135m-instruct-q4"
@@ -163,7 +162,7 @@ def main() -> None:
         stop_daemon(process, endpoint)
 
     lines = [
-        f"# Structured output: mask cost and constrained vs free decode",
+        "# Structured output: mask cost and constrained vs free decode",
         "",
         f"`{command_line()}`",
         "",

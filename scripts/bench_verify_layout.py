@@ -15,7 +15,6 @@ Run: .venv/bin/python scripts/bench_verify_layout.py --model embedded --rounds 7
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path

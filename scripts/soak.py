@@ -21,8 +21,8 @@ import asyncio
 import json
 import os
 import random
-import socket
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile

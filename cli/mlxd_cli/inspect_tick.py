@@ -49,7 +49,7 @@ def short_id(request_id: str) -> str:
     return request_id.rsplit(":", 1)[-1][:8]
 
 
-def render(ticks) -> "Table":
+def render(ticks) -> Table:
     from rich.table import Table
 
     table = Table(title="mlxd scheduler ticks", expand=False)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from mlxd_engine import Engine, LoadedModel, kv_bytes_per_token
 from mlxd_protocol import (

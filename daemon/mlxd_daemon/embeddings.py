@@ -16,8 +16,8 @@ queued request with a cancelled Error (shutdown).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from mlxd_engine import EmbeddingRun, EmbeddingUnavailable, HiddenStateSource, LoadedModel, hidden_state_source
 from mlxd_protocol import CANCELLED, INVALID, MAX_FRAME_BYTES, OVERLOADED, Embed, EmbedResult, Message, ProtocolError

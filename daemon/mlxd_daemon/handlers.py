@@ -20,9 +20,10 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import psutil
 
@@ -54,7 +55,6 @@ from mlxd_scheduler import BatchScheduler, QueueFull, Request
 
 from . import __version__
 from .edge import render_chat, to_request, tool_call_splitter
-from .reasoning import template_variables
 from .embeddings import EmbeddingQueue
 from .host_limits import (
     HostLimits,
@@ -66,6 +66,7 @@ from .host_limits import (
     runs_inline_generate,
     runs_inline_tokenize,
 )
+from .reasoning import template_variables
 from .streams import ReplyStreams
 
 log = logging.getLogger("mlxd")

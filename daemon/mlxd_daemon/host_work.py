@@ -22,8 +22,9 @@ import queue
 import select
 import threading
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, Callable
+from typing import Any
 
 log = logging.getLogger("mlxd")
 

@@ -18,10 +18,10 @@ import dataclasses
 from mlxd_engine import ModelLoadError, calibrate_forward_cost
 from mlxd_protocol import INVALID, NOT_FOUND, DaemonError, LocalClient
 
-from .step_tuning import tune_steps
 from .core import DaemonCore
 from .model_setup import load_for_serving
 from .options import DaemonOptions
+from .step_tuning import tune_steps
 
 
 def local_client(options: DaemonOptions | None = None, **overrides) -> LocalClient:

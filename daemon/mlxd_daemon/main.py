@@ -390,9 +390,9 @@ def serve(options: DaemonOptions) -> int:
                 return 1
     from mlxd_engine import ModelLoadError, calibrate_forward_cost
 
-    from .step_tuning import tune_steps
     from .model_setup import load_for_serving
     from .server import DaemonServer
+    from .step_tuning import tune_steps
 
     try:
         loaded = _load_with_progress(lambda o: load_for_serving(o, group), options)

@@ -8,7 +8,6 @@ from mlxd_protocol import Sampling
 
 from .host_limits import HostLimits
 
-
 # The daemon's default sampler settings (mlxd --temp/--top-p/--top-k/--min-p), used for a Generate that
 # sends no "sampling": a wire Sampling, so its fields, defaults and rules are the protocol's.
 SamplingDefaults = Sampling

@@ -12,7 +12,7 @@ the in-process ``LocalClient``'s delivery. Handlers see this object, never the s
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from mlxd_protocol import Generate, Message
 from mlxd_scheduler import Event, TokenEvent

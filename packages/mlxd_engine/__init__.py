@@ -6,8 +6,8 @@ The engine sees token ids only; tokenization happens at the edges (the tokenizer
 
 from .cpu_weights import WeightForm, apply_cpu_weight_rule, default_budget_bytes
 from .default_model import EMBEDDED_ALIASES, resolve_default_model
-from .embeddings import POOLINGS, EmbeddingRun, EmbeddingUnavailable, HiddenStateSource, hidden_state_source
 from .eligibility import Eligibility, prompt_lookup_eligibility
+from .embeddings import POOLINGS, EmbeddingRun, EmbeddingUnavailable, HiddenStateSource, hidden_state_source
 from .engine import Emitted, Engine, Sequence, StepHandle, kv_bytes_per_token
 from .forward_cost import ForwardCost, calibrate_forward_cost
 from .gguf_import import GGUFError, cached_conversion, convert_gguf

@@ -64,9 +64,9 @@ class CacheEntry:
     why: str = ""  # what the class holds, for a refused entry
     window: int | None = None  # a sliding window's size
     size: int = 0  # a recurrent entry's number of state arrays
-    parts: list["CacheEntry"] = field(default_factory=list)  # a composite's entries, in its order
+    parts: list[CacheEntry] = field(default_factory=list)  # a composite's entries, in its order
 
-    def leaves(self) -> list["CacheEntry"]:
+    def leaves(self) -> list[CacheEntry]:
         return [leaf for part in self.parts for leaf in part.leaves()] if self.kind == COMPOSITE else [self]
 
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import OrderedDict
-from typing import Callable
+from collections.abc import Callable
 
 import mlx.core as mx
 

@@ -35,9 +35,9 @@ from functools import partial
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models import base as mlx_lm_base
 
 import mlxd_qmatmul
-from mlx_lm.models import base as mlx_lm_base
 
 DISABLE_ENV = "MLXD_FUSE_CPU_LAYERS"
 MAX_FUSED_ROPE_TOKENS = 16

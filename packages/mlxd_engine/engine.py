@@ -28,12 +28,13 @@ from mlx.utils import tree_flatten
 
 from .cache_layout import ATTENTION, check_servable
 from .compiled_decode import CompiledDecode, compile_wanted
-from .cpu_fusion import fuse_cpu_layers as fuse_cpu_layers_of, fusion_wanted
+from .cpu_fusion import fuse_cpu_layers as fuse_cpu_layers_of
+from .cpu_fusion import fusion_wanted
+from .forward_cost import ForwardCost
 from .kv_backend import make_kv_storage
 from .kv_storage import KVStorageFull, SlotState
 from .loading import LoadedModel
 from .paged_kv_storage import DEFAULT_BLOCK_SIZE, SharedPrefix
-from .forward_cost import ForwardCost
 from .prefix_cache import DEFAULT_MAX_ENTRIES, PrefixCache
 from .row_storage import RowStorage
 from .sampling import SamplerChain, SamplingParams, sample_rows, token_logprobs

@@ -10,7 +10,8 @@ Contract:
 
 from __future__ import annotations
 
-from typing import Callable, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
 from .kv_storage import SlotKVStorage
 from .paged_kv_storage import PagedKVStorage

@@ -21,8 +21,7 @@ Contract:
 from __future__ import annotations
 
 import heapq
-from typing import Callable
-
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -241,7 +240,7 @@ class SlotKVStorage:
             v_new[:, :, :old, :] = self.values[layer]
         self.keys[layer], self.values[layer] = k_new, v_new
 
-    def views(self, states: list[SlotState], n_tokens: int) -> list["LayerView"]:
+    def views(self, states: list[SlotState], n_tokens: int) -> list[LayerView]:
         """Cache objects for one forward of ``n_tokens`` per row over ``states`` (in row order).
 
         The caller must have called ``reserve`` first; the forward's appends become pending.
@@ -266,7 +265,7 @@ class RowPlan:
     _derived: dict = field(default_factory=dict)  # what the views of every layer share (``slot_runs``)
 
     @classmethod
-    def make(cls, states: list[SlotState], n_tokens: int) -> "RowPlan":
+    def make(cls, states: list[SlotState], n_tokens: int) -> RowPlan:
         if len(states) == 1:  # the B=1 decode step: nothing to compare
             state = states[0]
             return cls([state.slot], [state.written], n_tokens, state.written + n_tokens, True, True)

@@ -333,7 +333,7 @@ class PagedKVStorage:
             self.keys[layer] = mx.zeros((self.n_blocks, kv_heads, self.block_size, k_dim), dtype)
             self.values[layer] = mx.zeros((self.n_blocks, kv_heads, self.block_size, v_dim), dtype)
 
-    def views(self, states: list[PagedState], n_tokens: int) -> list["PagedLayerView"]:
+    def views(self, states: list[PagedState], n_tokens: int) -> list[PagedLayerView]:
         plan = PagedPlan.make(states, n_tokens, self.block_size)
         for state in states:
             state.pending += n_tokens
@@ -353,7 +353,7 @@ class PagedPlan:
     uniform: bool
 
     @classmethod
-    def make(cls, states: list[PagedState], n_tokens: int, block_size: int) -> "PagedPlan":
+    def make(cls, states: list[PagedState], n_tokens: int, block_size: int) -> PagedPlan:
         starts = [s.written for s in states]
         read_length = max(starts) + n_tokens
         write_blocks, write_offsets = [], []

@@ -30,8 +30,8 @@ is [a, b, y, z]. Accepted: a, b; emitted: [a, b, y]; appends c, a, b are committ
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import mlx.core as mx
 

@@ -8,6 +8,20 @@ message type); ``codec`` frames it and imports it, never the other way round. ``
 process) speak the same messages.
 """
 
+from .async_client import AsyncClient
+from .client import Client, DaemonError, DaemonTimeout, TickSubscription, new_request_id
+from .codec import ProtocolError, decode, encode, error_reply
+from .endpoints import (
+    check_bind_address,
+    default_endpoint,
+    ensure_private_dir,
+    parse_endpoint,
+    pid_file,
+    socket_path,
+    trace_endpoint,
+)
+from .interface import DaemonClient
+from .local_client import LocalClient
 from .messages import (
     AUTH_TOKEN_ENV,
     BAD_FRAME,
@@ -24,9 +38,9 @@ from .messages import (
     FINISH_STOP,
     INTERNAL,
     INVALID,
+    MAX_EMBED_INPUTS,
     MAX_FRAME_BYTES,
     MESSAGE_TYPES,
-    MAX_EMBED_INPUTS,
     NOT_FOUND,
     OVERLOADED,
     POOLING_KINDS,
@@ -62,20 +76,6 @@ from .messages import (
     Tokenize,
     TokenizeResult,
 )
-from .codec import ProtocolError, decode, encode, error_reply
-from .endpoints import (
-    check_bind_address,
-    default_endpoint,
-    ensure_private_dir,
-    parse_endpoint,
-    pid_file,
-    socket_path,
-    trace_endpoint,
-)
-from .client import Client, DaemonError, DaemonTimeout, TickSubscription, new_request_id
-from .async_client import AsyncClient
-from .interface import DaemonClient
-from .local_client import LocalClient
 
 __all__ = [
     "AUTH_TOKEN_ENV",

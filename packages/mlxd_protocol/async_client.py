@@ -59,7 +59,6 @@ from .messages import (
     Shutdown,
     Status,
     StatusRequest,
-    Tokenize,
     TokenizeResult,
 )
 

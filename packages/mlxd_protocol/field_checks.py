@@ -21,8 +21,9 @@ import math
 import re
 import types
 import typing
+from collections.abc import Callable
 from functools import cache
-from typing import Any, Callable
+from typing import Any
 
 # Far above any real request, low enough that one frame cannot make the daemon work without bound.
 MAX_LIST_ITEMS = 1 << 20

@@ -39,7 +39,6 @@ from .messages import (
     Shutdown,
     Status,
     StatusRequest,
-    Tokenize,
     TokenizeResult,
 )
 
@@ -71,7 +70,7 @@ class LocalClient:
         self._core = make_core(self._deliver)
         self._closed = False
 
-    def __enter__(self) -> "LocalClient":
+    def __enter__(self) -> LocalClient:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

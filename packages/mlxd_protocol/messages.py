@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from .field_checks import MAX_LIST_ITEMS, FieldError
-from .sampling_rules import GREEDY, MAX_LOGPROBS, sampling_problem
+
+# MAX_LOGPROBS is re-exported: the tools import it from here with the other limits.
+from .sampling_rules import GREEDY, MAX_LOGPROBS, sampling_problem  # noqa: F401
 
 PROTOCOL_VERSION = 1
 SUPPORTED_VERSIONS = frozenset({PROTOCOL_VERSION})

@@ -12,7 +12,7 @@ whole core) instead.
 from __future__ import annotations
 
 from collections import deque
-from typing import Iterator
+from collections.abc import Iterator
 
 from .request import Event, FinishEvent, Request
 from .scheduler import BatchScheduler

@@ -62,8 +62,8 @@ from mlxd_engine import Emitted, Engine, kv_room, verify_round, verify_rows
 
 from .decode import DecodeLoop
 from .request import RequestState
-from .trace import TickRecord
 from .tick_plan import Costs, RowView, TickPlan, lookahead_steps, plan_tick
+from .trace import TickRecord
 
 log = logging.getLogger("mlxd.scheduler")
 

@@ -10,8 +10,9 @@ show) and ``FinishEvent`` (finish reason, usage, timings) through the callback g
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from mlxd_engine import SamplingParams, Sequence
 

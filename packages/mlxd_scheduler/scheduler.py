@@ -26,8 +26,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from mlxd_drafters import PromptLookupConfig, PromptLookupDrafter
 from mlxd_engine import Engine, KVStorageFull, kv_room, prompt_lookup_eligibility

@@ -53,8 +53,8 @@ its speed.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Callable, Hashable
 
 Estimate = Callable[[int, int, float], "float | None"]
 MAX_BACKOFF_EXPONENT = 6
@@ -78,7 +78,7 @@ class Costs:
     forward: Estimate
     plain_overhead_ms: float = 0.0  # per pipelined tick, shared by its chained steps
     sync_overhead_ms: float = 0.0  # per synchronous tick
-    plain_step_ms: Callable[[int], "float | None"] = lambda rows: None  # a pipelined step, measured by batch size
+    plain_step_ms: Callable[[int], float | None] = lambda rows: None  # a pipelined step, measured by batch size
     explore_budget_ms: float = float("inf")  # what verifying ``explore`` rows at a loss may cost this tick
 
     def plain(self, rows: int, context: float, steps: int = 1) -> float | None:

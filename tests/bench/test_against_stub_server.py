@@ -51,7 +51,7 @@ class StubServer:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
-    def __enter__(self) -> "StubServer":
+    def __enter__(self) -> StubServer:
         self.thread.start()
         return self
 

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from mlxd_cli.bench.report import format_spread
+from mlxd_cli.bench.runner import RequestSample
 from mlxd_cli.bench.stats import (
     decode_tokens_per_s,
     draft_counts,
@@ -22,7 +23,6 @@ from mlxd_cli.bench.stats import (
     summarize_cells,
     summarize_rounds,
 )
-from mlxd_cli.bench.runner import RequestSample
 
 
 def test_percentile_interpolates_linearly_between_order_statistics():

@@ -13,7 +13,6 @@ from mlxd_protocol import Client
 
 from ..daemon.conftest import STORIES, private_endpoint, start_daemon, stop_daemon, stories_daemon  # noqa: F401
 
-
 pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason=f"{STORIES} is not present")
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from tests.daemon.conftest import STORIES
-
 import asyncio
 
 import msgpack
@@ -21,7 +19,7 @@ from mlxd_protocol import (
     decode,
     new_request_id,
 )
-
+from tests.daemon.conftest import STORIES
 
 pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason=f"{STORIES} is not present")
 

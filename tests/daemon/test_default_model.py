@@ -11,8 +11,8 @@ import pytest
 from mlxd_engine import default_model, embedded_model_path
 from mlxd_protocol import Client
 
-from .conftest import private_endpoint, start_daemon, stop_daemon
 from ..model_paths import SHARED_SMOLLM2
+from .conftest import private_endpoint, start_daemon, stop_daemon
 
 SMOLLM2 = SHARED_SMOLLM2  # the team's reference copy: the conversion is compared with it
 DOWNLOADED = default_model.downloaded_gguf()  # in the user's cache, before a test points the cache elsewhere

@@ -30,8 +30,8 @@ import pytest
 
 from mlxd_protocol import Client, DaemonError, Generate, Speculative
 
-from .conftest import private_endpoint, start_daemon, stop_daemon
 from ..model_paths import SMOLLM2
+from .conftest import private_endpoint, start_daemon, stop_daemon
 
 ROOT = Path(__file__).resolve().parents[2]
 MLXD = [sys.executable, "-m", "mlxd_daemon"]

@@ -12,8 +12,8 @@ import pytest
 
 from mlxd_protocol import Client, Generate, Speculative, new_request_id
 
-from .conftest import private_endpoint, start_daemon, stop_daemon
 from ..model_paths import SMOLLM2
+from .conftest import private_endpoint, start_daemon, stop_daemon
 
 PROMPTS = (
     "Repeat the following paragraph exactly: The harbour was quiet that morning. Fishing boats rocked at "

@@ -13,7 +13,6 @@ from mlxd_protocol import Client, Generate, Speculative, new_request_id
 
 from .conftest import STORIES, private_endpoint, start_daemon, stop_daemon
 
-
 pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason=f"{STORIES} is not present")
 
 

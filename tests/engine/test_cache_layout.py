@@ -12,9 +12,8 @@ import tempfile
 
 import pytest
 
-from .architectures import ARCHITECTURES, alone, batched, build, loaded, prompt
-
 from ..conftest import STORIES_260K
+from .architectures import ARCHITECTURES, alone, batched, build, loaded, prompt
 
 
 class MadeUpCache:

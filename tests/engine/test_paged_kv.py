@@ -9,8 +9,14 @@ import pytest
 
 from mlxd_drafters import PromptLookupConfig
 from mlxd_engine import Engine, KVStorageFull
-from mlxd_scheduler import BatchScheduler, Request, SchedulerOptions, SpeculativeRequest, generate_plain
-from mlxd_scheduler import generate_with_prompt_lookup
+from mlxd_scheduler import (
+    BatchScheduler,
+    Request,
+    SchedulerOptions,
+    SpeculativeRequest,
+    generate_plain,
+    generate_with_prompt_lookup,
+)
 
 
 def paged(loaded, block=4, pool=4096, **kwargs):

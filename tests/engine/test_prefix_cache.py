@@ -7,15 +7,14 @@ request on an engine without a cache, token for token (greedy), with and without
 
 from __future__ import annotations
 
-
 import pytest
 
 from mlxd_engine import Engine
 from mlxd_engine.prefix_cache import PrefixCache
 from mlxd_scheduler.single_sequence import generate_plain, generate_with_prompt_lookup
 
-from .architectures import build, loaded, prompt, repeating_prompt
 from ..model_paths import SMOLLM2
+from .architectures import build, loaded, prompt, repeating_prompt
 
 BUDGET = 64 * 2**20
 

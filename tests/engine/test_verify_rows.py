@@ -10,14 +10,13 @@ stories260K, SmolLM2 (slow); storage kinds: contiguous and paged attention, slid
 
 from __future__ import annotations
 
-
 import pytest
 
 from mlxd_engine import Engine, verify_rows
 from mlxd_scheduler.single_sequence import generate_plain
 
-from .architectures import build, loaded, prompt
 from ..model_paths import SMOLLM2
+from .architectures import build, loaded, prompt
 
 NEW_TOKENS = 30
 LENGTHS = (70, 41, 23, 9)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import io
-import sys
 import subprocess
+import sys
 import tokenize
 import uuid
 

@@ -13,8 +13,7 @@ import zmq
 
 from mlxd_protocol import Client, DaemonError, Generate, StatusRequest, decode, encode, new_request_id
 from mlxd_protocol.endpoints import socket_path
-from tests.daemon.conftest import STORIES, private_endpoint, start_daemon, stop_daemon
-
+from tests.daemon.conftest import STORIES, private_endpoint, start_daemon
 
 pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason=f"{STORIES} is not present")
 

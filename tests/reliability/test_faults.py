@@ -12,7 +12,6 @@ import pytest
 from tests.daemon.conftest import STORIES, private_endpoint, start_daemon, stop_daemon
 from tests.serve_http.conftest import Gateway
 
-
 pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason=f"{STORIES} is not present")
 
 LONG = {"prompt": "Once upon a time", "n_predict": 480, "ignore_eos": True}

@@ -12,7 +12,6 @@ import functools
 import json
 import time
 
-import httpx
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
@@ -22,7 +21,6 @@ from hypothesis import strategies as st  # noqa: E402
 from mlxd_protocol import Client  # noqa: E402
 from tests.daemon.conftest import STORIES, private_endpoint, start_daemon, stop_daemon  # noqa: E402
 from tests.serve_http.conftest import Gateway  # noqa: E402
-
 
 pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason=f"{STORIES} is not present")
 

@@ -11,7 +11,6 @@ from mlxd_protocol import Generate, ProtocolError, encode
 from tests.daemon.conftest import STORIES, private_endpoint, start_daemon, stop_daemon
 from tests.serve_http.conftest import Gateway
 
-
 pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason=f"{STORIES} is not present")
 
 

@@ -9,7 +9,6 @@ import pytest
 
 from tests.daemon.conftest import ROOT, STORIES
 
-
 pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason=f"{STORIES} is not present")
 
 

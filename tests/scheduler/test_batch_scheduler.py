@@ -5,8 +5,15 @@ from __future__ import annotations
 import pytest
 
 from mlxd_engine import Engine
-from mlxd_scheduler import BatchScheduler, FinishEvent, Request, SchedulerOptions, TextStream, TokenEvent
-from mlxd_scheduler import generate_plain
+from mlxd_scheduler import (
+    BatchScheduler,
+    FinishEvent,
+    Request,
+    SchedulerOptions,
+    TextStream,
+    TokenEvent,
+    generate_plain,
+)
 
 from .stub_model import ByteDetokenizer, as_text, stub_loaded
 

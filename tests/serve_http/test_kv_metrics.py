@@ -36,9 +36,9 @@ def test_paged_pool_use_in_status_and_metrics():
         assert kv["backend"] == "paged" and kv["blocks"] == 64 and kv["blocks_reserved"] == 0
         assert kv["blocks_used"] == kv["blocks_cached"] == kv["blocks_cache_only"] == 1, kv
         metrics = gateway.client.get("/metrics").text
-        assert f'mlxd_daemon_kv_blocks{{daemon="0"}} 64' in metrics
-        assert f'mlxd_daemon_kv_blocks_used{{daemon="0"}} 1' in metrics
-        assert f'mlxd_daemon_kv_blocks_cached{{daemon="0"}} 1' in metrics
+        assert 'mlxd_daemon_kv_blocks{daemon="0"} 64' in metrics
+        assert 'mlxd_daemon_kv_blocks_used{daemon="0"} 1' in metrics
+        assert 'mlxd_daemon_kv_blocks_cached{daemon="0"} 1' in metrics
     finally:
         gateway.stop()
         stop_daemon(daemon, endpoint)

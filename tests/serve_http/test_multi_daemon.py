@@ -80,7 +80,7 @@ def test_spread_failover_and_all_down(two_daemons):
         assert http.post("/v1/completions", json=BODY).status_code == 200
     assert http.get("/health").json() == {"status": "ok"}
     deadline = time.monotonic() + 10
-    while f'mlxd_daemon_up{{daemon="0"}} 0' not in http.get("/metrics").text:
+    while 'mlxd_daemon_up{daemon="0"} 0' not in http.get("/metrics").text:
         assert time.monotonic() < deadline, "the stopped daemon is still reported up"
         time.sleep(0.2)
 

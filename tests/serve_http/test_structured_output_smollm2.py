@@ -13,8 +13,8 @@ import openai
 import pytest
 
 from ..daemon.conftest import private_endpoint, start_daemon, stop_daemon
-from .conftest import Gateway
 from ..model_paths import SMOLLM2
+from .conftest import Gateway
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not SMOLLM2.is_dir(), reason=f"{SMOLLM2} is not present")]
 

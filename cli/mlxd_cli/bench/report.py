@@ -118,7 +118,7 @@ def build_results(run: Any, config: Any, baseline: str, command: str, machine: d
     cells = summarize_cells(run.batches, names)
     return {
         "format": "mlx-bench results 1",
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": command,
         "machine": machine,
         "config": dataclasses.asdict(config),

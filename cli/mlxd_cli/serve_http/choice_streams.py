@@ -37,7 +37,7 @@ class ChoiceStreams:
     def handle(self) -> DaemonHandle:
         return self.streams[0].handle
 
-    def __aiter__(self) -> "ChoiceStreams":
+    def __aiter__(self) -> ChoiceStreams:
         return self
 
     async def __anext__(self) -> tuple[int, Chunk | Done]:

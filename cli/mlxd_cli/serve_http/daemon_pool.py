@@ -100,7 +100,7 @@ class GenerationStream:
     _first_taken: bool = field(default=False, repr=False)
     _closed: bool = field(default=False, repr=False)
 
-    def __aiter__(self) -> "GenerationStream":
+    def __aiter__(self) -> GenerationStream:
         return self
 
     async def __anext__(self) -> Chunk | Done:

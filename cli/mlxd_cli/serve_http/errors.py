@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-
-import re
 
 from mlxd_protocol import (
     BAD_FRAME,

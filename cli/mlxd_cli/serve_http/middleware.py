@@ -18,8 +18,8 @@ import asyncio
 import hmac
 
 from .errors import ApiError
-from .request_guard import content_type_problem, host_problem, origin_problem
 from .metrics import GatewayMetrics
+from .request_guard import content_type_problem, host_problem, origin_problem
 from .settings import Settings
 
 # Paths that never take a concurrency slot: they must answer even when the gateway is saturated.

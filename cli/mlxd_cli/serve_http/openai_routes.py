@@ -49,6 +49,13 @@ from .context import gateway
 from .daemon_pool import DaemonHandle, call_daemon
 from .errors import ERROR_RESPONSES, ApiError, NoDaemonAvailable, from_daemon_failure
 from .json_body import JsonBodyRoute
+from .request_fields import (
+    OPENAI_NO_EFFECT,
+    OPENAI_UNIMPLEMENTED,
+    check_extra_fields,
+    ignored_fields_header,
+    name_daemon_field,
+)
 from .schemas import (
     MAX_TOKENS_LIMIT,
     ChatChoice,
@@ -70,13 +77,6 @@ from .schemas import (
     Usage,
     build_sampling,
     normalize_stop,
-)
-from .request_fields import (
-    OPENAI_NO_EFFECT,
-    OPENAI_UNIMPLEMENTED,
-    check_extra_fields,
-    ignored_fields_header,
-    name_daemon_field,
 )
 from .streaming import SSE_HEADERS, ClosingStreamingResponse, StreamedOutput, sse_body, sse_event
 

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Discriminator, Field, Tag, ValidationInfo, field_validator
 
+from ..json_body import UnsafeJson, parse_json
 from .requests import (
     MAX_TOKENS_LIMIT,
     ChatMessage,
@@ -35,7 +36,6 @@ from .requests import (
     ToolCallIn,
     ToolFunction,
 )
-from ..json_body import UnsafeJson, parse_json
 
 MAX_METADATA_PAIRS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512  # OpenAI's bounds
 TEXT_PART_TYPES = ("input_text", "output_text")
