@@ -90,7 +90,7 @@ def main() -> None:
         "| BLAS | matmul 1024 GFLOP/s | matmul 2048 GFLOP/s | step ms | verify (9 tokens) ms | verify/step |",
         "|---|---|---|---|---|---|",
     ]
-    for name, results in runs.items():
+    for results in runs.values():
         med = {
             k: statistics.median(r[k] for r in results) for k in ("gflops_1024", "gflops_2048", "step_ms", "verify8_ms")
         }

@@ -109,7 +109,8 @@ def main() -> None:
         f"timed forwards at a {CONTEXT}-token context through the engine, and greedy decode over {args.tokens} steps "
         f"(stored: a {STORED_CONTEXT}-token context, 2 forwards each, 3 decode steps).",
         "",
-        "| weights (`MLXD_CPU_WEIGHTS`) | what the rule did | step ms | verify (9 tokens) ms | verify/step | decode tok/s |",
+        "| weights (`MLXD_CPU_WEIGHTS`) | what the rule did | step ms | verify (9 tokens) ms | verify/step "
+        "| decode tok/s |",
         "|---|---|---|---|---|---|",
     ]
     for form, results in runs.items():

@@ -25,7 +25,15 @@ ensure_fast_blas()
 
 import mlx.core as mx  # noqa: E402
 
-from bench_common import ROOT, command_line, machine_facts, ratio_spread, spread, start_daemon, stop_daemon  # noqa: E402
+from bench_common import (  # noqa: E402
+    ROOT,
+    command_line,
+    machine_facts,
+    ratio_spread,
+    spread,
+    start_daemon,
+    stop_daemon,
+)
 
 PROMPT = (
     "The Python standard library contains built-in modules that provide access to system functionality "
@@ -80,8 +88,8 @@ def mlx_lm_generate(model, tokenizer, prompt: list[int], n: int, eos: frozenset[
         return logits.at[:, ids].add(-1e9)
 
     last = None
-    for last in stream_generate(model, tokenizer, prompt, max_tokens=n, logits_processors=[no_eos]):
-        pass
+    for response in stream_generate(model, tokenizer, prompt, max_tokens=n, logits_processors=[no_eos]):
+        last = response
     assert last.generation_tokens == n, last.generation_tokens
     return last.generation_tps
 
@@ -220,12 +228,14 @@ def main() -> None:
         'daemon\'s default (ticks chain up to --decode-steps 8 steps in steady decode); "1 step per tick" is '
         '--decode-steps 1; "unpipelined" is --no-lookahead. Every model here is loaded with the CPU weight rule '
         f"({loaded.weights}). The loops in this process run the library's BLAS threads; each daemon chooses its own "
-        "count by timing decode steps at start-up and whether a lone row's step runs compiled (daemon/mlxd_daemon/step_tuning.py). "
+        "count by timing decode steps at start-up and whether a lone row's step runs compiled "
+        "(daemon/mlxd_daemon/step_tuning.py). "
         f"On the CPU the daemon's engine fuses the model's RMSNorm and RoPE layers ({fused_count} modules here; "
         "packages/mlxd_engine/cpu_fusion.py); the bare loop and mlx_lm.generate run the stock layers, and the "
         '"fused layers" bare loop runs the same fused layers as the daemon; "fastest bare loop" is the faster '
         'of the two in each round. The "engine forward loop" is the '
-        "daemon's own forward in a bare loop: on the CPU the engine runs a lone row's decode step as one compiled graph "
+        "daemon's own forward in a bare loop: on the CPU the engine runs a lone row's decode step as one "
+        "compiled graph "
         "(packages/mlxd_engine/compiled_decode.py), so it is the "
         "limit for the daemon's step, and the model-forward loops are the limit the model sets without it.",
         "",
@@ -240,13 +250,16 @@ def main() -> None:
         "| ratio (per round) | median [min-max] |",
         "|---|---|",
         f"| mlxd pipelined / fastest bare loop | {ratio_spread(ratios('mlxd pipelined', 'fastest bare loop'))} |",
-        f"| mlxd (mlx-generate) / fastest bare loop | {ratio_spread(ratios('mlxd (mlx-generate)', 'fastest bare loop'))} |",
+        "| mlxd (mlx-generate) / fastest bare loop "
+        f"| {ratio_spread(ratios('mlxd (mlx-generate)', 'fastest bare loop'))} |",
         f"| mlxd pipelined / mlx_lm.generate | {ratio_spread(ratios('mlxd pipelined', 'mlx_lm.generate'))} |",
         f"| mlxd (mlx-generate) / mlx_lm.generate | {ratio_spread(ratios('mlxd (mlx-generate)', 'mlx_lm.generate'))} |",
         f"| mlxd pipelined / engine forward loop | {ratio_spread(ratios('mlxd pipelined', 'engine forward loop'))} |",
-        f"| engine forward loop / bare loop, fused layers | {ratio_spread(ratios('engine forward loop', 'bare loop, fused layers'))} |",
+        "| engine forward loop / bare loop, fused layers "
+        f"| {ratio_spread(ratios('engine forward loop', 'bare loop, fused layers'))} |",
         f"| mlxd pipelined / mlxd unpipelined | {ratio_spread(ratios('mlxd pipelined', 'mlxd unpipelined'))} |",
-        f"| mlxd pipelined / mlxd pipelined, 1 step per tick | {ratio_spread(ratios('mlxd pipelined', 'mlxd pipelined, 1 step per tick'))} |",
+        "| mlxd pipelined / mlxd pipelined, 1 step per tick "
+        f"| {ratio_spread(ratios('mlxd pipelined', 'mlxd pipelined, 1 step per tick'))} |",
         "",
         "Aggregate output tok/s, concurrent requests to one pipelined mlxd (same prompt, same length):",
         "",

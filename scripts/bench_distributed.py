@@ -162,7 +162,7 @@ def main() -> None:
 
     speeds = {(name, c): [] for name in daemons for c in concurrencies}
     try:
-        for name, entry in daemons.items():  # warm-up: first requests compile kernels
+        for entry in daemons.values():  # warm-up: first requests compile kernels
             measure(entry[2], 1, 8)
         for round_index in range(opts.rounds):
             for c in concurrencies:

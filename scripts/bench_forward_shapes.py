@@ -47,7 +47,8 @@ def main() -> None:
     seqs = prefilled_rows(engine, [args.context + args.spread * i for i in range(8)], 4096)
     vocab = loaded.vocab_size
     print(
-        f"Machine: {machine_facts()}\nModel: {args.model}; context {args.context} (+ {args.spread} x row); median of {args.repeats}\n"
+        f"Machine: {machine_facts()}\nModel: {args.model}; context {args.context} (+ {args.spread} x row); "
+        f"median of {args.repeats}\n"
     )
     print("| rows x width | verify_rows ms | the line's estimate | measured / line |\n|---|---|---|---|")
     for rows, width in shapes:

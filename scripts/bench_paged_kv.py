@@ -94,7 +94,7 @@ def main() -> None:
     rows = []
     for context in CONTEXTS:
         setups = {backend: prepared(loaded, backend, context, rng) for backend in ("contiguous", "paged")}
-        for backend, (engine, seq) in setups.items():  # warm-up
+        for engine, seq in setups.values():  # warm-up
             time_step(engine, seq)
             time_verify(engine, seq)
         samples = {(b, op): [] for b in setups for op in ("step", "verify")}
@@ -121,8 +121,8 @@ def main() -> None:
         "",
         "Machine: " + ", ".join(f"{k} {v}" for k, v in machine_facts().items()),
         "",
-        "| context | step contiguous ms | step paged ms | paged/contiguous | verify(8) contiguous ms | verify(8) paged ms "
-        "| paged/contiguous | verify/step paged |",
+        "| context | step contiguous ms | step paged ms | paged/contiguous | verify(8) contiguous ms "
+        "| verify(8) paged ms | paged/contiguous | verify/step paged |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -135,7 +135,8 @@ def main() -> None:
     lines += [
         "",
         f"B=1 decode tok/s (200 tokens after a short prompt, {args.rounds} alternating rounds, median [min-max]): "
-        f"contiguous {statistics.median(rates['contiguous']):.1f} [{min(rates['contiguous']):.1f}-{max(rates['contiguous']):.1f}], "
+        f"contiguous {statistics.median(rates['contiguous']):.1f} "
+        f"[{min(rates['contiguous']):.1f}-{max(rates['contiguous']):.1f}], "
         f"paged {statistics.median(rates['paged']):.1f} [{min(rates['paged']):.1f}-{max(rates['paged']):.1f}].",
         "",
         f"Capacity: {per_token} bytes of K/V per token for this model; in 1 GiB of KV memory:",

@@ -5,7 +5,8 @@
 (c) 2, 4 and 8 concurrent requests, plain, copy and mixed (half copy, half plain requests): aggregate
     tok/s, flag on (the verify gate weighing each draft against its measured cost) vs off. A case keeps c
     requests in flight (c workers, each sending its next request when its previous one finished).
-Daemons run side by side; every round runs each variant once, interleaved, in alternating order. Median [min-max] over rounds.
+Daemons run side by side; every round runs each variant once, interleaved, in alternating order.
+Median [min-max] over rounds.
 A second daemon without the flag ("off, again") is measured like the others: its ratio to "off" is the
 A/A spread, how far two identical daemons differ on this machine in the same rounds.
 
@@ -27,7 +28,15 @@ from mlxd_fast_blas import ensure_fast_blas  # noqa: E402
 
 ensure_fast_blas()  # the daemons re-exec with OpenBLAS anyway; this makes the recorded machine facts true
 
-from bench_common import ROOT, command_line, machine_facts, ratio_spread, spread, start_daemon, stop_daemon  # noqa: E402
+from bench_common import (  # noqa: E402
+    ROOT,
+    command_line,
+    machine_facts,
+    ratio_spread,
+    spread,
+    start_daemon,
+    stop_daemon,
+)
 from mlxd_protocol import AsyncClient, Generate, new_request_id  # noqa: E402
 
 PARAGRAPHS = [
@@ -67,10 +76,11 @@ def prompt_for(style: str, i: int) -> tuple[str, bool, bool]:
 
 
 async def run_batch(endpoint: str, prompts: list[tuple[str, bool, bool]], max_tokens: int, repeat: int = 1) -> dict:
-    """Send the (prompt, ignore_eos, cache_prompt) requests ``repeat`` times over, keeping ``len(prompts)`` requests in flight
-    as mlx-bench does: that many workers, each sending the next request of the list when its previous one
-    finished (so a row that finishes early makes room for the next request, as under a server's load).
-    Wall time runs from the first request sent to the last one finished."""
+    """Send the (prompt, ignore_eos, cache_prompt) requests ``repeat`` times over.
+
+    ``len(prompts)`` requests are kept in flight as mlx-bench does: that many workers, each sending the next request of
+    the list when its previous one finished (so a row that finishes early makes room for the next request, as under a
+    server's load). Wall time runs from the first request sent to the last one finished."""
     queue = [pair for _ in range(repeat) for pair in prompts]
     dones: list = [None] * len(queue)
     next_index = iter(range(len(queue)))
@@ -142,7 +152,7 @@ def main() -> None:
     acceptance: dict = {key: {"drafted": 0, "accepted": 0, "rounds": 0} for key in results}
     mismatches = 0
     try:
-        for name, (_, endpoint) in daemons.items():  # warm-up
+        for _, endpoint in daemons.values():  # warm-up
             asyncio.run(run_batch(endpoint, [(copy_prompt(0), False, True)], 32))
         for round_number in range(args.rounds):
             for style, concurrency in cases:
@@ -205,7 +215,7 @@ def main() -> None:
     ]
     for key, by_name in results.items():
 
-        def per_round(name: str) -> str:
+        def per_round(name: str, by_name: dict = by_name) -> str:
             return ratio_spread([a / b for a, b in zip(by_name[name], by_name["off"])])
 
         lines.append(

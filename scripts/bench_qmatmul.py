@@ -55,12 +55,18 @@ def main() -> None:
         for n in rows:
             x = mx.random.normal((n, in_dims), key=mx.random.key(n))
             mx.eval(x)
-            k = best_ms(lambda: [mlxd_qmatmul.quantized_matmul(x, *p, gs, bits) for p in packs], 3) / copies
+            k = (
+                best_ms(lambda x=x, packs=packs: [mlxd_qmatmul.quantized_matmul(x, *p, gs, bits) for p in packs], 3)
+                / copies
+            )
             few = packs[: max(1, copies // 8)]
             q = best_ms(
-                lambda: [mx.quantized_matmul(x, *p, transpose=True, group_size=gs, bits=bits) for p in few], 2
+                lambda x=x, few=few: [
+                    mx.quantized_matmul(x, *p, transpose=True, group_size=gs, bits=bits) for p in few
+                ],
+                2,
             ) / len(few)
-            f = best_ms(lambda: [x @ d.T for d in dense], 3) / len(dense)
+            f = best_ms(lambda x=x, dense=dense: [x @ d.T for d in dense], 3) / len(dense)
             line = f"| {out_dims} x {in_dims} | {n} | {k:.3f} | {packed_bytes / k / 1e6:.1f} | {q:.3f} | {f:.3f} |"
             print(line, flush=True)
             lines.append(line)

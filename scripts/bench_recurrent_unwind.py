@@ -83,7 +83,8 @@ def main() -> None:
     parser.add_argument("--models", nargs="*", default=MODELS)
     args = parser.parse_args()
     print(
-        f"B=1, context {CONTEXT}, verify of 1 + {DRAFT} tokens, medians of {args.reps} repetitions (ms; x = in plain steps)"
+        f"B=1, context {CONTEXT}, verify of 1 + {DRAFT} tokens, medians of {args.reps} repetitions "
+        "(ms; x = in plain steps)"
     )
     print(
         f"{'model':18} {'step':>7} {'full':>13} "

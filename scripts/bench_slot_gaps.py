@@ -71,7 +71,8 @@ def main() -> None:
     facts = machine_facts()
     print(f"$ {command_line()}")
     print(
-        f"model {args.model}; contexts {args.context} + 7 x row (+ the steps taken); {args.rounds} rounds of {args.steps} steps; "
+        f"model {args.model}; contexts {args.context} + 7 x row (+ the steps taken); "
+        f"{args.rounds} rounds of {args.steps} steps; "
         f"{facts.get('cpu', '')}"
     )
     print(f"{'rows':>12} {'runs ms':>18} {'gather ms':>18} {'gather/runs':>20}")

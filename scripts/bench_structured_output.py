@@ -27,7 +27,15 @@ from mlxd_fast_blas import ensure_fast_blas  # noqa: E402
 
 ensure_fast_blas()
 
-from bench_common import ROOT, command_line, machine_facts, ratio_spread, spread, start_daemon, stop_daemon  # noqa: E402
+from bench_common import (  # noqa: E402
+    ROOT,
+    command_line,
+    machine_facts,
+    ratio_spread,
+    spread,
+    start_daemon,
+    stop_daemon,
+)
 from mlxd_protocol import AsyncClient, Constraint, Generate, Speculative, new_request_id  # noqa: E402
 
 SMOLLM2 = ROOT.parent / "shared" / "models" / "smollm2-135m-instruct-q4"

@@ -66,9 +66,9 @@ def main() -> None:
     for _ in range(args.rounds):
         for shape in SHAPES:
             rows, proposing = shape
-            results[shape]["plain"].append(timed(lambda: plain(rows)))
-            results[shape]["beside"].append(timed(lambda: beside(rows, proposing)))
-            results[shape]["padded"].append(timed(lambda: padded(rows, proposing)))
+            results[shape]["plain"].append(timed(lambda rows=rows: plain(rows)))
+            results[shape]["beside"].append(timed(lambda rows=rows, proposing=proposing: beside(rows, proposing)))
+            results[shape]["padded"].append(timed(lambda rows=rows, proposing=proposing: padded(rows, proposing)))
     cost = engine.forward_cost
     facts = machine_facts()
     print(

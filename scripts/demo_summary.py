@@ -19,7 +19,8 @@ def main(on_path: str, off_path: str) -> int:
     speedup = on["timings"]["predicted_per_second"] / off["timings"]["predicted_per_second"]
     same = on["tokens"] == off["tokens"]
     print(
-        f"speed-up {speedup:.2f}x; replies identical: {'yes' if same else 'NO'} ({len(on['tokens'])} vs {len(off['tokens'])} tokens)"
+        f"speed-up {speedup:.2f}x; replies identical: {'yes' if same else 'NO'} "
+        f"({len(on['tokens'])} vs {len(off['tokens'])} tokens)"
     )
     return 0 if same else 1
 

@@ -200,8 +200,10 @@ get the text back, plain prompts do not get useful text (through the chat templa
 user's message; raw continuations fall into repetition). A model this small spends its capacity on copying.
 
 ## Size
-- {report["layers"]} layers, hidden size {report["hidden"]}, {report["heads"]} heads (head dim {report["hidden"] // report["heads"]}), SwiGLU width {report["hidden"] * 3},
-  tied embeddings, RoPE theta {report["rope_theta"]:g} (slowly rotating pairs let a 32-wide head match tokens hundreds of positions apart); {report["parameters"]:,} parameters, float32, {size_mb:.1f} MB.
+- {report["layers"]} layers, hidden size {report["hidden"]}, {report["heads"]} heads \
+(head dim {report["hidden"] // report["heads"]}), SwiGLU width {report["hidden"] * 3},
+  tied embeddings, RoPE theta {report["rope_theta"]:g} (slowly rotating pairs let a 32-wide head match tokens \
+hundreds of positions apart); {report["parameters"]:,} parameters, float32, {size_mb:.1f} MB.
 - Context: `max_position_embeddings` 16384 (trained on rows of at most 512 tokens; quality past that is
   not claimed, but the model runs there, which cost measurements need).
 - Tokenizer: byte-level BPE with {report["vocab"]} tokens made with the `tokenizers` library on the training text;
@@ -232,8 +234,10 @@ elementwise parts of a step that one process runs on a single core.
 
 A moving average of the weights runs through the text phase (decay {report["ema_decay"]}). At the end the final
 weights and the average are scored on 20 other held-out paragraphs (validation, chat), and the better one
-is kept: final {report["validation"]["final"]:.1%}, average {report["validation"]["average"]:.1%}; this checkpoint holds the
-**{"moving average" if report["weights"] == "average" else "final weights"}**. The score below is on paragraphs the choice never saw.
+is kept: final {report["validation"]["final"]:.1%}, average {report["validation"]["average"]:.1%}; \
+this checkpoint holds the
+**{"moving average" if report["weights"] == "average" else "final weights"}**. \
+The score below is on paragraphs the choice never saw.
 
 | step | loss (last batch) | greedy copy accuracy, positional (6 validation paragraphs, chat) | aligned |
 |---|---|---|---|
@@ -247,7 +251,8 @@ Greedy replies to "Repeat the following paragraph exactly: <paragraph>" for {rep
 paragraphs of 60-200 tokens. Positional accuracy = reference tokens reproduced at the same position;
 aligned = reference tokens found in order in the reply (one skipped or inserted token costs one token).
 The reference is the paragraph's tokens as they stand in the prompt.
-- through the chat template: **{report["copy_accuracy_chat"]:.1%}** positional, {report["copy_accuracy_chat_aligned"]:.1%} aligned
+- through the chat template: **{report["copy_accuracy_chat"]:.1%}** positional, \
+{report["copy_accuracy_chat_aligned"]:.1%} aligned
 - raw prompt: **{report["copy_accuracy_raw"]:.1%}** positional, {report["copy_accuracy_raw_aligned"]:.1%} aligned
 
 ## Regenerate

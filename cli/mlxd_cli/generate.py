@@ -89,7 +89,8 @@ def read_constraint(json_schema_file, grammar_file) -> Constraint | None:
     "-m",
     "--model",
     default=None,
-    help="model for a daemon started by this call (or for --local): checkpoint directory, .gguf file, hub id or 'embedded' (default: SmolLM2-135M-Instruct)",
+    help="model for a daemon started by this call (or for --local): checkpoint directory, .gguf file, hub id or "
+    "'embedded' (default: SmolLM2-135M-Instruct)",
 )
 @click.option("--endpoint", default=None, help="daemon endpoint (default: the private ipc socket)")
 @click.option("--max-tokens", default=256, show_default=True, type=click.IntRange(1))

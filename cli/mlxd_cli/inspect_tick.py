@@ -17,11 +17,15 @@ import sys
 from collections import deque
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from mlxd_protocol import Client, DaemonError, DaemonTimeout, Tick
 from mlxd_protocol.endpoints import default_endpoint
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 
 def tick_record(tick: Tick) -> dict:
@@ -85,7 +89,7 @@ def _read_token(path: str | None) -> str | None:
     try:
         return Path(path).read_text().strip() or None
     except OSError as error:
-        raise click.BadParameter(f"cannot read {path}: {error.strerror}", param_hint="--auth-token-file")
+        raise click.BadParameter(f"cannot read {path}: {error.strerror}", param_hint="--auth-token-file") from error
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

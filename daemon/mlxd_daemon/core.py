@@ -5,11 +5,11 @@ scheduler from ``DaemonOptions`` exactly as ``mlxd`` serves them (``build_schedu
 requests. ``handle(identity, message)`` returns the reply to send now, an Error for bad input or a failed
 handler, or None (replies come later through ``send``, as for Generate, or never, as for Cancel);
 ``turn()`` picks up finished host work, runs one scheduler tick when there is work, one forward of a queued
-Embed (``embeddings.EmbeddingQueue``) and sends the streamed chunks that are due; ``has_work`` says whether a turn would do anything (``busy``: anything but waiting
-for host work). Host work that is not small (templates, tokenizing, grammars: ``host_limits``) runs on the
-worker threads of ``host_work.HostWork`` (``offload``); its results are handled inside ``turn()``, so
-the loop thread still owns all state and nothing needs a lock. Every failure of one request, in its
-handler, its host work or its finish, becomes that request's Error reply (``failure_reply``): an
+Embed (``embeddings.EmbeddingQueue``) and sends the streamed chunks that are due; ``has_work`` says whether a
+turn would do anything (``busy``: anything but waiting for host work). Host work that is not small (templates,
+tokenizing, grammars: ``host_limits``) runs on the worker threads of ``host_work.HostWork`` (``offload``); its results
+are handled inside ``turn()``, so the loop thread still owns all state and nothing needs a lock. Every failure of one
+request, in its handler, its host work or its finish, becomes that request's Error reply (``failure_reply``): an
 exception's name and text go to the log, never to the client.
 
 Two drivers, one core, so they cannot drift: the socket loop (``server.DaemonServer``: decoding, auth,

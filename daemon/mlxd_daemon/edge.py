@@ -4,12 +4,12 @@ Contract: everything textual happens here, never in the scheduler or the engine:
 template, encoding the prompt, building the request's TextStream (streaming detokenizer + stop
 strings) and compiling a request's constraint (a JSON schema or grammar; one the library rejects is an
 invalid_request Error with its message), and a request's tools (through the chat template; "required" or
-a named function as a grammar; the calls split out of the text by ``tool_calls.py``). Sampler settings: a request's ``sampling``, or the daemon's defaults (both a wire ``Sampling``)
-become the engine's ``SamplingParams`` in one conversion; their value rules are checked once, by the
-scheduler's submit (``sampling_rules``, with the model's vocabulary). Replies: a TokenEvent becomes a
-Chunk for a streaming request (nothing for a non-streaming one); a FinishEvent becomes Done with the
-whole text and tokens, or Error when the request failed. A scheduler ``TickRecord`` becomes the wire's
-``Tick`` (``tick_message``).
+a named function as a grammar; the calls split out of the text by ``tool_calls.py``). Sampler settings: a
+request's ``sampling``, or the daemon's defaults (both a wire ``Sampling``) become the engine's ``SamplingParams`` in
+one conversion; their value rules are checked once, by the scheduler's submit (``sampling_rules``, with the model's
+vocabulary). Replies: a TokenEvent becomes a Chunk for a streaming request (nothing for a non-streaming one); a
+FinishEvent becomes Done with the whole text and tokens, or Error when the request failed. A scheduler ``TickRecord``
+becomes the wire's ``Tick`` (``tick_message``).
 """
 
 from __future__ import annotations

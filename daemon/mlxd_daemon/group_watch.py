@@ -10,8 +10,8 @@ Contract: ``GroupWatch()`` is built right after the group is joined, when the pr
 connections are the backend's (ring: one or more per neighbour). ``start()`` runs a daemon thread that
 checks them every ``POLL_S`` and calls ``handler(reason)`` once, from that thread, when one of them is no
 longer ESTABLISHED. The first handler ends the process (a rank lost while the model loads); the serving
-code puts its own in place once it can answer clients. A backend without TCP connections of its own (RDMA) is watched by progress
-instead: ``busy()`` says since when the caller has been inside a collective, and ``STALL_S``
+code puts its own in place once it can answer clients. A backend without TCP connections of its own (RDMA) is
+watched by progress instead: ``busy()`` says since when the caller has been inside a collective, and ``STALL_S``
 (``MLXD_DISTRIBUTED_STALL_S``, default 120) without progress counts as lost. ``stop()`` before a clean
 shutdown (the other ranks then close their ends on purpose).
 """

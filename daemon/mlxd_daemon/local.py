@@ -2,9 +2,9 @@
 
 Contract: ``local_client(options=None, **overrides)`` loads the model with ``model_setup.load_for_serving``
 and wraps the daemon's core (``core.DaemonCore``: the same scheduler, speculative dispatch, handlers,
-edge and reply streams as ``mlxd``), built from the same ``DaemonOptions`` and with the same measured step settings (``step_tuning``), in a
-``mlxd_protocol.LocalClient``. ``mlx-generate --local`` and the daemon therefore run one code path from
-one set of options and cannot drift. Failures come back as the protocol's errors: a model the engine
+edge and reply streams as ``mlxd``), built from the same ``DaemonOptions`` and with the same measured step
+settings (``step_tuning``), in a ``mlxd_protocol.LocalClient``. ``mlx-generate --local`` and the daemon therefore run
+one code path from one set of options and cannot drift. Failures come back as the protocol's errors: a model the engine
 cannot serve is ``DaemonError("not_found")``, options that do not go together ``DaemonError("invalid_request")``.
 
 Imports mlx (through the engine): the tools import this module lazily, from ``mlxd_cli.local`` only

@@ -126,7 +126,8 @@ def _endpoint_option(function):
     show_default=True,
     type=click.FloatRange(0, 1),
     help="CPU backend: share of this machine's memory the weights may take dequantized to float32 "
-    "(above it quantized layers stay quantized, with float32 scales); MLXD_CPU_WEIGHTS=stored keeps the checkpoint as stored",
+    "(above it quantized layers stay quantized, with float32 scales); "
+    "MLXD_CPU_WEIGHTS=stored keeps the checkpoint as stored",
 )
 @click.option(
     "--drain-timeout",
@@ -177,7 +178,8 @@ def _endpoint_option(function):
     show_default=True,
     type=click.Choice(REASONING_MODES),
     help="thinking in chat templates that have it: on, off (enable_thinking false, an open thinking block "
-    "closed), or auto (the same as on: thinking wherever the template has it); a request's chat_template_kwargs override it",
+    "closed), or auto (the same as on: thinking wherever the template has it); "
+    "a request's chat_template_kwargs override it",
 )
 @click.option(
     "--host-workers",
@@ -327,7 +329,7 @@ def cli(
     try:
         resolve_speculative(draft_kind, draft_model, draft_block_size)
     except ValueError as error:
-        raise click.BadParameter(str(error), param_hint="--draft-kind/--draft-model/--draft-block-size")
+        raise click.BadParameter(str(error), param_hint="--draft-kind/--draft-model/--draft-block-size") from error
     sys.exit(serve(options))
 
 
@@ -348,7 +350,7 @@ def _read_auth_token(path: str | None) -> str | None:
         try:
             token = Path(path).read_text().strip()
         except OSError as error:
-            raise click.BadParameter(f"cannot read {path}: {error.strerror}", param_hint="--auth-token-file")
+            raise click.BadParameter(f"cannot read {path}: {error.strerror}", param_hint="--auth-token-file") from error
         if not token:
             raise click.BadParameter(f"{path} is empty", param_hint="--auth-token-file")
         return token

@@ -12,10 +12,10 @@ Contract: ``apply_cpu_weight_rule(model, budget_bytes)`` changes the model in pl
   float32 value). When mlxd's CPU quantized-matmul kernel is built (``mlxd_qmatmul``) and takes every
   quantized layer, the layers stay quantized and run on it (``kernel_layers.py``) if the timing at load
   says it beats float32 weights on decode's shapes (both timings are logged); their scales and biases then
-  stay as stored (float16 or bfloat16 read by the kernel: fewer bytes a step, the same values). Otherwise quantized layers
-  are dequantized to float32 (with float32 scales, so the values
-  are exactly ``scale * q + bias`` computed in float32) when the whole model fits ``budget_bytes``
-  dequantized; above it they stay quantized with float32 scales.
+  stay as stored (float16 or bfloat16 read by the kernel: fewer bytes a step, the same values). Otherwise
+  quantized layers are dequantized to float32 (with float32 scales, so the values are exactly ``scale * q + bias``
+  computed in float32) when the whole model fits ``budget_bytes`` dequantized; above it they stay quantized with float32
+  scales.
 - ``MLXD_CPU_WEIGHTS`` chooses otherwise: ``stored`` keeps the checkpoint as stored, ``quantized`` casts
   but never dequantizes (MLX's own quantized matmul), ``kernel`` runs the kernel without timing it,
   ``dequantized`` dequantizes whatever the budget; ``auto`` (default) as above.
@@ -182,5 +182,6 @@ def _try_kernel(model: nn.Module, layers: list, choice: str, cast: str, stored_s
         "kernel quantized",
         f"weights: {cast} (quantized layers' scales kept {'/'.join(scale_types)}); {switched} quantized "
         f"layers ({packed / 2**20:.0f} MiB) kept {layers[0].bits}-bit on "
-        f"the CPU quantized-matmul kernel ({mlxd_qmatmul.kernel_isa()}, {mlxd_qmatmul.describe_threads()}; {timing.describe()})",
+        f"the CPU quantized-matmul kernel ({mlxd_qmatmul.kernel_isa()}, "
+        f"{mlxd_qmatmul.describe_threads()}; {timing.describe()})",
     )

@@ -391,7 +391,8 @@ class Engine:
                 else:
                     if seq.kv.written != len(seq.tokens) - 1:
                         raise ValueError(
-                            f"sequence {seq.seq_id} has {len(seq.tokens) - seq.kv.written} tokens outside storage; a step feeds exactly one"
+                            f"sequence {seq.seq_id} has {len(seq.tokens) - seq.kv.written} tokens outside storage; "
+                            "a step feeds exactly one"
                         )
                     columns.append(mx.array([seq.tokens[-1]], dtype=mx.int32))
             inputs = mx.concatenate(columns)[:, None] if len(columns) > 1 else columns[0][None]

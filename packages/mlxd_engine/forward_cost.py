@@ -92,7 +92,7 @@ class ForwardCost:
     def calibrate(self, points: list[tuple[int, int, float, float]]) -> None:
         """Measured (rows, width, context, ms) points that keep their weight (start-up timings)."""
         self._calibration = [(features(r, w, c), float(ms)) for r, w, c, ms in points]
-        for rows, width, _, ms in points:
+        for _rows, width, _, ms in points:
             self._widths.add(width)
             self.min_ms = ms if self.min_ms is None else min(self.min_ms, ms)
         self._theta = None

@@ -95,7 +95,9 @@ def _float32_text(value: float) -> float:
 
 
 def hf_tensor_name(gguf_name: str) -> str:
-    """The mlx-lm name of a llama.cpp tensor name (``blk.3.attn_q.scales`` -> ``model.layers.3.self_attn.q_proj.scales``).
+    """The mlx-lm name of a llama.cpp tensor name.
+
+    ``blk.3.attn_q.scales`` -> ``model.layers.3.self_attn.q_proj.scales``.
 
     Raises:
         GGUFError: a name outside the llama / qwen2 layout.

@@ -149,13 +149,15 @@ def measure(layers: list, rows=(1, 8, 16, 32, 64, 128), repeats: int = 3) -> Ker
         x = mx.random.normal((n, in_dims), key=mx.random.key(n))
         mx.eval(x)
         kernel[n] = (
-            best_ms(lambda: [mlxd_qmatmul.quantized_matmul(x, pw, ps, pb, gs, bits) for pw, ps, pb in packed], repeats)
+            best_ms(
+                lambda x=x: [mlxd_qmatmul.quantized_matmul(x, pw, ps, pb, gs, bits) for pw, ps, pb in packed], repeats
+            )
             / copies
         )
-        float32[n] = best_ms(lambda: [x @ d.T for d in dense], repeats) / len(dense)
+        float32[n] = best_ms(lambda x=x: [x @ d.T for d in dense], repeats) / len(dense)
         dequant[n] = (
             best_ms(
-                lambda: [
+                lambda x=x: [
                     x @ mx.dequantize(pw, _wide(ps), _wide(pb), group_size=gs, bits=bits).T for pw, ps, pb in packed[:2]
                 ],
                 repeats,

@@ -100,7 +100,8 @@ def load(
     if _looks_like_local_path(name) or name.lower().endswith(".gguf"):
         if not path.exists():
             raise ModelLoadError(
-                f"model path {name!r} does not exist (give a local mlx-lm checkpoint directory or a hub id like org/name)"
+                f"model path {name!r} does not exist "
+                "(give a local mlx-lm checkpoint directory or a hub id like org/name)"
             )
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"{name!r} is not an mlx-lm checkpoint: it has no config.json")

@@ -37,9 +37,9 @@ LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 class SamplingParams:
     """What one request asks of the sampler. Defaults are greedy decode (``sampling_rules.GREEDY``, as the wire's).
 
-    ``temperature`` 0 (or below ``GREEDY_TEMPERATURE_FLOOR``) means argmax; ``top_k`` 0, ``top_p`` 1 and ``min_p`` 0 are off; penalties of 0
-    (repetition: 1 or 0) are off. ``logprobs`` is the number of alternatives to report per token
-    (None: none). ``custom_processors`` are in-process callables (library use only). ``grammar``: a
+    ``temperature`` 0 (or below ``GREEDY_TEMPERATURE_FLOOR``) means argmax; ``top_k`` 0, ``top_p`` 1 and
+    ``min_p`` 0 are off; penalties of 0 (repetition: 1 or 0) are off. ``logprobs`` is the number of alternatives to
+    report per token (None: none). ``custom_processors`` are in-process callables (library use only). ``grammar``: a
     compiled schema or grammar (``grammar.compile_grammar``) the output must follow.
     """
 

@@ -24,14 +24,14 @@ def generate(*args: str, **kwargs) -> subprocess.CompletedProcess:
     return run("mlxd_cli.generate", *args, **kwargs)
 
 
-def test_generate_streams_text_and_stats(stories_daemon):
+def test_generate_streams_text_and_stats(stories_daemon):  # noqa: F811 (the fixture imported above)
     result = generate("--endpoint", stories_daemon, "--max-tokens", "20", "Once upon a time")
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(", there was a little girl")
     assert "20 tokens" in result.stderr and "tok/s" in result.stderr
 
 
-def test_generate_json_and_stdin(stories_daemon):
+def test_generate_json_and_stdin(stories_daemon):  # noqa: F811 (the fixture imported above)
     result = generate("--endpoint", stories_daemon, "--max-tokens", "12", "--json", "-", stdin="Once upon a time")
     assert result.returncode == 0, result.stderr
     reply = json.loads(result.stdout)
@@ -39,7 +39,7 @@ def test_generate_json_and_stdin(stories_daemon):
     assert reply["timings"]["predicted_n"] == 12 and reply["text"].startswith(", there was")
 
 
-def test_generate_local_equals_daemon(stories_daemon):
+def test_generate_local_equals_daemon(stories_daemon):  # noqa: F811 (the fixture imported above)
     remote = json.loads(generate("--endpoint", stories_daemon, "--max-tokens", "16", "--json", "Lily").stdout)
     local = generate("--local", "-m", str(STORIES), "--max-tokens", "16", "--json", "Lily")
     assert local.returncode == 0, local.stderr
@@ -60,7 +60,7 @@ def test_generate_ignore_eos_runs_to_max_tokens():
     assert forced_reply["tokens"][: len(plain_reply["tokens"])] == plain_reply["tokens"]
 
 
-def test_generate_bad_input_is_a_clean_error(stories_daemon):
+def test_generate_bad_input_is_a_clean_error(stories_daemon):  # noqa: F811 (the fixture imported above)
     empty = generate("--endpoint", stories_daemon, "")
     assert empty.returncode != 0 and "empty" in empty.stderr and "Traceback" not in empty.stderr
     nobody = generate("--endpoint", private_endpoint(), "--no-autostart", "hi")
@@ -68,7 +68,7 @@ def test_generate_bad_input_is_a_clean_error(stories_daemon):
     assert "Traceback" not in nobody.stderr
 
 
-def test_inspect_tick_json(stories_daemon):
+def test_inspect_tick_json(stories_daemon):  # noqa: F811 (the fixture imported above)
     watcher = subprocess.Popen(
         [
             sys.executable,

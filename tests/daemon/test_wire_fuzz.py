@@ -76,7 +76,7 @@ def test_fuzzed_frames_never_stop_the_daemon(stories_daemon):
     socket.connect(stories_daemon)
     counts = {"error": 0, "answered": 0, "silent": 0}
     try:
-        for i in range(400):
+        for _ in range(400):
             frame = mutate(rng, rng.choice(VALID_FRAMES))
             socket.send(frame)
             # drain what comes back for this frame (a valid generate streams; cancel has no reply)

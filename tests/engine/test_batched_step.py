@@ -21,7 +21,7 @@ def _last_logits_alone(loaded, prompt: list[int], extra: list[int]) -> mx.array:
     engine.prefill(seq)
     seq.tokens[-1] = extra[0]  # force the step inputs, whatever was sampled
     handle = None
-    for i, token in enumerate(extra):
+    for token in extra:
         seq.tokens[-1] = token
         handle = engine.submit_step([seq])
         engine.read_step(handle)

@@ -136,7 +136,7 @@ def test_appends_verify_and_unwind_after_a_shared_prefix_never_write_a_shared_bl
     prompt = FIRST[:35] + [9, 8, 7]  # shares blocks 0-1, copies block 2
     seq = engine.add_sequence(prompt, max_new_tokens=40)
     engine.prefill(seq)
-    for rounds in range(3):
+    for _ in range(3):
         engine.step([seq])
         engine.verify(seq, [seq.tokens[-1]] + [5] * 20)  # past two block boundaries
         engine.unwind_appends(seq, 21)

@@ -97,7 +97,7 @@ def test_full_queue_answers_429_with_retry_after(stories_only):
             results: list[httpx.Response] = []
             lock = threading.Lock()
 
-            def one():
+            def one(lock=lock, results=results):
                 with httpx.Client(base_url=gateway.url, timeout=60) as client:
                     response = client.post("/completion", json=LONG)
                 with lock:

@@ -13,9 +13,11 @@ from .test_batch_scheduler import Collector
 
 REPEATING = [10, 20, 30, 40, 50, 60, 70]  # the repeat stub replies 20 30 40 50 60 70 20 30 ...
 PLAIN = [5, 9, 2, 77]
+DEFAULT_CONFIG = PromptLookupConfig()
+RARE_PROBES_CONFIG = PromptLookupConfig(probe_interval=10_000)
 
 
-def make(loaded, config=PromptLookupConfig(), **options):
+def make(loaded, config=DEFAULT_CONFIG, **options):
     records = []
     engine = Engine(loaded, max_sequences=options.pop("slots", 8))
     cost = options.pop("cost", VERIFY_PAYS)
@@ -89,7 +91,7 @@ def test_lookahead_rules_with_the_flag_on():
         in_flight_after.append((record, scheduler.decode_loop.pipelined))
     verify = [(r, f) for r, f in in_flight_after if r and any(x.action == "verify" for x in r.rows)]
     assert verify
-    for record, in_flight in verify:
+    for _record, in_flight in verify:
         assert not in_flight  # rule 4: no prime was submitted behind a verify tick
 
 
@@ -200,7 +202,7 @@ def test_rows_still_in_prefill_count_toward_the_gate():
     assert [x for r in records for x in r.rows if x.action == "verify"]  # alone, each row verifies
 
 
-def run_with_cost(loaded, cost, config=PromptLookupConfig(probe_interval=10_000), prompts=None, max_tokens=40):
+def run_with_cost(loaded, cost, config=RARE_PROBES_CONFIG, prompts=None, max_tokens=40):
     scheduler, records = make(loaded, config)
     scheduler.prompt_lookup.cost_model = cost
     out = Collector()

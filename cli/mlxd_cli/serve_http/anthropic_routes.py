@@ -18,7 +18,8 @@ Contract:
       daemon failure mid-stream is one ``error`` event in Anthropic's error shape.
     * count_tokens is the number of tokens the daemon's chat template makes of the same conversation and
       tools (a Tokenize with messages and tools): ``input_tokens`` + ``cache_read_input_tokens`` of the
-      same Generate (a final assistant message counted as the prefill it is). Errors on these paths have Anthropic's shape (``errors.uses_anthropic_shape``).
+      same Generate (a final assistant message counted as the prefill it is). Errors on these paths have
+      Anthropic's shape (``errors.uses_anthropic_shape``).
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ Contract: ``create_app`` returns a FastAPI app serving the OpenAI routes (``open
 llama-server routes (``llama_routes``) in front of a ``DaemonPool``, behind the ``GatewayMiddleware``
 (``middleware``) and, only when ``Settings.cors_origins`` names origins, Starlette's CORS middleware
 (outermost, so it answers preflights). The pool, and the ``DaemonSupervisor`` of a daemon the gateway
-started, run with the app (lifespan), so one process could host several apps. Routes reach the gateway only through the ``GatewayContext`` stored on the app
-(``context.gateway(request)``); they import the helpers they need (``streaming``, ``context``), never
-this module.
+started, run with the app (lifespan), so one process could host several apps. Routes reach the gateway only
+through the ``GatewayContext`` stored on the app (``context.gateway(request)``); they import the helpers they
+need (``streaming``, ``context``), never this module.
 """
 
 from __future__ import annotations

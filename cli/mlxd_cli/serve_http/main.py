@@ -81,7 +81,8 @@ def daemon_args(
     "-m",
     "--model",
     default=None,
-    help="model for a daemon started by this command: checkpoint directory, .gguf file, hub id or 'embedded' (default: the default model, SmolLM2-135M-Instruct)",
+    help="model for a daemon started by this command: checkpoint directory, .gguf file, hub id or 'embedded' "
+    "(default: the default model, SmolLM2-135M-Instruct)",
 )
 @click.option("--alias", default=None, help="the model name replies carry (default: the checkpoint's directory name)")
 @click.option(
