@@ -220,7 +220,7 @@ def _render(replies, as_json: bool) -> Done:
             sys.stdout.flush()
     if not as_json:
         sys.stdout.write("\n")
-    return done
+    return done  # type: ignore[return-value]  # a stream ends with its Done (an Error raises)
 
 
 def _print_stats(done: Done, wall_s: float) -> None:

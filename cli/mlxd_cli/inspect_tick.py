@@ -65,7 +65,7 @@ def render(ticks) -> Table:
         ("prefill", "right"),
         ("ms", "right"),
     ):
-        table.add_column(name, justify=justify)
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]  # each one of rich's justify names
     for tick in ticks:
         rows = ", ".join(f"{short_id(r['request_id'])}:{describe_row(r)}" for r in tick["rows"])
         mode = "[green]pipelined[/]" if tick["pipelined"] else "[yellow]sync[/]"

@@ -42,7 +42,7 @@ class ChunkBuffer:
 
     def due(self, now: float) -> bool:
         # tokens are only ever kept after a send, so last_sent is set whenever something is kept
-        return self.keeping and now - self.last_sent >= self.interval_s
+        return self.keeping and now - self.last_sent >= self.interval_s  # type: ignore[operator]
 
     def take(self, now: float) -> Chunk | None:
         if not self.keeping:

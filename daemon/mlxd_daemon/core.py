@@ -101,9 +101,15 @@ def build_scheduler(
         from .distributed import GroupInfo, Leader
 
         group = loaded.group
-        engine = Leader(
-            engine, group, GroupInfo(options.distributed, options.distributed_backend, group.size(), group.rank())
+        # a Leader stands in for the Engine (what it does not mirror to the followers it forwards); a group
+        # exists only with --distributed, so options.distributed is set
+        info = GroupInfo(
+            options.distributed,  # type: ignore[arg-type]
+            options.distributed_backend,
+            group.size(),
+            group.rank(),
         )
+        engine = Leader(engine, group, info)  # type: ignore[assignment]
     speculative = resolve_speculative(options.draft_kind, options.draft_model, options.draft_block_size)
     scheduler_options = SchedulerOptions(
         max_batch=options.max_batch,
@@ -275,5 +281,5 @@ class DaemonCore:
         summary["speculative"] = self.speculative.summary()
         summary["prompt_lookup_max_batch"] = self.scheduler.options.prompt_lookup_max_batch
         if self.loaded.group is not None:
-            summary["group"] = self.engine.group_summary()
+            summary["group"] = self.engine.group_summary()  # type: ignore[attr-defined]  # the Leader's
         return summary

@@ -109,13 +109,14 @@ class PlanChannel:
         self._last = parts
 
     def receive(self) -> list:
-        head = mx.distributed.all_sum(mx.zeros((PLAN_BYTES,), dtype=mx.uint8), group=self.group)
-        head = bytes(memoryview(head))  # evaluates: waits for rank 0's next plan
+        summed = mx.distributed.all_sum(mx.zeros((PLAN_BYTES,), dtype=mx.uint8), group=self.group)
+        # evaluates: waits for rank 0's next plan (MLX arrays export the buffer protocol; their stubs do not say so)
+        head = bytes(memoryview(summed))  # type: ignore[arg-type]
         length = int.from_bytes(head[:4], "little")
         payload = head[4 : 4 + length]
         if length > PLAN_BYTES - 4:
             rest = mx.distributed.all_sum(mx.zeros((length - (PLAN_BYTES - 4),), dtype=mx.uint8), group=self.group)
-            payload += bytes(memoryview(rest))
+            payload += bytes(memoryview(rest))  # type: ignore[arg-type]
         return msgpack.unpackb(payload, raw=False)
 
     def share(self, tokens: mx.array) -> mx.array:
@@ -212,7 +213,7 @@ class Leader:
         if self.settled.wait(GRACE_S):
             return
         if self.abort_lock.acquire(blocking=False):
-            abort(self.lost)
+            abort(self.lost)  # type: ignore[arg-type]  # set above (_lose)
         elif self.settled.wait(GRACE_S):
             return
         os._exit(1)

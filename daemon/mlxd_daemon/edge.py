@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
+from typing import Any
 
 from mlxd_engine import GrammarError, GrammarLimits, LoadedModel, SamplingParams, compile_grammar
 from mlxd_protocol import (
@@ -84,6 +85,7 @@ def prompt_tokens(loaded: LoadedModel, message: Generate, reasoning: str = "auto
         raise ProtocolError(INVALID, "continue_final_message: needs the chat template")
     if messages is not None:
         raise ProtocolError(INVALID, "chat=false cannot be combined with messages")
+    assert message.prompt is not None  # Generate.validate: a prompt, messages or prompt_tokens
     text = (message.system + "\n\n" + message.prompt) if message.system else message.prompt
     return list(tokenizer.encode(text, add_special_tokens=message.add_special_tokens))
 
@@ -123,7 +125,7 @@ def render_chat(
     template = getattr(tokenizer, "chat_template", None)
     template = template if isinstance(template, str) else None
     variables = {**today_variables(template), **(variables or {})}
-    extra = {"tools": tools} if tools is not None else {}
+    extra: dict[str, Any] = {"tools": tools} if tools is not None else {}
     if continue_final:
         extra["continue_final_message"] = True
     generation_prompt = add_generation_prompt and not continue_final
@@ -273,11 +275,12 @@ def failure_reply(client_id: str, error: str | None) -> Error:
     name (the daemon's log keeps it): a grammar that became too complex to follow is the request's own
     problem (invalid_request, with the grammar's message, written for the user); any other exception is
     reported without its name or text, which may hold paths or library state."""
-    named = _EXCEPTION_PREFIX.match(error or "")
+    text = error or ""
+    named = _EXCEPTION_PREFIX.match(text)
     if named is None:
         return Error(id=client_id, code=INTERNAL, message=error or "generation failed")
     if named.group(1) == "GrammarError":
-        return Error(id=client_id, code=INVALID, message=f"constraint: {error[named.end() :]}")
+        return Error(id=client_id, code=INVALID, message=f"constraint: {text[named.end() :]}")
     return Error(id=client_id, code=INTERNAL, message="generation failed inside the daemon (its log has the details)")
 
 

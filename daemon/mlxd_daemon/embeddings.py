@@ -108,6 +108,7 @@ class EmbeddingQueue:
         if not self._jobs:
             return
         job = self._jobs[0]
+        reply: Message
         try:
             job.run.advance()
             if not job.run.done:
@@ -132,5 +133,5 @@ def _rows(run: EmbeddingRun) -> list[list[float]]:
     rows: list[list[float]] = []
     for vector in run.results():
         values = vector.tolist()
-        rows.extend(values if vector.ndim == 2 else [values])
+        rows.extend(values if vector.ndim == 2 else [values])  # type: ignore[arg-type, list-item]  # tolist(): lists
     return rows

@@ -172,11 +172,13 @@ def generate(ctx: HandlerContext, identity: bytes, message: Generate) -> Message
         request = prepared.result()
         if ctx.is_draining():
             raise ProtocolError(OVERLOADED, "the daemon is shutting down; retry on another daemon")
-        return _submit(ctx, identity, message, running_as, request)
+        _submit(ctx, identity, message, running_as, request)
+        return None
 
     if inline:
         return _run(ctx, identity, message.id, True, work, finish)
     try:
+        assert ctx.offload is not None  # else inline
         ctx.offload(identity, message.id, work, finish)
     except BaseException:
         ctx.preparing.pop(running_as, None)
@@ -266,16 +268,18 @@ def embed(ctx: HandlerContext, identity: bytes, message: Embed) -> Message | Non
     if ctx.is_draining():
         raise ProtocolError(OVERLOADED, "the daemon is shutting down; retry on another daemon")
     check_embed(message, ctx.limits)
-    ctx.embeddings.source()  # a model without a hidden state is refused before any tokenizing
+    embeddings = ctx.embeddings
+    embeddings.source()  # a model without a hidden state is refused before any tokenizing
     tokenizer = ctx.loaded.tokenizer
 
     def work() -> list[list[int]]:
         if message.token_inputs is not None:
             return [list(tokens) for tokens in message.token_inputs]
+        assert message.texts is not None  # Embed.validate: texts or token_inputs
         return [list(tokenizer.encode(text, add_special_tokens=message.add_special_tokens)) for text in message.texts]
 
     def finish(done: Future) -> None:
-        ctx.embeddings.submit(identity, message, done.result())
+        embeddings.submit(identity, message, done.result())
         return None
 
     return _run(ctx, identity, message.id, runs_inline_embed(message), work, finish)

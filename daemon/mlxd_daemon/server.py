@@ -24,6 +24,7 @@ import os
 import signal
 import time
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
 import zmq
 
@@ -57,6 +58,9 @@ from .core import DaemonCore
 from .edge import tick_message
 from .options import DaemonOptions
 
+if TYPE_CHECKING:
+    from zmq.auth.thread import ThreadAuthenticator
+
 MAX_FRAMES_PER_TURN = 256
 DECODE_OFF_LOOP_BYTES = 256 * 1024  # larger frames are decoded on a host-work thread
 MAX_AUTHENTICATED = 10_000  # connections remembered as authenticated (least recently used dropped)
@@ -74,10 +78,10 @@ class DaemonServer:
         self._drain_reason = ""
         self._subscribers = 0
         self._authenticated: OrderedDict[bytes, None] = OrderedDict()  # identities that sent the token
-        self.context = zmq.Context.instance()
+        self.context: zmq.Context = zmq.Context.instance()
         self.router = self.context.socket(zmq.ROUTER)
         self.trace = self.context.socket(zmq.XPUB)
-        self._authenticator = None  # the trace socket's login check, with an auth token
+        self._authenticator: ThreadAuthenticator | None = None  # the trace socket's login check, with an auth token
 
     # the core's parts, for start-up logging and status
     @property

@@ -83,4 +83,6 @@ class ReplyStreams:
 
     def _send_kept(self, internal_id: str) -> None:
         identity, chunks = self._keeping.pop(internal_id)
-        self._send(identity, chunks.take(time.monotonic()))
+        chunk = chunks.take(time.monotonic())
+        assert chunk is not None  # a buffer in _keeping keeps tokens
+        self._send(identity, chunk)

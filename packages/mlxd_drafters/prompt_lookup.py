@@ -184,6 +184,7 @@ class PromptLookupDrafter:
         """Compare a retracted draft with the committed tokens that follow it; at its first mismatch (or
         its end) the governor records the round a verify would have run."""
         draft = self._scoring
+        assert draft is not None  # called only while a score is open
         for token in tokens:
             if token != draft[self._scored_matches]:
                 self._record_score(self._scored_matches + 1, self._scored_matches)

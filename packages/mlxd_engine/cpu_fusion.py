@@ -78,7 +78,7 @@ class FusedRoPE(nn.RoPE):
         return _rope(x, offset, self.dims, self.traditional, self.base, self.scale)
 
 
-_FUSED = {nn.RMSNorm: FusedRMSNorm, nn.RoPE: FusedRoPE}
+_FUSED: dict[type, type] = {nn.RMSNorm: FusedRMSNorm, nn.RoPE: FusedRoPE}
 
 
 def cpu_attention(queries, keys, values, cache, scale, mask, sinks=None):
@@ -114,7 +114,7 @@ def _use_cpu_attention(module: nn.Module) -> None:
     MLX's path wherever it does not apply)."""
     namespace = sys.modules.get(type(module).__module__)
     if namespace is not None and getattr(namespace, "scaled_dot_product_attention", None) is _STOCK_ATTENTION:
-        namespace.scaled_dot_product_attention = cpu_attention
+        namespace.scaled_dot_product_attention = cpu_attention  # type: ignore[attr-defined]  # checked above
 
 
 def fusion_wanted() -> bool:

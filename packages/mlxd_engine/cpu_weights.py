@@ -63,7 +63,7 @@ def quantized_layers(model: nn.Module) -> list:
 def dequantized_bytes(model: nn.Module) -> int:
     """Bytes the model's parameters take in float32 once every quantized layer is dequantized."""
     total = 0
-    packed = set()  # ids of the quantized layers' own arrays (counted by their unpacked size)
+    packed: set[int] = set()  # ids of the quantized layers' own arrays (counted by their unpacked size)
     for layer in quantized_layers(model):
         weight = layer["weight"]
         total += weight.size * 32 // layer.bits * 4 if weight.dtype == mx.uint32 else weight.size * 4
@@ -165,6 +165,7 @@ def _try_kernel(model: nn.Module, layers: list, choice: str, cast: str, stored_s
     _set_scales(capable, stored_scales)
     mx.eval(model.parameters())
     timing = measure(capable)
+    assert timing is not None  # None only without layers
     log.info(
         "CPU quantized-matmul kernel (%s, %s) at load: %s",
         mlxd_qmatmul.kernel_isa(),

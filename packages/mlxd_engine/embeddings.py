@@ -219,4 +219,4 @@ class EmbeddingRun:
         """Every input's vector ([H], or [T, H] for "none"), in the inputs' order; only once ``done``."""
         if not self.done:
             raise RuntimeError("the embeddings are not computed yet")
-        return list(self._results)
+        return list(self._results)  # type: ignore[arg-type]  # every input has its vector once done

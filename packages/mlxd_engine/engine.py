@@ -22,6 +22,7 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass
+from typing import cast
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
@@ -247,8 +248,8 @@ class Engine:
             raise KVStorageFull(f"prompt of {len(prompt)} tokens does not fit the KV bound of {self.max_kv_size}")
         params.validate(self.loaded.vocab_size)
         reservation = self._reservation(len(prompt), max_new_tokens or self.max_kv_size)
-        use_cache = self.prefix_cache is not None and cache_prompt
-        entry, reused = self.prefix_cache.find(prompt) if use_cache else (None, 0)
+        lookup = self.prefix_cache if cache_prompt else None  # the prefix cache, when this prompt uses it
+        entry, reused = lookup.find(prompt) if lookup is not None else (None, 0)
         # a pin keeps the blocks the hit reuses alive through the evictions below (paged; copies: itself)
         pin = self.storage.pin_prefix(entry.snapshot, reused) if entry is not None else None
         try:
@@ -269,8 +270,8 @@ class Engine:
                 self.max_kv_size,
                 cache_prompt=cache_prompt,
             )
-            if use_cache:
-                self.prefix_cache.record(entry, reused)  # counted once admitted (a refused one looks up again)
+            if lookup is not None:
+                lookup.record(entry, reused)  # counted once admitted (a refused one looks up again)
             if entry is not None:
                 self.storage.write_prefix(kv, pin, reused)
                 seq.cached_tokens = reused
@@ -312,8 +313,9 @@ class Engine:
         end = self.storage.prefix_end(seq.kv)
         if not end:
             return
+        assert self.prefix_cache is not None  # release() calls this only with a prefix cache
         snapshot = self.storage.read_prefix(seq.kv, end)
-        leaves = [leaf for _, leaf in tree_flatten(snapshot)]
+        leaves = [leaf for _, leaf in tree_flatten(snapshot)]  # type: ignore[str-unpack]  # a list of pairs here
         arrays = [a for a in leaves if isinstance(a, mx.array)]
         if arrays:
             mx.async_eval(*arrays)  # copies out before the slot is written again
@@ -381,13 +383,14 @@ class Engine:
     def submit_step(self, rows: list[Sequence], lookahead: StepHandle | None = None) -> StepHandle:
         """Submit one decode step for ``rows`` (async). See the module docstring for ``lookahead``."""
         pending_index = {r.seq_id: i for i, r in enumerate(lookahead.rows)} if lookahead and not lookahead.read else {}
-        if pending_index and len(lookahead.rows) == len(rows) and all(a is b for a, b in zip(lookahead.rows, rows)):
-            inputs = lookahead.tokens[:, None]  # steady decode: the same rows in the same order
+        ahead = cast(StepHandle, lookahead)  # read below only when pending_index is not empty: then it is set
+        if pending_index and len(ahead.rows) == len(rows) and all(a is b for a, b in zip(ahead.rows, rows)):
+            inputs = ahead.tokens[:, None]  # steady decode: the same rows in the same order
         else:
             columns = []
             for seq in rows:
                 if seq.seq_id in pending_index:
-                    columns.append(lookahead.tokens[pending_index[seq.seq_id] : pending_index[seq.seq_id] + 1])
+                    columns.append(ahead.tokens[pending_index[seq.seq_id] : pending_index[seq.seq_id] + 1])
                 else:
                     if seq.kv.written != len(seq.tokens) - 1:
                         raise ValueError(
@@ -419,7 +422,7 @@ class Engine:
             if seq.seq_id not in pending_index:
                 return known
             i = pending_index[seq.seq_id]
-            return mx.concatenate([known, lookahead.tokens[i : i + 1]])[-window:]
+            return mx.concatenate([known, lookahead.tokens[i : i + 1]])[-window:]  # type: ignore[union-attr]
 
         return history
 
@@ -428,7 +431,7 @@ class Engine:
         if handle.read:
             raise ValueError("step already read")
         handle.read = True
-        tokens = handle.tokens.tolist()
+        tokens: list[int] = handle.tokens.tolist()  # type: ignore[assignment]  # [B] token ids
         results = []
         for i, (seq, token) in enumerate(zip(handle.rows, tokens)):
             if seq.released:
@@ -483,9 +486,9 @@ class Engine:
     # -- log-probabilities -------------------------------------------------------------------
     def _emitted(self, seq: Sequence, logits: mx.array, token: mx.array, row: int) -> Emitted:
         if seq.params.logprobs is None:
-            return Emitted(int(token.item()))
+            return Emitted(int(token.item()))  # type: ignore[arg-type]  # a token id: item() is an int
         parts = token_logprobs(logits, token.reshape(-1), seq.params.logprobs)
-        return self._logprob_record(int(token.item()), parts, row, seq.params.logprobs)
+        return self._logprob_record(int(token.item()), parts, row, seq.params.logprobs)  # type: ignore[arg-type]
 
     @staticmethod
     def _logprob_record(token: int, parts: tuple, row: int, top_n: int) -> Emitted:

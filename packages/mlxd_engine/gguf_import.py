@@ -72,8 +72,11 @@ def read_gguf(gguf_path: str | Path) -> tuple[dict[str, mx.array], dict[str, Any
     path = Path(gguf_path).expanduser()
     if not path.is_file():
         raise GGUFError(f"GGUF file {str(gguf_path)!r} does not exist")
+    tensors: dict[str, mx.array]
+    metadata: dict[str, Any]
     try:
-        tensors, metadata = mx.load(str(path), format="gguf", return_metadata=True)
+        # MLX types load() as one of its return forms; with return_metadata it is (tensors, metadata)
+        tensors, metadata = mx.load(str(path), format="gguf", return_metadata=True)  # type: ignore[assignment]
     except Exception as error:  # mlx raises RuntimeError / ValueError with terse text for bad files
         raise GGUFError(
             f"cannot read {path.name} as a GGUF file (unreadable, truncated or not GGUF): {error}"
@@ -248,12 +251,13 @@ def _rope_scaling(meta: dict[str, Any], arch: str) -> dict | None:
     if kind in (None, "none") or (kind == "linear" and factor in (None, 1.0)):
         return None
     if kind == "linear":
+        assert factor is not None  # None returned above
         return {"type": "linear", "factor": _float32_text(factor)}
     raise GGUFError(f"GGUF rope scaling {kind!r} is not supported (supported: linear)")
 
 
 def _generation_config(meta: dict[str, Any]) -> dict:
-    config = {}
+    config: dict[str, Any] = {}
     for key in ("bos_token_id", "eos_token_id"):
         if f"tokenizer.ggml.{key}" in meta:
             config[key] = int(meta[f"tokenizer.ggml.{key}"])

@@ -33,17 +33,23 @@ after the row emitted ``{"ok":`` the mask allows only tokens that continue with 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import numpy as np
 
 from .grammar_limits import GrammarLimits, grammar_problem, parse_schema
 
+if TYPE_CHECKING:
+    from llguidance import LLTokenizer
+    from llguidance._lib import JsonCompileOptions
+
 GRAMMAR_KINDS = ("json_object", "json_schema", "gbnf", "lark", "regex")
 # JSON as json.dumps writes it. Free whitespace between tokens lets a weak model pad a value with newlines
 # until max_tokens (seen on the tiny test models); a schema's "x-guidance" may still ask for it.
-JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+JSON_LAYOUT: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 log = logging.getLogger("mlxd")
@@ -116,7 +122,7 @@ def _grammar_text(kind: str, text: str | None) -> str:
         except (ValueError, RecursionError) as error:
             raise GrammarError(f"the JSON schema cannot be used: {_first_line(str(error))}") from None
     try:
-        return llguidance.grammar_from(kind, text)
+        return llguidance.grammar_from(kind, text)  # type: ignore[arg-type]  # gbnf, lark or regex (compile_grammar)
     except (ValueError, RecursionError) as error:
         raise GrammarError(_first_line(str(error))) from None
 
@@ -127,7 +133,7 @@ class Grammar:
 
     kind: str
     definition: str  # llguidance's grammar (JSON text)
-    tokenizer: object  # llguidance.LLTokenizer of the model
+    tokenizer: LLTokenizer  # the model's, in llguidance's form
     vocab_size: int  # the logits' width
 
     def start(self) -> GrammarStage:
@@ -233,12 +239,12 @@ class GrammarStage:
                 raise GrammarError(_too_complex(len(consumed)))
             consumed.append(token)
 
-    def allowed_mask(self, pending: list[int] = ()) -> mx.array:
+    def allowed_mask(self, pending: Sequence[int] = ()) -> mx.array:
         """[V] bool: the tokens the grammar allows after the output and ``pending``."""
         self._sync(self.output + list(pending))
         return mx.array(self._mask_bits().astype(np.bool_))
 
-    def apply(self, logits: mx.array, pending: list[int] = ()) -> mx.array:
+    def apply(self, logits: mx.array, pending: Sequence[int] = ()) -> mx.array:
         """logits [1, V] with every forbidden token at -inf."""
         return mx.where(self.allowed_mask(pending), logits, mx.array(-mx.inf, dtype=logits.dtype))
 

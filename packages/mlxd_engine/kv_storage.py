@@ -104,7 +104,7 @@ class SlotKVStorage:
 
     kind = "contiguous"
     can_unwind = True
-    max_forward_tokens = None  # any number of appends per forward
+    max_forward_tokens: int | None = None  # any number of appends per forward
     compiles_forward = True  # compiled_decode.py reads and writes these slot buffers directly
     mask_axes: int | None = 4  # set by make_kv_storage from the model's cache layout
 
@@ -113,8 +113,10 @@ class SlotKVStorage:
         self.n_slots = n_slots
         self.max_capacity = max_capacity
         self.capacity = 0
-        self.keys: list[mx.array | None] = [None] * n_layers
-        self.values: list[mx.array | None] = [None] * n_layers
+        # a layer's buffers are None until its first write makes them (ensure_layer); they are read only
+        # after it, so they are typed as made (the few readers that can come first check for None)
+        self.keys: list[mx.array] = [None] * n_layers  # type: ignore[list-item]
+        self.values: list[mx.array] = [None] * n_layers  # type: ignore[list-item]
         self._free = list(range(n_slots))  # a heap: the lowest free slot goes first
         self.slots: dict[int, SlotState] = {}
 

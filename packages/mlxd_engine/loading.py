@@ -112,7 +112,10 @@ def load(
         _check_architecture(config)
         name = str(path)
     try:
-        module, tokenizer, config = mlx_lm_load(name, return_config=True, lazy=distributed is not None)
+        # return_config=True: three values (mlx-lm's annotation names the two of the default)
+        module, tokenizer, config = mlx_lm_load(  # type: ignore[misc]
+            name, return_config=True, lazy=distributed is not None
+        )
     except ValueError as error:
         if "not supported" in str(error):
             raise ModelLoadError(str(error)) from error

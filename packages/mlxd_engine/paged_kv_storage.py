@@ -83,7 +83,7 @@ class PagedKVStorage:
 
     kind = "paged"
     can_unwind = True
-    max_forward_tokens = None  # any number of appends per forward
+    max_forward_tokens: int | None = None  # any number of appends per forward
     compiles_forward = False  # a forward gathers each row's blocks; the compiled one reads slot buffers
     mask_axes: int | None = 4  # set by make_kv_storage from the model's cache layout
 
@@ -102,8 +102,10 @@ class PagedKVStorage:
         self.n_blocks = pool_tokens // block_size
         self.max_capacity = max_capacity
         self.max_sequences = max_sequences
-        self.keys: list[mx.array | None] = [None] * n_layers
-        self.values: list[mx.array | None] = [None] * n_layers
+        # a layer's buffers are None until its first write makes them (ensure_layer); they are read only
+        # after it, so they are typed as made (the few readers that can come first check for None)
+        self.keys: list[mx.array] = [None] * n_layers  # type: ignore[list-item]
+        self.values: list[mx.array] = [None] * n_layers  # type: ignore[list-item]
         self._free = list(range(self.n_blocks - 1, -1, -1))  # exactly the blocks with reference count 0
         self._refs = np.zeros(self.n_blocks, dtype=np.int64)  # references per block: tables + snapshots
         self._snapshot_refs = np.zeros(self.n_blocks, dtype=np.int64)  # of those, the snapshots'

@@ -38,7 +38,8 @@ class RecurrentState:
         """Put one row's states back to ``before`` (per state: its row as it was; None: zero)."""
         for i, array in enumerate(self.arrays):
             if array is not None:
-                array[row] = mx.zeros(array.shape[1:], array.dtype) if before[i] is None else before[i]
+                saved = before[i]
+                array[row] = mx.zeros(array.shape[1:], array.dtype) if saved is None else saved
                 self.arrays[i] = array
 
 

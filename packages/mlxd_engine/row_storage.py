@@ -206,7 +206,10 @@ class RowStorage:
         snapshot = {"kv": self.inner.read_prefix(state, n), "rings": {}, "recurrent": {}}
         for i, ring in self.rings.items():
             if ring.keys is not None:
-                snapshot["rings"][i] = (mx.contiguous(ring.keys[row]), mx.contiguous(ring.values[row]))
+                snapshot["rings"][i] = (
+                    mx.contiguous(ring.keys[row]),
+                    mx.contiguous(ring.values[row]),  # type: ignore[index]  # made with the keys
+                )
         if not self.recurrent:
             pass  # rings only: their cells hold at the end (the slack covers what is pending)
         elif state.pending == 0:
@@ -225,15 +228,16 @@ class RowStorage:
         for i, (k, v) in snapshot["rings"].items():
             ring = self.rings[i]
             ring.ensure(k.shape[1], k.shape[0], k.shape[2], v.shape[2], k.dtype)
-            ring.keys[row, :, : k.shape[1]] = k
-            ring.values[row, :, : k.shape[1]] = v
+            ring.keys[row, :, : k.shape[1]] = k  # type: ignore[index]  # ensure() made the buffers
+            ring.values[row, :, : k.shape[1]] = v  # type: ignore[index]
         for i, arrays in snapshot["recurrent"].items():
             recurrent = self.recurrent[i]
             for j, value in enumerate(arrays):
                 if value is not None:
-                    if recurrent.arrays[j] is None:
-                        recurrent.arrays[j] = mx.zeros((self.n_slots, *value.shape), value.dtype)
-                    recurrent.arrays[j][row] = value
+                    array = recurrent.arrays[j]
+                    if array is None:
+                        array = recurrent.arrays[j] = mx.zeros((self.n_slots, *value.shape), value.dtype)
+                    array[row] = value
 
     def views(self, states: list, n_tokens: int) -> list:
         starts = [s.written for s in states]

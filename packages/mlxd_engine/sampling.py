@@ -18,7 +18,7 @@ and batches rows that share the same filters and no seed into one draw.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -112,7 +112,7 @@ class SamplerChain:
         """True when the chain needs the row's history or its own key (cannot join a batched draw)."""
         return bool(self.processors) or self.key is not None
 
-    def process(self, logits: mx.array, history: mx.array, pending: list[int] = ()) -> mx.array:
+    def process(self, logits: mx.array, history: mx.array, pending: Sequence[int] = ()) -> mx.array:
         # logits: [1, V]; history: [T] token ids seen so far (prompt + output, windowed);
         # pending: tokens after the row's recorded output that this position sees (a verify round's drafts)
         for processor in self.processors:
@@ -194,7 +194,9 @@ def sample_rows(
         parts.append((rows, chains[rows[0]].draw(logits[index])))
     for row in solo:
         chain = chains[row]
-        row_logits = chain.process(logits[row : row + 1], histories[row]())
+        history = histories[row]
+        assert history is not None  # given for every row with row state
+        row_logits = chain.process(logits[row : row + 1], history())
         parts.append(([row], chain.draw(row_logits)))
     order = [row for rows, _ in parts for row in rows]
     tokens = mx.concatenate([t.astype(mx.int32) for _, t in parts])

@@ -34,7 +34,7 @@ class WindowRing:
 
     @property
     def nbytes(self) -> int:
-        return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
+        return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes  # type: ignore[union-attr]
 
     def ensure(self, length: int, kv_heads: int, k_dim: int, v_dim: int, dtype) -> None:
         """Buffers holding at least ``min(length, size)`` cells (grown in chunks; shapes from the model)."""
@@ -48,7 +48,7 @@ class WindowRing:
         values = mx.zeros((self.n_slots, kv_heads, cells, v_dim), dtype)
         if self.keys is not None:
             keys[:, :, :held] = self.keys
-            values[:, :, :held] = self.values
+            values[:, :, :held] = self.values  # type: ignore[assignment]  # set with the keys
         self.keys, self.values = keys, values
 
 
@@ -68,6 +68,7 @@ class RingView:
         ring, n = self.ring, keys.shape[2]
         ring.ensure(max(self.ends), keys.shape[1], keys.shape[3], values.shape[3], keys.dtype)
         k_buf, v_buf = ring.keys, ring.values
+        assert k_buf is not None and v_buf is not None  # ensure() made them
         first_cell = self.starts[0] % ring.size
         if len(self.rows) == 1 and first_cell + n <= ring.size:
             row = self.rows[0]

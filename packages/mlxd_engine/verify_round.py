@@ -101,7 +101,9 @@ def verify_rows(
     started, context = time.perf_counter(), mean_context(rows)
     logits = engine.verify_rows(rows, [[seq.tokens[-1]] + proposal for seq, proposal in zip(rows, proposals)])
     greedy = [seq.chain.params.is_greedy and not seq.chain.processors for seq in rows]
-    argmax = mx.argmax(logits, axis=-1).tolist() if any(greedy) else None  # one read for every greedy row
+    argmax: list[list[int]] = []  # one read for every greedy row: [B][width] token ids
+    if any(greedy):
+        argmax = mx.argmax(logits, axis=-1).tolist()  # type: ignore[assignment]  # MLX: tolist() of any nesting
     outcomes = []
     for i, (seq, proposal) in enumerate(zip(rows, proposals)):
         k = len(proposal)
@@ -162,7 +164,7 @@ def _sample_positions(seq: Sequence, logits: mx.array, proposal: list[int]) -> l
     """The row's sampled token at each position, stopping after the first disagreement."""
     chain = seq.chain
     if chain.params.is_greedy and not chain.processors:
-        return mx.argmax(logits, axis=-1).tolist()
+        return mx.argmax(logits, axis=-1).tolist()  # type: ignore[return-value]  # [width] token ids
     window = chain.params.penalty_context
     sampled: list[int] = []
     for i in range(len(proposal) + 1):
@@ -170,7 +172,7 @@ def _sample_positions(seq: Sequence, logits: mx.array, proposal: list[int]) -> l
         if chain.processors:
             history = mx.array((seq.tokens + proposal[:i])[-window:])
             row = chain.process(row, history, proposal[:i])  # a grammar masks at every position
-        token = int(chain.draw(row).item())
+        token = int(chain.draw(row).item())  # type: ignore[arg-type]  # a token id
         sampled.append(token)
         if i < len(proposal) and token != proposal[i]:
             break

@@ -21,7 +21,7 @@ Contract:
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 
 import zmq
 import zmq.asyncio
@@ -31,6 +31,7 @@ from .client import (
     CLOSE_LINGER_MS,
     DaemonError,
     DaemonTimeout,
+    ReplyT,
     connect_dealer,
     needs_hello,
     new_request_id,
@@ -162,7 +163,7 @@ class AsyncClient:
             self._connection_changed = asyncio.Event()
         return self._connection_changed
 
-    def _connection_state(self, event: zmq.Event) -> None:
+    def _connection_state(self, event: int) -> None:
         if event == zmq.EVENT_CONNECTED:
             self.connected, self.connection_lost = True, False
         elif event == zmq.EVENT_DISCONNECTED:
@@ -210,7 +211,7 @@ class AsyncClient:
         while True:
             try:
                 # a non-blocking receive on an asyncio socket returns a future that is already settled
-                frame = self._socket.recv(zmq.NOBLOCK).result()
+                frame = self._socket.recv(zmq.NOBLOCK).result()  # type: ignore[attr-defined]  # a Future at run time
             except zmq.Again:
                 return
             self._dispatch(frame)
@@ -218,14 +219,15 @@ class AsyncClient:
     def _read_connection_events(self) -> None:
         while True:
             try:
-                parts = self._monitor.recv_multipart(zmq.NOBLOCK).result()
+                parts = self._monitor.recv_multipart(zmq.NOBLOCK).result()  # type: ignore[attr-defined]  # as above
             except zmq.Again:
                 return
             self._connection_state(parse_monitor_message(parts)["event"])
 
     def _dispatch(self, frame: bytes) -> None:
+        reply: Message | DaemonError
         try:
-            reply: Message | DaemonError = decode(frame)
+            reply = decode(frame)
             request_id = reply.id
         except ProtocolError as error:
             reply = DaemonError(error.code, f"unreadable reply from the daemon: {error.message}")
@@ -277,9 +279,11 @@ class AsyncClient:
             await self._socket.send(encode(hello))  # its Status reply carries another id and is dropped
         await self._socket.send(encode(message))
 
-    async def _call(self, request: Message, expected: type[Message], timeout_s: float | None = None) -> Message:
+    async def _call(self, request: Message, expected: type[ReplyT], timeout_s: float | None = None) -> ReplyT:
         self._start_reader()
-        waiter = self._register(request.id)
+        request_id = request.id
+        assert request_id is not None  # every request sent here carries new_request_id()
+        waiter = self._register(request_id)
         try:
             await self._send(request)
             reply = await self._next_reply_or_error(waiter, self.timeout_s if timeout_s is None else timeout_s)
@@ -291,7 +295,7 @@ class AsyncClient:
                 raise reply
             return unwrap_reply(reply, expected)
         finally:
-            del self._waiters[request.id]
+            del self._waiters[request_id]
 
     async def hello(self, client: str = "mlxd_protocol.AsyncClient") -> Status:
         """Introduce this client to the daemon.
@@ -364,7 +368,7 @@ class AsyncClient:
             continue_final_message=continue_final_message,
             return_text=True,
         )
-        return (await self._call(request, TokenizeResult)).text
+        return (await self._call(request, TokenizeResult)).text  # type: ignore[return-value]  # set: return_text
 
     async def detokenize(self, tokens: list[int]) -> str:
         """Turn token ids back into text.
@@ -417,16 +421,19 @@ class AsyncClient:
         if self._socket.closed:
             return
         try:
-            sending = self._socket.send(encode(Cancel(id=request_id)))
+            sending: asyncio.Future = self._socket.send(encode(Cancel(id=request_id)))  # type: ignore[assignment]
         except zmq.ZMQError:
             return  # best effort: the daemon still stops at max_tokens
         self._pending_sends.add(sending)
         # Reading the outcome keeps asyncio from warning about an exception nobody retrieved.
         sending.add_done_callback(
-            lambda done: (self._pending_sends.discard(done), done.cancelled() or done.exception())
+            lambda done: (
+                self._pending_sends.discard(done),  # type: ignore[func-returns-value]
+                done.cancelled() or done.exception(),
+            )
         )
 
-    async def generate(self, request: Generate) -> AsyncIterator[Chunk | Done]:
+    async def generate(self, request: Generate) -> AsyncGenerator[Chunk | Done, None]:
         """Send a Generate and iterate over its replies.
 
         Args:

@@ -21,6 +21,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterator
+from typing import TypeVar
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
@@ -53,6 +54,9 @@ from .messages import (
     Tokenize,
     TokenizeResult,
 )
+
+ReplyT = TypeVar("ReplyT", bound=Message)  # the reply type a request calls for
+SocketT = TypeVar("SocketT", bound=zmq.Socket)
 
 # Frames queued at close (typically a Cancel) get this long to leave; the socket itself never
 # lingers, so a dead daemon cannot make a client hang.
@@ -128,7 +132,7 @@ def needs_hello(client, message: Message) -> Hello | None:
     return Hello(client=type(client).__name__, id=new_request_id(), token=client.auth_token)
 
 
-def connect_dealer(context: zmq.Context, endpoint: str) -> zmq.Socket:
+def connect_dealer(context: zmq.Context[SocketT], endpoint: str) -> SocketT:
     """Open a DEALER socket connected to ``endpoint`` (shared by the blocking and async clients).
 
     Args:
@@ -150,7 +154,7 @@ def connect_dealer(context: zmq.Context, endpoint: str) -> zmq.Socket:
     return socket
 
 
-def unwrap_reply(reply: Message, expected: type[Message]) -> Message:
+def unwrap_reply(reply: Message, expected: type[ReplyT]) -> ReplyT:
     """Return ``reply`` if it is the expected type; raise for an Error or anything else.
 
     Args:
@@ -239,7 +243,7 @@ class Client:
         except zmq.Again:
             raise DaemonTimeout(f"the daemon at {self.endpoint} is not taking requests") from None
 
-    def _receive(self, request_id: str, timeout_s: float) -> Message:
+    def _receive(self, request_id: str | None, timeout_s: float) -> Message:
         """Wait for the next reply carrying ``request_id``; drop the others."""
         deadline = time.monotonic() + timeout_s
         while True:
@@ -267,7 +271,7 @@ class Client:
             return None
 
     @staticmethod
-    def _ours(frame: bytes, request_id: str) -> Message | None:
+    def _ours(frame: bytes, request_id: str | None) -> Message | None:
         """The reply in ``frame`` if it answers ``request_id``, else None (a stale reply is dropped)."""
         try:
             reply = decode(frame)
@@ -281,7 +285,7 @@ class Client:
             return reply
         return None
 
-    def _call(self, request: Message, expected: type[Message]) -> Message:
+    def _call(self, request: Message, expected: type[ReplyT]) -> ReplyT:
         self._send(request)
         reply = self._receive(request.id, self.timeout_s)
         if isinstance(reply, Error) and reply.code == UNAUTHORIZED and self._authenticated:
@@ -376,7 +380,7 @@ class Client:
             continue_final_message=continue_final_message,
             return_text=True,
         )
-        return self._call(request, TokenizeResult).text
+        return self._call(request, TokenizeResult).text  # type: ignore[return-value]  # set: return_text
 
     def detokenize(self, tokens: list[int]) -> str:
         """Turn token ids back into text.

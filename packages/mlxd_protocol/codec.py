@@ -81,7 +81,8 @@ def _check_id(message: Message) -> None:
 
 
 def _to_wire(message: Message) -> dict[str, Any]:
-    return {name: _wire_value(getattr(message, name)) for name, _, _ in field_specs(type(message))}
+    specs = field_specs(type(message))  # type: ignore[arg-type]  # a class is hashable
+    return {name: _wire_value(getattr(message, name)) for name, _, _ in specs}
 
 
 def _wire_value(value: Any) -> Any:

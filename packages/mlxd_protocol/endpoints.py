@@ -182,6 +182,7 @@ def trace_endpoint(endpoint: str) -> str:
         name = parsed.path.name
         trace_name = name.removesuffix(".sock") + TICKS_SUFFIX if name.endswith(".sock") else name + ".ticks"
         return f"ipc://{parsed.path.with_name(trace_name)}"
+    assert parsed.port is not None  # tcp: host and port are set
     if parsed.port == 65535:
         raise ValueError(f"{endpoint}: the tick trace uses the next port, and 65535 is the last one")
     return f"tcp://{parsed.host}:{parsed.port + 1}"
@@ -238,6 +239,7 @@ def check_bind_address(endpoint: str, allow_public: bool = False) -> None:
                 f"{MAX_IPC_PATH_BYTES}; choose a shorter path ({ENDPOINT_ENV})"
             )
         return
+    assert parsed.host is not None  # tcp: host and port are set
     if not allow_public and not _is_loopback(parsed.host):
         raise ValueError(
             f"refusing to listen on {endpoint}: {parsed.host} is not a loopback address and the protocol "

@@ -167,7 +167,7 @@ def check_value(value: Any, hint: Any, where: str) -> Any:
     if hint is dict or origin is dict:
         key_hint, value_hint = typing.get_args(hint) or (None, None)
         return _check_dict(value, key_hint, value_hint, where)
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         if isinstance(value, hint):
             check_instance(value, f"{where}.")
             return value
@@ -187,7 +187,7 @@ def check_instance(obj: Any, prefix: str = "") -> None:
     Raises:
         FieldError: A field has the wrong type or size.
     """
-    for name, hint, _ in field_specs(type(obj)):
+    for name, hint, _ in field_specs(type(obj)):  # type: ignore[arg-type]  # a class is hashable
         check_value(getattr(obj, name), hint, prefix + name)
     obj.validate()
 

@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
-from .client import DaemonError, new_request_id, tokenize_request, unwrap_reply
+from .client import DaemonError, ReplyT, new_request_id, tokenize_request, unwrap_reply
 from .codec import decode, encode
 from .messages import (
     INTERNAL,
@@ -94,7 +94,7 @@ class LocalClient:
 
     def _deliver(self, identity: bytes, message: Message) -> None:
         reply = decode(encode(message))
-        queue = self._waiting.get(reply.id)
+        queue = self._waiting.get(reply.id) if reply.id is not None else None
         if queue is not None:  # else: the request is over (the tail of an abandoned stream)
             queue.append(reply)
 
@@ -113,15 +113,17 @@ class LocalClient:
             self._core.turn()
         return queue.popleft()
 
-    def _call(self, request: Message, expected: type[Message]) -> Message:
-        self._waiting[request.id] = deque()
+    def _call(self, request: Message, expected: type[ReplyT]) -> ReplyT:
+        request_id = request.id
+        assert request_id is not None  # every request sent here carries new_request_id()
+        self._waiting[request_id] = deque()
         try:
             reply = self._request(request)
             if reply is None:
-                reply = self._next_reply(request.id)
+                reply = self._next_reply(request_id)
             return unwrap_reply(reply, expected)
         finally:
-            self._waiting.pop(request.id, None)
+            self._waiting.pop(request_id, None)
 
     # ---- the interface (as Client) -------------------------------------------------------------
 
@@ -172,7 +174,7 @@ class LocalClient:
             continue_final_message=continue_final_message,
             return_text=True,
         )
-        return self._call(request, TokenizeResult).text
+        return self._call(request, TokenizeResult).text  # type: ignore[return-value]  # set: return_text
 
     def detokenize(self, tokens: list[int]) -> str:
         return self._call(Detokenize(tokens=list(tokens), id=new_request_id()), DetokenizeResult).text

@@ -18,7 +18,7 @@ Contract:
 """
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from .field_checks import MAX_LIST_ITEMS, FieldError
 
@@ -156,6 +156,8 @@ class Message:
 
     __slots__ = ()
     TYPE: ClassVar[str] = ""
+    if TYPE_CHECKING:  # every request, reply and tick has an id field; nested values (Sampling, ...) do not
+        id: str | None
 
     def validate(self) -> None:
         """Check values once their types are right; raise FieldError naming the field. No-op here."""
@@ -356,7 +358,7 @@ class Tokenize(Message):
             "add_generation_prompt / return_text / continue_final_message: with messages only",
         )
         _require(
-            not self.continue_final_message or self.messages[-1].get("role") == "assistant",
+            not self.continue_final_message or self.messages[-1].get("role") == "assistant",  # type: ignore[index]
             "continue_final_message: the last message must be the assistant's",
         )
         _require(
@@ -400,6 +402,7 @@ class Embed(Message):
     def validate(self) -> None:
         _exactly_one(self, ("texts", "token_inputs"))
         inputs = self.texts if self.texts is not None else self.token_inputs
+        assert inputs is not None  # _exactly_one above
         _require(0 < len(inputs) <= MAX_EMBED_INPUTS, f"texts / token_inputs: 1 to {MAX_EMBED_INPUTS} inputs")
         _require(all(len(one) > 0 for one in inputs), "texts / token_inputs: an input must not be empty")
         for index, tokens in enumerate(self.token_inputs or ()):

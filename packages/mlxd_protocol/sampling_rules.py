@@ -19,7 +19,7 @@ from typing import Any
 MAX_LOGPROBS = 20
 
 # The greedy defaults, shared by messages.Sampling and the engine's SamplingParams (a test holds both to it).
-GREEDY = {
+GREEDY: dict[str, Any] = {  # temperature and the rest are floats, top_k an int
     "temperature": 0.0,
     "top_k": 0,
     "top_p": 1.0,

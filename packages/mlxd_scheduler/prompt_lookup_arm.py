@@ -58,7 +58,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from mlxd_engine import Emitted, Engine, kv_room, verify_round, verify_rows
+from mlxd_engine import Emitted, Engine, RoundOutcome, kv_room, verify_round, verify_rows
 
 from .decode import DecodeLoop
 from .request import RequestState
@@ -238,6 +238,7 @@ class PromptLookupArm:
         is a round accepted so far, and its row proposes again from where the steps left it (a whole
         draft, where the rest of the old one would be a short one that seldom pays for its forward)."""
         again = []
+        assert read.carried is not None  # the scheduler calls this only for a tick that read its steps
         for state, proposal in read.carried.items():
             if state.phase != "decode":
                 state.drafter.retract_draft()  # the row finished in the steps read
@@ -406,6 +407,7 @@ class PromptLookupArm:
         """The rows' verify rounds in one forward (``verify_rows``; rows with an empty draft take their one
         token in it); if that forward fails, each row is retried alone, so a failure fails only its row."""
         states = list(drafts)
+        outcomes: list[RoundOutcome] | list[RoundOutcome | None]  # None: that row's retry failed
         try:
             # EOS, max_tokens and the KV bound are cut inside the round; a stop string is found by the
             # finish step, which ends the row at that token (the row's slot is then released)
@@ -424,17 +426,18 @@ class PromptLookupArm:
             for state in states:
                 if state.seq.kv.pending:
                     self.engine.unwind_appends(state.seq, state.seq.kv.pending)
-            outcomes = []
+            retried: list[RoundOutcome | None] = []
             for state in states:
                 try:
-                    outcomes.append(
+                    retried.append(
                         verify_round(
                             self.engine, state.seq, drafts[state], max(state.request.max_tokens - state.emitted, 1)
                         )
                     )
                 except Exception as row_error:  # noqa: BLE001 - a failed verify fails only this row
                     self._verify_failed(state, row_error, result)
-                    outcomes.append(None)
+                    retried.append(None)
+            outcomes = retried
         for state, outcome in zip(states, outcomes):
             if outcome is None:
                 continue

@@ -85,7 +85,7 @@ class Timings:
         predicted_ms = ((self.last_token or 0.0) - (self.first_token or 0.0)) * 1000.0 if predicted_n > 1 else 0.0
         decoded = max(predicted_n - 1, 0)  # the first token comes from prefill
         # unrounded, as llama-server sends them: a client may recompute a rate from its parts
-        report = {
+        report: dict[str, Any] = {
             "cache_n": cache_n,
             "prompt_n": prompt_n,
             "prompt_ms": prompt_ms,
@@ -113,7 +113,9 @@ class RequestState:
 
     request: Request
     sink: EventSink
-    seq: Sequence | None = None
+    # None until the scheduler admits the request (_admit); the scheduler reads it only past "waiting", so it
+    # is typed as set (finishing, which also sees requests that never ran, checks for None)
+    seq: Sequence = None  # type: ignore[assignment]
     phase: str = "waiting"  # waiting → prefill → decode → finished
     timings: Timings = field(default_factory=Timings)
     drafter: Any = None  # PromptLookupDrafter when prompt lookup runs for this request

@@ -30,6 +30,7 @@ class GenerationResult:
 def _start(engine: Engine, prompt: list[int], params: SamplingParams | None):
     seq = engine.add_sequence(prompt, params)
     first = engine.prefill(seq)
+    assert first is not None  # the whole prompt in one call
     return seq, first.token
 
 

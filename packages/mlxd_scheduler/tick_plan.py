@@ -171,6 +171,8 @@ def plan_verify(rows: list[RowView], costs: Costs, chain: int = 1) -> TickPlan:
     best_value, best = (plain_value * VERIFY_MARGIN if not forced else -1.0), None
     for width in _widths(candidates, n_rows):
         order = forced + sorted((c for c in candidates if not c.forced), key=lambda c: -_gain(c, width))
+        expected: float
+        chosen_context: float
         chosen_n = expected = chosen_context = 0
         widest = 0
         for k, candidate in enumerate(order):
@@ -207,7 +209,7 @@ def plan_verify(rows: list[RowView], costs: Costs, chain: int = 1) -> TickPlan:
     )
 
 
-def _widths(candidates: list[RowView], n_rows: int) -> list[int | None]:
+def _widths(candidates: list[RowView], n_rows: int) -> list[int] | list[None]:
     """The forward widths worth weighing (None: every draft whole). Cutting needs every candidate's
     per-token acceptance; the widths are the candidates' own and ``CUT_WIDTHS`` below the widest, at most
     ``MAX_BATCHED_WIDTH`` beside other rows."""
@@ -286,13 +288,14 @@ def _layouts(
     """The estimated ms of a synchronous tick verifying ``chosen_n`` of ``n_rows`` rows in a forward ``fed``
     tokens wide: "beside" (that forward and one batched step of the rest), and "padded" (one forward for
     every row) where every row can pad and some row is not verified."""
+    # the estimates are numbers here: plan_verify returns before any layout while the estimate is None
     estimate, overhead = costs.forward, costs.sync_overhead_ms
     rest = n_rows - chosen_n
-    beside = overhead + estimate(chosen_n, fed, chosen_context / chosen_n)
+    beside = overhead + estimate(chosen_n, fed, chosen_context / chosen_n)  # type: ignore[operator]
     if not rest:
         return [("beside", beside)]
-    beside += estimate(rest, 1, (total_context - chosen_context) / rest)
+    beside += estimate(rest, 1, (total_context - chosen_context) / rest)  # type: ignore[operator]
     layouts = [("beside", beside)]
     if can_pad:
-        layouts.append(("padded", overhead + estimate(n_rows, fed, total_context / n_rows)))
+        layouts.append(("padded", overhead + estimate(n_rows, fed, total_context / n_rows)))  # type: ignore[operator]
     return layouts

@@ -189,7 +189,7 @@ class HttpTarget(_Target):
 
     async def _stream(self, request: BenchRequest, sample: RequestSample, started: float) -> None:
         path, body = self.request_body(request)
-        async with self._client.stream("POST", path, json=body) as response:
+        async with self._client.stream("POST", path, json=body) as response:  # type: ignore[union-attr]  # see open()
             if response.status_code != 200:
                 text = (await response.aread()).decode("utf-8", "replace").strip()
                 sample.error = f"HTTP {response.status_code}: {text[:200]}"
@@ -278,7 +278,7 @@ class DaemonTarget(_Target):
         from mlxd_protocol import Chunk, Generate, Sampling, new_request_id
 
         chat = request.chat or request.messages is not None
-        extra = {} if self.cache_prompt is None else {"cache_prompt": self.cache_prompt}
+        extra: dict[str, Any] = {} if self.cache_prompt is None else {"cache_prompt": self.cache_prompt}
         generate = Generate(
             id=new_request_id(),
             max_tokens=request.max_tokens,
@@ -414,7 +414,8 @@ class ServedTarget(HttpTarget):
     def log_tail(self, lines: int = 20) -> str:
         """Returns: the last lines of the server's log."""
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+            text = self.log_path.read_text(errors="replace")  # type: ignore[union-attr]  # None: AttributeError
+            return "\n".join(text.splitlines()[-lines:])
         except (OSError, AttributeError):
             return "(no log)"
 

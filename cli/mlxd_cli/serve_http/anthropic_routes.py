@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
@@ -66,7 +67,9 @@ ERROR_RESPONSES: dict[int | str, dict] = {
         (503, "no daemon available (overloaded_error)"),
     )
 }
-STREAM_RESPONSES = {200: {"content": {"text/event-stream": {}}, "description": "the message, or SSE when stream=true"}}
+STREAM_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"text/event-stream": {}}, "description": "the message, or SSE when stream=true"}
+}
 
 
 def anthropic_event(name: str, payload: dict) -> bytes:
@@ -194,7 +197,7 @@ def _message_events(
 ) -> AsyncIterator[bytes]:
     model = gateway(request).model_name(stream.handle)
     output = StreamedOutput()
-    blocks_started = []  # the content blocks opened so far (only the text block stays open between replies)
+    blocks_started: list[str] = []  # the content blocks opened so far (only the text block stays open between replies)
     empty = AnthropicMessage(
         id=message_id, model=model, content=[], stop_reason=None, usage=MessageUsage(input_tokens=0, output_tokens=0)
     )

@@ -84,7 +84,7 @@ async def open_choices(pool: DaemonPool, builders: list[RequestBuilder]) -> Choi
             if isinstance(result, GenerationStream):
                 await result.aclose()
         raise failure
-    return ChoiceStreams(list(opened))
+    return ChoiceStreams(list(opened))  # type: ignore[arg-type]  # no failure: every one is a stream
 
 
 async def collect_choices(choices: ChoiceStreams, request: Request) -> list[CollectedGeneration] | None:
@@ -98,4 +98,4 @@ async def collect_choices(choices: ChoiceStreams, request: Request) -> list[Coll
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await choices.aclose()
-    return None if any(result is None for result in results) else list(results)
+    return None if any(result is None for result in results) else list(results)  # type: ignore[arg-type]

@@ -59,13 +59,20 @@ class GatewayContext:
             pool = self.pool
             # SentencePiece drops the leading space of the first token decoded: decode the token twice
             # and keep what the second copy added, which is its text in the middle of a sequence.
+            # (mypy cannot infer the type of a lambda with a default argument: the ignores below)
             alone, twice = await asyncio.gather(
                 asyncio.gather(
-                    *(call_daemon(pool, lambda client, token=token: client.detokenize([token])) for token in missing)
+                    *(
+                        call_daemon(pool, lambda client, token=token: client.detokenize([token]))  # type: ignore[misc]
+                        for token in missing
+                    )
                 ),
                 asyncio.gather(
                     *(
-                        call_daemon(pool, lambda client, token=token: client.detokenize([token, token]))
+                        call_daemon(
+                            pool,
+                            lambda client, token=token: client.detokenize([token, token]),  # type: ignore[misc]
+                        )
                         for token in missing
                     )
                 ),

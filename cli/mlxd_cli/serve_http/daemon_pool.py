@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,7 +96,7 @@ class GenerationStream:
 
     handle: DaemonHandle
     first: Chunk | Done
-    replies: AsyncIterator[Chunk | Done]
+    replies: AsyncGenerator[Chunk | Done, None]
     _first_taken: bool = field(default=False, repr=False)
     _closed: bool = field(default=False, repr=False)
 
@@ -259,7 +259,7 @@ class DaemonPool:
         """The daemons that answered their last probe."""
         return [handle for handle in self.handles if handle.up]
 
-    def pick(self, exclude: set[str] = frozenset()) -> DaemonHandle:
+    def pick(self, exclude: set[str] | frozenset[str] = frozenset()) -> DaemonHandle:
         """The up daemon with the fewest requests in flight; ties go round-robin.
 
         Args:

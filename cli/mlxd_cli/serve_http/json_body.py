@@ -102,7 +102,7 @@ def parse_json(data: bytes | str) -> Any:
         UnsafeJson: It is JSON that mlxd refuses; the message says why.
     """
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
-    hooks: dict[str, Callable[[str], Any]] = {"parse_constant": _refuse_constant}
+    hooks: dict[str, Any] = {"parse_constant": _refuse_constant}  # json.loads's parse_* hooks
     if _LONG_DIGITS.search(raw) or _BIG_EXPONENT.search(raw):
         hooks.update(parse_int=_checked_int, parse_float=_checked_float)
     try:

@@ -69,6 +69,7 @@ async def props(request: Request) -> dict:
     """What this server serves and how (llama-server's /props)."""
     context = gateway(request)
     handle = await _serving_handle(request)
+    assert handle.status is not None  # _serving_handle gives a handle with a Status
     options = handle.status.options
     return {
         "default_generation_settings": {
@@ -108,6 +109,7 @@ async def slots(request: Request) -> list[dict]:
     handle = await _serving_handle(request)
     fresh = dict((one.endpoint, status) for one, status in await gateway(request).pool.statuses())
     status = fresh.get(handle.endpoint) or handle.status
+    assert status is not None  # _serving_handle gives a handle with a Status
     return [
         {
             "id": index,

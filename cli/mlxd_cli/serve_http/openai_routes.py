@@ -39,6 +39,7 @@ import hashlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
@@ -84,7 +85,9 @@ router = APIRouter(route_class=JsonBodyRoute)  # bodies read by json_body.parse_
 FINISH_REASONS = {"stop": "stop", "length": "length", "cancelled": "stop"}
 CHAT_FIELDS = {"tools": "tools", "tool_choice": "tool_choice", "continue_final_message": "messages"}  # daemon -> HTTP
 FALLBACK_MAX_TOKENS = 256  # when the daemon has not reported its context bound
-STREAM_RESPONSES = {200: {"content": {"text/event-stream": {}}, "description": "the answer, or SSE when stream=true"}}
+STREAM_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"text/event-stream": {}}, "description": "the answer, or SSE when stream=true"}
+}
 
 
 def usage_of(done: Done) -> Usage:
@@ -364,7 +367,8 @@ def _chat_events(
         event([ChatChunkChoice(index=index, delta=ChatDelta(role="assistant", content=""))])
         for index in range(len(outputs))
     )
-    return sse_body(choices, request, events_for, opening=opening)
+    # sse_body only iterates the stream (here: (choice, reply) pairs) and closes it
+    return sse_body(choices, request, events_for, opening=opening)  # type: ignore[arg-type]
 
 
 # ---- /v1/completions -------------------------------------------------------------------------
@@ -484,7 +488,8 @@ def _completion_events(
                     yield event([], usage=usage_of_choices([dones[number] for number in sorted(dones)]))
                 yield sse_event(b"[DONE]")
 
-    return sse_body(choices, request, events_for)
+    # sse_body only iterates the stream (here: (choice, reply) pairs) and closes it
+    return sse_body(choices, request, events_for)  # type: ignore[arg-type]
 
 
 # ---- /v1/models ------------------------------------------------------------------------------

@@ -107,7 +107,9 @@ RESPONSES_NO_EFFECT = frozenset(
     {"service_tier", "safety_identifier", "prompt_cache_key", "user", "prompt_cache_retention", "prompt_cache_options"}
 )
 DAEMON_FIELDS = {"constraint": "text.format", "tools": "tools", "tool_choice": "tool_choice"}  # daemon -> HTTP
-STREAM_RESPONSES = {200: {"content": {"text/event-stream": {}}, "description": "the response, or SSE when stream=true"}}
+STREAM_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"text/event-stream": {}}, "description": "the response, or SSE when stream=true"}
+}
 
 
 def _new_id(prefix: str) -> str:
@@ -308,6 +310,7 @@ def _echoed_format(text_format) -> dict:
 def response_usage(done: Done) -> ResponseUsage:
     """The Responses API's usage of a Done (the chat endpoint's counts under their Responses names)."""
     usage = usage_of(done)
+    assert usage.prompt_tokens_details is not None  # usage_of always sets it
     cached = InputTokensDetails(cached_tokens=usage.prompt_tokens_details.cached_tokens)
     return ResponseUsage(
         input_tokens=usage.prompt_tokens,

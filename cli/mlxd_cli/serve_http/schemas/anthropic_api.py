@@ -36,15 +36,15 @@ TOOL_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,128}$"
 CONTENT_BLOCK_TYPES = ("text", "tool_use", "tool_result", "thinking", "redacted_thinking")
 
 
-def unsupported(neutral: Callable[[Any], bool], why: str) -> Any:
-    """A field type taking any value, refused (``why``) unless ``neutral(value)``."""
+def unsupported(neutral: Callable[[Any], bool], why: str) -> AfterValidator:
+    """The validator of a field taking any value: refused (``why``) unless ``neutral(value)``."""
 
     def check(value: Any) -> Any:
         if not neutral(value):
             raise ValueError(why)
         return value
 
-    return Annotated[Any, AfterValidator(check)]
+    return AfterValidator(check)
 
 
 def _absent(value: Any) -> bool:
@@ -52,21 +52,32 @@ def _absent(value: Any) -> bool:
 
 
 # Fields Anthropic defines and mlxd does not honour, each accepted only at its neutral value.
-NoCitations = unsupported(_absent, "citations are not supported")
-NoInputExamples = unsupported(_absent, "tool input examples are not supported")
-NoDeferredLoading = unsupported(lambda value: value in (None, False), "deferred tool loading is not supported")
-DirectCallersOnly = unsupported(lambda value: value in (None, ["direct"]), "only direct tool calls are supported")
-NoEffort = unsupported(lambda value: value is None, "effort levels are not supported")
-NoThinking = unsupported(lambda value: value in (None, {"type": "disabled"}), "extended thinking is not supported")
-NoMcpServers = unsupported(_absent, "MCP servers are not supported")
-NoContextManagement = unsupported(_absent, "context management is not supported")
-StandardSpeed = unsupported(lambda value: value in (None, "standard"), 'only "standard" speed is served')
-StandardTier = unsupported(
-    lambda value: value in (None, "standard_only"), 'only "standard_only" is served (there is no priority capacity)'
-)
-NoContainer = unsupported(_absent, "containers are not supported")
-NoInferenceGeo = unsupported(lambda value: value is None, "inference_geo is not supported")
-NoDiagnostics = unsupported(_absent, "diagnostics are not supported")
+NoCitations = Annotated[Any, unsupported(_absent, "citations are not supported")]
+NoInputExamples = Annotated[Any, unsupported(_absent, "tool input examples are not supported")]
+NoDeferredLoading = Annotated[
+    Any, unsupported(lambda value: value in (None, False), "deferred tool loading is not supported")
+]
+DirectCallersOnly = Annotated[
+    Any, unsupported(lambda value: value in (None, ["direct"]), "only direct tool calls are supported")
+]
+NoEffort = Annotated[Any, unsupported(lambda value: value is None, "effort levels are not supported")]
+NoThinking = Annotated[
+    Any, unsupported(lambda value: value in (None, {"type": "disabled"}), "extended thinking is not supported")
+]
+NoMcpServers = Annotated[Any, unsupported(_absent, "MCP servers are not supported")]
+NoContextManagement = Annotated[Any, unsupported(_absent, "context management is not supported")]
+StandardSpeed = Annotated[
+    Any, unsupported(lambda value: value in (None, "standard"), 'only "standard" speed is served')
+]
+StandardTier = Annotated[
+    Any,
+    unsupported(
+        lambda value: value in (None, "standard_only"), 'only "standard_only" is served (there is no priority capacity)'
+    ),
+]
+NoContainer = Annotated[Any, unsupported(_absent, "containers are not supported")]
+NoInferenceGeo = Annotated[Any, unsupported(lambda value: value is None, "inference_geo is not supported")]
+NoDiagnostics = Annotated[Any, unsupported(_absent, "diagnostics are not supported")]
 
 
 class AnthropicPart(BaseModel):
@@ -341,6 +352,7 @@ class MessagesInput(AnthropicPart):
             return {}
         tools = [tool.to_protocol() for tool in self.tools]
         if choice == "tool":
+            assert self.tool_choice is not None  # choice is its type
             return {"tools": tools, "tool_choice": "required", "tool_name": self.tool_choice.name}
         return {"tools": tools, "tool_choice": "required" if choice == "any" else "auto"}
 

@@ -422,7 +422,10 @@ class ChatCompletionRequest(OpenAIGenerationFields):
         tools = info.data.get("tools")
         if choice not in (None, "none", "auto") and not tools:
             raise ValueError("needs tools")
-        if isinstance(choice, NamedToolChoice) and choice.function.name not in {t.function.name for t in tools}:
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in {
+            t.function.name
+            for t in tools  # type: ignore[union-attr]  # given: checked above
+        }:
             raise ValueError(f"names {choice.function.name!r}, which is not among the tools")
         return choice
 
@@ -468,8 +471,9 @@ class CompletionRequest(OpenAIGenerationFields):
             "best_of": value not in (None, 1) and "only best_of=1 is supported",
             "suffix": bool(value) and "suffix (fill-in-the-middle) is not supported",
         }
-        if problems[info.field_name]:
-            raise ValueError(problems[info.field_name])
+        problem = problems[info.field_name]  # type: ignore[index]  # a field validator's field_name is set
+        if problem:
+            raise ValueError(problem)
         return value
 
 
@@ -549,17 +553,18 @@ def embedding_inputs(value: EmbeddingInput) -> dict:
         value = [value]
     elif value and isinstance(value[0], int):
         value = [value]
+    # value is now a list of strings or of token lists (the type checker cannot follow the wrapping above)
     if not value:
         raise ValueError("must hold at least one input")
     if len(value) > MAX_EMBED_INPUTS:
         raise ValueError(f"at most {MAX_EMBED_INPUTS} inputs")
-    if any(len(one) == 0 for one in value):
+    if any(len(one) == 0 for one in value):  # type: ignore[arg-type]
         raise ValueError("an input must not be empty")
     if isinstance(value[0], str):
         return {"texts": list(value)}
-    if min(min(tokens) for tokens in value) < 0:
+    if min(min(tokens) for tokens in value) < 0:  # type: ignore[arg-type]
         raise ValueError("token ids must be >= 0")
-    return {"token_inputs": [list(tokens) for tokens in value]}
+    return {"token_inputs": [list(tokens) for tokens in value]}  # type: ignore[arg-type]
 
 
 class EmbeddingRequest(RequestBody):
@@ -603,7 +608,7 @@ class LlamaEmbeddingRequest(RequestBody):
         return value
 
     def protocol_inputs(self) -> dict:
-        return embedding_inputs(self.content if self.content is not None else self.input)
+        return embedding_inputs(self.content if self.content is not None else self.input)  # type: ignore[arg-type]
 
 
 class TokenizeRequest(StrictModel):

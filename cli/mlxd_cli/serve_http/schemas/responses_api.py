@@ -16,6 +16,7 @@ Contract:
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Discriminator, Field, Tag, ValidationInfo, field_validator
@@ -119,7 +120,7 @@ InputItem = Annotated[
 ]
 
 
-def conversation_messages(items: list[MessageItem | FunctionCallItem | FunctionCallOutputItem]) -> list[dict]:
+def conversation_messages(items: Sequence[MessageItem | FunctionCallItem | FunctionCallOutputItem]) -> list[dict]:
     """The daemon's chat messages for Responses input items.
 
     Args:
@@ -260,7 +261,10 @@ class ResponsesRequest(RequestBody):
         tools = info.data.get("tools")
         if choice not in (None, "none", "auto") and not tools:
             raise ValueError("needs tools")
-        if isinstance(choice, FunctionToolChoice) and choice.name not in {tool.name for tool in tools}:
+        if isinstance(choice, FunctionToolChoice) and choice.name not in {
+            tool.name
+            for tool in tools  # type: ignore[union-attr]  # given: checked above
+        }:
             raise ValueError(f"names {choice.name!r}, which is not among the tools")
         return choice
 
