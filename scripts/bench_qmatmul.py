@@ -1,7 +1,8 @@
 """The CPU quantized-matmul kernel alone: ms and GB/s of packed weights per shape and row count.
 
 Each shape is timed over enough distinct copies of its weights (about 128 MB) that they stream from
-memory, as a model's layers do, against MLX's own quantized matmul and float32 weights through BLAS.
+memory, as a model's layers do, against MLX's own quantized matmul and float32 weights through BLAS, and,
+with ``--int8``, the opt-in int8-activation kernel (where the CPU has it) beside the float kernel.
 Run: .venv/bin/python scripts/bench_qmatmul.py [--out docs/benchmark_results/qmatmul_kernel.md]
 """
 
@@ -23,51 +24,76 @@ from mlxd_engine.kernel_layers import best_ms  # noqa: E402  (the same timing th
 SHAPES = ((576, 1536), (1536, 576), (192, 576), (49152, 576))  # SmolLM2's projections and its tied head
 
 
+def time_row(x, packs: list, dense: list, float32_scales: tuple, gs: int, bits: int, int8: bool) -> str:
+    """The table cells of one row count: the kernel, MLX's quantized matmul, float32 BLAS (and int8)."""
+    packed_bytes = sum(a.nbytes for a in packs[0])
+    k = best_ms(lambda: [mlxd_qmatmul.quantized_matmul(x, *p, gs, bits) for p in packs], 3) / len(packs)
+    few = packs[: max(1, len(packs) // 8)]
+    s32, b32 = float32_scales
+    q = best_ms(
+        lambda: [mx.quantized_matmul(x, p[0], s32, b32, transpose=True, group_size=gs, bits=bits) for p in few], 2
+    ) / len(few)
+    f = best_ms(lambda: [x @ d.T for d in dense], 3) / len(dense)
+    cells = f"{k:.3f} | {packed_bytes / k / 1e6:.1f} | {q:.3f} | {f:.3f} |"
+    if int8:
+        i = best_ms(lambda: [mlxd_qmatmul.quantized_matmul(x, *p, gs, bits, True) for p in packs], 3) / len(packs)
+        cells += f" {i:.3f} | {packed_bytes / i / 1e6:.1f} | {k / i:.2f} |"
+    return cells
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", default="1,2,4,8,16,32,72")
     parser.add_argument("--bits", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=32)
+    parser.add_argument(
+        "--scale-dtype",
+        default="float32",
+        choices=("float32", "float16", "bfloat16"),
+        help="scales and biases as stored (checkpoints hold float16)",
+    )
+    parser.add_argument("--int8", action="store_true", help="also time the int8-activation kernel")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     gs, bits = args.group_size, args.bits
+    int8 = args.int8 and mlxd_qmatmul.int8_available(bits)
+    if args.int8 and not int8:
+        print("no int8-activation kernel here (AVX-512 VNNI): its column is left out")
+    flags = (f" --scale-dtype {args.scale_dtype}" if args.scale_dtype != "float32" else "") + (
+        " --int8" if args.int8 else ""
+    )
+    int8_head = " int8 kernel ms | int8 GB/s | kernel / int8 |" if int8 else ""
     lines = [
         "# The CPU quantized-matmul kernel alone",
         "",
-        f"Command: `.venv/bin/python scripts/bench_qmatmul.py --rows {args.rows} --bits {bits} --group-size {gs}`",
+        "Command: `.venv/bin/python scripts/bench_qmatmul.py "
+        f"--rows {args.rows} --bits {bits} --group-size {gs}{flags}`",
         "",
         f"Machine: {platform.machine()}, kernel {mlxd_qmatmul.kernel_isa()} on {mlxd_qmatmul.describe_threads()}; "
         f"MLX {mx.__version__}. Best of 3 passes over distinct weight copies (~128 MB packed, streamed from memory); "
         "float32 over 2 copies (cached where they fit).",
         "",
-        "| shape (out x in) | rows | kernel ms | kernel GB/s (packed) | MLX quantized ms | float32 BLAS ms |",
-        "|---|---|---|---|---|---|",
+        f"Scales and biases {args.scale_dtype}.",
+        "",
+        "| shape (out x in) | rows | kernel ms | kernel GB/s (packed) | MLX quantized ms | float32 BLAS ms |"
+        + int8_head,
+        "|---|---|---|---|---|---|" + ("---|---|---|" if int8 else ""),
     ]
     for out_dims, in_dims in SHAPES:
         w = mx.random.normal((out_dims, in_dims), key=mx.random.key(0))
         wq, s, b = mx.quantize(w, group_size=gs, bits=bits)
+        s32, b32 = s, b  # MLX's own paths run float32 scales (float16 math is slow on the CPU)
+        s, b = s.astype(getattr(mx, args.scale_dtype)), b.astype(getattr(mx, args.scale_dtype))
         packed_bytes = wq.nbytes + s.nbytes + b.nbytes
         copies = max(1, (128 << 20) // packed_bytes)
         packs = [(wq + 0, s + 0, b + 0) for _ in range(copies)]
-        dense = [mx.dequantize(wq, s, b, group_size=gs, bits=bits) + 0 for _ in range(2)]
+        dense = [mx.dequantize(wq, s32, b32, group_size=gs, bits=bits) + 0 for _ in range(2)]
         mx.eval(packs, dense)
         for n in rows:
             x = mx.random.normal((n, in_dims), key=mx.random.key(n))
             mx.eval(x)
-            k = (
-                best_ms(lambda x=x, packs=packs: [mlxd_qmatmul.quantized_matmul(x, *p, gs, bits) for p in packs], 3)
-                / copies
-            )
-            few = packs[: max(1, copies // 8)]
-            q = best_ms(
-                lambda x=x, few=few: [
-                    mx.quantized_matmul(x, *p, transpose=True, group_size=gs, bits=bits) for p in few
-                ],
-                2,
-            ) / len(few)
-            f = best_ms(lambda x=x, dense=dense: [x @ d.T for d in dense], 3) / len(dense)
-            line = f"| {out_dims} x {in_dims} | {n} | {k:.3f} | {packed_bytes / k / 1e6:.1f} | {q:.3f} | {f:.3f} |"
+            line = f"| {out_dims} x {in_dims} | {n} | " + time_row(x, packs, dense, (s32, b32), gs, bits, int8)
             print(line, flush=True)
             lines.append(line)
         del packs, dense

@@ -13,12 +13,14 @@ Contract: ``apply_cpu_weight_rule(model, budget_bytes)`` changes the model in pl
   quantized layer, the layers stay quantized and run on it (``kernel_layers.py``) if the timing at load
   says it beats float32 weights on decode's shapes (both timings are logged); their scales and biases then
   stay as stored (float16 or bfloat16 read by the kernel: fewer bytes a step, the same values). Otherwise
-  quantized layers are dequantized to float32 (with float32 scales, so the values are exactly ``scale * q + bias``
-  computed in float32) when the whole model fits ``budget_bytes`` dequantized; above it they stay quantized with float32
-  scales.
+  quantized layers are dequantized to float32 (with float32 scales, so the values are exactly
+  ``scale * q + bias`` computed in float32) when the whole model fits ``budget_bytes`` dequantized; above it
+  they stay quantized with float32 scales.
 - ``MLXD_CPU_WEIGHTS`` chooses otherwise: ``stored`` keeps the checkpoint as stored, ``quantized`` casts
   but never dequantizes (MLX's own quantized matmul), ``kernel`` runs the kernel without timing it,
-  ``dequantized`` dequantizes whatever the budget; ``auto`` (default) as above.
+  ``kernel-int8`` too, with x rounded to int8 for the products where the CPU has AVX-512 VNNI (opt-in: not
+  float32 rounding; greedy agreement and perplexity in docs/benchmark_results/qmatmul_int8.md; the float
+  kernel elsewhere), ``dequantized`` dequantizes whatever the budget; ``auto`` (default) as above.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import mlx.nn as nn
 log = logging.getLogger("mlxd.engine")
 
 ENV = "MLXD_CPU_WEIGHTS"
-CHOICES = ("auto", "stored", "quantized", "kernel", "dequantized")
+CHOICES = ("auto", "stored", "quantized", "kernel", "kernel-int8", "dequantized")
 DEFAULT_BUDGET_FRACTION = 0.4  # of the machine's memory, for the float32 weights
 
 
@@ -139,15 +141,15 @@ def _set_scales(layers: list, scales: dict) -> None:
 def _try_kernel(model: nn.Module, layers: list, choice: str, cast: str, stored_scales: dict) -> WeightForm | None:
     """Run the quantized layers on the CPU kernel when it is built, takes them all, and (auto) is faster;
     ``stored_scales``: each layer's scales and biases as the checkpoint had them (by layer id)."""
-    if choice not in ("auto", "kernel"):
+    if choice not in ("auto", "kernel", "kernel-int8"):
         return None
     import mlxd_qmatmul
 
     from .kernel_layers import kernel_layers, measure, use_kernel
 
     if not mlxd_qmatmul.available():
-        if choice == "kernel":
-            raise ValueError(f"{ENV}=kernel: {mlxd_qmatmul.unavailable_reason()}")
+        if choice != "auto":
+            raise ValueError(f"{ENV}={choice}: {mlxd_qmatmul.unavailable_reason()}")
         log.info("%s; quantized layers are dequantized to float32 instead", mlxd_qmatmul.unavailable_reason())
         return None
     capable = kernel_layers(model)
@@ -158,13 +160,16 @@ def _try_kernel(model: nn.Module, layers: list, choice: str, cast: str, stored_s
             len(capable),
             len(layers),
         )
-        if choice == "kernel":
-            raise ValueError(f"{ENV}=kernel: the kernel takes {len(capable)} of {len(layers)} quantized layers")
+        if choice != "auto":
+            raise ValueError(f"{ENV}={choice}: the kernel takes {len(capable)} of {len(layers)} quantized layers")
         return None
     wide = {id(layer): (layer["scales"], layer["biases"]) for layer in capable}
     _set_scales(capable, stored_scales)
     mx.eval(model.parameters())
-    timing = measure(capable)
+    int8 = choice == "kernel-int8"
+    if int8 and not mlxd_qmatmul.int8_available(layers[0].bits):
+        log.info("%s=kernel-int8: this CPU has no int8-activation kernel (AVX-512 VNNI); the float kernel runs", ENV)
+    timing = measure(capable, int8_activations=int8)
     assert timing is not None  # None only without layers
     log.info(
         "CPU quantized-matmul kernel (%s, %s) at load: %s",
@@ -176,13 +181,13 @@ def _try_kernel(model: nn.Module, layers: list, choice: str, cast: str, stored_s
         _set_scales(capable, wide)
         log.info("the kernel is not faster than float32 weights here; quantized layers are dequantized")
         return None
-    switched = use_kernel(model, timing.max_rows)
+    switched = use_kernel(model, timing.max_rows, int8_activations=int8)
     packed = sum(layer["weight"].nbytes + layer["scales"].nbytes + layer["biases"].nbytes for layer in capable)
     scale_types = sorted({str(layer["scales"].dtype).removeprefix("mlx.core.") for layer in capable})
     return WeightForm(
         "kernel quantized",
         f"weights: {cast} (quantized layers' scales kept {'/'.join(scale_types)}); {switched} quantized "
         f"layers ({packed / 2**20:.0f} MiB) kept {layers[0].bits}-bit on "
-        f"the CPU quantized-matmul kernel ({mlxd_qmatmul.kernel_isa()}, "
-        f"{mlxd_qmatmul.describe_threads()}; {timing.describe()})",
+        f"the CPU quantized-matmul kernel ({mlxd_qmatmul.kernel_isa()}, {mlxd_qmatmul.describe_threads()}; "
+        f"{timing.describe()})",
     )

@@ -25,11 +25,11 @@ DEFAULT_MAX_ROWS = 32
 UNBOUNDED = 1 << 30  # max_rows: the kernel takes every row count
 
 
-def _kernel_or_blas(x, layer, max_rows: int):
+def _kernel_or_blas(x, layer, max_rows: int, int8_activations: bool = False):
     rows = x.size // x.shape[-1] if x.ndim else 1
     if rows <= max_rows:
         return mlxd_qmatmul.quantized_matmul(
-            x, layer["weight"], layer["scales"], layer["biases"], layer.group_size, layer.bits
+            x, layer["weight"], layer["scales"], layer["biases"], layer.group_size, layer.bits, int8_activations
         )
     weight = mx.dequantize(
         layer["weight"], _wide(layer["scales"]), _wide(layer["biases"]), group_size=layer.group_size, bits=layer.bits
@@ -43,14 +43,16 @@ def _wide(array):
 
 class KernelQuantizedLinear(nn.QuantizedLinear):
     kernel_max_rows = DEFAULT_MAX_ROWS
+    kernel_int8 = False  # x rounded to int8 on the kernel (opt-in: MLXD_CPU_WEIGHTS=kernel-int8)
 
     def __call__(self, x):
-        y = _kernel_or_blas(x, self, self.kernel_max_rows)
+        y = _kernel_or_blas(x, self, self.kernel_max_rows, self.kernel_int8)
         return y + self["bias"] if "bias" in self else y
 
 
 class KernelQuantizedEmbedding(nn.QuantizedEmbedding):
     kernel_max_rows = DEFAULT_MAX_ROWS
+    kernel_int8 = False
 
     def __call__(self, x):
         return mx.dequantize(
@@ -62,7 +64,7 @@ class KernelQuantizedEmbedding(nn.QuantizedEmbedding):
         )
 
     def as_linear(self, x):
-        return _kernel_or_blas(x, self, self.kernel_max_rows)
+        return _kernel_or_blas(x, self, self.kernel_max_rows, self.kernel_int8)
 
 
 def _takes(layer) -> bool:
@@ -79,8 +81,9 @@ def kernel_layers(model: nn.Module) -> list:
     return [m for _, m in model.named_modules() if isinstance(m, kinds) and _takes(m)]
 
 
-def use_kernel(model: nn.Module, max_rows: int = DEFAULT_MAX_ROWS) -> int:
-    """Switch the layers the kernel takes to it; returns how many were switched."""
+def use_kernel(model: nn.Module, max_rows: int = DEFAULT_MAX_ROWS, int8_activations: bool = False) -> int:
+    """Switch the layers the kernel takes to it; returns how many were switched. ``int8_activations``: their
+    products round x to int8 where the kernel has that variant (``mlxd_qmatmul.int8_available``)."""
     count = 0
     for layer in kernel_layers(model):
         if type(layer) is nn.QuantizedLinear:
@@ -90,6 +93,7 @@ def use_kernel(model: nn.Module, max_rows: int = DEFAULT_MAX_ROWS) -> int:
         else:
             continue
         layer.kernel_max_rows = max_rows
+        layer.kernel_int8 = int8_activations and mlxd_qmatmul.int8_available(layer.bits)
         count += 1
     return count
 
@@ -101,6 +105,7 @@ class KernelTiming:
     float32_ms: dict  # rows -> ms with float32 weights
     dequantize_ms: dict  # rows -> ms dequantizing for the call, then BLAS
     max_rows: int  # the most rows the kernel takes (beyond: dequantize, then BLAS)
+    int8_activations: bool = False  # the kernel's products were timed with x rounded to int8
 
     @property
     def faster(self) -> bool:
@@ -111,8 +116,9 @@ class KernelTiming:
         def row(d):
             return ", ".join(f"{r} rows {ms:.3f}" for r, ms in sorted(d.items()))
 
+        kernel = "kernel (int8 activations)" if self.int8_activations else "kernel"
         return (
-            f"{self.shape[0]}x{self.shape[1]} layer, ms: kernel {row(self.kernel_ms)}; float32 "
+            f"{self.shape[0]}x{self.shape[1]} layer, ms: {kernel} {row(self.kernel_ms)}; float32 "
             f"{row(self.float32_ms)}; dequantize+BLAS {row(self.dequantize_ms)}; {self.rows_rule}"
         )
 
@@ -132,13 +138,17 @@ def best_ms(fn, repeats: int) -> float:
     return best * 1e3
 
 
-def measure(layers: list, rows=(1, 8, 16, 32, 64, 128), repeats: int = 3) -> KernelTiming | None:
-    """Time the largest of ``layers`` (``kernel_layers(model)``) on copies, so that they do not all sit in cache."""
+def measure(
+    layers: list, rows=(1, 8, 16, 32, 64, 128), repeats: int = 3, int8_activations: bool = False
+) -> KernelTiming | None:
+    """Time the largest of ``layers`` (``kernel_layers(model)``) on copies, so that they do not all sit in cache;
+    the kernel's products as they will run (``int8_activations`` where the kernel has that variant)."""
     if not layers:
         return None
     layer = max(layers, key=lambda m: m["weight"].size)
     w, s, b = layer["weight"], layer["scales"], layer["biases"]  # the kernel reads them as they are stored
     gs, bits = layer.group_size, layer.bits
+    int8 = int8_activations and mlxd_qmatmul.int8_available(bits)
     copies = max(1, min(8, (64 << 20) // max(1, w.nbytes)))  # ~64 MB of packed weights per pass
     packed = [(w + 0, s + 0, b + 0) for _ in range(copies)]
     dense = [mx.dequantize(pw, _wide(ps), _wide(pb), group_size=gs, bits=bits) for pw, ps, pb in packed[:2]]
@@ -150,7 +160,8 @@ def measure(layers: list, rows=(1, 8, 16, 32, 64, 128), repeats: int = 3) -> Ker
         mx.eval(x)
         kernel[n] = (
             best_ms(
-                lambda x=x: [mlxd_qmatmul.quantized_matmul(x, pw, ps, pb, gs, bits) for pw, ps, pb in packed], repeats
+                lambda x=x: [mlxd_qmatmul.quantized_matmul(x, pw, ps, pb, gs, bits, int8) for pw, ps, pb in packed],
+                repeats,
             )
             / copies
         )
@@ -164,7 +175,7 @@ def measure(layers: list, rows=(1, 8, 16, 32, 64, 128), repeats: int = 3) -> Ker
             )
             / 2
         )
-    return KernelTiming((int(out_dims), int(in_dims)), kernel, float32, dequant, crossover_rows(kernel, dequant))
+    return KernelTiming((int(out_dims), int(in_dims)), kernel, float32, dequant, crossover_rows(kernel, dequant), int8)
 
 
 def crossover_rows(kernel: dict, dequant: dict) -> int:

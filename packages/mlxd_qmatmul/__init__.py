@@ -18,6 +18,9 @@ Contract:
 - ``rms_norm(x, weight, eps)``: RMSNorm as one op, bit-identical to ``mx.fast.rms_norm`` on the CPU.
 - ``attention(q, k, v, scale, causal, mask)``: attention for a few queries as one op (within float32
   rounding of ``mx.fast.scaled_dot_product_attention``).
+- ``quantized_matmul(..., int8_activations=True)``: the opt-in int8-activation variant (4 and 8 bits,
+  AVX-512 VNNI; ``int8_available()``), not within float32 rounding: its greedy agreement and perplexity are in
+  docs/benchmark_results/qmatmul_int8.md.
 - ``supports(bits, group_size, mode)`` says whether a layer's format is one the kernel takes.
 - ``kernel_isa()`` / ``kernel_threads()``: what it runs with here. ``MLXD_QMM_ISA`` (avx512, avx2, sse2,
   neon) forces a narrower instruction set, ``MLXD_QMM_THREADS`` the thread count (default: every core for
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 BITS = (4, 8)
 GROUP_SIZES = (32, 64, 128)
+INT8_BLOCK = 8  # elements of x sharing one scale on the int8-activation kernel (kInt8Block in native/kernel.h)
 
 
 def _load():
@@ -70,10 +74,19 @@ def supports(bits: int, group_size: int, mode: str = "affine") -> bool:
     return mode == "affine" and bits in BITS and group_size in GROUP_SIZES
 
 
-def quantized_matmul(x, w, scales, biases, group_size: int, bits: int):
+def quantized_matmul(x, w, scales, biases, group_size: int, bits: int, int8_activations: bool = False):
+    """With ``int8_activations`` (where ``int8_available(bits)``), x is rounded to int8 in blocks of
+    ``INT8_BLOCK`` elements (one float scale each, as llama.cpp's Q8 activations, in smaller blocks) and
+    multiplied with the weights' codes as integers: faster than the float kernel, results near the float
+    product instead of within float32 rounding. Elsewhere the flag is ignored and the float kernel runs."""
     if _ext is None:
         raise RuntimeError(_REASON)
-    return _ext.quantized_matmul(x, w, scales, biases, group_size, bits)
+    return _ext.quantized_matmul(x, w, scales, biases, group_size, bits, int8_activations=int8_activations)
+
+
+def int8_available(bits: int = 4) -> bool:
+    """Whether ``int8_activations`` takes effect for this many bits here (4 or 8, on a CPU with AVX-512 VNNI)."""
+    return _ext is not None and _ext.int8_available(bits)
 
 
 def rope(x, offset, dims: int, traditional: bool, base: float, scale: float):

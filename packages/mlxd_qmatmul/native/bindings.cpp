@@ -14,7 +14,7 @@ using namespace nb::literals;
 NB_MODULE(_ext, m) {
   m.doc() = "mlxd's CPU kernels: quantized matmul for MLX's affine format (4 and 8 bits), RoPE, RMSNorm, attention";
   m.def("quantized_matmul", &mlxd_qmm::quantized_matmul, "x"_a, "w"_a, "scales"_a, "biases"_a,
-        "group_size"_a, "bits"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "group_size"_a, "bits"_a, nb::kw_only(), "int8_activations"_a = false, "stream"_a = nb::none(),
         "x @ dequantize(w, scales, biases).T on the CPU kernels (transpose=True semantics of "
         "mx.quantized_matmul); float32 math, the result in x's dtype.");
   m.def("rope", &mlxd_qmm::rope, "x"_a, "offset"_a, "dims"_a, "traditional"_a, "base"_a, "scale"_a,
@@ -28,6 +28,8 @@ NB_MODULE(_ext, m) {
         nb::kw_only(), "stream"_a = nb::none(),
         "mx.fast.scaled_dot_product_attention for a few float32 queries as one CPU op: no mask, causal, or a "
         "boolean / additive mask broadcasting to [B, heads, queries, keys].");
+  m.def("int8_available", &mlxd_qmm::int8_available, "bits"_a,
+        "Whether products of this many bits run on the int8-activation kernel when asked.");
   m.def("kernel_isa", &mlxd_qmm::kernel_isa, "The instruction set the kernels use on this CPU.");
   m.def("kernel_threads", &mlxd_qmm::kernel_threads, "rows"_a,
         "Threads that share the output columns of a product of this many rows.");

@@ -1,7 +1,9 @@
 // Choosing a kernel for this CPU, the split order of x, and the threads that share the output columns.
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -30,6 +32,7 @@ bool cpu_has(const char* isa) {
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   }
+  if (std::strcmp(isa, "avx512vnni") == 0) return cpu_has("avx512") && __builtin_cpu_supports("avx512vnni");
   if (std::strcmp(isa, "avx2") == 0) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                                             __builtin_cpu_supports("f16c");
 #else
@@ -67,6 +70,48 @@ const Isa& select_isa() {
     return usable.front();
   }();
   return chosen;
+}
+
+KernelFn int8_kernel() {
+#if defined(__x86_64__) || defined(_M_X64)
+  static const KernelFn chosen = cpu_has("avx512vnni") && std::strcmp(select_isa().name, "avx512") == 0
+                                     ? kernel_vnni_int8 : nullptr;
+  return chosen;
+#else
+  return nullptr;
+#endif
+}
+
+void quantize_rows_int8(const float* x, int M, int K, int group_size, bool split, int8_t* q, float* lane_scales,
+                        float* group_sums) {
+  const int Kpad = (K + 127) / 128 * 128;
+  const int groups = K / group_size;
+  const int Gpad = (groups + 15) / 16 * 16;
+  for (int m = 0; m < M; ++m) {
+    const float* src = x + static_cast<int64_t>(m) * K;
+    int8_t* dst = q + static_cast<int64_t>(m) * Kpad;
+    float* lanes = lane_scales + static_cast<int64_t>(m) * (Kpad / 8);
+    float* sums = group_sums + static_cast<int64_t>(m) * Gpad;
+    std::memset(dst, 0, Kpad);
+    std::memset(lanes, 0, sizeof(float) * (Kpad / 8));
+    std::memset(sums, 0, sizeof(float) * Gpad);
+    for (int b = 0; b < K; b += kInt8Block) {
+      float amax = 0.0f;
+      for (int i = b; i < b + kInt8Block && i < K; ++i) amax = std::max(amax, std::fabs(src[i]));
+      const float scale = amax / 127.0f;
+      const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+      for (int i = b; i < b + kInt8Block && i < K; ++i) {
+        const int chunk = i / 128 * 128, j = i - chunk;
+        dst[split ? chunk + (j & 1) * 64 + j / 2 : i] = static_cast<int8_t>(std::lrintf(src[i] * inverse));
+      }
+      for (int lane = b / 8; lane < (b + kInt8Block) / 8 && lane < Kpad / 8; ++lane) lanes[lane] = scale;
+    }
+    for (int g = 0; g < groups; ++g) {
+      float total = 0.0f;
+      for (int i = g * group_size; i < (g + 1) * group_size; ++i) total += src[i];
+      sums[g] = total;
+    }
+  }
 }
 
 void split_rows(const float* x, float* out, int M, int K, int block) {

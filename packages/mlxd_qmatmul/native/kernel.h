@@ -17,6 +17,23 @@ namespace mlxd_qmm {
 
 enum ScaleType { kScaleFloat32 = 0, kScaleFloat16 = 1, kScaleBFloat16 = 2 };
 
+// x quantized to int8 for the int8-activation kernels: each row holds Kpad = K rounded up to 128 elements;
+// for 4-bit weights each chunk of 128 holds its 64 even elements, then its 64 odd ones (the order of a
+// chunk's 64 bytes' low and high nibbles), for 8-bit weights the elements are in order. Each block of
+// kInt8Block elements has one scale, x ~ scale * q. The weights' biases multiply exact float sums of x over
+// each weight group.
+#ifndef MLXD_INT8_BLOCK
+#define MLXD_INT8_BLOCK 8
+#endif
+constexpr int kInt8Block = MLXD_INT8_BLOCK;  // elements of x that share one int8 scale (a multiple of 8)
+
+struct Int8Rows {
+  const int8_t* q;  // [M, Kpad]
+  const float* lane_scales;  // [M, Kpad / 8]: the block scale of each 8 elements (one int32 lane's worth)
+  const float* group_sums;  // [M, Gpad]: sum of x over each weight group, Gpad = groups rounded up to 16
+  int Kpad, Gpad;
+};
+
 struct Problem {
   const float* x;  // [M, K], row-major; for 4 bits in split order with block `split_block`
   const uint8_t* w;  // [N, K * bits / 8] bytes
@@ -25,6 +42,7 @@ struct Problem {
   float* y;  // [M, N]
   int M, N, K, group_size, bits;
   int scale_type;  // ScaleType
+  const Int8Rows* int8 = nullptr;  // set: the int8-activation kernel runs (x unused)
 };
 
 // IEEE half to float32 (exact: every half value is a float32 value), for builds without F16C.
@@ -74,7 +92,17 @@ int lanes_portable();
 #if defined(__x86_64__) || defined(_M_X64)
 void kernel_avx2(const Problem& p, int n0, int n1);
 void kernel_avx512(const Problem& p, int n0, int n1);
+void kernel_vnni_int8(const Problem& p, int n0, int n1);
 #endif
+
+// The int8-activation kernel for 4-bit and 8-bit weights (AVX-512 VNNI), where this build and CPU have it,
+// else null.
+KernelFn int8_kernel();
+
+// Quantizes x [M, K] (dense float32) into the buffers of `rows` (sized as Int8Rows says); `split`: the
+// 4-bit order.
+void quantize_rows_int8(const float* x, int M, int K, int group_size, bool split, int8_t* q, float* lane_scales,
+                        float* group_sums);
 
 // The best kernel the running CPU supports (or the one MLXD_QMM_ISA names, when the CPU has it).
 const Isa& select_isa();

@@ -67,10 +67,27 @@ void gather_dense(const mx::array& a, float* out) {
   }
 }
 
+// Quantizes x (dense) into this thread's int8 buffers and runs the int8-activation kernel.
+void run_int8(Problem problem) {
+  thread_local AlignedFloats q_buffer, lane_buffer, sum_buffer;
+  const int Kpad = (problem.K + 127) / 128 * 128;
+  const int Gpad = (problem.K / problem.group_size + 15) / 16 * 16;
+  const size_t M = problem.M;
+  auto* q = reinterpret_cast<int8_t*>(q_buffer.reserve(M * Kpad / 4));
+  float* lanes = lane_buffer.reserve(M * Kpad / 8);
+  float* sums = sum_buffer.reserve(M * Gpad);
+  quantize_rows_int8(problem.x, problem.M, problem.K, problem.group_size, problem.bits == 4, q, lanes, sums);
+  const Int8Rows rows{q, lanes, sums, Kpad, Gpad};
+  problem.int8 = &rows;
+  const Isa isa{"avx512vnni", 16, int8_kernel()};
+  run_problem(problem, isa);
+}
+
 }  // namespace
 
 mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
-                           const mx::array& biases, int group_size, int bits, mx::StreamOrDevice s) {
+                           const mx::array& biases, int group_size, int bits, bool int8_activations,
+                           mx::StreamOrDevice s) {
   check(bits == 4 || bits == 8, "bits must be 4 or 8, got " + std::to_string(bits));
   check(group_size == 32 || group_size == 64 || group_size == 128,
         "group size must be 32, 64 or 128, got " + std::to_string(group_size));
@@ -96,13 +113,17 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
   auto wc = row_contiguous(w, stream);
   mx::Shape out_shape = x.shape();
   out_shape.back() = N;
-  mx::array out(out_shape, mx::float32, std::make_shared<CpuQuantizedMatmul>(stream, group_size, bits),
+  mx::array out(out_shape, mx::float32, std::make_shared<CpuQuantizedMatmul>(stream, group_size, bits, int8_activations && int8_available(bits)),
                 {x32, wc, s32, b32});
   return x.dtype() == mx::float32 ? out : mx::astype(out, x.dtype(), stream);
 }
 
 std::string kernel_isa() {
   return select_isa().name;
+}
+
+bool int8_available(int bits) {
+  return (bits == 4 || bits == 8) && int8_kernel() != nullptr;
 }
 
 int kernel_threads(int rows) {
@@ -133,7 +154,7 @@ void CpuQuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::arra
   const bool x_dense = x.flags().row_contiguous;
   Problem problem{x.data<float>(), reinterpret_cast<const uint8_t*>(w.data<uint32_t>()), scales.data<void>(),
                   biases.data<void>(), out.data<float>(), M, N, K, group_size_, bits_, scale_type};
-  encoder.dispatch([problem, bits = bits_, x_dense, x]() mutable {
+  encoder.dispatch([problem, bits = bits_, int8 = int8_, x_dense, x]() mutable {
     if (problem.M == 0 || problem.N == 0) return;
     const Isa& isa = select_isa();
     // x goes into a 64-byte aligned copy (split order for 4 bits): every vector load then stays within
@@ -144,6 +165,10 @@ void CpuQuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::arra
       float* gathered = dense.reserve(static_cast<size_t>(problem.M) * problem.K);
       gather_dense(x, gathered);
       problem.x = gathered;
+    }
+    if (int8) {
+      run_int8(problem);
+      return;
     }
     float* rows = copy.reserve(static_cast<size_t>(problem.M) * problem.K);
     if (bits == 4) {
@@ -162,7 +187,7 @@ void CpuQuantizedMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) {
 
 bool CpuQuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const CpuQuantizedMatmul&>(other);
-  return group_size_ == o.group_size_ && bits_ == o.bits_;
+  return group_size_ == o.group_size_ && bits_ == o.bits_ && int8_ == o.int8_;
 }
 
 std::vector<mx::Shape> CpuQuantizedMatmul::output_shapes(const std::vector<mx::array>& inputs) {

@@ -11,8 +11,15 @@ namespace mlxd_qmm {
 // x[..., K] @ dequantize(w, scales, biases)^T -> [..., N], float32 (x is cast to float32 and back).
 // Raises std::invalid_argument for a layout the kernels do not take (bits other than 4 and 8, a group
 // size other than 32, 64 or 128, shapes that do not match).
+// With int8_activations, products run on the int8-activation kernel where the CPU has it (x rounded to
+// int8 in blocks of kInt8Block elements: results near the float product, not within float32 rounding);
+// elsewhere the float kernel runs.
 mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
-                           const mx::array& biases, int group_size, int bits, mx::StreamOrDevice s = {});
+                           const mx::array& biases, int group_size, int bits, bool int8_activations = false,
+                           mx::StreamOrDevice s = {});
+
+// Whether products of this many bits run on the int8-activation kernel when asked (the CPU has AVX-512 VNNI).
+bool int8_available(int bits);
 
 // The instruction set the kernels run with here and the number of threads they use.
 std::string kernel_isa();
@@ -20,8 +27,8 @@ int kernel_threads(int rows);
 
 class CpuQuantizedMatmul : public mx::UnaryPrimitive {
  public:
-  CpuQuantizedMatmul(mx::Stream stream, int group_size, int bits)
-      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits) {}
+  CpuQuantizedMatmul(mx::Stream stream, int group_size, int bits, bool int8_activations)
+      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits), int8_(int8_activations) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
@@ -35,6 +42,7 @@ class CpuQuantizedMatmul : public mx::UnaryPrimitive {
  private:
   int group_size_;
   int bits_;
+  bool int8_;
 };
 
 }  // namespace mlxd_qmm

@@ -1,0 +1,209 @@
+// The int8-activation kernels for 4-bit and 8-bit weights: x quantized to int8 (one scale per kInt8Block
+// elements), the weights' codes multiplied with it as unsigned x signed bytes by AVX-512 VNNI (vpdpbusd sums
+// four products into each int32 lane), each lane then scaled by its weight group's scale times its x block's
+// scale. This file alone is compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mfma -mf16c.
+//
+// 4 bits: a chunk of 128 weights of one output column is 64 packed bytes: their low nibbles are the even
+// elements, the high ones the odd elements, and int32 lane i covers elements 8i to 8i + 7 of the chunk
+// (one x block, one weight group). 8 bits: a chunk is 128 bytes in element order, read as two halves of
+// 64; lane i of a half covers its elements 4i to 4i + 3. The bias term is sum over groups of bias * (exact
+// float sum of x).
+#include <immintrin.h>
+
+#include "kernel.h"
+
+namespace {
+
+using mlxd_qmm::Int8Rows;
+using mlxd_qmm::Problem;
+
+// n (at most 16) consecutive scale or bias values from element i, as float32 lanes (the rest zero).
+inline __m512 load_values(int type, const void* base, int64_t i, int n) {
+  const __mmask16 mask = n >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << n) - 1);
+  if (type == mlxd_qmm::kScaleFloat16) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(base) + i));
+  }
+  if (type == mlxd_qmm::kScaleBFloat16) {
+    const __m512i v = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(base) + i));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+  }
+  return _mm512_maskz_loadu_ps(mask, static_cast<const float*>(base) + i);
+}
+
+// Lane i of a chunk -> the chunk's weight group it belongs to.
+template <int GS>
+inline __m512i group_of_lane() {
+  if constexpr (GS == 32) return _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  if constexpr (GS == 64) return _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  return _mm512_setzero_si512();
+}
+
+// Lane i of a half chunk of 8-bit weights (elements 4i to 4i + 3 of the half) -> its weight group in the chunk.
+template <int GS, int HALF>
+inline __m512i group_of_lane8() {
+  if constexpr (GS == 32) return HALF == 0 ? _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)
+                                           : _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  if constexpr (GS == 64) return _mm512_set1_epi32(HALF);
+  return _mm512_setzero_si512();
+}
+
+// Lane i of a half chunk of 8-bit weights -> the 8-element x lane scale it falls in (of the chunk's 16).
+template <int HALF>
+inline __m512i x_lane_of_lane8() {
+  return _mm512_setr_epi32(8 * HALF + 0, 8 * HALF + 0, 8 * HALF + 1, 8 * HALF + 1, 8 * HALF + 2, 8 * HALF + 2,
+                           8 * HALF + 3, 8 * HALF + 3, 8 * HALF + 4, 8 * HALF + 4, 8 * HALF + 5, 8 * HALF + 5,
+                           8 * HALF + 6, 8 * HALF + 6, 8 * HALF + 7, 8 * HALF + 7);
+}
+
+// The bias term, sum over groups of bias * (float sum of x over the group), added to acc; then the sums out.
+template <int R, int C>
+inline void finish(const Problem& p, int m0, int n0, const int64_t* first_group, __m512 (&acc)[R][C]) {
+  const Int8Rows& x = *p.int8;
+  const int groups = p.K / p.group_size;
+  for (int g = 0; g < groups; g += 16) {
+    const int n = groups - g < 16 ? groups - g : 16;
+    __m512 bias[C];
+    for (int c = 0; c < C; ++c) bias[c] = load_values(p.scale_type, p.biases, first_group[c] + g, n);
+    for (int r = 0; r < R; ++r) {
+      const __m512 sums = _mm512_load_ps(x.group_sums + static_cast<int64_t>(m0 + r) * x.Gpad + g);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(bias[c], sums, acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) p.y[static_cast<int64_t>(m0 + r) * p.N + n0 + c] = _mm512_reduce_add_ps(acc[r][c]);
+}
+
+template <int R, int C, int GS>
+inline void tile8(const Problem& p, int m0, int n0) {
+  const Int8Rows& x = *p.int8;
+  const int K = p.K;
+  const int groups = K / GS;
+  const uint8_t* w[C];
+  int64_t first_group[C];
+  for (int c = 0; c < C; ++c) {
+    w[c] = p.w + static_cast<int64_t>(n0 + c) * K;
+    first_group[c] = static_cast<int64_t>(n0 + c) * groups;
+  }
+  const __m512i group0 = group_of_lane8<GS, 0>(), group1 = group_of_lane8<GS, 1>();
+  const __m512i lane0 = x_lane_of_lane8<0>(), lane1 = x_lane_of_lane8<1>();
+  __m512 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int k0 = 0; k0 < K; k0 += 128) {
+    const int left = K - k0;  // a multiple of 32
+    const __mmask64 bytes0 = left >= 64 ? ~0ULL : (1ULL << left) - 1;
+    const __mmask64 bytes1 = left >= 128 ? ~0ULL : left > 64 ? (1ULL << (left - 64)) - 1 : 0ULL;
+    const int chunk_groups = left >= 128 ? 128 / GS : (left + GS - 1) / GS;
+    const int g0 = k0 / GS;
+    __m512i w0[C], w1[C];
+    __m512 scale0[C], scale1[C];
+    for (int c = 0; c < C; ++c) {
+      w0[c] = _mm512_maskz_loadu_epi8(bytes0, w[c] + k0);
+      w1[c] = _mm512_maskz_loadu_epi8(bytes1, w[c] + k0 + 64);
+      const __m512 group_scales = load_values(p.scale_type, p.scales, first_group[c] + g0, chunk_groups);
+      scale0[c] = _mm512_permutexvar_ps(group0, group_scales);
+      scale1[c] = _mm512_permutexvar_ps(group1, group_scales);
+    }
+    for (int r = 0; r < R; ++r) {
+      const int8_t* xq = x.q + static_cast<int64_t>(m0 + r) * x.Kpad + k0;
+      const __m512i xa = _mm512_load_si512(xq);
+      const __m512i xb = _mm512_load_si512(xq + 64);
+      const __m512 d = _mm512_load_ps(x.lane_scales + static_cast<int64_t>(m0 + r) * (x.Kpad / 8) + k0 / 8);
+      const __m512 d0 = _mm512_permutexvar_ps(lane0, d), d1 = _mm512_permutexvar_ps(lane1, d);
+      for (int c = 0; c < C; ++c) {
+        const __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w0[c], xa);
+        const __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w1[c], xb);
+        acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_mul_ps(d0, scale0[c]), acc[r][c]);
+        acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), _mm512_mul_ps(d1, scale1[c]), acc[r][c]);
+      }
+    }
+  }
+  finish<R, C>(p, m0, n0, first_group, acc);
+}
+
+template <int R, int C, int GS>
+inline void tile4(const Problem& p, int m0, int n0) {
+  const Int8Rows& x = *p.int8;
+  const int K = p.K;
+  const int groups = K / GS;
+  const int64_t row_bytes = K / 2;
+  const uint8_t* w[C];
+  int64_t first_group[C];
+  for (int c = 0; c < C; ++c) {
+    w[c] = p.w + (n0 + c) * row_bytes;
+    first_group[c] = static_cast<int64_t>(n0 + c) * groups;
+  }
+  const __m512i low4 = _mm512_set1_epi8(0x0f);
+  const __m512i lane_group = group_of_lane<GS>();
+  __m512 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int k0 = 0; k0 < K; k0 += 128) {
+    const int left = K - k0;
+    const __mmask64 bytes = left >= 128 ? ~0ULL : (1ULL << (left / 2)) - 1;
+    const int chunk_groups = left >= 128 ? 128 / GS : (left + GS - 1) / GS;
+    const int g0 = k0 / GS;
+    __m512i lo[C], hi[C];
+    __m512 scale[C];
+    for (int c = 0; c < C; ++c) {
+      const __m512i packed = _mm512_maskz_loadu_epi8(bytes, w[c] + k0 / 2);
+      lo[c] = _mm512_and_si512(packed, low4);
+      hi[c] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low4);
+      scale[c] = _mm512_permutexvar_ps(lane_group, load_values(p.scale_type, p.scales, first_group[c] + g0, chunk_groups));
+    }
+    for (int r = 0; r < R; ++r) {
+      const int8_t* xq = x.q + static_cast<int64_t>(m0 + r) * x.Kpad + k0;
+      const __m512i xl = _mm512_load_si512(xq);
+      const __m512i xh = _mm512_load_si512(xq + 64);
+      const __m512 d = _mm512_load_ps(x.lane_scales + static_cast<int64_t>(m0 + r) * (x.Kpad / 8) + k0 / 8);
+      for (int c = 0; c < C; ++c) {
+        __m512i sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[c], xl);
+        sum = _mm512_dpbusd_epi32(sum, hi[c], xh);
+        acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, scale[c]), acc[r][c]);
+      }
+    }
+  }
+  finish<R, C>(p, m0, n0, first_group, acc);
+}
+
+template <int R, int GS, int BITS>
+inline void rows(const Problem& p, int m0, int n0, int n1) {
+  constexpr int C = R == 1 ? 4 : 2;
+  int n = n0;
+  if constexpr (BITS == 4) {
+    for (; n + C <= n1; n += C) tile4<R, C, GS>(p, m0, n);
+    for (; n < n1; ++n) tile4<R, 1, GS>(p, m0, n);
+  } else {
+    for (; n + C <= n1; n += C) tile8<R, C, GS>(p, m0, n);
+    for (; n < n1; ++n) tile8<R, 1, GS>(p, m0, n);
+  }
+}
+
+template <int GS, int BITS>
+inline void all_rows(const Problem& p, int n0, int n1) {
+  for (int nb = n0; nb < n1; nb += 16) {  // a block's weights stay in L1 for every tile of rows
+    const int ne = nb + 16 < n1 ? nb + 16 : n1;
+    int m = 0;
+    for (; m + 4 <= p.M; m += 4) rows<4, GS, BITS>(p, m, nb, ne);
+    switch (p.M - m) {
+      case 1: rows<1, GS, BITS>(p, m, nb, ne); break;
+      case 2: rows<2, GS, BITS>(p, m, nb, ne); break;
+      case 3: rows<3, GS, BITS>(p, m, nb, ne); break;
+      default: break;
+    }
+  }
+}
+
+}  // namespace
+
+namespace mlxd_qmm {
+void kernel_vnni_int8(const Problem& p, int n0, int n1) {
+  const bool four = p.bits == 4;
+  switch (p.group_size) {
+    case 32: four ? all_rows<32, 4>(p, n0, n1) : all_rows<32, 8>(p, n0, n1); break;
+    case 64: four ? all_rows<64, 4>(p, n0, n1) : all_rows<64, 8>(p, n0, n1); break;
+    case 128: four ? all_rows<128, 4>(p, n0, n1) : all_rows<128, 8>(p, n0, n1); break;
+    default: break;
+  }
+}
+}  // namespace mlxd_qmm
