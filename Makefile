@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 UNAME := $(shell uname -s)
 
-.PHONY: setup blas qmatmul default-model lint test test-fast demo bench clean
+.PHONY: setup blas qmatmul default-model lint test test-fast test-unit demo bench clean
 
 setup: $(STAMP) blas qmatmul default-model
 
@@ -53,6 +53,10 @@ test: setup
 
 test-fast: setup
 	LD_PRELOAD="$$($(PY) -m mlxd_fast_blas)" $(PY) -m pytest -m "not slow"
+
+# The focused tests (no daemon, gateway, server or child process; tests/markers.py): under a minute.
+test-unit: setup
+	LD_PRELOAD="$$($(PY) -m mlxd_fast_blas)" $(PY) -m pytest -m "unit and not slow"
 
 demo: setup
 	bash scripts/demo.sh

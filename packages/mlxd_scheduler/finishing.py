@@ -16,6 +16,7 @@ import time
 
 from mlxd_engine import Engine, at_kv_bound
 
+from .kinds import Phase
 from .request import FinishEvent, RequestState, TokenEvent
 
 log = logging.getLogger("mlxd.scheduler")
@@ -68,9 +69,9 @@ class Finisher:
 
     def finish(self, state: RequestState, reason: str, error: str | None = None) -> None:
         """End a request: release its sequence, flush its text and report the FinishEvent."""
-        if state.phase == "finished":
+        if state.phase == Phase.FINISHED:
             return
-        state.phase = "finished"
+        state.phase = Phase.FINISHED
         state.finish_reason = reason
         seq = state.seq
         tokens = list(seq.output)[: state.emitted] if seq is not None else []

@@ -61,6 +61,7 @@ from dataclasses import dataclass, field
 from mlxd_engine import Emitted, Engine, RoundOutcome, kv_room, verify_round, verify_rows
 
 from .decode import DecodeLoop
+from .kinds import Phase, PlanMode, RowKind, VerifyLayout
 from .request import RequestState
 from .tick_plan import Costs, RowView, TickPlan, lookahead_steps, plan_tick
 from .trace import TickRecord
@@ -220,7 +221,7 @@ class PromptLookupArm:
             return self._plain(rows, record, {id(s): "declined-gate" for s in drafting}, steps)
         proposals, forced, explore, held = self._propose(drafting)
         if not proposals and self.decode_loop.pipelined:  # rule 3, as plan_tick would have it, without the views
-            plan = TickPlan("pipelined", steps=lookahead_steps([s.quiet_ticks for s in drafting], steps))
+            plan = TickPlan(PlanMode.PIPELINED, steps=lookahead_steps([s.quiet_ticks for s in drafting], steps))
         else:
             plan = plan_tick(
                 self._views(rows, proposals, forced, explore),
@@ -240,7 +241,7 @@ class PromptLookupArm:
         again = []
         assert read.carried is not None  # the scheduler calls this only for a tick that read its steps
         for state, proposal in read.carried.items():
-            if state.phase != "decode":
+            if state.phase != Phase.DECODE:
                 state.drafter.retract_draft()  # the row finished in the steps read
                 continue
             given = state.seq.tokens[read.carried_from[id(state)] :]  # what the steps read gave (one or more)
@@ -254,7 +255,7 @@ class PromptLookupArm:
                 again.append(state)
         proposals, forced, explore, held = self._propose(again)
         forced |= {id(state) for state in proposals if id(state) in read.carried_forced}
-        rows = [s for s in rows if s.phase == "decode"]
+        rows = [s for s in rows if s.phase == Phase.DECODE]
         plan = plan_tick(
             self._views(rows, proposals, forced, explore), False, read.carried_steps, self.cost_model.costs()
         )
@@ -371,7 +372,7 @@ class PromptLookupArm:
                 # the plan may cut long drafts to a narrower forward (tick_plan.py); the rest is not verified
                 verify[state] = proposal if plan.width is None else proposal[: plan.width - 1]
                 state.gate_declines = 0
-        if plan.mode == "read":  # rule 4: read the steps in flight instead of priming; settle the drafts after
+        if plan.mode == PlanMode.READ:  # rule 4: read the steps in flight instead of priming; settle the drafts after
             for state in verify:
                 state.quiet_ticks = 0
             known = {id(state): len(state.seq.tokens) for state in verify}  # the drafts start here
@@ -383,20 +384,20 @@ class PromptLookupArm:
                 carried_from=known,
                 carried_steps=plan_steps,
             )
-        if plan.mode == "pipelined":
+        if plan.mode == PlanMode.PIPELINED:
             if self.decode_loop.pipelined:  # rule 3: one more pipelined tick without a proposal
                 for state in drafting:
                     state.quiet_ticks += 1
             return self._plain(rows, record, details, plan.steps)
         result = TickResult(details=details)
         rest = [s for s in rows if s not in verify]
-        if verify and plan.layout == "padded":
+        if verify and plan.layout == VerifyLayout.PADDED:
             self.counters["padded_forwards"] += 1
             self._verify_all({**verify, **{s: [] for s in rest}}, record, result)
             return result
         if verify:
             self._verify_all(verify, record, result)
-        rest = [s for s in rest if s.phase == "decode"]
+        rest = [s for s in rest if s.phase == Phase.DECODE]
         if rest:
             emitted, failed = self.decode_loop.step_synchronously(rest)
             result.emitted.extend(emitted)
@@ -470,7 +471,7 @@ class PromptLookupArm:
         state.timings.draft_n += outcome.drafted
         state.timings.draft_n_accepted += outcome.accepted
         state.timings.draft_verify_n += 1
-        record.add(state.request_id, "verify", drafted=outcome.drafted, accepted=outcome.accepted)
+        record.add(state.request_id, RowKind.VERIFY, drafted=outcome.drafted, accepted=outcome.accepted)
 
     def _plain(
         self, rows: list[RequestState], record: TickRecord, details: dict[int, str] | None = None, steps: int = 1

@@ -16,6 +16,7 @@ from typing import Any
 
 from mlxd_engine import SamplingParams, Sequence
 
+from .kinds import Phase
 from .text_stream import TextStream
 
 
@@ -116,7 +117,7 @@ class RequestState:
     # None until the scheduler admits the request (_admit); the scheduler reads it only past "waiting", so it
     # is typed as set (finishing, which also sees requests that never ran, checks for None)
     seq: Sequence = None  # type: ignore[assignment]
-    phase: str = "waiting"  # waiting → prefill → decode → finished
+    phase: Phase = Phase.WAITING
     timings: Timings = field(default_factory=Timings)
     drafter: Any = None  # PromptLookupDrafter when prompt lookup runs for this request
     quiet_ticks: int = 0  # prompt lookup: pipelined ticks in a row without a proposal from this row

@@ -34,6 +34,7 @@ from mlxd_engine import Engine, KVStorageFull, kv_room, prompt_lookup_eligibilit
 
 from .decode import DecodeLoop, runs_by_row
 from .finishing import Finisher
+from .kinds import Phase, RowKind
 from .prompt_lookup_arm import PromptLookupArm, TickResult
 from .request import EventSink, Request, RequestState
 from .trace import TickRecord
@@ -186,19 +187,19 @@ class BatchScheduler:
             except (KVStorageFull, ValueError) as error:
                 self._finish(state, "error", None, str(error))
                 continue
-            state.phase = "prefill"
+            state.phase = Phase.PREFILL
             state.timings.prefill_started = time.perf_counter()
             self.prefilling.append(state)
 
     def _decode(self, record: TickRecord) -> None:
-        rows = [s for s in self.decoding if s.phase == "decode"]
+        rows = [s for s in self.decoding if s.phase == Phase.DECODE]
         if not rows and not self.decode_loop.pipelined:
             return
         if self.decode_loop.pipelined and any(s.seq.chain.grammar is not None for s in rows):
             # a grammar row's mask needs its last token read: settle the steps in flight first; while such
             # a row decodes, the decode loop steps synchronously (decode.py, rule 7)
             self._emit_decoded(self.decode_loop.teardown(), record)
-            rows = [s for s in rows if s.phase == "decode"]
+            rows = [s for s in rows if s.phase == Phase.DECODE]
         was_pipelined = self.decode_loop.pipelined
         self.decode_loop.steady_batch = not self.prefilling  # a prefill beside the steps skews their time
         record.pipelined = self.decode_loop.lookahead and was_pipelined and bool(rows)
@@ -210,7 +211,7 @@ class BatchScheduler:
             self._apply(result, record)
             if result.carried is not None:  # the tick read its lookahead step; the rest of it is synchronous
                 self._apply(
-                    self.prompt_lookup.after_read([s for s in rows if s.phase == "decode"], result, record), record
+                    self.prompt_lookup.after_read([s for s in rows if s.phase == Phase.DECODE], result, record), record
                 )
             # what the tick cost beyond its forwards, for the verify gate (prompt_lookup_arm.MeasuredCosts)
             self.prompt_lookup.cost_model.observe_tick(
@@ -229,7 +230,7 @@ class BatchScheduler:
             self._emit_decoded(emitted, record)
         if self.decode_loop.pipelined and not was_pipelined:
             for state in rows:  # a lookahead step was submitted and nothing read: show it in the trace
-                record.add(state.request_id, "prime")
+                record.add(state.request_id, RowKind.PRIME)
 
     def _forward_ms_so_far(self) -> float:
         """Milliseconds of forwards timed so far: verify forwards (``engine.forward_cost``), synchronous steps
@@ -269,18 +270,23 @@ class BatchScheduler:
         action from ``details`` (by row id; "decode" when absent)."""
         details = details or {}
         for state, tokens, logprobs in runs_by_row(emitted):
-            self._emit_run(state, tokens, record, logprobs or None, details.get(id(state), "decode"))
+            self._emit_run(state, tokens, record, logprobs or None, details.get(id(state), RowKind.DECODE))
 
     def _emit_run(
-        self, state: RequestState, tokens: list[int], record: TickRecord, logprobs: list | None, action: str = "decode"
+        self,
+        state: RequestState,
+        tokens: list[int],
+        record: TickRecord,
+        logprobs: list | None,
+        action: str = RowKind.DECODE,
     ) -> None:
         """A decoding row's tokens of one tick, in order: one finish-step call and one event for them.
         ``action``: "decode", a decline detail for the trace, or "" for tokens the trace shows otherwise."""
-        if state.phase != "decode":
+        if state.phase != Phase.DECODE:
             return
         judged, _, reason = self.finisher.accept_run(state, tokens, logprobs)
         if action:
-            record.add_decode(state.request_id, detail=action if action != "decode" else None, count=judged)
+            record.add_decode(state.request_id, detail=action if action != RowKind.DECODE else None, count=judged)
         if state.drafter is not None:
             state.drafter.observe(tokens[:judged])
         if reason is not None:
@@ -323,12 +329,12 @@ class BatchScheduler:
         record.prefill_tokens = state.seq.kv.written - before
         hit = f"prefix cache hit: {state.seq.cached_tokens} tokens" if before == state.seq.cached_tokens > 0 else None
         if first is None:
-            record.add(state.request_id, "prefill", detail=hit)
+            record.add(state.request_id, RowKind.PREFILL, detail=hit)
             return
         self.prefilling.pop(0)
-        record.add(state.request_id, "first-token", detail=hit)
+        record.add(state.request_id, RowKind.FIRST_TOKEN, detail=hit)
         first_token_action = record.rows[-1]
-        state.phase = "decode"
+        state.phase = Phase.DECODE
         self.decoding.append(state)
         logprobs = (
             {"token": first.token, "logprob": first.logprob, "top": first.top_logprobs}
@@ -355,4 +361,4 @@ class BatchScheduler:
         self.totals["draft_tokens"] += state.timings.draft_n
         self.totals["draft_accepted"] += state.timings.draft_n_accepted
         if record is not None:
-            record.add(state.request_id, "finished", detail=reason)
+            record.add(state.request_id, RowKind.FINISHED, detail=reason)

@@ -56,6 +56,8 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
+from .kinds import PlanMode, VerifyLayout
+
 Estimate = Callable[[int, int, float], "float | None"]
 MAX_BACKOFF_EXPONENT = 6
 VERIFY_MARGIN = 1.1  # a verify's expected tokens per ms must beat the plain tick's by this factor
@@ -107,10 +109,10 @@ class RowView:
 
 @dataclass
 class TickPlan:
-    mode: str  # "pipelined", "read" or "synchronous" (module docstring)
+    mode: PlanMode  # module docstring
     steps: int = 1
     verify: list[Hashable] = field(default_factory=list)
-    layout: str = "beside"
+    layout: VerifyLayout = VerifyLayout.BESIDE
     declined: list[Hashable] = field(default_factory=list)
     expected_ms: float | None = None  # the chosen alternative's estimated cost (None: no estimate)
     plain_ms: float | None = None  # a plain tick's estimated cost
@@ -127,17 +129,17 @@ def plan_tick(rows: list[RowView], pipelined: bool, max_steps: int, costs: Costs
     plan = plan_verify(rows, costs, max_steps)
     if pipelined:
         if plan.verify:
-            plan.mode = "read"  # the steps in flight are read; the verified drafts are settled against them
+            plan.mode = PlanMode.READ  # the steps in flight are read; the verified drafts are settled against them
             return plan
         # nothing worth reading the steps in flight for: keep pipelining; a declined row counts as quiet
-        plan.mode = "pipelined"
+        plan.mode = PlanMode.PIPELINED
         plan.steps = lookahead_steps([row.quiet_ticks + (row.draft > 0) for row in drafting], max_steps)
         return plan
     if plan.verify:
         return plan
     declined = set(plan.declined)
     if all(row.key in declined or row.pipelines for row in drafting):
-        plan.mode, plan.steps = "pipelined", 1  # the re-prime: submits one step, reads nothing
+        plan.mode, plan.steps = PlanMode.PIPELINED, 1  # the re-prime: submits one step, reads nothing
     return plan
 
 
@@ -156,14 +158,14 @@ def plan_verify(rows: list[RowView], costs: Costs, chain: int = 1) -> TickPlan:
     tick a row proposes: for each width, the alternatives are walked with running sums."""
     candidates = [row for row in rows if row.draft > 0]
     if not candidates:
-        return TickPlan("synchronous")
+        return TickPlan(PlanMode.SYNCHRONOUS)
     estimate = costs.forward
     n_rows = len(rows)
     total_context = sum(row.context for row in rows)
     mean_context = total_context / n_rows
     plain_ms = costs.plain(n_rows, mean_context, chain)
     if plain_ms is None or estimate(1, 1, mean_context) is None:
-        return TickPlan("synchronous", verify=[c.key for c in candidates])
+        return TickPlan(PlanMode.SYNCHRONOUS, verify=[c.key for c in candidates])
     can_pad = all(row.can_pad for row in rows)
     forced = [c for c in candidates if c.forced]
     plain_value = n_rows / plain_ms
@@ -186,19 +188,21 @@ def plan_verify(rows: list[RowView], costs: Costs, chain: int = 1) -> TickPlan:
             for layout, ms in _layouts(costs, n_rows, chosen_n, 1 + widest, chosen_context, total_context, can_pad):
                 if tokens / ms > best_value:
                     best_value, best = tokens / ms, (order[:chosen_n], layout, ms, width)
-    chosen, layout, ms, width = best if best is not None else ([], "beside", plain_ms, None)
+    chosen, layout, ms, width = best if best is not None else ([], VerifyLayout.BESIDE, plain_ms, None)
     if best is None:  # nothing pays: a look at an explorer needs only its first tokens
         rate, width = plain_value, (CUT_WIDTHS[0] if _can_cut(candidates) else None)
     else:
         rate = best_value
     chosen, ms, layout, explore_ms = _add_explorers(rows, candidates, chosen, ms, layout, rate, costs, width)
     if not chosen:
-        return TickPlan("synchronous", declined=[c.key for c in candidates], expected_ms=plain_ms, plain_ms=plain_ms)
+        return TickPlan(
+            PlanMode.SYNCHRONOUS, declined=[c.key for c in candidates], expected_ms=plain_ms, plain_ms=plain_ms
+        )
     chosen_keys = {c.key for c in chosen}
     if width is not None and max(c.draft for c in chosen) <= width - 1:
         width = None  # no chosen draft is longer than the cut
     return TickPlan(
-        "synchronous",
+        PlanMode.SYNCHRONOUS,
         verify=[c.key for c in candidates if c.key in chosen_keys],
         layout=layout,
         declined=[c.key for c in candidates if c.key not in chosen_keys],
@@ -245,11 +249,11 @@ def _add_explorers(
     candidates: list[RowView],
     chosen: list[RowView],
     ms: float,
-    layout: str,
+    layout: VerifyLayout,
     rate: float,
     costs: Costs,
     width: int | None = None,
-) -> tuple[list[RowView], float, str, float]:
+) -> tuple[list[RowView], float, VerifyLayout, float]:
     """The best alternative (``chosen`` rows verified, ``ms``, at ``rate`` tokens a ms) with the ``explore``
     candidates it leaves out added, most expected first, while the budget covers what they lose."""
     keys = {c.key for c in chosen}
@@ -267,7 +271,7 @@ def _add_explorers(
 
 def _alternative_ms(
     rows: list[RowView], chosen: list[RowView], costs: Costs, cut: int | None = None
-) -> tuple[float, str]:
+) -> tuple[float, VerifyLayout]:
     """The estimated ms of verifying ``chosen`` (drafts cut to width ``cut``) and the cheaper layout for it."""
     layouts = _layouts(
         costs,
@@ -284,7 +288,7 @@ def _alternative_ms(
 
 def _layouts(
     costs: Costs, n_rows: int, chosen_n: int, fed: int, chosen_context: float, total_context: float, can_pad: bool
-) -> list[tuple[str, float]]:
+) -> list[tuple[VerifyLayout, float]]:
     """The estimated ms of a synchronous tick verifying ``chosen_n`` of ``n_rows`` rows in a forward ``fed``
     tokens wide: "beside" (that forward and one batched step of the rest), and "padded" (one forward for
     every row) where every row can pad and some row is not verified."""
@@ -293,9 +297,9 @@ def _layouts(
     rest = n_rows - chosen_n
     beside = overhead + estimate(chosen_n, fed, chosen_context / chosen_n)  # type: ignore[operator]
     if not rest:
-        return [("beside", beside)]
+        return [(VerifyLayout.BESIDE, beside)]
     beside += estimate(rest, 1, (total_context - chosen_context) / rest)  # type: ignore[operator]
-    layouts = [("beside", beside)]
+    layouts = [(VerifyLayout.BESIDE, beside)]
     if can_pad:
-        layouts.append(("padded", overhead + estimate(n_rows, fed, total_context / n_rows)))  # type: ignore[operator]
+        layouts.append((VerifyLayout.PADDED, overhead + estimate(n_rows, fed, total_context / n_rows)))  # type: ignore[operator]
     return layouts

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from .kinds import RowKind
+
 
 @dataclass
 class RowAction:
@@ -43,7 +45,7 @@ class TickRecord:
         """``count`` decoded tokens of a row: the row's decode action for this tick counts them."""
         row = self._decoding.get((request_id, detail))
         if row is None:
-            row = self._decoding[(request_id, detail)] = RowAction(request_id, "decode", detail=detail)
+            row = self._decoding[(request_id, detail)] = RowAction(request_id, RowKind.DECODE, detail=detail)
             self.rows.append(row)
             count -= 1
         if count:
@@ -52,5 +54,7 @@ class TickRecord:
     def as_dict(self) -> dict:
         record = asdict(self)
         del record["_decoding"]
-        record["rows"] = [{k: v for k, v in row.items() if v is not None} for row in record["rows"]]
+        record["rows"] = [
+            {k: str(v) if k == "action" else v for k, v in row.items() if v is not None} for row in record["rows"]
+        ]
         return record

@@ -173,6 +173,8 @@ from mlxd_cli.bench.stats import summarize_cells  # noqa: E402
 from mlxd_cli.bench.targets import DaemonTarget, HttpTarget  # noqa: E402
 from mlxd_protocol import Chunk, Done, Generate, Status, StatusRequest, decode, encode  # noqa: E402
 
+pytestmark = pytest.mark.integration  # HTTP servers and the CLI end to end over sockets
+
 MAX_TOKENS = 10  # stub: first token at 50 ms, then one every 10 ms -> last at 140 ms
 
 

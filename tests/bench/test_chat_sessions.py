@@ -33,6 +33,8 @@ from mlxd_cli.bench.targets import DaemonTarget, HttpTarget, TargetUnavailable, 
 
 from .test_against_stub_server import FAIL_MARKER, StubServer, _fake_mlxd
 
+pytestmark = pytest.mark.integration  # HTTP servers and the CLI end to end over sockets
+
 REPLY = "w0 w1 w2 w3 "  # what the stub streams for max_tokens=4
 
 

@@ -153,6 +153,7 @@ def test_rounds_cells_and_ratios_vs_a_baseline():
     assert reverse[0]["target"] == "off" and reverse[0]["ratio"]["median"] == pytest.approx(1 / 1.5)
 
 
+@pytest.mark.integration  # starts a process
 def test_importing_the_tool_loads_neither_mlx_nor_matplotlib():
     code = (
         "import sys, mlxd_cli.bench.main, mlxd_cli.bench.report, mlxd_cli.bench.targets; "

@@ -15,6 +15,7 @@ import pytest
 
 from mlxd_protocol import Client
 
+from ..markers import mark_directory
 from ..model_paths import STORIES_260K
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,3 +73,7 @@ def stories_daemon():
     process = start_daemon(endpoint, "-m", str(STORIES), "--max-batch", "8")
     yield endpoint
     stop_daemon(process, endpoint)
+
+
+def pytest_collection_modifyitems(items):
+    mark_directory(items, __file__, "integration")

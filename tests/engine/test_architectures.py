@@ -28,6 +28,8 @@ import pytest
 
 from .architectures import ARCHITECTURES, LOOKUP_CASES, alone, available, batched, build, loaded, mlx_lm_greedy, prompt
 
+pytestmark = pytest.mark.integration  # every mlx-lm architecture end to end through the engine
+
 SERVED = [
     "llama",
     "qwen3",

@@ -94,6 +94,7 @@ def test_load_refuses_chunked_attention(tmp_path):
         load(_checkpoint(tmp_path, "llama4"))
 
 
+@pytest.mark.integration  # starts a process
 def test_daemon_exits_before_ready_on_a_refused_model(tmp_path):
     directory = _checkpoint(tmp_path, "llama4")
     endpoint = f"ipc://{tempfile.mkdtemp(prefix='mlxd-t-', dir='/tmp')}/d.sock"

@@ -457,6 +457,7 @@ def test_truncated_and_non_gguf_files(tiny_llama_gguf, tmp_path):
         convert_gguf(path, tmp_path)
 
 
+@pytest.mark.integration  # starts a process
 def test_convert_command(tiny_llama_gguf, tmp_path):
     path, _ = tiny_llama_gguf
     text = tmp_path / "notes.gguf"

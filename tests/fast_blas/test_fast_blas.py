@@ -35,6 +35,7 @@ def test_disabled_fast_path_preloads_nothing(monkeypatch):
     assert fast_blas.preload_value() is None
 
 
+@pytest.mark.integration  # starts a process
 @pytest.mark.skipif(
     not sys.platform.startswith("linux") or fast_blas.find_openblas() is None, reason="needs a system OpenBLAS"
 )

@@ -285,6 +285,7 @@ def test_garbage_never_raises_anything_but_protocol_error():
             pass
 
 
+@pytest.mark.integration  # starts a process
 def test_messages_is_plain_data_the_codec_imports_and_the_package_never_imports_mlx():
     import ast
     import inspect

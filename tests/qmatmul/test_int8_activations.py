@@ -96,6 +96,7 @@ def test_int8_kernel_takes_batched_and_strided_x_and_is_near_the_float_product()
     assert relative < 0.03, relative  # int8 rounding of x: about 1% of the product's largest value
 
 
+@pytest.mark.integration  # starts a process
 def test_the_flag_is_ignored_where_there_is_no_int8_kernel():
     """Without AVX-512 VNNI (here: the kernels forced down to AVX2 or SSE2) every product runs the float kernel:
     float32 rounding, the same values with the flag or without."""

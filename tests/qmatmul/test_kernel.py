@@ -79,6 +79,7 @@ def test_half_precision_scales_are_read_as_stored(dtype, bits):
     )
 
 
+@pytest.mark.integration  # starts a process
 def test_every_instruction_set_agrees(tmp_path):
     """The narrower paths (forced with MLXD_QMM_ISA) give the same results as the chosen one."""
     import subprocess
@@ -110,6 +111,7 @@ def test_every_instruction_set_agrees(tmp_path):
         np.testing.assert_allclose(got, first, rtol=1e-5, atol=1e-4, err_msg=isa)
 
 
+@pytest.mark.integration  # starts a process
 def test_threads_split_the_output_and_agree_with_mlx():
     """Several threads share a large product's output columns (forced with MLXD_QMM_THREADS; by default a
     product of decode's few rows leaves one core to the serving thread); results match MLX's for 4 and 8

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from ..daemon.conftest import STORIES, private_endpoint, start_daemon, stop_daemon
+from ..markers import mark_directory
 
 ROOT = Path(__file__).resolve().parents[2]
 EMBEDDED = ROOT / "models" / "mlxd-qwen3-tiny"
@@ -174,3 +175,7 @@ def embedded_gateway(embedded_endpoint):
     gateway = Gateway([embedded_endpoint])
     yield gateway
     gateway.stop()
+
+
+def pytest_collection_modifyitems(items):
+    mark_directory(items, __file__, "integration")

@@ -1,0 +1,7 @@
+"""reliability tests: integration (tests/markers.py)."""
+
+from ..markers import mark_directory
+
+
+def pytest_collection_modifyitems(items):
+    mark_directory(items, __file__, "integration")
