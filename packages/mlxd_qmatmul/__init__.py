@@ -23,8 +23,10 @@ Contract:
   docs/benchmark_results/qmatmul_int8.md.
 - ``supports(bits, group_size, mode)`` says whether a layer's format is one the kernel takes.
 - ``kernel_isa()`` / ``kernel_threads()``: what it runs with here. ``MLXD_QMM_ISA`` (avx512, avx2, sse2,
-  neon) forces a narrower instruction set, ``MLXD_QMM_THREADS`` the thread count (default: every core for
-  products of many rows; one fewer for decode's few rows, which leaves the serving thread a core).
+  neon) forces a narrower instruction set, ``MLXD_QMM_THREADS`` the thread count (default: every core, for
+  decode's few rows too: one thread does not reach the memory bandwidth), ``MLXD_QMM_SPIN_US`` how long an
+  idle worker spins for the next product before it sleeps (default 20: longer spins take the core the
+  serving thread builds the next step on).
 """
 
 from __future__ import annotations
@@ -126,8 +128,6 @@ def kernel_threads(rows: int = 1) -> int:
 
 
 def describe_threads() -> str:
-    """E.g. "1 thread up to 8 rows, 2 beyond" (the rule in native/dispatch.cpp)."""
-    few, many = kernel_threads(1), kernel_threads(64)
-    if few == many:
-        return f"{few} thread{'s' if few > 1 else ''}"
-    return f"{few} thread{'s' if few > 1 else ''} up to 8 rows, {many} beyond"
+    """E.g. "2 threads" (the rule in native/dispatch.cpp: every product on the same count)."""
+    threads = kernel_threads(1)
+    return f"{threads} thread{'s' if threads > 1 else ''}"

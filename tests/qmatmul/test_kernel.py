@@ -6,6 +6,8 @@ other tests cover).
 
 from __future__ import annotations
 
+import os
+
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
@@ -113,9 +115,8 @@ def test_every_instruction_set_agrees(tmp_path):
 
 @pytest.mark.integration  # starts a process
 def test_threads_split_the_output_and_agree_with_mlx():
-    """Several threads share a large product's output columns (forced with MLXD_QMM_THREADS; by default a
-    product of decode's few rows leaves one core to the serving thread); results match MLX's for 4 and 8
-    bits, 1 to 16 rows."""
+    """Several threads share a large product's output columns (forced with MLXD_QMM_THREADS, with workers
+    that sleep at once: MLXD_QMM_SPIN_US=0); results match MLX's for 4 and 8 bits, 1 to 16 rows."""
     import os
     import subprocess
     import sys
@@ -134,16 +135,19 @@ def test_threads_split_the_output_and_agree_with_mlx():
         "print('ok')\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, env={**os.environ, "MLXD_QMM_THREADS": "3"}
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MLXD_QMM_THREADS": "3", "MLXD_QMM_SPIN_US": "0"},
     )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
-def test_default_threads_leave_decode_rows_a_core_short():
-    few, many = mlxd_qmatmul.kernel_threads(1), mlxd_qmatmul.kernel_threads(64)
-    assert mlxd_qmatmul.kernel_threads(8) == few and mlxd_qmatmul.kernel_threads(9) == many
-    if "MLXD_QMM_THREADS" not in __import__("os").environ:
-        assert few == max(1, many - 1)
+def test_every_row_count_runs_on_every_thread():
+    threads = mlxd_qmatmul.kernel_threads(1)
+    assert all(mlxd_qmatmul.kernel_threads(rows) == threads for rows in (2, 8, 9, 64))
+    if "MLXD_QMM_THREADS" not in os.environ:
+        assert threads == len(os.sched_getaffinity(0))
 
 
 def test_refuses_formats_it_does_not_take():

@@ -137,6 +137,20 @@ int requested_threads() {
   return 0;
 }
 
+// How long an idle worker spins for the next product before it sleeps: MLXD_QMM_SPIN_US when it holds a
+// count of microseconds (0 to 100000), else kSpinMicros. Short, because a worker spinning past the end of
+// one forward's products takes the core the serving thread needs to build the next one
+// (docs/benchmark_results/code_notes.md#kernel-threads).
+constexpr int kSpinMicros = 20;
+int spin_micros() {
+  if (const char* env = std::getenv("MLXD_QMM_SPIN_US")) {
+    char* end = nullptr;
+    const long us = std::strtol(env, &end, 10);
+    if (end != env && *end == '\0' && us >= 0 && us <= 100000) return static_cast<int>(us);
+  }
+  return kSpinMicros;
+}
+
 int available_cores() {
   int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 #if defined(__linux__)
@@ -206,7 +220,7 @@ class Pool {
       while (generation_.load(std::memory_order_acquire) == seen) {
         pause();
         if (++spins % 256 == 0 &&
-            std::chrono::steady_clock::now() - start > std::chrono::microseconds(kSpinMicros)) {
+            std::chrono::steady_clock::now() - start > std::chrono::microseconds(spin_micros_)) {
           std::unique_lock<std::mutex> lock(mutex_);
           sleepers_.fetch_add(1, std::memory_order_acq_rel);
           wake_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
@@ -220,7 +234,7 @@ class Pool {
     }
   }
 
-  static constexpr int kSpinMicros = 300;
+  const int spin_micros_ = spin_micros();
   std::vector<std::thread> workers_;
   std::mutex run_mutex_, mutex_;
   std::condition_variable wake_;
@@ -235,22 +249,12 @@ int pool_threads() {
   return Pool::instance().threads();
 }
 
-// Threads for a product of few rows (decode's shapes): every thread but one unless MLXD_QMM_THREADS says.
-// Such a product streams its weights, and one thread less costs it little bandwidth, while a serving
-// process's own thread runs beside it (the scheduler prepares the next tick during a pipelined step) and a
-// worker spinning on that core slows both. More rows (verify forwards, prompt chunks) are compute-bound
-// and take every thread.
-int few_rows_threads() {
-  static const int threads = requested_threads() > 0 ? pool_threads() : std::max(1, pool_threads() - 1);
-  return threads;
-}
-
 void run_problem(const Problem& problem, const Isa& isa) {
   // Small problems stay on one thread: waking a worker costs more than it saves.
   const int64_t weight_bytes = static_cast<int64_t>(problem.N) * problem.K * problem.bits / 8;
   const int64_t work = weight_bytes * (1 + problem.M / 4);
   Pool& pool = Pool::instance();
-  int parts = work < (1 << 16) ? 1 : (problem.M <= kFewRows ? few_rows_threads() : pool.threads());
+  int parts = work < (1 << 16) ? 1 : pool.threads();
   parts = std::min(parts, std::max(1, problem.N / 8));
   if (parts == 1) {
     isa.kernel(problem, 0, problem.N);

@@ -126,8 +126,8 @@ bool int8_available(int bits) {
   return (bits == 4 || bits == 8) && int8_kernel() != nullptr;
 }
 
-int kernel_threads(int rows) {
-  return rows <= kFewRows ? few_rows_threads() : pool_threads();
+int kernel_threads(int) {
+  return pool_threads();
 }
 
 void CpuQuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {

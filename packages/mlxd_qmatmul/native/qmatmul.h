@@ -21,7 +21,8 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
 // Whether products of this many bits run on the int8-activation kernel when asked (the CPU has AVX-512 VNNI).
 bool int8_available(int bits);
 
-// The instruction set the kernels run with here and the number of threads they use.
+// The instruction set the kernels run with here and the number of threads they use (the same for every
+// row count).
 std::string kernel_isa();
 int kernel_threads(int rows);
 
