@@ -1,8 +1,7 @@
 """Streamed chunks coalesced in time: at most one Chunk per request every ``interval_s``.
 
-Why: a client process that wakes for every token takes CPU from the daemon on a small machine. Measured
-on 2 cores (embedded model, B=1, 256 tokens): the daemon kept 1.09x a bare loop's decode speed when the
-client asked for no stream and 0.85x when it was sent a chunk per token (two BLAS threads).
+Why: a client process that wakes for every token takes CPU from the daemon on a small machine
+(docs/benchmark_results/code_notes.md#stream-chunks).
 
 Contract: ``ChunkBuffer.add(tokens, text, logprobs, now)`` takes one scheduler token event and returns the
 Chunk to send now: the request's first tokens always go at once (time to first token is untouched), later

@@ -30,7 +30,7 @@ class DaemonOptions:
     draft_kind: str | None = None
     draft_model: str | None = None
     draft_block_size: int | None = None
-    prompt_lookup_max_batch: int | None = None  # None: the scheduler's measured default
+    prompt_lookup_max_batch: int | None = None  # None: the scheduler's default (no bound: the verify gate decides)
     storage_backend: str = "contiguous"  # or "paged"
     kv_block_size: int = 64
     kv_pool_tokens: int | None = None  # paged pool size; None: from kv_memory_fraction, else max_batch x max_kv_size

@@ -1,18 +1,15 @@
 """CPU step settings chosen by timing the loaded model's decode steps at start-up: BLAS threads, compiled steps.
 
-Why: rules tuned on the embedded tiny model do not carry to a real one. On 2 cores one OpenBLAS thread
-(one core left for the clients a server streams to) was fastest for the tiny model, whose steps are too
-small to split, but costs a 135M-parameter model about a quarter of its speed; running a lone row's step
-as one compiled graph (``compiled_decode.py``) makes the tiny model's steps faster (Python and dispatch
-set its speed) and a 135M model's a few percent slower. So both are measured, not assumed
-(docs/benchmark_results/blas_threads.md, decode_b1_smollm2.md).
+Why: rules tuned on the embedded tiny model do not carry to a real one: the BLAS thread count and
+compiled steps that are fastest for one are slower for the other, so both are measured, not assumed
+(docs/benchmark_results/code_notes.md#step-tuning).
 
 Contract: ``tune_steps(engine)`` returns a ``StepSettings`` and leaves the engine and OpenBLAS set to it.
 A lone row's decode steps are timed, interleaved over a few rounds (best step of each). Timings taken
 while other processes load the machine (several daemons starting at once) favour fewer threads and
-mislead by a few percent either way, so the choice leans on the step's length, measured on both models:
-a step of ``LONG_STEP_MS`` or more is compute-bound (its matmuls split over cores; compiling it saves only
-Python time, a small share), a shorter one is set by Python and dispatch.
+mislead, so the choice leans on the step's length: a step of ``LONG_STEP_MS`` or more is compute-bound
+(its matmuls split over cores; compiling it saves only Python time, a small share), a shorter one is set
+by Python and dispatch.
 - BLAS threads: ``MLXD_BLAS_THREADS`` (or ``OPENBLAS_NUM_THREADS``) is taken as given; without OpenBLAS, or
   off the CPU backend, nothing is set. Otherwise one thread and every core are timed. A long step keeps
   every core unless one thread is ``MARGIN`` faster; a short one keeps the fewest threads within
@@ -23,7 +20,7 @@ Python time, a small share), a shorter one is set by Python and dispatch.
   faster.
 The timed sequence starts again (a fresh prefill, outside the timing) whenever it would outgrow the KV
 bound, so any ``--max-kv-size`` the daemon accepts (16 and up) fits.
-Costs about 60 decode steps (about 4 s for a 135M model on 2 cores).
+Costs about 60 decode steps.
 """
 
 from __future__ import annotations
@@ -38,7 +35,7 @@ from mlxd_engine import Engine
 from mlxd_fast_blas import blas_in_use, explicit_blas_threads, set_blas_threads
 
 MARGIN = 0.10
-LONG_STEP_MS = 5.0  # embedded model: 0.7 ms a step; SmolLM2-135M: about 60 ms (2 cores)
+LONG_STEP_MS = 5.0  # steps this long are compute-bound (docs/benchmark_results/code_notes.md#step-tuning)
 COMPILE_GAIN = 0.02
 ROUNDS = 3
 STEPS_PER_ROUND = 4

@@ -34,7 +34,7 @@ from collections import deque
 from mlxd_drafters.config import PromptLookupConfig
 
 ROUNDS_BEFORE_JUDGING = 4
-# acceptance_estimate's prior: p = 2/3 (1/2 was tried: docs/benchmark_results/code_notes.md#acceptance-prior)
+# acceptance_estimate's prior: p = 2/3 (docs/benchmark_results/code_notes.md#acceptance-prior)
 PRIOR_ACCEPTED, PRIOR_REJECTED = 2.0, 1.0
 LONG_MATCH_PRIOR = (9.0, 1.0)  # ... for a proposal continuing a longest-n-gram match: p = 0.9
 
@@ -96,7 +96,7 @@ class DraftGovernor:
         over the window), with a prior of ``PRIOR_ACCEPTED`` accepted tokens and ``PRIOR_REJECTED``
         rejections (p = 2/3 before any round), or ``LONG_MATCH_PRIOR`` for a proposal that continues a
         match of the drafter's longest n-gram (p = 0.9 before any round: such a match is a copy more often
-        than not; the embedded model accepts 0.85-0.92 of its drafts, docs/benchmark_results/prompt_lookup.md)."""
+        than not; docs/benchmark_results/code_notes.md#acceptance-prior)."""
         accepted, rejected = LONG_MATCH_PRIOR if long_match else (PRIOR_ACCEPTED, PRIOR_REJECTED)
         successes = sum(a for _, a in self._rounds) + accepted
         failures = sum(1 for d, a in self._rounds if a < d) + rejected

@@ -117,8 +117,7 @@ class PromptLookupDrafter:
         )
         self._index = NgramIndex(self._config.min_ngram, self._config.max_ngram)
         # Observed tokens wait here until the index is next read: a row the verify gate holds back
-        # observes every token it decodes and may never propose. Measured in-process (embedded model, 4
-        # rows gated out, 10 rounds): indexing each token as it came cost about 2% of plain decode.
+        # observes every token it decodes and may never propose (docs/benchmark_results/code_notes.md#lazy-indexing).
         self._unindexed: list[int] = []
         self._governor = DraftGovernor(self._config)
         self._stats = PromptLookupStats()

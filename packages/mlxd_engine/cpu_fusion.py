@@ -1,12 +1,11 @@
 """Fused RMSNorm and RoPE layers for the CPU backend.
 
 Why: on the CPU, MLX has no single kernel for ``mx.fast.rms_norm`` or ``mx.fast.rope``; each call is
-expanded into 6-15 small elementwise ops (square, sum, rsqrt, broadcasts, sin, cos, ...) and every op
-is a separate dispatch. For a small model those dispatches, not the matmuls, set the decode step time.
+expanded into small elementwise ops (square, sum, rsqrt, broadcasts, sin, cos, ...) and every op is a
+separate dispatch. For a small model those dispatches, not the matmuls, set the decode step time.
 ``mx.compile`` fuses the elementwise parts of each call into one generated kernel (mlx.nn already does
-this for its activations). The results are bit-identical (tests/engine/test_cpu_fusion.py). Measured on
-the embedded model, B=1 greedy decode, 1 BLAS thread, 8 interleaved rounds of a bare loop: 1407 tok/s
-stock, 1700 with RMSNorm fused, 2226 with RMSNorm and RoPE fused.
+this for its activations). The results are bit-identical (tests/engine/test_cpu_fusion.py); the speed
+is in docs/benchmark_results/code_notes.md#cpu-fusion.
 
 Contract:
 - ``fuse_cpu_layers(model)`` changes, in place, every module whose class is exactly ``nn.RMSNorm`` or

@@ -2,8 +2,8 @@
 
 Why: MLX's CPU backend runs float16 / bfloat16 arithmetic slowly, and its quantized matmul costs about
 one pass over the weights per input token, so a multi-token verify forward costs as many steps as it
-has tokens; dequantized float32 weights go through BLAS, where a verify costs about two steps. Figures:
-docs/benchmark_results/cpu_weights.md.
+has tokens; dequantized float32 weights go through BLAS, where a verify's extra tokens cost far less.
+Figures: docs/benchmark_results/cpu_weights.md.
 
 Contract: ``apply_cpu_weight_rule(model, budget_bytes)`` changes the model in place and returns a
 ``WeightForm`` saying what it did, for the log and the daemon's status:

@@ -1,9 +1,9 @@
 """What one forward costs: milliseconds as a function of its rows, query tokens per row and context.
 
 Why: whether a verify round pays depends on what its extra query tokens cost beside the rows it runs
-with, and that differs by orders of magnitude between machines and models. On a GPU a forward of 8 rows
-x 9 tokens costs little more than 8 x 1 (the weights are read once either way); on this project's CPU a
-4-bit model pays per token, and a float32 one about 2 steps for 9 tokens. So it is measured, not assumed.
+with, and that differs by orders of magnitude between machines and models: on a GPU a forward of 8 rows
+x 9 tokens costs little more than 8 x 1 (the weights are read once either way), on a CPU much more. So it
+is measured, not assumed (docs/benchmark_results/code_notes.md#forward-cost).
 
 Contract:
 - ``ForwardCost.estimate(rows, width, context)``: the expected milliseconds of one forward of ``rows``
@@ -20,9 +20,8 @@ Contract:
   defined when the observations do not vary a feature (every online step has width 1, say).
 - A shape (rows, width) timed ``MIN_SHAPE_SAMPLES`` times while serving is estimated from its own
   timings instead: the median of its last ``SHAPE_SAMPLES``, moved to the asked context by the fit's
-  context term. The fit is a line through shapes that do not lie on one: SmolLM2 on 2 cores times 4 rows x
-  3 tokens at 175 ms where 8 x 1 takes 128 and 1 x 9 121, and a fit through them said 136 ms, so the gate
-  verified 4 x 3 forwards that lost (docs/benchmark_results/code_notes.md#forward-shapes). A shape not
+  context term. The fit is a line through shapes that do not lie on one, and a gate priced by it alone
+  verified forwards that lost (docs/benchmark_results/code_notes.md#forward-shapes). A shape not
   timed for ``STALE_AFTER`` observations falls back to the fit (the machine's load moves on).
 - Estimates never go below ``min_ms`` (the least time observed), so a poorly conditioned fit cannot
   make a forward look free.
@@ -167,7 +166,7 @@ def calibrate_forward_cost(
     forward a lone row's full draft makes) on scratch sequences and give the points to
     ``engine.forward_cost``. Returns the (rows, width, context, ms) points; none where the engine cannot
     unwind (no verify rounds) or has no free slot. Every scratch sequence is released with nothing kept
-    (no prefix cache entry). About 50 forwards and 320 prompt tokens: 5 s for SmolLM2-135M on 2 cores.
+    (no prefix cache entry). About 50 forwards and 320 prompt tokens.
     Every scratch row stays within contiguous storage's first growth chunk (256 tokens): growing the
     slot buffers for a calibration would make every later step of a short-context server copy more."""
     import statistics

@@ -20,10 +20,9 @@ synchronously).
 the grammar forbids (checked on the matcher without moving it), so the verify round only checks tokens
 that could be emitted.
 
-Why llguidance (not xgrammar): measured on SmolLM2-135M's tokenizer (49,152 tokens), a mask for a nested
-schema takes 0.08 ms per token on average (median 0.02 ms, first token 1.6 ms) on one CPU core, wrapping
-the tokenizer 0.55 s once per model; it takes a Hugging Face fast tokenizer directly and needs no torch,
-while xgrammar's wheel pulls in torch and CUDA packages (several GB) on Linux.
+Why llguidance (not xgrammar): its masks cost little beside a decode step on one CPU core, it takes a
+Hugging Face fast tokenizer directly and needs no torch, while xgrammar's wheel pulls in torch and CUDA
+packages on Linux (docs/benchmark_results/code_notes.md#grammar-library).
 
 Worked example: schema ``{"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}``;
 after the row emitted ``{"ok":`` the mask allows only tokens that continue with whitespace, ``true`` or

@@ -11,8 +11,8 @@ Contract:
   step) up to ``max_capacity``; a sequence may not pass ``max_capacity`` tokens.
 - Slots are handed out lowest first and a batched forward runs its rows in slot order (``read_order``),
   so the rows of a batch usually occupy a run of adjacent slots and read their keys as one slice. Rows
-  with a free slot between them are gathered, which copies every row's keys each step: measured on the
-  embedded model (8 rows, 2-core CPU), a step over rows in scrambled slot order ran 2.2-2.6x slower.
+  with a free slot between them read the runs of adjacent slots, sliced and joined; rows out of slot
+  order are gathered, which copies every row's keys each step (docs/benchmark_results/code_notes.md#slot-gaps).
 - ``LayerView`` objects implement mlx-lm's cache protocol (``offset``, ``update_and_fetch``,
   ``make_mask``) for one forward over a given set of rows, so every mlx-lm architecture whose attention
   follows the standard path runs on this storage unchanged.
@@ -93,8 +93,8 @@ def row_mask(
 
 def scatter_tokens(buffer: mx.array, rows: mx.array, positions: mx.array, new: mx.array) -> mx.array:
     """``buffer`` [rows, heads, positions, dim] with ``new`` [B, heads, n, dim] written at row ``rows[b]``,
-    position ``positions[b, i]`` (distinct within a row): one scatter for the whole forward, where a scatter
-    per token cost 4x as much (docs/benchmark_results/code_notes.md#one-scatter)."""
+    position ``positions[b, i]`` (distinct within a row): one scatter for the whole forward, not one per
+    token (docs/benchmark_results/code_notes.md#one-scatter)."""
     buffer[rows[:, None], :, positions] = new.transpose(0, 2, 1, 3)
     return buffer
 
@@ -329,8 +329,8 @@ class LayerView:
             rows = slice(first, first + len(plan.slots))
             return k_buf[rows, :, :length, :], v_buf[rows, :, :length, :]
         # rows in ascending slots with gaps (a finished row's slot, rows verified beside the others): the
-        # runs of adjacent slots, sliced and joined; a gather from the strided slice cost 2-3x a step of
-        # adjacent rows, the joined slices about 1.4x (docs/benchmark_results/code_notes.md#slot-gaps)
+        # runs of adjacent slots, sliced and joined, cheaper than a gather from the strided slice
+        # (docs/benchmark_results/code_notes.md#slot-gaps)
         runs = plan.slot_runs()
         if runs is not None:
             return (

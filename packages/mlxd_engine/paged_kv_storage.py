@@ -31,8 +31,8 @@ Contract (the ``KVStorage`` protocol of ``kv_backend.py``, as ``SlotKVStorage``,
   cost paged storage adds to every forward, step and verify alike; docs/benchmark_results/paged_kv.md
   measures it.
 - No context limit applies to verify rounds on paged storage: the gather grows a verify and a step alike,
-  so a round that accepts a couple of drafts still pays at 8K tokens (measured:
-  docs/benchmark_results/code_notes.md#paged-verify).
+  so a round that accepts a couple of drafts still pays at long contexts
+  (docs/benchmark_results/code_notes.md#paged-verify).
 """
 
 from __future__ import annotations

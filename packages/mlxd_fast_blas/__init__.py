@@ -1,8 +1,8 @@
 """Fast BLAS for MLX on Linux CPU: find a system OpenBLAS and re-exec with it preloaded.
 
-Why: the Linux mlx[cpu] wheel bundles a reference BLAS. Measured on a 2-core x86-64 machine, float32
-matmul runs at about 6 GFLOP/s with it and about 190 GFLOP/s with Debian's OpenBLAS
-(libopenblas0-pthread) preloaded, because MLX's CPU backend then resolves its cblas_* calls to OpenBLAS.
+Why: the Linux mlx[cpu] wheel bundles a reference BLAS, far slower at float32 matmul than a system
+OpenBLAS (Debian's libopenblas0-pthread, say); with one preloaded, MLX's CPU backend resolves its cblas_*
+calls to it (docs/benchmark_results/code_notes.md#fast-blas).
 
 Contract: ``ensure_fast_blas()`` is called first thing by every entry point that imports mlx. On Linux,
 unless ``MLXD_FAST_BLAS=0``, it looks for an OpenBLAS (``MLXD_OPENBLAS`` names one explicitly) and, if

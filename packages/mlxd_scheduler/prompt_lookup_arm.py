@@ -16,9 +16,9 @@ whenever a decoding row has a drafter, as plan, execute, update:
 
 The rules, in the order they apply:
 1. Bound: when ``max_batch`` is set and the active batch (decoding rows plus rows still in prefill,
-   which join within a few ticks) is above it, no row drafts this tick (no ``draft_block`` call, no
-   miss); its drafter keeps observing tokens. A row whose governor grants no budget is "declined by
-   governor".
+   which join within a few ticks: docs/benchmark_results/code_notes.md#gate-counts-prefill) is above it,
+   no row drafts this tick (no ``draft_block`` call, no miss); its drafter keeps observing tokens. A row
+   whose governor grants no budget is "declined by governor".
 2. While step n is in flight, every drafter is asked for a proposal on its committed tokens.
 3. No proposal anywhere: step n+1 is primed and the tick pipelines exactly as plain decode does,
    chaining steps as the rows' quiet streaks allow (``tick_plan.py``).
@@ -69,7 +69,7 @@ from .trace import TickRecord
 log = logging.getLogger("mlxd.scheduler")
 
 # Rule 5: a row whose draft the gate declined drafts again only after 8, 16, then 32 more tokens (asking
-# every row's drafter every tick costs a small model's ticks a tenth of their time) ...
+# every row's drafter every tick costs a small model's ticks: docs/benchmark_results/code_notes.md#decline-pause) ...
 DECLINE_PAUSE_TOKENS = (8, 16, 32)
 # ... but a declined draft that continues a long match (a copy, more often than not) is asked for again
 # on the next token: copying rows that pause apart rarely propose in the same tick, where verifying them

@@ -1,54 +1,42 @@
 """The prompt-lookup tick's policy: from what the rows propose to the tick's plan. Pure: no engine, no
 drafter, no clock; ``prompt_lookup_arm.py`` gathers the inputs, runs the plan and updates the rows.
 
-Contract: ``plan_tick(rows, pipelined, max_steps, estimate) -> TickPlan``.
-- ``rows``: every decoding row as a ``RowView``: its key, its tokens in storage (``context``), whether it
-  may ride in a padded verify forward (``can_pad``: no logprobs wanted, room in its KV bound for the
-  width), and for a prompt-lookup row (``drafting``) its proposal this tick (``draft`` tokens, 0: none),
-  the draft tokens its governor expects the round to accept (``expected``), whether it must be verified
-  (``forced``: the client's predicted output), whether it is worth a look at a loss (``explore``: a probe
-  of a governor that turned off, or a row the gate has declined for ``EXPLORE_AFTER_DECLINED_TOKENS``
-  tokens running; without it a declined row could never show that it copies now), its pipelined ticks in
-  a row without a proposal (``quiet_ticks``) and its drafter's ``pipelines_plain_rounds()``.
+Contract: ``plan_tick(rows, pipelined, max_steps, costs) -> TickPlan``.
+- ``rows``: every decoding row as a ``RowView`` (its fields are what the policy reads of a row).
 - ``pipelined``: a lookahead step is in flight. ``max_steps``: the most chained steps the scheduler allows.
-- ``estimate(rows, width, context)``: milliseconds of one forward (``ForwardCost.estimate``), or None
-  while the cost model has too little data.
+- ``costs``: a ``Costs``, or only its ``forward`` estimate ``(rows, width, context)``: milliseconds of one
+  forward (``ForwardCost.estimate``), or None while the cost model has too little data.
 
 The plan (``TickPlan.mode``):
 - "pipelined": submit ``steps`` chained steps and read the ones in flight. With a step in flight and no
-  proposal, ``steps`` backs off with the rows' quiet streaks (2**q for the least q, so a copying row
-  keeps one step per tick and a row that never matches soon chains as plain decode does). From a
+  proposal, ``steps`` is 2**q for the rows' least quiet streak q, at most ``max_steps``. From a
   synchronous state it is the re-prime (one step, submitted, nothing read): chosen when nothing is
   verified and every drafting row either ``pipelines`` or had its draft declined.
-- "read": a step is in flight and the gate would verify some proposal (``verify``; ``declined`` as
-  below): read the steps in flight instead of priming the next; the verified proposals (made before
-  their tokens) are settled against them and planned again, synchronously.
-- "synchronous": verify the rows in ``verify`` (each its own draft length) in ``layout`` ("beside": one
-  verify forward for them and one batched step for the others; "padded": one forward for every row, the
-  others feeding their one token padded to the same width) or, with nothing to verify, one batched step.
-  ``declined``: proposals the gate turned down (retracted, no miss).
+- "read": a step is in flight and the gate would verify some proposal: read the steps in flight instead
+  of priming the next; the verified proposals (made before their tokens) are settled against them and
+  planned again, synchronously.
+- "synchronous": verify the rows in ``verify`` (each its own draft length, cut to ``width - 1`` tokens
+  when ``width`` is set) in ``layout`` ("beside": one verify forward for them and one batched step for the
+  others; "padded": one forward for every row, the others feeding their one token padded to the same
+  width) or, with nothing to verify, one batched step. ``declined``: proposals the gate turned down.
 
-The verify gate (synchronous plans): the alternatives are a plain tick (one token per row) and, for
+The verify gate (``plan_verify``): the alternatives are a plain tick (one token per row) and, for
 k = 1..n, the forced candidates plus the k others expecting the most accepted tokens, in either layout
-(padded only when every row can pad), with the drafts whole or cut to a narrower forward
-(``TickPlan.width``: each candidate's own width and ``CUT_WIDTHS``; a cut draft is expected to accept
-p + ... + p^k of its first k tokens, p the row's ``acceptance``): a long draft that pays alone may not
-pay beside seven other rows, where every query token costs. Each alternative's value is its expected
-tokens (one per row, plus each verified row's expected accepted drafts) per estimated millisecond; the
-best wins, and a verify must beat the plain tick by ``VERIFY_MARGIN`` (the estimates err by several
-percent either way: a marginal verify that loses slows plain decode, one that wins gains next to
-nothing). Without an estimate every candidate is verified beside the step (the layout that needs no
-estimate to be safe).
+(padded only when every row can pad), with the drafts whole or cut to a narrower forward (each
+candidate's own width and ``CUT_WIDTHS``, at most ``MAX_BATCHED_WIDTH`` beside other rows; a cut draft
+expects p + ... + p^k of its first k tokens, p the row's ``acceptance``). Each alternative is valued at
+its expected tokens (one per row, plus the verified rows' expected accepted drafts) per estimated ms; the
+best wins, and a verify must beat the plain tick by ``VERIFY_MARGIN``. Without an estimate every
+candidate is verified beside the step. ``explore`` rows the best alternative leaves out are added while
+``Costs.explore_budget_ms`` covers what they lose (their estimated ms beyond what their tokens take at
+the best alternative's rate; the last may overdraw it); beside a plain tick their drafts are cut to
+``CUT_WIDTHS[0]``. The loss goes back in ``TickPlan.explore_ms``. Why these rules:
+docs/benchmark_results/code_notes.md#verify-gate.
 
-Exploring at a bounded loss: an ``explore`` row that the best alternative leaves out is added to it while
-``Costs.explore_budget_ms`` (milliseconds the arm sets aside, a small share of the ticks' wall time) is
-above what the additions already lose (the last one may overdraw it): the alternative's estimated ms
-minus the ms its tokens would take at the best alternative's rate. Where the best alternative is the
-plain tick, explorers' drafts are cut to the narrowest width (``CUT_WIDTHS[0]``): a look needs only the
-first tokens, and a whole 15-token draft beside three SmolLM2 rows lost a step's worth. The loss goes back
-in ``TickPlan.explore_ms``. So looking at rows that might copy again costs a bounded share of decode
-time at any batch size, where verifying every probe beside eight plain rows cost a small model a third of
-its speed.
+Worked example: rows a (a 4-token draft expected to accept 3) and b (plain), nothing in flight, ``costs``
+pricing any forward at 10 ms: a plain tick gives 2 tokens in 10 ms; verifying a padded with b, 5 in 10 ms;
+beside b's step, 5 in 20 ms. The plan is synchronous, ``verify=[a]``, padded. Expecting 0.1 accepted, a
+would give 2.1 in 10 ms, short of the margin: a is declined, and the tick re-primes.
 """
 
 from __future__ import annotations
@@ -62,9 +50,7 @@ Estimate = Callable[[int, int, float], "float | None"]
 MAX_BACKOFF_EXPONENT = 6
 VERIFY_MARGIN = 1.1  # a verify's expected tokens per ms must beat the plain tick's by this factor
 CUT_WIDTHS = (3, 5, 9)  # forward widths a long draft may be cut to (besides the candidates' own)
-# The widest verify forward beside other rows: measured on the embedded model (docs/benchmark_results/
-# prompt_lookup.md), 16-token forwards for 4 and 8 copying rows lost to 9-token ones although the cost
-# model preferred them (a copy's last draft runs past its end, which per-token acceptance does not see).
+# The widest verify forward beside other rows (docs/benchmark_results/code_notes.md#verify-gate).
 MAX_BATCHED_WIDTH = 9
 
 
@@ -95,16 +81,18 @@ class Costs:
 @dataclass(frozen=True)
 class RowView:
     key: Hashable
-    context: int
-    can_pad: bool = True
-    drafting: bool = False
-    draft: int = 0
-    expected: float = 0.0
+    context: int  # the row's tokens in storage
+    can_pad: bool = True  # may ride in a padded verify forward (no logprobs wanted, room in its KV bound)
+    drafting: bool = False  # a prompt-lookup row
+    draft: int = 0  # its proposal's tokens this tick (0: none)
+    expected: float = 0.0  # draft tokens its governor expects the round to accept
     acceptance: float = 0.0  # per-token acceptance estimate (0: unknown; the draft is weighed whole)
-    forced: bool = False
+    forced: bool = False  # must be verified (the client's predicted output)
+    # worth a look at a loss: a probe of a governor that turned off, or a row the gate has declined for
+    # EXPLORE_AFTER_DECLINED_TOKENS tokens running (else a declined row could never show it copies now)
     explore: bool = False
-    quiet_ticks: int = 0
-    pipelines: bool = True
+    quiet_ticks: int = 0  # its pipelined ticks in a row without a proposal
+    pipelines: bool = True  # its drafter's ``pipelines_plain_rounds()``
 
 
 @dataclass

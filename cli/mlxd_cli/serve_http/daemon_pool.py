@@ -55,9 +55,8 @@ log = logging.getLogger("mlx-serve-http")
 
 DOWN_AFTER_MISSES = 2  # one late answer under load is not an outage
 # A daemon whose open connection answered no probe for this long is stalled: its requests fail (503 or
-# an SSE error event) and its client is replaced. A daemon answers probes between ticks, and on a CPU one
-# tick of a 135M model (a 512-token prompt chunk at a long context beside verify rounds) can take
-# seconds: a short value failed requests of a live, busy daemon (docs/benchmark_results/prefix_cache_smollm2_c4).
+# an SSE error event) and its client is replaced. A daemon answers probes only between ticks, so this is
+# far above a busy daemon's longest tick (docs/benchmark_results/code_notes.md#stalled-daemon).
 STALLED_DAEMON_TIMEOUT_S = 30.0
 PROBE_TIMEOUT_S = 1.0
 # Per-reply wait on the protocol client: a backstop far above STALLED_DAEMON_TIMEOUT_S, for a daemon that
