@@ -38,6 +38,9 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import mlx.nn as nn
 
+from .errors import ModelLoadError
+from .masks import shape_mask
+
 log = logging.getLogger("mlxd.engine")
 
 ATTENTION = "attention"
@@ -174,8 +177,6 @@ def read_cache_layout(model, model_type: str, n_layers: int | None = None) -> Ca
 def check_servable(layout: CacheLayout) -> None:
     """Raise ``ModelLoadError`` with the layout's refusal, if it has one."""
     if layout.refusal is not None:
-        from .loading import ModelLoadError
-
         raise ModelLoadError(layout.refusal)
 
 
@@ -201,13 +202,6 @@ class _ProbeView:
     @property
     def state(self):
         return []
-
-
-def shape_mask(mask, mask_axes: int | None):
-    """Give a ``[B, 1, n, L]`` mask array the form the model's attention broadcasts (see the docstring)."""
-    if mask_axes == 5 and isinstance(mask, mx.array) and mask.ndim == 4:
-        return mask[:, :, None]
-    return mask
 
 
 class _ProbeList:
@@ -259,8 +253,6 @@ def _probe(model, layout: CacheLayout) -> None:
             return
         failures.append(f"{axes}-D mask: rows not kept apart")
     if layout.kv_bytes_per_token is None:
-        from .loading import ModelLoadError
-
         raise ModelLoadError(
             f"model type {layout.model_type!r}: a test forward through mlxd's KV views failed ({'; '.join(failures)})"
         )

@@ -40,8 +40,8 @@ from collections.abc import Callable
 
 import mlx.core as mx
 
-from .cache_layout import shape_mask
 from .kv_storage import scatter_tokens
+from .masks import shape_mask
 
 log = logging.getLogger("mlxd.engine")
 

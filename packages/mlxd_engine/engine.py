@@ -31,9 +31,10 @@ from .cache_layout import ATTENTION, check_servable
 from .compiled_decode import CompiledDecode, compile_wanted
 from .cpu_fusion import fuse_cpu_layers as fuse_cpu_layers_of
 from .cpu_fusion import fusion_wanted
+from .errors import KVStorageFull
 from .forward_cost import ForwardCost
 from .kv_backend import make_kv_storage
-from .kv_storage import KVStorageFull, SlotState
+from .kv_storage import SlotState
 from .loading import LoadedModel
 from .paged_kv_storage import DEFAULT_BLOCK_SIZE, SharedPrefix
 from .prefix_cache import DEFAULT_MAX_ENTRIES, PrefixCache

@@ -34,7 +34,8 @@ from typing import Any
 import mlx.core as mx
 
 from .cache_dir import mlxd_cache_dir
-from .loading import ModelLoadError
+from .errors import GGUFError
+from .gguf_tokenizer import build_tokenizer, tokenizer_config
 
 log = logging.getLogger("mlxd.gguf")
 
@@ -57,10 +58,6 @@ _BLOCK_TENSORS = {
 _SUFFIXES = ("weight", "scales", "biases", "bias")
 _BLOCK_NAME = re.compile(r"blk\.(\d+)\.([a-z_]+)\.([a-z]+)")
 _HF_CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
-
-
-class GGUFError(ModelLoadError):
-    """The GGUF file cannot be converted; the message is meant for the user."""
 
 
 def read_gguf(gguf_path: str | Path) -> tuple[dict[str, mx.array], dict[str, Any]]:
@@ -291,8 +288,6 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
         GGUFError: see the module docstring; also when ``out_dir`` is a non-empty directory or a file,
             or cannot be written.
     """
-    from .gguf_tokenizer import build_tokenizer, tokenizer_config
-
     source, out = Path(gguf_path).expanduser(), Path(out_dir).expanduser()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise GGUFError(f"{out} exists and is not an empty directory")

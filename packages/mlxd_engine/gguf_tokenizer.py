@@ -18,6 +18,8 @@ from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
+from .errors import GGUFError
+
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED = 1, 2, 3, 4  # llama.cpp token types
 SPM_SPACE = "\u2581"
 
@@ -69,16 +71,10 @@ PRE_TOKENIZERS = {
 }
 
 
-def _error(message: str):
-    from .gguf_import import GGUFError
-
-    return GGUFError(message)
-
-
 def _tokens(meta: dict[str, Any]) -> tuple[list[str], list[int]]:
     tokens = meta.get("tokenizer.ggml.tokens")
     if not tokens:
-        raise _error("GGUF metadata has no tokenizer.ggml.tokens")
+        raise GGUFError("GGUF metadata has no tokenizer.ggml.tokens")
     types = meta.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens)
     return list(tokens), [int(t) for t in types]
 
@@ -120,14 +116,14 @@ def split_merge(merge: str, vocab: dict[str, int]) -> tuple[str, str]:
     for i, char in enumerate(merge):
         if char == " " and merge[:i] in vocab and merge[i + 1 :] in vocab:
             return merge[:i], merge[i + 1 :]
-    raise _error(f"GGUF merge {merge!r} does not split into two tokens of the vocabulary")
+    raise GGUFError(f"GGUF merge {merge!r} does not split into two tokens of the vocabulary")
 
 
 def _gpt2_tokenizer(meta: dict[str, Any]) -> Tokenizer:
     tokens, types = _tokens(meta)
     pre = meta.get("tokenizer.ggml.pre", "default")
     if pre not in PRE_TOKENIZERS:
-        raise _error(f"GGUF pre-tokenizer {pre!r} is not supported (supported: {', '.join(sorted(PRE_TOKENIZERS))})")
+        raise GGUFError(f"GGUF pre-tokenizer {pre!r} is not supported (supported: {', '.join(sorted(PRE_TOKENIZERS))})")
     vocab = {token: i for i, token in enumerate(tokens)}
     merges = [split_merge(m, vocab) for m in meta.get("tokenizer.ggml.merges") or []]
     tokenizer = Tokenizer(
@@ -173,7 +169,7 @@ def _spm_tokenizer(meta: dict[str, Any]) -> Tokenizer:
     tokens, types = _tokens(meta)
     scores = meta.get("tokenizer.ggml.scores")
     if not scores or len(scores) != len(tokens):
-        raise _error("GGUF SentencePiece vocabulary has no tokenizer.ggml.scores for its tokens")
+        raise GGUFError("GGUF SentencePiece vocabulary has no tokenizer.ggml.scores for its tokens")
     vocab = {token: i for i, token in enumerate(tokens)}
     tokenizer = Tokenizer(
         models.BPE(
@@ -211,7 +207,7 @@ def build_tokenizer(meta: dict[str, Any]) -> Tokenizer:
         return _gpt2_tokenizer(meta)
     if kind == "llama":
         return _spm_tokenizer(meta)
-    raise _error(f"GGUF tokenizer model {kind!r} is not supported (supported: gpt2, llama)")
+    raise GGUFError(f"GGUF tokenizer model {kind!r} is not supported (supported: gpt2, llama)")
 
 
 def tokenizer_config(meta: dict[str, Any], context_length: int) -> dict:

@@ -27,7 +27,7 @@ class KVStorage(Protocol):
     # The compiled one-row forward (compiled_decode.py) reads this storage's slot buffers directly.
     compiles_forward: bool
     max_capacity: int  # most tokens one sequence may hold
-    # the form of batched mask arrays the model's attention broadcasts (cache_layout.shape_mask)
+    # the form of batched mask arrays the model's attention broadcasts (masks.shape_mask)
     mask_axes: int | None
 
     def fits(self, tokens: int) -> bool:

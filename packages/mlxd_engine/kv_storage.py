@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from .cache_layout import shape_mask
+from .errors import KVStorageFull
+from .masks import shape_mask
 
 GROW_CHUNK = 256
 
@@ -42,10 +43,6 @@ class SlotState:
     @property
     def written(self) -> int:
         return self.committed + self.pending
-
-
-class KVStorageFull(RuntimeError):
-    """No free slot, or a sequence would pass the storage's capacity."""
 
 
 def commit_pending(state, n: int) -> None:
@@ -77,7 +74,7 @@ def row_mask(
 
     ``uniform``: every row starts at the same position. ``starts_array`` returns ``starts`` as an array
     when the caller already holds one (it is only asked for when a mask array is built). ``mask_axes``:
-    the form the model's attention broadcasts (``cache_layout.shape_mask``)."""
+    the form the model's attention broadcasts (``masks.shape_mask``)."""
     if uniform and window_size is None and not return_array:
         # every row ends at read_length: the plain causal (or no) mask is exact
         return None if n == 1 else "causal"

@@ -25,15 +25,15 @@ from typing import Any
 
 from .cache_layout import CacheLayout, check_servable, model_layers, read_cache_layout
 from .cpu_weights import apply_cpu_weight_rule
+from .errors import ModelLoadError
+from .gguf_import import cached_conversion
+from .model_config import config_value
+from .sharding import check_shardable, shard_model
 
 log = logging.getLogger("mlxd.engine")
 
 EMBEDDED_MODEL_NAME = "mlxd-qwen3-tiny"
 FALLBACK_CONTEXT = 8192  # tokens per sequence when neither the config nor the tokenizer gives a length
-
-
-class ModelLoadError(RuntimeError):
-    """The model could not be loaded; the message is meant for the user."""
 
 
 def embedded_model_path() -> Path:
@@ -93,8 +93,6 @@ def load(
     name = str(model) if model is not None else str(embedded_model_path())
     path = Path(name).expanduser()
     if name.lower().endswith(".gguf") and path.is_file():  # a GGUF file: served from its converted directory
-        from .gguf_import import cached_conversion
-
         path = cached_conversion(path)
         name = str(path)
     if _looks_like_local_path(name) or name.lower().endswith(".gguf"):
@@ -123,14 +121,10 @@ def load(
     args = getattr(module, "args", None)
     model_type = str(config_value(config, args, "model_type") or getattr(module, "model_type", "unknown"))
     if distributed is not None:
-        from .sharding import check_shardable
-
         check_shardable(module, distributed[0], distributed[1].size(), model_type, config)  # before heavy work
     weights = apply_cpu_weight_rule(module, cpu_weight_budget)  # before sharding: it knows mlx's own layers
     if distributed is not None:
         import mlx.core as mx
-
-        from .sharding import shard_model
 
         mode, group = distributed
         shard_model(module, mode, group, model_type, config)
@@ -172,19 +166,6 @@ def load(
         cache_layout=layout,
         group=distributed[1] if distributed is not None else None,
     )
-
-
-def config_value(config: dict | None, args: Any, name: str):
-    """``name`` from the model's args, their wrapped ``text_config``, config.json, or its ``text_config``."""
-    text_args = getattr(args, "text_config", None)
-    sources = [args, text_args, config or {}, (config or {}).get("text_config")]
-    for source in sources:
-        if source is None:
-            continue
-        value = source.get(name) if isinstance(source, dict) else getattr(source, name, None)
-        if value is not None:
-            return value
-    return None
 
 
 def context_length_of(config: dict | None, args: Any, tokenizer: Any) -> tuple[int, str]:

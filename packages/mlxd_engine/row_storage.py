@@ -31,6 +31,7 @@ import itertools
 import mlx.core as mx
 
 from .cache_layout import COMPOSITE, RECURRENT, SLIDING_WINDOW
+from .errors import KVStorageFull
 from .recurrent_state import CompositeView, RecurrentState, RecurrentView
 from .sliding_window import RingView, WindowRing
 
@@ -89,8 +90,6 @@ class RowStorage:
         return bool(self._free) and self.inner.can_admit(tokens, shared_blocks, extra_blocks)
 
     def allocate(self, reserve_tokens: int = 0, shared_blocks: int = 0):
-        from .kv_storage import KVStorageFull
-
         if not self._free:
             raise KVStorageFull(f"all {self.n_slots} state rows are in use")
         state = self.inner.allocate(reserve_tokens, shared_blocks)

@@ -23,7 +23,8 @@ from typing import Any
 
 import mlx.core as mx
 
-from .loading import ModelLoadError, config_value
+from .errors import ModelLoadError
+from .model_config import config_value
 
 MODES = ("tensor", "pipeline")
 

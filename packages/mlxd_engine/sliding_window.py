@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from .cache_layout import shape_mask
-from .kv_storage import scatter_tokens
+from .kv_storage import GROW_CHUNK, scatter_tokens
+from .masks import shape_mask
 
 
 class WindowRing:
@@ -38,8 +38,6 @@ class WindowRing:
 
     def ensure(self, length: int, kv_heads: int, k_dim: int, v_dim: int, dtype) -> None:
         """Buffers holding at least ``min(length, size)`` cells (grown in chunks; shapes from the model)."""
-        from .kv_storage import GROW_CHUNK
-
         held = 0 if self.keys is None else self.keys.shape[2]
         if held >= min(length, self.size):
             return
