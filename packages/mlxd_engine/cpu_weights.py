@@ -32,6 +32,10 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
+import mlxd_qmatmul
+
+from .kernel_layers import kernel_layers, measure, use_kernel
+
 log = logging.getLogger("mlxd.engine")
 
 ENV = "MLXD_CPU_WEIGHTS"
@@ -143,10 +147,6 @@ def _try_kernel(model: nn.Module, layers: list, choice: str, cast: str, stored_s
     ``stored_scales``: each layer's scales and biases as the checkpoint had them (by layer id)."""
     if choice not in ("auto", "kernel", "kernel-int8"):
         return None
-    import mlxd_qmatmul
-
-    from .kernel_layers import kernel_layers, measure, use_kernel
-
     if not mlxd_qmatmul.available():
         if choice != "auto":
             raise ValueError(f"{ENV}={choice}: {mlxd_qmatmul.unavailable_reason()}")

@@ -34,6 +34,8 @@ from collections import deque
 
 import numpy as np
 
+from .sampling import SamplingParams
+
 FORGET = 0.97  # weight kept by each online observation per newer one: about the last 30 count
 CALIBRATION_WEIGHT = 1.0  # each start-up point weighs as much as one fresh online observation
 RIDGE = 1e-6
@@ -173,8 +175,6 @@ def calibrate_forward_cost(
     import time
 
     import mlx.core as mx
-
-    from .sampling import SamplingParams
 
     if engine.storage.free_slots < 1 or not engine.can_unwind:
         return []
