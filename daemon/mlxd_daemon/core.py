@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from mlxd_engine import Engine, LoadedModel, kv_bytes_per_token
+from mlxd_engine import Engine, LoadedModel
 from mlxd_protocol import (
     FINISH_CANCELLED,
     INTERNAL,
@@ -37,7 +37,9 @@ from mlxd_protocol import (
 )
 from mlxd_scheduler import BatchScheduler, SchedulerOptions, TickRecord
 
+from .distributed import GroupInfo, Leader
 from .embeddings import EmbeddingQueue
+from .engine_setup import build_engine
 from .handlers import HANDLERS, HandlerContext
 from .host_work import HostWork
 from .options import DaemonOptions
@@ -45,44 +47,6 @@ from .speculative import SpeculativeDispatch, resolve_speculative
 from .streams import ReplyStreams, Send
 
 log = logging.getLogger("mlxd")
-
-
-def pool_tokens(loaded: LoadedModel, options: DaemonOptions) -> int | None:
-    """Paged pool size in tokens: --kv-pool-tokens, else --kv-memory-fraction of this machine's memory."""
-    if options.kv_pool_tokens:
-        return options.kv_pool_tokens
-    if options.kv_memory_fraction:
-        import psutil
-
-        return int(psutil.virtual_memory().total * options.kv_memory_fraction) // kv_bytes_per_token(loaded)
-    return None
-
-
-def prefix_cache_budget(loaded: LoadedModel, options: DaemonOptions) -> int:
-    """--prefix-cache-bytes, else a quarter of the KV bound (every slot full, or the paged pool), at most a
-    tenth of this machine's memory."""
-    if options.prefix_cache_bytes is not None:
-        return options.prefix_cache_bytes
-    import psutil
-
-    tokens = pool_tokens(loaded, options) or options.max_batch * (options.max_kv_size or loaded.context_length)
-    return min(tokens * kv_bytes_per_token(loaded) // 4, psutil.virtual_memory().total // 10)
-
-
-def build_engine(loaded: LoadedModel, options: DaemonOptions) -> Engine:
-    """The engine for ``options``; every rank of a distributed group builds the same one (no compiled
-    steps there: each rank must run the very same forwards, and tuning them by timing could differ)."""
-    return Engine(
-        loaded,
-        max_sequences=options.max_batch,
-        max_kv_size=options.max_kv_size,
-        storage=options.storage_backend,
-        kv_block_size=options.kv_block_size,
-        kv_pool_tokens=pool_tokens(loaded, options),
-        compile_decode=False if loaded.group is not None else None,
-        # a group's ranks replay rank 0's engine operations; the cache's own choices are not among them
-        prefix_cache_bytes=prefix_cache_budget(loaded, options) if loaded.group is None else 0,
-    )
 
 
 def build_scheduler(
@@ -98,8 +62,6 @@ def build_scheduler(
     """
     engine = build_engine(loaded, options)
     if loaded.group is not None:  # rank 0 of a group: every operation is mirrored to the other ranks
-        from .distributed import GroupInfo, Leader
-
         group = loaded.group
         # a Leader stands in for the Engine (what it does not mirror to the followers it forwards); a group
         # exists only with --distributed, so options.distributed is set

@@ -41,6 +41,9 @@ import mlx.core as mx
 import msgpack
 import numpy as np
 
+from .engine_setup import build_engine
+from .step_tuning import StepSettings
+
 log = logging.getLogger("mlxd.distributed")
 
 MODES = ("tensor", "pipeline")
@@ -401,8 +404,6 @@ def fixed_step_settings():
     forwards): ``MLXD_BLAS_THREADS`` where given, never compiled steps."""
     from mlxd_fast_blas import explicit_blas_threads, set_blas_threads
 
-    from .step_tuning import StepSettings
-
     threads = explicit_blas_threads()
     if threads is not None and set_blas_threads(threads):
         return StepSettings(threads, f"{threads} (set by the environment)", "off (distributed)")
@@ -433,8 +434,6 @@ def abort_serving(server, reason: str) -> None:
 
 def serve_follower(loaded, options, watch=None) -> int:
     """A rank other than 0: build the same engine as rank 0 and replay its plans until it stops."""
-    from .core import build_engine
-
     engine = build_engine(loaded, options)
     group = loaded.group
     steps = fixed_step_settings()
