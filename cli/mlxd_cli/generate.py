@@ -29,6 +29,8 @@ from mlxd_protocol import (
 from mlxd_protocol.autostart import AutostartError, ensure_daemon
 from mlxd_protocol.endpoints import default_endpoint
 
+from .local import open_local_client
+
 
 def build_request(
     prompt: str,
@@ -172,8 +174,6 @@ def main(
     started = time.perf_counter()
     try:
         if local:
-            from .local import open_local_client
-
             client = open_local_client(model)  # the same client interface, the daemon's core in this process
         else:
             endpoint = endpoint or default_endpoint()

@@ -1,7 +1,7 @@
 """``mlx-generate --local``: the daemon's core in this process, reached through the one seam ``mlxd_daemon.local``.
 
 The only module of the tools that imports the daemon, and only inside ``open_local_client`` (that import
-loads mlx), so importing any tool never loads it. tests/test_layers.py holds this rule.
+loads mlx), so importing any tool never loads it. tests/test_import_rules.py holds this rule.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from mlxd_fast_blas import blas_in_use, ensure_fast_blas
 from mlxd_protocol import Client, DaemonError, DaemonTimeout
 from mlxd_protocol.endpoints import default_endpoint
 
+from .chat_templates import resolve_chat_template
 from .convert_command import convert_gguf_command
 from .host_limits import HostLimits
 from .options import DaemonOptions, SamplingDefaults
@@ -374,8 +375,6 @@ def cli(
 
 def _chat_template_option(name_or_text: str | None, path: str | None) -> str | None:
     """The Jinja text of --chat-template (a built-in name or the text) or --chat-template-file."""
-    from .chat_templates import resolve_chat_template
-
     if name_or_text is not None and path is not None:
         raise click.BadParameter("give --chat-template or --chat-template-file, not both", param_hint="--chat-template")
     if path is not None:
@@ -405,14 +404,14 @@ def serve(options: DaemonOptions) -> int:
     endpoint = options.endpoint or default_endpoint()
     group = None
     if options.distributed:
-        from .distributed import join_group
+        from .distributed import join_group  # lazy: mlx loads only to serve (mlxd status / stop never load it)
 
         try:
             group, info = join_group(options.distributed, options.distributed_backend)
         except ValueError as error:
             click.echo(f"mlxd: {error}", err=True)
             return 2
-        from .group_watch import GroupWatch
+        from .group_watch import GroupWatch  # lazy: psutil and the group's watch load only with --distributed
 
         watch = GroupWatch()  # now, while the group's connections are the only ones
         watch.start()  # a rank lost while loading ends this one
@@ -431,6 +430,7 @@ def serve(options: DaemonOptions) -> int:
                 return 1
     from mlxd_engine import ModelLoadError, calibrate_forward_cost
 
+    # lazy: the engine, the scheduler and mlx load only to serve (mlxd status / stop never load them)
     from .model_setup import load_for_serving
     from .server import DaemonServer
     from .step_tuning import tune_steps
@@ -443,7 +443,7 @@ def serve(options: DaemonOptions) -> int:
         click.echo(f"mlxd: {error}", err=True)
         return 2
     if group is not None and group.rank() != 0:
-        from .distributed import serve_follower
+        from .distributed import serve_follower  # lazy: mlx loads only to serve
 
         return serve_follower(loaded, options, watch)
     server = DaemonServer(loaded, options, endpoint)
@@ -454,7 +454,7 @@ def serve(options: DaemonOptions) -> int:
         return 2
     server.install_signal_handlers()
     if group is not None:
-        from .distributed import abort_serving, fixed_step_settings
+        from .distributed import abort_serving, fixed_step_settings  # lazy: mlx loads only to serve
 
         steps = fixed_step_settings()
         server.engine.on_lost = lambda reason: server.request_stop("distributed group lost")

@@ -43,7 +43,7 @@ def _load():
     if not any(Path(__file__).parent.glob("_ext*")):
         return None, "the CPU quantized-matmul extension is not built (make setup builds it: cmake and a C++ compiler)"
     try:
-        from . import _ext  # built by scripts/build_qmatmul.sh
+        from . import _ext  # lazy: optional, built by scripts/build_qmatmul.sh; available() says why it is absent
     except ImportError as error:  # not built, or built against another mlx
         return None, f"the CPU quantized-matmul extension is not built or does not load ({error}); run make setup"
     try:  # a module built with another nanobind ABI than mlx's imports, then refuses mlx arrays
