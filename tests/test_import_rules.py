@@ -8,7 +8,16 @@ Every import statement counts, at module level or inside a function. The rules:
   packages' public names, not their modules (the engine's model-loading modules excepted, below);
 - the protocol imports only the standard library, msgpack and pyzmq; ``messages`` nothing of the codec;
 - the scheduler and the drafters never import mlx; the drafters only the standard library;
-- the HTTP gateway's routes import helpers, never the app, and only ``context`` touches ``app.state``.
+- the HTTP gateway's routes import helpers, never the app, and only ``context`` touches ``app.state``;
+- no import cycle among the project's own modules (packages/, daemon/, cli/): every import counts, at module
+  level or inside a function, but one under ``if TYPE_CHECKING:`` (never run); an import names the module it
+  names (``from pkg import mod`` the submodule ``pkg.mod``, ``from pkg import name`` the package), not the
+  packages above it that Python also runs;
+- no relative import inside a function unless a comment says why: a comment that starts with ``# lazy:``,
+  trailing the import's first line (``from .server import DaemonServer  # lazy: loads mlx``), or on the line
+  just above it or above the run of import lines it stands in (one comment for a few imports).
+  Reasons that count: an optional or heavy dependency, the tools' start-up time, a plugin seam. A module that
+  would import back is not one: move the shared piece to a module both import (``mlxd_engine/errors.py``).
 A subprocess then imports every tool module and checks that mlx was not loaded.
 """
 
@@ -26,6 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 MLX = {"mlx", "mlx_lm"}
 NEEDS_MLX = MLX | {"mlxd_engine", "mlxd_scheduler"}
 SEAM_MODULE, SEAM_TARGET = "cli/mlxd_cli/local.py", "mlxd_daemon.local"
+PROJECT_FOLDERS = ("packages", "daemon", "cli")  # each holds top-level packages
+LAZY_MARK = "# lazy:"
 
 
 @dataclass(frozen=True)
@@ -35,24 +46,42 @@ class Import:
     names: tuple[str, ...]  # the names taken from it (from-imports)
     relative: bool
     in_function: bool
+    level: int = 0  # the dots of a relative import
+    line: int = 0
+    type_checking: bool = False  # under ``if TYPE_CHECKING:``: never run
 
 
-def imports_of(path: Path) -> list[Import]:
-    tree = ast.parse(path.read_text(), filename=str(path))
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imports_of(path: Path, source: str | None = None) -> list[Import]:
+    tree = ast.parse(path.read_text() if source is None else source, filename=str(path))
     found: list[Import] = []
+    rel = str(path.relative_to(ROOT))
 
-    def visit(node: ast.AST, in_function: bool) -> None:
+    def visit(node: ast.AST, in_function: bool, type_checking: bool) -> None:
+        if isinstance(node, ast.Import):
+            found.extend(
+                Import(rel, alias.name, (), False, in_function, 0, node.lineno, type_checking) for alias in node.names
+            )
+        elif isinstance(node, ast.ImportFrom):
+            names = tuple(alias.name for alias in node.names)
+            module, level = node.module or "", node.level
+            found.append(Import(rel, module, names, level > 0, in_function, level, node.lineno, type_checking))
+        nested = in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for part in node.body:
+                visit(part, nested, True)
+            for part in node.orelse:
+                visit(part, nested, type_checking)
+            return
         for child in ast.iter_child_nodes(node):
-            nested = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
-            rel = str(path.relative_to(ROOT))
-            if isinstance(child, ast.Import):
-                found.extend(Import(rel, alias.name, (), False, in_function) for alias in child.names)
-            elif isinstance(child, ast.ImportFrom):
-                names = tuple(alias.name for alias in child.names)
-                found.append(Import(rel, child.module or "", names, child.level > 0, in_function))
-            visit(child, nested)
+            visit(child, nested, type_checking)
 
-    visit(tree, False)
+    visit(tree, False, False)
     return found
 
 
@@ -163,3 +192,122 @@ def test_importing_every_tool_loads_no_mlx():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]", result.stdout
+
+
+def module_name(path: Path) -> str:
+    """``packages/mlxd_engine/loading.py`` -> ``mlxd_engine.loading``; a package's ``__init__`` -> the package."""
+    for folder in PROJECT_FOLDERS:
+        if path.is_relative_to(ROOT / folder):
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    raise ValueError(path)
+
+
+def project_modules() -> dict[str, Path]:
+    return {module_name(path): path for path in modules_under(*PROJECT_FOLDERS)}
+
+
+def imported_modules(imp: Import, importer: str, is_package: bool, known: dict[str, Path]) -> list[str]:
+    """The project modules an import statement names (none for a third-party or standard module)."""
+    base = imp.module
+    if imp.relative:
+        package = importer.split(".") if is_package else importer.split(".")[:-1]
+        package = package[: len(package) - (imp.level - 1)]
+        base = ".".join([*package, imp.module] if imp.module else package)
+    if not imp.names:  # ``import a.b.c``: the deepest of its modules the project has
+        parts = base.split(".")
+        return next(([".".join(parts[:n])] for n in range(len(parts), 0, -1) if ".".join(parts[:n]) in known), [])
+    targets = []
+    for name in imp.names:
+        if f"{base}.{name}" in known:  # ``from pkg import mod``
+            targets.append(f"{base}.{name}")
+        elif base in known:
+            targets.append(base)
+    return list(dict.fromkeys(targets))
+
+
+def import_graph() -> dict[str, set[str]]:
+    known = project_modules()
+    graph: dict[str, set[str]] = {name: set() for name in known}
+    for name, path in known.items():
+        for imp in imports_of(path):
+            if imp.type_checking:
+                continue
+            for target in imported_modules(imp, name, path.name == "__init__.py", known):
+                if target != name:
+                    graph[name].add(target)
+    return graph
+
+
+def cycles_of(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every cycle a depth-first search closes (one per back edge), each from its smallest module."""
+    found: dict[tuple[str, ...], list[str]] = {}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycle = path[path.index(nxt) :]
+                start = cycle.index(min(cycle))
+                cycle = cycle[start:] + cycle[:start]
+                found.setdefault(tuple(cycle), cycle)
+            elif nxt not in state:
+                visit(nxt)
+        path.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    return sorted(found.values())
+
+
+def test_cycles_of_finds_a_cycle_and_ignores_a_dag():
+    assert cycles_of({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles_of({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_relative_imports_resolve_to_the_modules_they_name():
+    known = {name: Path() for name in ("p", "p.a", "p.b", "p.sub", "p.sub.c", "q")}
+    rel = Import("x", "", ("a", "helper"), True, False, 1)
+    assert imported_modules(rel, "p.sub.c", False, known) == ["p.sub"]
+    assert imported_modules(rel, "p.b", False, known) == ["p.a", "p"]
+    assert imported_modules(Import("x", "a", ("f",), True, False, 2), "p.sub.c", False, known) == ["p.a"]
+    assert imported_modules(Import("x", "c", ("f",), True, False, 1), "p.sub", True, known) == ["p.sub.c"]
+    assert imported_modules(Import("x", "p.sub.c.f", (), False, False), "q", False, known) == ["p.sub.c"]
+    assert imported_modules(Import("x", "json", (), False, False), "q", False, known) == []
+
+
+def test_imports_know_functions_and_type_checking():
+    source = (
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import A\nelse:\n    from .b import B\n"
+        "def f():\n    from .c import C\n"
+    )
+    found = {imp.module: (imp.in_function, imp.type_checking) for imp in imports_of(ROOT / "x.py", source)}
+    assert found == {"typing": (False, False), "a": (False, True), "b": (False, False), "c": (True, False)}
+
+
+def test_no_import_cycle_among_the_projects_modules():
+    cycles = cycles_of(import_graph())
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join([*cycle, cycle[0]]) for cycle in cycles)
+
+
+def test_a_relative_import_inside_a_function_says_why():
+    unexplained = []
+    for path in modules_under(*PROJECT_FOLDERS):
+        lines = path.read_text().splitlines()
+        for imp in imports_of(path):
+            if not (imp.relative and imp.in_function):
+                continue
+            same, above = lines[imp.line - 1], imp.line - 2
+            while above >= 0 and lines[above].strip().startswith(("from ", "import ")):
+                above -= 1  # the run of imports this one stands in
+            if LAZY_MARK not in same and not (above >= 0 and lines[above].strip().startswith(LAZY_MARK)):
+                unexplained.append(f"{imp.path}:{imp.line}: {same.strip()}")
+    assert not unexplained, (
+        f"relative imports inside functions without a '{LAZY_MARK} <why>' comment (move them to the top):\n"
+        + "\n".join(unexplained)
+    )
