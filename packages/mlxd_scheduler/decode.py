@@ -45,6 +45,7 @@ from .request import RequestState
 log = logging.getLogger("mlxd.scheduler")
 STEP_SAMPLES = 9  # steady ticks a batch size's plain step is the median of
 STEP_SAMPLES_NEEDED = 3
+STEP_MS_WEIGHT = 0.2  # each step's share of the moving average of the plain step's time (step_ms)
 
 
 def runs_by_row(emitted: list[tuple[RequestState, Emitted]]) -> list[tuple[RequestState, list[int], list[dict]]]:
@@ -138,7 +139,7 @@ class DecodeLoop:
         self.step_ms_by_rows[rows] = ordered[(len(ordered) - 1) // 2]
 
     def _measure(self, ms: float) -> None:
-        self.step_ms = ms if self.step_ms is None else 0.8 * self.step_ms + 0.2 * ms
+        self.step_ms = ms if self.step_ms is None else (1 - STEP_MS_WEIGHT) * self.step_ms + STEP_MS_WEIGHT * ms
 
     def step_synchronously(self, rows: list[RequestState]):
         """One unpipelined batched step (nothing may be in flight). Returns (emitted, failed)."""
