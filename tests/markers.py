@@ -18,6 +18,10 @@ import pytest
 KINDS = ("unit", "integration")
 
 
+def _has_kind(item) -> bool:
+    return any(item.get_closest_marker(name) for name in KINDS)
+
+
 def mark_directory(items: list, conftest_file: str, kind: str) -> None:
     """Give ``kind`` to the tests of the conftest's own directory that do not carry a kind already."""
     assert kind in KINDS, kind
@@ -25,12 +29,12 @@ def mark_directory(items: list, conftest_file: str, kind: str) -> None:
     for item in items:
         if Path(item.path).resolve().parent != directory:
             continue
-        if not any(item.get_closest_marker(name) for name in KINDS):
+        if not _has_kind(item):
             item.add_marker(getattr(pytest.mark, kind))
 
 
 def check_every_test_has_a_kind(items: list) -> None:
-    missing = sorted({str(item.path) for item in items if not any(item.get_closest_marker(k) for k in KINDS)})
+    missing = sorted({str(item.path) for item in items if not _has_kind(item)})
     if missing:
         raise pytest.UsageError(
             "tests without a kind (unit or integration; a directory's conftest sets it with "

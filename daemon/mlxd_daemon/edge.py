@@ -291,7 +291,7 @@ def tick_message(record: TickRecord) -> Tick:
         batch=record.batch,
         pipelined=record.pipelined,
         rows=[
-            TickRow(row.request_id, str(row.action), row.drafted, row.accepted, row.detail, row.tokens)
+            TickRow(row.request_id, row.action, row.drafted, row.accepted, row.detail, row.tokens)
             for row in record.rows
         ],
         duration_ms=record.duration_ms,

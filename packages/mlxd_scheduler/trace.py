@@ -26,6 +26,9 @@ class RowAction:
     detail: str | None = None
     tokens: int | None = None  # decode: tokens this tick, when more than one
 
+    def __post_init__(self) -> None:
+        self.action = str(self.action)  # a RowKind arrives as its plain string: the wire codec takes no subclass
+
 
 @dataclass
 class TickRecord:
@@ -54,7 +57,5 @@ class TickRecord:
     def as_dict(self) -> dict:
         record = asdict(self)
         del record["_decoding"]
-        record["rows"] = [
-            {k: str(v) if k == "action" else v for k, v in row.items() if v is not None} for row in record["rows"]
-        ]
+        record["rows"] = [{k: v for k, v in row.items() if v is not None} for row in record["rows"]]
         return record

@@ -84,9 +84,9 @@ KernelFn int8_kernel() {
 
 void quantize_rows_int8(const float* x, int M, int K, int group_size, bool split, int8_t* q, float* lane_scales,
                         float* group_sums) {
-  const int Kpad = (K + 127) / 128 * 128;
+  const int Kpad = int8_padded_k(K);
   const int groups = K / group_size;
-  const int Gpad = (groups + 15) / 16 * 16;
+  const int Gpad = int8_padded_groups(groups);
   for (int m = 0; m < M; ++m) {
     const float* src = x + static_cast<int64_t>(m) * K;
     int8_t* dst = q + static_cast<int64_t>(m) * Kpad;

@@ -27,6 +27,10 @@ enum ScaleType { kScaleFloat32 = 0, kScaleFloat16 = 1, kScaleBFloat16 = 2 };
 #endif
 constexpr int kInt8Block = MLXD_INT8_BLOCK;  // elements of x that share one int8 scale (a multiple of 8)
 
+// The padded sizes of Int8Rows for K elements and `groups` weight groups a row.
+inline int int8_padded_k(int K) { return (K + 127) / 128 * 128; }
+inline int int8_padded_groups(int groups) { return (groups + 15) / 16 * 16; }
+
 struct Int8Rows {
   const int8_t* q;  // [M, Kpad]
   const float* lane_scales;  // [M, Kpad / 8]: the block scale of each 8 elements (one int32 lane's worth)

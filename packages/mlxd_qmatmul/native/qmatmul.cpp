@@ -70,8 +70,8 @@ void gather_dense(const mx::array& a, float* out) {
 // Quantizes x (dense) into this thread's int8 buffers and runs the int8-activation kernel.
 void run_int8(Problem problem) {
   thread_local AlignedFloats q_buffer, lane_buffer, sum_buffer;
-  const int Kpad = (problem.K + 127) / 128 * 128;
-  const int Gpad = (problem.K / problem.group_size + 15) / 16 * 16;
+  const int Kpad = int8_padded_k(problem.K);
+  const int Gpad = int8_padded_groups(problem.K / problem.group_size);
   const size_t M = problem.M;
   auto* q = reinterpret_cast<int8_t*>(q_buffer.reserve(M * Kpad / 4));
   float* lanes = lane_buffer.reserve(M * Kpad / 8);
@@ -113,7 +113,8 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
   auto wc = row_contiguous(w, stream);
   mx::Shape out_shape = x.shape();
   out_shape.back() = N;
-  mx::array out(out_shape, mx::float32, std::make_shared<CpuQuantizedMatmul>(stream, group_size, bits, int8_activations && int8_available(bits)),
+  const bool int8 = int8_activations && int8_available(bits);
+  mx::array out(out_shape, mx::float32, std::make_shared<CpuQuantizedMatmul>(stream, group_size, bits, int8),
                 {x32, wc, s32, b32});
   return x.dtype() == mx::float32 ? out : mx::astype(out, x.dtype(), stream);
 }
