@@ -1,8 +1,8 @@
 """Prompt-lookup drafter: proposes draft tokens by copying from the context.
 
 Contract (one drafter per generation request, single-threaded):
-    * ``observe(tokens)`` appends committed tokens: the prompt once at the
-      start, then whatever each step commits.
+    * ``prime(prompt)`` observes and indexes the whole prompt once at the
+      start; ``observe(tokens)`` then appends whatever each step commits.
     * ``draft_block()`` returns a proposal (possibly empty) sized by the
       governor's budget and capped by ``config.max_draft``. A non-empty
       proposal stays *outstanding* until the caller resolves it with exactly
@@ -31,7 +31,7 @@ Contract (one drafter per generation request, single-threaded):
 Worked example::
 
     >>> drafter = PromptLookupDrafter(PromptLookupConfig(max_draft=3))
-    >>> drafter.observe([5, 6, 7, 8, 9, 5, 6])
+    >>> drafter.prime([5, 6, 7, 8, 9, 5, 6])
     >>> drafter.draft_block()            # suffix (5, 6) seen before
     [7, 8, 9]
     >>> drafter.accept_verified_tokens(n_drafted=3, n_accepted=2)
@@ -178,6 +178,13 @@ class PromptLookupDrafter:
             tokens = list(tokens)  # read twice: scored, then kept
             self._score(tokens)
         self._unindexed.extend(tokens)
+
+    def prime(self, prompt: Iterable[int]) -> None:
+        """Observe the request's whole prompt (prefilled or taken from a prefix cache alike) and index it
+        now: the scheduler calls this when prefill completes, so the prompt's indexing is not paid inside
+        the first decode tick, whose cost the verify gate measures."""
+        self.observe(prompt)
+        self._indexed()
 
     def _score(self, tokens: list[int]) -> None:
         """Compare a retracted draft with the committed tokens that follow it; at its first mismatch (or

@@ -36,10 +36,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 
 from mlxd_engine import Emitted, Engine, StepHandle, release_cached_memory
 
+from .recent_timings import RecentTimings
 from .request import RequestState
 
 log = logging.getLogger("mlxd.scheduler")
@@ -75,7 +75,7 @@ class DecodeLoop:
         # beside the decode (the admission and the prefill forward land in the steps' wait); the gate's
         # plain step is then left as it was
         self.steady_batch = True
-        self._step_samples: dict[int, deque] = {}  # recent steady ticks' step times, by batch size
+        self._step_samples: dict[int, RecentTimings] = {}  # recent steady ticks' step times, by batch size
         # time spent waiting on forwards outside pipelined ticks (synchronous steps, teardowns), summed: what
         # the verify gate's tick overheads leave out (prompt_lookup_arm.TickOverheads)
         self.waited_ms = 0.0
@@ -131,12 +131,12 @@ class DecodeLoop:
         step (a row that finished leaves a gap in the slots until a new request fills it:
         docs/benchmark_results/code_notes.md#slot-gaps); a moving average kept such a figure for many ticks
         and priced plain decode far above what it costs."""
-        samples = self._step_samples.setdefault(rows, deque(maxlen=STEP_SAMPLES))
-        samples.append(ms)
-        if len(samples) < STEP_SAMPLES_NEEDED:
-            return  # the gate prices this size from the nearest measured one meanwhile
-        ordered = sorted(samples)
-        self.step_ms_by_rows[rows] = ordered[(len(ordered) - 1) // 2]
+        samples = self._step_samples.setdefault(rows, RecentTimings(STEP_SAMPLES))
+        samples.add(ms)
+        median = samples.lower_median()
+        if len(samples) >= STEP_SAMPLES_NEEDED and median is not None:
+            self.step_ms_by_rows[rows] = median
+        # else the gate prices this size from the nearest measured one meanwhile
 
     def _measure(self, ms: float) -> None:
         self.step_ms = ms if self.step_ms is None else (1 - STEP_MS_WEIGHT) * self.step_ms + STEP_MS_WEIGHT * ms

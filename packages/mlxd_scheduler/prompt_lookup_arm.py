@@ -62,6 +62,7 @@ from mlxd_engine import Emitted, Engine, RoundOutcome, kv_room, verify_round, ve
 
 from .decode import DecodeLoop
 from .kinds import Phase, PlanMode, RowKind, VerifyLayout
+from .recent_timings import RecentTimings
 from .request import RequestState
 from .tick_plan import Costs, RowView, TickPlan, lookahead_steps, plan_tick
 from .trace import TickRecord
@@ -82,6 +83,12 @@ EXPLORE_AFTER_DECLINED_TOKENS = 88
 # plain-decode goal allows a percent), with at most EXPLORE_SAVED_MS saved up while nobody explores.
 EXPLORE_SHARE = 0.01
 EXPLORE_SAVED_MS = 20.0
+# TickOverheads: a synchronous tick's overhead is the lower median of the last SYNC_SAMPLES, the least of
+# them while fewer than SYNC_SAMPLES_NEEDED; forgotten after SYNC_STALE_TICKS ticks that declined a draft
+# with no synchronous tick between (docs/benchmark_results/code_notes.md#tick-overheads)
+SYNC_SAMPLES = 9
+SYNC_SAMPLES_NEEDED = 3
+SYNC_STALE_TICKS = 8
 
 
 @dataclass
@@ -104,14 +111,28 @@ class TickOverheads:
     by the tick's chained steps), and a synchronous tick's wall
     minus the forwards in it (verify forwards, synchronous steps, the wait for the lookahead steps it read):
     the finish step of every row, events, re-priming.
-    On a small model these are most of a tick; on a large one a rounding error."""
+    On a small model these are most of a tick; on a large one a rounding error.
 
-    WEIGHT = 0.1  # each tick's share of the moving averages
+    Only ticks the gate makes synchronous measure ``sync_ms``, so a figure too high would keep the gate
+    shut and never be measured again (one slow first tick did that to every later copy:
+    docs/benchmark_results/code_notes.md#tick-overheads). So it is the lower median of the last
+    ``SYNC_SAMPLES`` synchronous ticks (the least of them while fewer than ``SYNC_SAMPLES_NEEDED``), which one
+    spike cannot move, and it is forgotten (0, as at the start, until the next synchronous tick) after
+    ``SYNC_STALE_TICKS`` ticks in which the gate declined a draft and no tick was synchronous: a verify then
+    measures it again."""
+
+    WEIGHT = 0.1  # each pipelined tick's share of the plain overhead's moving average
 
     def __init__(self):
         self.plain_ms = 0.0
-        self.sync_ms = 0.0
         self.plain_ticks = self.sync_ticks = 0
+        self._sync = RecentTimings(SYNC_SAMPLES)
+        self._declining_ticks = 0  # ticks with a declined draft since the last synchronous tick
+
+    @property
+    def sync_ms(self) -> float:
+        figure = self._sync.least() if len(self._sync) < SYNC_SAMPLES_NEEDED else self._sync.lower_median()
+        return figure or 0.0
 
     def observe(self, kind: str, wall_ms: float, forward_ms: float) -> None:
         """``kind``: "plain" (a pipelined tick) or "sync"; ``forward_ms``: the forwards' time in it."""
@@ -120,9 +141,15 @@ class TickOverheads:
             self.plain_ms = extra if not self.plain_ticks else (1 - self.WEIGHT) * self.plain_ms + self.WEIGHT * extra
             self.plain_ticks += 1
         elif kind == "sync":
-            extra = max(extra, 0.0)
-            self.sync_ms = extra if not self.sync_ticks else (1 - self.WEIGHT) * self.sync_ms + self.WEIGHT * extra
+            self._sync.add(max(extra, 0.0))
+            self._declining_ticks = 0
             self.sync_ticks += 1
+
+    def declined(self) -> None:
+        """The gate declined a draft this tick."""
+        self._declining_ticks += 1
+        if self._declining_ticks >= SYNC_STALE_TICKS:
+            self._sync.clear()
 
 
 class ExplorationBudget:
@@ -179,6 +206,11 @@ class MeasuredCosts:
 
     def spent_exploring(self, ms: float) -> None:
         self.exploration.spend(ms)
+
+    def declined(self, drafts: int) -> None:
+        """The gate declined ``drafts`` proposals this tick (``TickOverheads.declined``)."""
+        if drafts:
+            self.overheads.declined()
 
     def observe_tick(self, rows: int, was_pipelined: bool, steps: int, wall_ms: float, forward_ms: float) -> None:
         """The scheduler's wall clock of one prompt-lookup decode phase (results applied), and the
@@ -372,6 +404,7 @@ class PromptLookupArm:
                 # the plan may cut long drafts to a narrower forward (tick_plan.py); the rest is not verified
                 verify[state] = proposal if plan.width is None else proposal[: plan.width - 1]
                 state.gate_declines = 0
+        self.cost_model.declined(len(declined))
         if plan.mode == PlanMode.READ:  # rule 4: read the steps in flight instead of priming; settle the drafts after
             for state in verify:
                 state.quiet_ticks = 0

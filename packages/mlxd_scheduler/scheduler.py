@@ -311,7 +311,7 @@ class BatchScheduler:
         if wanted.max_draft:
             config = config.with_max_draft(wanted.max_draft)
         state.drafter = PromptLookupDrafter(config, prediction=state.request.prediction)
-        state.drafter.observe(state.seq.tokens)
+        state.drafter.prime(state.seq.tokens)  # the whole prompt, cached prefix included
         state.timings.speculated = True
         return None
 

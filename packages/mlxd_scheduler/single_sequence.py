@@ -76,7 +76,7 @@ def generate_with_prompt_lookup(
     """Decode with prompt-lookup proposals checked by the shared verify round."""
     drafter = PromptLookupDrafter(config or PromptLookupConfig())
     seq, token = _start(engine, prompt, params)
-    drafter.observe(seq.tokens)
+    drafter.prime(seq.tokens)
     started = time.perf_counter()
     result = GenerationResult([], "", 0.0)
     try:

@@ -115,6 +115,9 @@ class StubCost:
     def spent_exploring(self, ms):
         pass
 
+    def declined(self, drafts):
+        pass
+
 
 VERIFY_PAYS = StubCost(fixed=10.0, per_token=0.01)  # as on a GPU: a forward costs nearly the same at any width
 

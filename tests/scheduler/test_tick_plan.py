@@ -198,3 +198,35 @@ def test_where_query_tokens_cost_a_doubtful_draft_is_cut_rather_than_declined():
         [RowView(0, 100, drafting=True, draft=15, expected=1.5)], linear(1, 0.4)
     )  # no acceptance: whole
     assert whole.width is None
+
+
+def test_in_the_fast_step_regime_a_long_exact_match_is_verified():
+    """A small model on a CPU: a plain step costs well under a millisecond and 8 of them chain a tick (its
+    overhead shared), a verify tick pays a synchronous overhead as large as a step or more. A fresh row
+    whose draft continues a longest-n-gram match (the long-match prior, nothing verified yet) and a row
+    whose drafts were all accepted both verify their whole 15-token draft, read out of the pipeline."""
+    from mlxd_drafters import DraftGovernor, PromptLookupConfig
+
+    forward = linear(0.63, 0.067)  # 0.70 ms for one token, 1.70 ms for sixteen
+    costs = Costs(forward, plain_overhead_ms=0.25, sync_overhead_ms=1.0, plain_step_ms=lambda rows: 0.6)
+    fresh = DraftGovernor(PromptLookupConfig())
+    copying = DraftGovernor(PromptLookupConfig())
+    for _ in range(3):
+        copying.record(15, 15)
+    for governor, long_match in ((fresh, True), (copying, False)):
+        view = RowView(
+            0,
+            130,
+            drafting=True,
+            draft=15,
+            expected=governor.expected_accepted(15, long_match),
+            acceptance=governor.acceptance_estimate(long_match),
+        )
+        plan = plan_tick([view], pipelined=True, max_steps=8, costs=costs)
+        assert plan.mode == "read" and plan.verify == [0] and plan.width is None
+        assert synchronous([view], costs).verify == [0]
+    # the same match priced with a one-off 10 ms tick as its overhead is declined: the figure the gate is
+    # given must not keep such a spike (prompt_lookup_arm.TickOverheads)
+    spiked = Costs(forward, plain_overhead_ms=0.25, sync_overhead_ms=10.0, plain_step_ms=lambda rows: 0.6)
+    view = RowView(0, 130, drafting=True, draft=15, expected=fresh.expected_accepted(15, True), acceptance=0.9)
+    assert plan_tick([view], pipelined=True, max_steps=8, costs=spiked).verify == []
