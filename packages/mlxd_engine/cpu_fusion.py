@@ -21,8 +21,11 @@ Contract:
 - Where mlxd's CPU extension is built, RoPE and RMSNorm on float32 inputs are its single ops instead
   (``mlxd_qmatmul.rope`` for any length, ``mlxd_qmatmul.rms_norm``): bit-identical to ``mx.fast.rope`` /
   ``mx.fast.rms_norm`` (tests/qmatmul/test_one_op_layers.py).
-- Attention likewise: the model files of ``model`` call ``cpu_attention`` (the extension's one op for up to
-  ``MAX_ONE_OP_ATTENTION_QUERIES`` float32 queries, within float32 rounding of MLX's; MLX's path otherwise).
+- Attention likewise: the model files of ``model`` call ``cpu_attention`` (the extension's one op for float32
+  queries of any length, its (batch, head) pairs over the kernel's threads, within float32 rounding of MLX's;
+  MLX's path for other dtypes, sinks and quantized caches), and ``cpu_swiglu`` for mlx-lm's ``swiglu`` (the
+  extension's one op on float32, bit-identical to MLX's). Both take exp eight floats at a time where MLX's
+  x86-64 CPU backend spends about 13 ns on each (docs/benchmark_results/code_notes.md#vector-exp).
 - Without a C++ compiler MLX runs compiled functions unfused; results are the same.
 """
 
@@ -34,6 +37,7 @@ from functools import partial
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models import activations as mlx_lm_activations
 from mlx_lm.models import base as mlx_lm_base
 
 import mlxd_qmatmul
@@ -41,9 +45,8 @@ import mlxd_qmatmul
 DISABLE_ENV = "MLXD_FUSE_CPU_LAYERS"
 MAX_FUSED_ROPE_TOKENS = 16
 _ONE_OP_KERNELS = mlxd_qmatmul.available()  # the extension's RoPE and RMSNorm: one op each, else compiled
-MAX_ONE_OP_ATTENTION_QUERIES = 16  # decode steps and verify forwards; prompt chunks keep MLX's matmuls
-MAX_ONE_OP_ATTENTION_PRODUCTS = 1 << 22  # B x heads x queries x keys x head size: the op is single-threaded
 _STOCK_ATTENTION = mlx_lm_base.scaled_dot_product_attention
+_STOCK_SWIGLU = mlx_lm_activations.swiglu
 
 
 @partial(mx.compile, shapeless=True)
@@ -96,24 +99,34 @@ def _one_op_attention_applies(queries, keys, values, cache, mask, sinks) -> bool
         return False
     if not (queries.dtype == keys.dtype == values.dtype == mx.float32):
         return False
-    batch, heads, length, size = queries.shape
-    if (
-        length > MAX_ONE_OP_ATTENTION_QUERIES
-        or batch * heads * length * keys.shape[2] * size > MAX_ONE_OP_ATTENTION_PRODUCTS
-    ):
-        return False
     if isinstance(mask, str):
-        return mask == "causal" and keys.shape[2] >= length
+        return mask == "causal" and keys.shape[2] >= queries.shape[2]
     return mask is None or (isinstance(mask, mx.array) and mask.dtype in (mx.bool_, mx.float32) and mask.ndim <= 4)
 
 
-def _use_cpu_attention(module: nn.Module) -> None:
-    """Point the module's mlx-lm model file at ``cpu_attention`` (a module-level name those files import
-    from ``mlx_lm.models.base``; every model of that file in this process then takes it, and it keeps
-    MLX's path wherever it does not apply)."""
+def cpu_swiglu(gate, x):
+    """mlx-lm's ``swiglu``, as the extension's one op where it applies: the CPU, float32, one shape."""
+    if gate.dtype == x.dtype == mx.float32 and gate.shape == x.shape and mx.default_device() == mx.cpu:
+        return mlxd_qmatmul.swiglu(gate, x)
+    return _STOCK_SWIGLU(gate, x)
+
+
+_ONE_OP_FUNCTIONS = (
+    ("scaled_dot_product_attention", _STOCK_ATTENTION, cpu_attention),
+    ("swiglu", _STOCK_SWIGLU, cpu_swiglu),
+)
+
+
+def _use_one_op_functions(module: nn.Module) -> None:
+    """Point the module's mlx-lm model file at ``cpu_attention`` and ``cpu_swiglu`` (module-level names
+    those files import from ``mlx_lm.models.base`` and ``.activations``; every model of that file in this
+    process then takes them, and they keep MLX's path wherever they do not apply)."""
     namespace = sys.modules.get(type(module).__module__)
-    if namespace is not None and getattr(namespace, "scaled_dot_product_attention", None) is _STOCK_ATTENTION:
-        namespace.scaled_dot_product_attention = cpu_attention  # type: ignore[attr-defined]  # checked above
+    if namespace is None:
+        return
+    for name, stock, one_op in _ONE_OP_FUNCTIONS:
+        if getattr(namespace, name, None) is stock:
+            setattr(namespace, name, one_op)
 
 
 def fusion_wanted() -> bool:
@@ -132,7 +145,7 @@ def fuse_cpu_layers(model: nn.Module) -> int:
     count = 0
     for _, module in model.named_modules():
         if _ONE_OP_KERNELS:
-            _use_cpu_attention(module)
+            _use_one_op_functions(module)
         fused = _FUSED.get(type(module))
         if fused is not None:
             module.__class__ = fused

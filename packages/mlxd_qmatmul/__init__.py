@@ -1,5 +1,5 @@
-"""mlxd's CPU kernels: MLX's affine 4-bit and 8-bit weights read at memory speed, RoPE, RMSNorm and
-attention as one op each.
+"""mlxd's CPU kernels: MLX's affine 4-bit and 8-bit weights read at memory speed, RoPE, RMSNorm,
+attention and SwiGLU as one op each.
 
 Why: MLX's own CPU quantized matmul recomputes the dequantization for every input row, and float32
 copies of the weights read 4 bytes a weight where the checkpoint holds 0.5-1. This MLX extension (a C++
@@ -17,7 +17,9 @@ Contract:
   the CPU (same formula, MLX's own exp / sin / cos).
 - ``rms_norm(x, weight, eps)``: RMSNorm as one op, bit-identical to ``mx.fast.rms_norm`` on the CPU.
 - ``attention(q, k, v, scale, causal, mask)``: attention for a few queries as one op (within float32
-  rounding of ``mx.fast.scaled_dot_product_attention``).
+  rounding of ``mx.fast.scaled_dot_product_attention``); its softmax takes MLX's exp eight floats at a time.
+- ``swiglu(gate, up)``: mlx-lm's SwiGLU as one op, bit-identical to MLX's CPU result (native/vector_math.h:
+  MLX's exp and sigmoid with the CPU's vector FMA, where MLX's x86-64 wheel calls a software fma per term).
 - ``quantized_matmul(..., int8_activations=True)``: the opt-in int8-activation variant (4 and 8 bits,
   AVX-512 VNNI; ``int8_available()``), not within float32 rounding: its greedy agreement and perplexity are in
   docs/benchmark_results/qmatmul_int8.md.
@@ -116,6 +118,15 @@ def attention(q, k, v, scale: float, causal: bool = False, mask=None):
     if _ext is None:
         raise RuntimeError(_REASON)
     return _ext.attention(q, k, v, scale, causal, mask)
+
+
+def swiglu(gate, up):
+    """mlx-lm's ``swiglu(gate, up)`` (``silu(gate) * up``) as one CPU op with a vectorised exp (MLX's x86-64
+    CPU backend evaluates exp one float at a time through a software fma); float32 arrays of one shape;
+    bit-identical to MLX's result."""
+    if _ext is None:
+        raise RuntimeError(_REASON)
+    return _ext.swiglu(gate, up)
 
 
 def kernel_isa() -> str:

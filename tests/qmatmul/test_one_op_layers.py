@@ -129,7 +129,7 @@ def test_attention_matches_mlx_within_rounding_over_heads_masks_and_layouts():
         assert float(mx.abs(got - want).max()) < 1e-5, (kind, q.shape, k.shape)
 
 
-def test_mlx_lm_attention_takes_the_one_op_path_for_few_queries_only():
+def test_mlx_lm_attention_takes_the_one_op_path_for_float32_at_any_length():
     from mlxd_engine import cpu_fusion
 
     q, k, v = mx.random.normal((1, 4, 2, 32)), mx.random.normal((1, 2, 10, 32)), mx.random.normal((1, 2, 10, 32))
@@ -137,6 +137,73 @@ def test_mlx_lm_attention_takes_the_one_op_path_for_few_queries_only():
     assert "CpuAttention" in _graph_ops(out)
     want = mx.fast.scaled_dot_product_attention(q, k, v, scale=32**-0.5, mask="causal")
     assert float(mx.abs(out - want).max()) < 1e-5
-    long_q = mx.random.normal((1, 4, 17, 32))
-    long_k = mx.random.normal((1, 2, 17, 32))
-    assert "CpuAttention" not in _graph_ops(cpu_fusion.cpu_attention(long_q, long_k, long_k, None, 0.1, "causal"))
+    long_q = mx.random.normal((1, 4, 300, 32))  # a prompt chunk, split over the kernel's threads
+    long_k = mx.random.normal((1, 2, 340, 32))
+    out = cpu_fusion.cpu_attention(long_q, long_k, long_k, None, 0.1, "causal")
+    assert "CpuAttention" in _graph_ops(out)
+    want = mx.fast.scaled_dot_product_attention(long_q, long_k, long_k, scale=0.1, mask="causal")
+    assert float(mx.abs(out - want).max()) < 1e-5
+    half = long_q.astype(mx.float16)
+    assert "CpuAttention" not in _graph_ops(cpu_fusion.cpu_attention(half, half, half, None, 0.1, "causal"))
+
+
+def test_swiglu_is_bit_identical_to_mlx_lm_over_shapes_layouts_and_extremes():
+    from mlx_lm.models.activations import swiglu
+
+    rng = np.random.default_rng(4)
+    for shape in [(1, 1, 1536), (8, 9, 384), (3, 7, 13), (2, 5), (17,), (64, 1536)]:
+        gate = rng.normal(size=shape).astype(np.float32) * 6
+        gate[rng.random(size=shape) < 0.02] *= 40  # past exp's +-88 clamp
+        gate, up = mx.array(gate), mx.array(rng.normal(size=shape).astype(np.float32))
+        assert mx.array_equal(mlxd_qmatmul.swiglu(gate, up), swiglu(gate, up)).item(), shape
+    # a transposed view is read as laid out
+    gate = mx.array(rng.normal(size=(16, 9)).astype(np.float32)).T
+    up = mx.array(rng.normal(size=(9, 16)).astype(np.float32))
+    assert mx.array_equal(mlxd_qmatmul.swiglu(gate, up), swiglu(gate, up)).item()
+    special = mx.array([0.0, -0.0, 88.5, -88.5, 100.0, -100.0, 1e-30, 87.9, -87.9, 20.0, -20.0, np.inf, -np.inf])
+    ones = mx.ones_like(special)
+    assert mx.array_equal(mlxd_qmatmul.swiglu(special, ones), swiglu(special, ones), equal_nan=True).item()
+    nan = mx.array([np.nan, 1.0])
+    assert np.isnan(np.array(mlxd_qmatmul.swiglu(nan, mx.ones_like(nan)))[0])
+    with pytest.raises(ValueError, match="same shape"):
+        mlxd_qmatmul.swiglu(mx.zeros((2, 3)), mx.zeros((3, 2)))
+    with pytest.raises(ValueError, match="float32"):
+        mlxd_qmatmul.swiglu(mx.zeros((2,), dtype=mx.float16), mx.zeros((2,), dtype=mx.float16))
+
+
+def test_mlx_lm_model_files_take_the_one_op_swiglu_and_keep_their_logits():
+    """An mlx-lm qwen3 whose model file calls ``swiglu``: after fusion its MLP runs the extension's op, and
+    the logits are those the fused model gives with mlx-lm's swiglu, bit for bit."""
+    from mlx_lm.models import activations, qwen3
+
+    from mlxd_engine import cpu_fusion
+
+    args = qwen3.ModelArgs(
+        model_type="qwen3",
+        hidden_size=64,
+        num_hidden_layers=2,
+        intermediate_size=96,
+        num_attention_heads=4,
+        rms_norm_eps=1e-6,
+        vocab_size=101,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        head_dim=16,
+        tie_word_embeddings=True,
+        rope_theta=10000.0,
+    )
+    mx.random.seed(5)
+    model = qwen3.Model(args)
+    mx.eval(model.parameters())
+    tokens = mx.array([[3, 14, 15, 92, 65, 35, 89, 79]])
+    stock_namespace = qwen3.swiglu
+    try:
+        cpu_fusion.fuse_cpu_layers(model)
+        assert qwen3.swiglu is cpu_fusion.cpu_swiglu
+        got = model(tokens)
+        qwen3.swiglu = activations.swiglu
+        want = model(tokens)
+        assert "CpuSwiglu" in _graph_ops(got)
+        assert mx.array_equal(got, want).item()
+    finally:
+        qwen3.swiglu = stock_namespace

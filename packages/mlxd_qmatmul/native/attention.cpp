@@ -10,29 +10,25 @@
 
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
+#include "dispatch.h"
+#include "vector_math.h"
 
 namespace mlxd_qmm {
 
 namespace {
 
+// Multiply-adds (pairs x queries x keys x head size) from which a product is split over threads.
+constexpr int64_t kParallelAttentionWork = 1 << 17;
+
 void check(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument("mlxd attention: " + what);
 }
 
-// A dot product of n floats, the second with a stride; eight partial sums when both are dense.
-float dot(const float* a, const float* b, int64_t b_stride, int n) {
-  if (b_stride != 1) {
-    float sum = 0.0f;
-    for (int i = 0; i < n; ++i) sum += a[i] * b[i * b_stride];
-    return sum;
-  }
-  float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int j = 0; j < 8; ++j) part[j] += a[i + j] * b[i + j];
-  }
-  float sum = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
-  for (; i < n; ++i) sum += a[i] * b[i];
+// A dot product of n floats, the second with a stride (vector_math's dot where both are dense).
+float strided_dot(const float* a, const float* b, int64_t b_stride, int n) {
+  if (b_stride == 1) return dot(a, b, n);
+  float sum = 0.0f;
+  for (int i = 0; i < n; ++i) sum += a[i] * b[i * b_stride];
   return sum;
 }
 
@@ -55,9 +51,10 @@ std::array<int64_t, 4> mask_strides(const mx::array& mask) {
   return strides;
 }
 
-void run_attention(const AttentionJob& job) {
+// The rows of (batch, head) pairs [pair0, pair1).
+void run_attention_pairs(const AttentionJob& job, int pair0, int pair1) {
   const auto &q = job.q, &k = job.k, &v = job.v;
-  const int B = q.shape(0), Hq = q.shape(1), L = q.shape(2), D = q.shape(3);
+  const int Hq = q.shape(1), L = q.shape(2), D = q.shape(3);
   const int Hkv = k.shape(1), S = k.shape(2), Dv = v.shape(3);
   const int repeats = Hq / Hkv;
   const auto &qs = q.strides(), &ks = k.strides(), &vs = v.strides();
@@ -79,8 +76,9 @@ void run_attention(const AttentionJob& job) {
   }
   const float lowest = std::numeric_limits<float>::lowest();
   std::vector<float> query(D), scores(S), acc(Dv);
-  for (int b = 0; b < B; ++b) {
-    for (int h = 0; h < Hq; ++h) {
+  for (int pair = pair0; pair < pair1; ++pair) {
+    const int b = pair / Hq, h = pair % Hq;
+    {
       const int kvh = h / repeats;
       const float* k_head = k_data + b * ks[0] + kvh * ks[1];
       const float* v_head = v_data + b * vs[0] + kvh * vs[1];
@@ -88,34 +86,32 @@ void run_attention(const AttentionJob& job) {
         const float* q_row = q_data + b * qs[0] + h * qs[1] + l * qs[2];
         for (int d = 0; d < D; ++d) query[d] = job.scale * q_row[d * qs[3]];
         const int visible = job.causal ? std::min(S, l + 1 + (S - L)) : S;
+        // scores of the visible keys (dense keys eight at a time), masked, then softmax's exponentials
+        if (ks[3] == 1) {
+          dots(query.data(), k_head, ks[2], visible, D, scores.data());
+        } else {
+          for (int s = 0; s < visible; ++s) scores[s] = strided_dot(query.data(), k_head + s * ks[2], ks[3], D);
+        }
         float top = lowest;
-        for (int s = 0; s < S; ++s) {
-          float score = s < visible ? dot(query.data(), k_head + s * ks[2], ks[3], D) : lowest;
-          if (has_mask && s < visible) {
+        for (int s = 0; s < visible; ++s) {
+          if (has_mask) {
             const int64_t at = b * ms[0] + h * ms[1] + l * ms[2] + s * ms[3];
             if (bool_mask) {
-              if (!mask_bool[at]) score = lowest;
+              if (!mask_bool[at]) scores[s] = lowest;
             } else {
-              score += mask_float[at];
+              scores[s] += mask_float[at];
             }
           }
-          scores[s] = score;
-          top = std::max(top, score);
+          top = std::max(top, scores[s]);
         }
-        float total = 0.0f;
-        for (int s = 0; s < S; ++s) {
-          scores[s] = std::exp(scores[s] - top);
-          total += scores[s];
-        }
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        for (int s = 0; s < S; ++s) {
-          const float p = scores[s];
-          if (p == 0.0f) continue;
-          const float* v_row = v_head + s * vs[2];
-          if (vs[3] == 1) {
-            for (int d = 0; d < Dv; ++d) acc[d] += p * v_row[d];
-          } else {
-            for (int d = 0; d < Dv; ++d) acc[d] += p * v_row[d * vs[3]];
+        const float total = exp_shifted_sum(scores.data(), visible, top);
+        if (vs[3] == 1) {
+          weighted_sum(scores.data(), v_head, vs[2], visible, Dv, acc.data());
+        } else {
+          std::fill(acc.begin(), acc.end(), 0.0f);
+          for (int s = 0; s < visible; ++s) {
+            const float* v_row = v_head + s * vs[2];
+            for (int d = 0; d < Dv; ++d) acc[d] += scores[s] * v_row[d * vs[3]];
           }
         }
         float* dst = job.out + ((static_cast<int64_t>(b) * Hq + h) * L + l) * Dv;
@@ -124,6 +120,22 @@ void run_attention(const AttentionJob& job) {
       }
     }
   }
+}
+
+// Pairs of (batch, head) shared over the kernel pool's threads where the work pays for waking them.
+void run_attention(const AttentionJob& job) {
+  const int pairs = job.q.shape(0) * job.q.shape(1);
+  const int64_t work = static_cast<int64_t>(pairs) * job.q.shape(2) * job.k.shape(2) * job.q.shape(3);
+  const int parts = work < kParallelAttentionWork ? 1 : std::min(pairs, pool_threads());
+  if (parts == 1) {
+    run_attention_pairs(job, 0, pairs);
+    return;
+  }
+  const int per_part = (pairs + parts - 1) / parts;
+  run_parts(parts, [&](int part) {
+    const int first = part * per_part;
+    run_attention_pairs(job, first, std::min(pairs, first + per_part));
+  });
 }
 
 }  // namespace

@@ -7,12 +7,13 @@
 #include "qmatmul.h"
 #include "rms_norm.h"
 #include "rope.h"
+#include "swiglu.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
 
 NB_MODULE(_ext, m) {
-  m.doc() = "mlxd's CPU kernels: quantized matmul for MLX's affine format (4 and 8 bits), RoPE, RMSNorm, attention";
+  m.doc() = "mlxd's CPU kernels: quantized matmul for MLX's affine format (4 and 8 bits), RoPE, RMSNorm, attention, SwiGLU";
   m.def("quantized_matmul", &mlxd_qmm::quantized_matmul, "x"_a, "w"_a, "scales"_a, "biases"_a,
         "group_size"_a, "bits"_a, nb::kw_only(), "int8_activations"_a = false, "stream"_a = nb::none(),
         "x @ dequantize(w, scales, biases).T on the CPU kernels (transpose=True semantics of "
@@ -28,6 +29,9 @@ NB_MODULE(_ext, m) {
         nb::kw_only(), "stream"_a = nb::none(),
         "mx.fast.scaled_dot_product_attention for a few float32 queries as one CPU op: no mask, causal, or a "
         "boolean / additive mask broadcasting to [B, heads, queries, keys].");
+  m.def("swiglu", &mlxd_qmm::swiglu, "gate"_a, "up"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "mlx-lm's swiglu(gate, up) = silu(gate) * up as one CPU op: float32 arrays of one shape; "
+        "bit-identical to MLX's CPU result.");
   m.def("int8_available", &mlxd_qmm::int8_available, "bits"_a,
         "Whether products of this many bits run on the int8-activation kernel when asked.");
   m.def("kernel_isa", &mlxd_qmm::kernel_isa, "The instruction set the kernels use on this CPU.");

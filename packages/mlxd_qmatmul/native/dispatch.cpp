@@ -249,6 +249,10 @@ int pool_threads() {
   return Pool::instance().threads();
 }
 
+void run_parts(int parts, const std::function<void(int)>& job) {
+  Pool::instance().run(parts, job);
+}
+
 void run_problem(const Problem& problem, const Isa& isa) {
   // Small problems stay on one thread: waking a worker costs more than it saves.
   const int64_t weight_bytes = static_cast<int64_t>(problem.N) * problem.K * problem.bits / 8;

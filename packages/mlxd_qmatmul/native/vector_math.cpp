@@ -1,0 +1,107 @@
+// The portable forms of vector_math.h (one float at a time, std::fma) and the choice of the AVX2 forms
+// where the CPU has AVX2 and FMA.
+#include "vector_math.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace mlxd_qmm {
+
+namespace {
+
+// mlx/backend/cpu/simd/math.h's exp for one float.
+float mlx_exp(float in) {
+  float x = in * 1.442695f;
+  const float ipart = std::floor(x + 0.5f);
+  const float fpart = x - ipart;
+  x = 1.535336188319500e-4f;
+  x = std::fma(x, fpart, 1.339887440266574e-3f);
+  x = std::fma(x, fpart, 9.618437357674640e-3f);
+  x = std::fma(x, fpart, 5.550332471162809e-2f);
+  x = std::fma(x, fpart, 2.402264791363012e-1f);
+  x = std::fma(x, fpart, 6.931472028550421e-1f);
+  x = std::fma(x, fpart, 1.000000000000000f);
+  if (std::isnan(in)) return in;
+  if (in > 88.0f) return std::numeric_limits<float>::infinity();
+  if (in < -88.0f) return 0.0f;
+  const int32_t bits = (static_cast<int32_t>(ipart) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return scale * x;
+}
+
+bool use_avx2() {
+#if defined(__x86_64__) || defined(_M_X64)
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return avx2;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+float exp_shifted_sum(float* x, int64_t n, float shift) {
+#if defined(__x86_64__) || defined(_M_X64)
+  if (use_avx2()) return detail::exp_shifted_sum_avx2(x, n, shift);
+#endif
+  float total = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = mlx_exp(x[i] - shift);
+    total += x[i];
+  }
+  return total;
+}
+
+void swiglu_rows(const float* gate, const float* up, float* out, int64_t n) {
+#if defined(__x86_64__) || defined(_M_X64)
+  if (use_avx2()) return detail::swiglu_rows_avx2(gate, up, out, n);
+#endif
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    const float y = 1.0f / (1.0f + mlx_exp(std::fabs(g)));
+    const float sigmoid = g < 0.0f ? y : 1.0f - y;
+    out[i] = (g * sigmoid) * up[i];
+  }
+}
+
+float dot(const float* a, const float* b, int64_t n) {
+#if defined(__x86_64__) || defined(_M_X64)
+  if (use_avx2()) return detail::dot_avx2(a, b, n);
+#endif
+  float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) part[j] += a[i + j] * b[i + j];
+  }
+  float sum = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+void axpy(float a, const float* x, float* y, int64_t n) {
+#if defined(__x86_64__) || defined(_M_X64)
+  if (use_avx2()) return detail::axpy_avx2(a, x, y, n);
+#endif
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+void dots(const float* q, const float* k, int64_t k_stride, int64_t S, int64_t n, float* out) {
+#if defined(__x86_64__) || defined(_M_X64)
+  if (use_avx2()) return detail::dots_avx2(q, k, k_stride, S, n, out);
+#endif
+  for (int64_t s = 0; s < S; ++s) out[s] = dot(q, k + s * k_stride, n);
+}
+
+void weighted_sum(const float* p, const float* v, int64_t v_stride, int64_t S, int64_t n, float* acc) {
+#if defined(__x86_64__) || defined(_M_X64)
+  if (use_avx2()) return detail::weighted_sum_avx2(p, v, v_stride, S, n, acc);
+#endif
+  for (int64_t d = 0; d < n; ++d) acc[d] = 0.0f;
+  for (int64_t s = 0; s < S; ++s) {
+    if (p[s] != 0.0f) axpy(p[s], v + s * v_stride, acc, n);
+  }
+}
+
+}  // namespace mlxd_qmm

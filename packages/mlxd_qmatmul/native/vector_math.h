@@ -1,0 +1,40 @@
+// MLX's CPU exp and sigmoid (mlx/backend/cpu/simd/math.h, unary_ops.h), computed 8 floats at a time with
+// the CPU's FMA where it has AVX2: bit-identical to MLX's results (the same operations in the same order;
+// a fused multiply-add rounds once in hardware as in software). MLX's x86-64 wheel runs them one float at
+// a time through a software fma per polynomial term: about 13 ns an exp.
+#pragma once
+
+#include <cstdint>
+
+namespace mlxd_qmm {
+
+// x[i] = exp(x[i] - shift) for i < n, as MLX's exp; returns their sum (summed in lanes: the order differs
+// from a left-to-right sum, within float32 rounding of it).
+float exp_shifted_sum(float* x, int64_t n, float shift);
+
+// out[i] = (gate[i] * sigmoid(gate[i])) * up[i]: mlx.nn.silu(gate) * up, as mlx-lm's swiglu; bit-identical.
+void swiglu_rows(const float* gate, const float* up, float* out, int64_t n);
+
+// The dot product of n dense floats (eight lanes of partial sums where AVX2 is there, else eight scalar
+// partial sums): within float32 rounding of a left-to-right sum.
+float dot(const float* a, const float* b, int64_t n);
+
+// y[i] += a * x[i] for n dense floats.
+void axpy(float a, const float* x, float* y, int64_t n);
+
+// out[s] = dot(q, k + s * k_stride) for s < S, over n dense floats each (attention's scores of one query).
+void dots(const float* q, const float* k, int64_t k_stride, int64_t S, int64_t n, float* out);
+
+// acc[d] = sum over s < S of p[s] * v[s * v_stride + d], for d < n (attention's weighted values).
+void weighted_sum(const float* p, const float* v, int64_t v_stride, int64_t S, int64_t n, float* acc);
+
+namespace detail {
+void dots_avx2(const float* q, const float* k, int64_t k_stride, int64_t S, int64_t n, float* out);
+void weighted_sum_avx2(const float* p, const float* v, int64_t v_stride, int64_t S, int64_t n, float* acc);
+float dot_avx2(const float* a, const float* b, int64_t n);
+void axpy_avx2(float a, const float* x, float* y, int64_t n);
+float exp_shifted_sum_avx2(float* x, int64_t n, float shift);
+void swiglu_rows_avx2(const float* gate, const float* up, float* out, int64_t n);
+}  // namespace detail
+
+}  // namespace mlxd_qmm
