@@ -16,6 +16,26 @@ void check(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument("mlxd swiglu: " + what);
 }
 
+// The array's elements in row-major order: its own buffer when dense, else gathered into ``copy``
+// (a transposed or broadcast view; the projections' outputs are dense, so this is the rare path).
+const float* dense(const mx::array& a, std::vector<float>& copy) {
+  if (a.flags().row_contiguous) return a.data<float>();
+  copy.resize(a.size());
+  const int nd = a.ndim();
+  std::vector<int> index(nd, 0);
+  const float* base = a.data<float>();
+  for (size_t i = 0; i < a.size(); ++i) {
+    int64_t at = 0;
+    for (int d = 0; d < nd; ++d) at += static_cast<int64_t>(index[d]) * a.strides()[d];
+    copy[i] = base[at];
+    for (int d = nd - 1; d >= 0; --d) {
+      if (++index[d] < a.shape(d)) break;
+      index[d] = 0;
+    }
+  }
+  return copy.data();
+}
+
 }  // namespace
 
 mx::array swiglu(const mx::array& gate, const mx::array& up, mx::StreamOrDevice s) {
@@ -23,9 +43,7 @@ mx::array swiglu(const mx::array& gate, const mx::array& up, mx::StreamOrDevice 
   check(gate.shape() == up.shape(), "gate and up must have the same shape");
   auto stream = mx::to_stream(s, mx::Device::cpu);
   check(stream.device == mx::Device::cpu, "runs on the CPU only");
-  // the kernel reads both as dense rows: an input with other strides is copied first
-  return mx::array(gate.shape(), mx::float32, std::make_shared<CpuSwiglu>(stream),
-                   {mx::contiguous(gate, false, stream), mx::contiguous(up, false, stream)});
+  return mx::array(gate.shape(), mx::float32, std::make_shared<CpuSwiglu>(stream), {gate, up});
 }
 
 void CpuSwiglu::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
@@ -35,7 +53,8 @@ void CpuSwiglu::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   encoder.set_input_array(inputs[1]);
   encoder.set_output_array(out);
   encoder.dispatch([gate = inputs[0], up = inputs[1], dst = out.data<float>(), n = static_cast<int64_t>(out.size())]() {
-    swiglu_rows(gate.data<float>(), up.data<float>(), dst, n);
+    std::vector<float> gate_copy, up_copy;
+    swiglu_rows(dense(gate, gate_copy), dense(up, up_copy), dst, n);
   });
 }
 
