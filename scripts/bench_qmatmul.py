@@ -19,7 +19,7 @@ ensure_fast_blas()
 import mlx.core as mx  # noqa: E402
 
 import mlxd_qmatmul  # noqa: E402
-from mlxd_engine.kernel_layers import best_ms  # noqa: E402  (the same timing the load-time rule uses)
+from mlxd_engine.loading.kernel_layers import best_ms  # noqa: E402  (the same timing the load-time rule uses)
 
 SHAPES = ((576, 1536), (1536, 576), (192, 576), (49152, 576))  # SmolLM2's projections and its tied head
 

@@ -27,7 +27,7 @@ from mlxd_fast_blas import ensure_fast_blas  # noqa: E402
 ensure_fast_blas()
 
 from bench_common import command_line, machine_facts, prefilled_rows, ratio_spread, serving_engine, spread  # noqa: E402
-from mlxd_engine.kv_storage import RowPlan  # noqa: E402
+from mlxd_engine.storage.kv_storage import RowPlan  # noqa: E402
 
 SHAPES = {
     "8 adjacent": list(range(8)),

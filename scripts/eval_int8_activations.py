@@ -33,7 +33,7 @@ CHUNK = 16
 def load_form(model: str, choice: str):
     from mlx_lm import load
 
-    from mlxd_engine.cpu_weights import apply_cpu_weight_rule
+    from mlxd_engine.loading.cpu_weights import apply_cpu_weight_rule
 
     module, tokenizer = load(model)
     form = apply_cpu_weight_rule(module, choice=choice)

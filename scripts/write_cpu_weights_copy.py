@@ -1,7 +1,7 @@
 """Write a copy of a checkpoint with mlxd's CPU weight rule applied, for a library that lacks the rule.
 
 The reference comparison gives mlx_lm.server this copy, so both servers compute with the same weights:
-float32 throughout, quantized layers dequantized with float32 scales (packages/mlxd_engine/cpu_weights.py).
+float32 throughout, quantized layers dequantized with float32 scales (packages/mlxd_engine/loading/cpu_weights.py).
 
 Run: .venv/bin/python scripts/write_cpu_weights_copy.py MODEL OUT
 """
@@ -17,9 +17,9 @@ def main(model: str, out: str) -> int:
     ensure_fast_blas()
     from mlx_lm.utils import load, load_config, save
 
-    from mlxd_engine.cpu_weights import apply_cpu_weight_rule
-    from mlxd_engine.default_model import EMBEDDED_ALIASES
-    from mlxd_engine.loading import embedded_model_path
+    from mlxd_engine.loading.cpu_weights import apply_cpu_weight_rule
+    from mlxd_engine.loading.default_model import EMBEDDED_ALIASES
+    from mlxd_engine.loading.loader import embedded_model_path
 
     model = str(embedded_model_path()) if model in EMBEDDED_ALIASES else model
     module, tokenizer = load(model)

@@ -20,8 +20,8 @@ SHARED_SMOLLM2 = ROOT.parent / "shared" / "models" / "smollm2-135m-instruct-q4"
 def _smollm2() -> Path:
     if SHARED_SMOLLM2.is_dir():
         return SHARED_SMOLLM2
-    from mlxd_engine.cache_dir import mlxd_cache_dir
-    from mlxd_engine.default_model import GGUF_SHA256
+    from mlxd_engine.loading.cache_dir import mlxd_cache_dir
+    from mlxd_engine.loading.default_model import GGUF_SHA256
 
     return mlxd_cache_dir() / "gguf" / GGUF_SHA256
 

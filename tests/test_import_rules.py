@@ -8,6 +8,8 @@ Every import statement counts, at module level or inside a function. The rules:
   packages' public names, not their modules (the engine's model-loading modules excepted, below);
 - the protocol imports only the standard library, msgpack and pyzmq; ``messages`` nothing of the codec;
 - the scheduler and the drafters never import mlx; the drafters only the standard library;
+- inside the engine, storage never imports loading: no module under ``mlxd_engine/storage/`` imports one under
+  ``mlxd_engine/loading/`` (relative or absolute, in a function too);
 - the HTTP gateway's routes import helpers, never the app, and only ``context`` touches ``app.state``;
 - no import cycle among the project's own modules (packages/, daemon/, cli/): every import counts, at module
   level or inside a function, but one under ``if TYPE_CHECKING:`` (never run); an import names the module it
@@ -195,7 +197,7 @@ def test_importing_every_tool_loads_no_mlx():
 
 
 def module_name(path: Path) -> str:
-    """``packages/mlxd_engine/loading.py`` -> ``mlxd_engine.loading``; a package's ``__init__`` -> the package."""
+    """``packages/mlxd_engine/loading/loader.py`` -> ``mlxd_engine.loading.loader``; ``__init__`` -> the package."""
     for folder in PROJECT_FOLDERS:
         if path.is_relative_to(ROOT / folder):
             parts = path.relative_to(ROOT / folder).with_suffix("").parts
@@ -288,6 +290,20 @@ def test_imports_know_functions_and_type_checking():
     )
     found = {imp.module: (imp.in_function, imp.type_checking) for imp in imports_of(ROOT / "x.py", source)}
     assert found == {"typing": (False, False), "a": (False, True), "b": (False, False), "c": (True, False)}
+
+
+def test_the_engines_storage_never_imports_its_loading():
+    known = project_modules()
+    wrong = [
+        f"{imp.path}:{imp.line}: imports {target}"
+        for name, path in known.items()
+        if name == "mlxd_engine.storage" or name.startswith("mlxd_engine.storage.")
+        for imp in imports_of(path)
+        for target in imported_modules(imp, name, path.name == "__init__.py", known)
+        if target == "mlxd_engine.loading" or target.startswith("mlxd_engine.loading.")
+    ]
+    assert known.keys() >= {"mlxd_engine.storage.kv_storage", "mlxd_engine.loading.loader"}  # the rule bites
+    assert not wrong, wrong
 
 
 def test_no_import_cycle_among_the_projects_modules():

@@ -2,7 +2,7 @@
 
 Contract: on success prints ``wrote OUT (N tensors, architecture A)`` and exits 0; a file that cannot be
 converted (``GGUFError``) prints ``mlxd: <reason>`` on stderr, one line, and exits 2. The conversion is
-``mlxd_engine.gguf_import.convert_gguf``; ``mlxd -m FILE.gguf`` does the same once into the cache.
+``mlxd_engine.loading.gguf_import.convert_gguf``; ``mlxd -m FILE.gguf`` does the same once into the cache.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """mlxd over ``mx.distributed``: rank 0 serves, every other rank mirrors its engine operations.
 
 Contract: with ``mlxd --distributed tensor|pipeline`` started on every rank (``mlx.launch``), each rank
-loads its part of the model (``mlxd_engine.sharding``: mlx-lm's ``shard`` / ``pipeline``) and builds the
+loads its part of the model (``mlxd_engine.loading.sharding``: mlx-lm's ``shard`` / ``pipeline``) and builds the
 same ``Engine`` with its own KV storage (for its heads, or its layers). Rank 0 alone owns the socket, the
 scheduler and the drafters; its engine is a ``Leader``, which forwards every call to the real engine and
 tells the other ranks what to replay. A follower (``follow``) runs no scheduler: it replays the plan.

@@ -2,7 +2,7 @@
 
 Contract: ``load_for_serving(options)`` resolves ``options.model`` and loads it through the engine:
 - None: the default model (SmolLM2-135M-Instruct, fetched and converted once; see
-  ``mlxd_engine.default_model``), or the embedded tiny model with a logged warning where it cannot be had;
+  ``mlxd_engine.loading.default_model``), or the embedded tiny model with a logged warning where it cannot be had;
 - ``embedded`` (or ``mlxd-qwen3-tiny``): the embedded tiny model;
 - anything else: a checkpoint directory, a ``.gguf`` file or a hub id, as ``mlxd_engine.load`` takes it.
 The CPU weight rule gets ``options.cpu_weight_budget`` of the machine's memory; ``options.chat_template``

@@ -4,22 +4,22 @@ The engine sees token ids only; tokenization happens at the edges (the tokenizer
 ``load`` is carried along for the callers that need it).
 """
 
-from .cpu_weights import WeightForm, apply_cpu_weight_rule, default_budget_bytes
-from .default_model import EMBEDDED_ALIASES, resolve_default_model
 from .eligibility import Eligibility, prompt_lookup_eligibility
 from .embeddings import POOLINGS, EmbeddingRun, EmbeddingUnavailable, HiddenStateSource, hidden_state_source
 from .engine import Emitted, Engine, Sequence, StepHandle, kv_bytes_per_token
 from .errors import GGUFError, KVStorageFull, ModelLoadError
 from .forward_cost import ForwardCost, calibrate_forward_cost
-from .gguf_import import cached_conversion, convert_gguf
-from .grammar import GRAMMAR_KINDS, JSON_LAYOUT, Grammar, GrammarError, compile_grammar
-from .grammar_limits import GrammarLimits
-from .kv_backend import STORAGE_BACKENDS, KVStorage, make_kv_storage
-from .kv_bound import at_kv_bound, kv_room
-from .kv_storage import SlotKVStorage
-from .loading import LoadedModel, embedded_model_path, load
+from .loading.cpu_weights import WeightForm, apply_cpu_weight_rule, default_budget_bytes
+from .loading.default_model import EMBEDDED_ALIASES, resolve_default_model
+from .loading.gguf_import import cached_conversion, convert_gguf
+from .loading.loader import LoadedModel, embedded_model_path, load
 from .memory import memory_usage, release_cached_memory
-from .sampling import SamplerChain, SamplingParams
+from .sampling.chain import SamplerChain, SamplingParams
+from .sampling.grammar import GRAMMAR_KINDS, JSON_LAYOUT, Grammar, GrammarError, compile_grammar
+from .sampling.grammar_limits import GrammarLimits
+from .storage.kv_backend import STORAGE_BACKENDS, KVStorage, make_kv_storage
+from .storage.kv_bound import at_kv_bound, kv_room
+from .storage.kv_storage import SlotKVStorage
 from .verify_round import RoundOutcome, verify_round, verify_rows
 
 __all__ = [

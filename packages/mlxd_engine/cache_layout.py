@@ -4,9 +4,9 @@ Contract:
 - ``read_cache_layout(model, model_type)`` asks the model for its own cache list (``model.make_cache()``
   when it has one, else mlx-lm's ``make_prompt_cache``: a ``KVCache`` per layer) and maps every entry to
   a storage kind. Served: ``attention`` (``KVCache``: the slot and paged views),
-  ``sliding_window`` (``RotatingKVCache``: a ring per sequence bounded by the window, ``sliding_window.py``)
+  ``sliding_window`` (``RotatingKVCache``: a ring per sequence bounded by the window, ``storage/sliding_window.py``)
   and ``recurrent`` (``ArraysCache``: the state of Mamba, gated-delta and short-conv layers, one row per
-  sequence, ``recurrent_state.py``); ``row_storage.py`` holds the last two beside the KV backend.
+  sequence, ``storage/recurrent_state.py``); ``storage/row_storage.py`` holds the last two beside the KV backend.
   A model that makes fewer cache entries than it has layers gets one view per entry, as mlx-lm's own
   loop does: the remaining layers own no cache (gemma4's KV-shared layers reuse an earlier layer's K/V,
   nemotron_h's MLP layers hold nothing) and the model maps the entries to its layers.
@@ -45,7 +45,7 @@ log = logging.getLogger("mlxd.engine")
 
 ATTENTION = "attention"
 SLIDING_WINDOW = "sliding_window"
-RECURRENT = "recurrent"  # ArraysCache: state rows of recurrent_state.py
+RECURRENT = "recurrent"  # ArraysCache: state rows of storage/recurrent_state.py
 COMPOSITE = "composite"  # CacheList of served kinds (falcon_h1: recurrent state and attention per layer)
 SERVED_KINDS = (ATTENTION, SLIDING_WINDOW, RECURRENT, COMPOSITE)
 
@@ -106,7 +106,7 @@ class CacheLayout:
     @property
     def unwinds_by_replay(self) -> bool:
         """Whether dropping speculative appends means restoring recurrent state and replaying kept tokens
-        (``row_storage.py``) instead of a counter move."""
+        (``storage/row_storage.py``) instead of a counter move."""
         return any(leaf.kind == RECURRENT for leaf in self.leaves())
 
     def describe(self) -> str:

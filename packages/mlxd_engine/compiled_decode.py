@@ -40,8 +40,8 @@ from collections.abc import Callable
 
 import mlx.core as mx
 
-from .kv_storage import scatter_tokens
 from .masks import shape_mask
+from .storage.kv_storage import scatter_tokens
 
 log = logging.getLogger("mlxd.engine")
 

@@ -2,18 +2,18 @@
 
 Contract: one predicate for every caller. Prompt lookup needs (1) text-only input, so the drafter's
 n-gram index sees every token the model saw; (2) structured output is no obstacle: the verify round cuts a
-draft at the first token the grammar forbids and masks every position (``grammar.py``); (3) no logprobs,
+draft at the first token the grammar forbids and masks every position (``sampling/grammar.py``); (3) no logprobs,
 which the verify round does not report per position; (4) a sampler chain whose per-position state the round
 can replay (mlx-lm's penalties, biases and filters can: position i sees history + proposal[:i]; opaque in-process
 processors cannot be known to); (5) storage that can unwind speculative appends (by a counter move, or for recurrent
-state by a restore and replay: ``row_storage.py``).
+state by a restore and replay: ``storage/row_storage.py``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .sampling import SamplingParams
+from .sampling.chain import SamplingParams
 
 
 @dataclass(frozen=True)

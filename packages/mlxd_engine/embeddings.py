@@ -30,8 +30,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
-from .loading import LoadedModel
-from .model_config import config_value
+from .loading.loader import LoadedModel
+from .loading.model_config import config_value
 
 POOLINGS = ("mean", "last", "cls", "none")
 HIDDEN_STATE_MODULES = ("model", "transformer", "backbone")  # the names mlx-lm's models give their body

@@ -33,13 +33,13 @@ from .cpu_fusion import fuse_cpu_layers as fuse_cpu_layers_of
 from .cpu_fusion import fusion_wanted
 from .errors import KVStorageFull
 from .forward_cost import ForwardCost
-from .kv_backend import make_kv_storage
-from .kv_storage import SlotState
-from .loading import LoadedModel
-from .paged_kv_storage import DEFAULT_BLOCK_SIZE, SharedPrefix
-from .prefix_cache import DEFAULT_MAX_ENTRIES, PrefixCache
-from .row_storage import RowStorage
-from .sampling import SamplerChain, SamplingParams, sample_rows, token_logprobs
+from .loading.loader import LoadedModel
+from .sampling.chain import SamplerChain, SamplingParams, sample_rows, token_logprobs
+from .storage.kv_backend import make_kv_storage
+from .storage.kv_storage import SlotState
+from .storage.paged_kv_storage import DEFAULT_BLOCK_SIZE, SharedPrefix
+from .storage.prefix_cache import DEFAULT_MAX_ENTRIES, PrefixCache
+from .storage.row_storage import RowStorage
 
 log = logging.getLogger("mlxd.engine")
 
@@ -199,7 +199,7 @@ class Engine:
     @property
     def can_unwind(self) -> bool:
         """Whether speculative appends can be dropped again (``storage_can_unwind`` of the eligibility
-        predicate): by a counter move, or for recurrent state by a restore and replay (``row_storage.py``)."""
+        predicate): by a counter move, or for recurrent state by a restore and replay (``storage/row_storage.py``)."""
         return self.storage.can_unwind
 
     @property
@@ -279,7 +279,7 @@ class Engine:
         finally:
             if pin is not None:
                 self.storage.release_prefix(pin)
-        seq.chain.follow(seq.tokens, seq.prompt_length)  # a grammar stage reads the row's output (grammar.py)
+        seq.chain.follow(seq.tokens, seq.prompt_length)  # a grammar stage reads the row's output (sampling/grammar.py)
         return seq
 
     def _make_room(self, reservation: int, shared: int, keep) -> bool:
@@ -477,7 +477,7 @@ class Engine:
 
     def unwind_appends(self, seq: Sequence, n: int) -> None:
         """Drop the newest ``n`` appends. Recurrent state is put back where it last settled and the kept
-        tokens after that point (already in ``seq.tokens``) are forwarded again (``row_storage.py``)."""
+        tokens after that point (already in ``seq.tokens``) are forwarded again (``storage/row_storage.py``)."""
         replay = self.storage.unwind(seq.kv, n)
         if replay:
             start = seq.kv.written

@@ -2,7 +2,8 @@
 
 ``ModelLoadError`` (loading, the cache layout, sharding), its subclass ``GGUFError`` (GGUF import and its
 tokenizer) and ``KVStorageFull`` (every KV storage kind, the state rows, the engine). Each is still importable
-from the module that raises it most (``loading``, ``gguf_import``, ``kv_storage``) and from ``mlxd_engine``.
+from the module that raises it most (``loading.loader``, ``loading.gguf_import``, ``storage.kv_storage``) and
+from ``mlxd_engine``.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from collections import deque
 
 import numpy as np
 
-from .sampling import SamplingParams
+from .sampling.chain import SamplingParams
 
 FORGET = 0.97  # weight kept by each online observation per newer one: about the last 30 count
 CALIBRATION_WEIGHT = 1.0  # each start-up point weighs as much as one fresh online observation

@@ -16,7 +16,7 @@ draft tokens, the round
 4. emits the accepted drafts plus the target's own token at the first disagreement (or after the last
    draft), cut short at the first EOS or at a token the caller's ``should_stop`` flags,
 5. commits the appends the emitted tokens need and unwinds the rest (recurrent state: the engine puts
-   the state back and forwards the kept tokens again, see ``row_storage.py``),
+   the state back and forwards the kept tokens again, see ``storage/row_storage.py``),
 6. gives the round's time to ``engine.forward_cost`` (the verify gate's cost model).
 
 Because acceptance is "the row's sampler picked exactly this token", the emitted tokens are the ones
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from .engine import Engine, Sequence, mean_context
-from .kv_bound import at_kv_bound, kv_room
+from .storage.kv_bound import at_kv_bound, kv_room
 
 ACCEPTED, TARGET = "accepted", "target"
 
@@ -121,7 +121,7 @@ def _fit(engine: Engine, seq: Sequence, proposal: list[int], max_new_tokens: int
     if engine.max_forward_tokens is not None:  # a sliding-window ring bounds one forward's appends
         room = min(room, engine.max_forward_tokens)
     proposal = list(proposal[: max(0, min(max_new_tokens - 1, room - 1))])
-    if seq.chain.grammar is not None:  # cut at the first draft token the grammar forbids (grammar.py)
+    if seq.chain.grammar is not None:  # cut at the first draft token the grammar forbids (sampling/grammar.py)
         proposal = seq.chain.grammar.allowed_prefix(proposal)
     return proposal
 

@@ -1,6 +1,6 @@
 """mlx-generate --local on the default model's GGUF file equals the same on the shared mlx directory, token for token.
 
-The GGUF is the one set-up downloads (``mlxd_engine.default_model``); the test converts it afresh into a
+The GGUF is the one set-up downloads (``mlxd_engine.loading.default_model``); the test converts it afresh into a
 private cache, so it checks the whole path a user takes: file -> conversion -> load -> CPU weight rule -> decode.
 """
 
@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from mlxd_engine.default_model import downloaded_gguf
+from mlxd_engine.loading.default_model import downloaded_gguf
 
 from ..model_paths import SMOLLM2
 

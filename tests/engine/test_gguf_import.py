@@ -21,8 +21,9 @@ import pytest
 from mlx.utils import tree_flatten, tree_unflatten
 from tokenizers import Tokenizer
 
-from mlxd_engine import gguf_import, load
-from mlxd_engine.gguf_import import GGUFError, cached_conversion, convert_gguf, unpermute_rows
+from mlxd_engine import load
+from mlxd_engine.loading import gguf_import
+from mlxd_engine.loading.gguf_import import GGUFError, cached_conversion, convert_gguf, unpermute_rows
 
 from ..model_paths import STORIES_260K
 
@@ -64,7 +65,7 @@ def smollm2_gguf_path() -> Path | None:
     if os.environ.get("MLXD_TEST_SMOLLM2_GGUF"):
         return Path(os.environ["MLXD_TEST_SMOLLM2_GGUF"])
     try:
-        from mlxd_engine.default_model import downloaded_gguf
+        from mlxd_engine.loading.default_model import downloaded_gguf
 
         found = downloaded_gguf()
         if found is not None:

@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 
 from mlxd_engine import Engine, SamplingParams, prompt_lookup_eligibility, verify_round
-from mlxd_engine.grammar import GrammarError, compile_grammar
+from mlxd_engine.sampling.grammar import GrammarError, compile_grammar
 from mlxd_scheduler.single_sequence import generate_plain, generate_with_prompt_lookup
 
 SCHEMAS = {

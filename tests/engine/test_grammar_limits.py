@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from mlxd_engine.grammar_limits import GrammarLimits, grammar_problem
+from mlxd_engine.sampling.grammar_limits import GrammarLimits, grammar_problem
 
 LIMITS = GrammarLimits()
 

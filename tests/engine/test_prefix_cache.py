@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from mlxd_engine import Engine
-from mlxd_engine.prefix_cache import PrefixCache
+from mlxd_engine.storage.prefix_cache import PrefixCache
 from mlxd_scheduler.single_sequence import generate_plain, generate_with_prompt_lookup
 
 from ..model_paths import SMOLLM2

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from mlxd_engine import Engine, KVStorageFull
-from mlxd_engine.paged_kv_storage import SharedPrefix
+from mlxd_engine.storage.paged_kv_storage import SharedPrefix
 from mlxd_scheduler.single_sequence import generate_plain, generate_with_prompt_lookup
 
 BLOCK = 16

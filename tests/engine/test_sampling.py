@@ -6,7 +6,7 @@ import mlx.core as mx
 import pytest
 
 from mlxd_engine import SamplerChain, SamplingParams
-from mlxd_engine.sampling import sample_rows, token_logprobs
+from mlxd_engine.sampling.chain import sample_rows, token_logprobs
 
 V = 50
 

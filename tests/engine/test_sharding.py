@@ -1,11 +1,11 @@
-"""What mlx-lm's sharding can split, checked before any weights are read (mlxd_engine.sharding)."""
+"""What mlx-lm's sharding can split, checked before any weights are read (mlxd_engine.loading.sharding)."""
 
 from __future__ import annotations
 
 import pytest
 
 from mlxd_engine import ModelLoadError
-from mlxd_engine.sharding import check_shardable, supported_modes
+from mlxd_engine.loading.sharding import check_shardable, supported_modes
 
 from .architectures import ARCHITECTURES, available, build
 

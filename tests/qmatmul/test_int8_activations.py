@@ -121,8 +121,8 @@ def test_the_flag_is_ignored_where_there_is_no_int8_kernel():
 
 @needs_int8
 def test_the_engine_runs_int8_activations_only_when_asked(monkeypatch):
-    from mlxd_engine.cpu_weights import apply_cpu_weight_rule
-    from mlxd_engine.kernel_layers import KernelQuantizedLinear
+    from mlxd_engine.loading.cpu_weights import apply_cpu_weight_rule
+    from mlxd_engine.loading.kernel_layers import KernelQuantizedLinear
 
     def model():
         mx.random.seed(3)

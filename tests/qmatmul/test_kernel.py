@@ -184,7 +184,7 @@ def _tiny_quantized_model(bits):
 
 @pytest.mark.parametrize("bits", [4, 8])
 def test_engine_layers_give_mlx_results_and_keep_weights_quantized(bits):
-    from mlxd_engine.kernel_layers import KernelQuantizedEmbedding, KernelQuantizedLinear, use_kernel
+    from mlxd_engine.loading.kernel_layers import KernelQuantizedEmbedding, KernelQuantizedLinear, use_kernel
 
     model = _tiny_quantized_model(bits)
     tokens = mx.array([[1, 5, 9, 20, 33, 7, 2, 250]])
@@ -202,8 +202,8 @@ def test_engine_layers_give_mlx_results_and_keep_weights_quantized(bits):
 
 
 def test_weight_rule_uses_the_kernel_and_logs_both_timings(caplog):
-    from mlxd_engine.cpu_weights import apply_cpu_weight_rule
-    from mlxd_engine.kernel_layers import KernelQuantizedLinear
+    from mlxd_engine.loading.cpu_weights import apply_cpu_weight_rule
+    from mlxd_engine.loading.kernel_layers import KernelQuantizedLinear
 
     model = _tiny_quantized_model(4)
     form = apply_cpu_weight_rule(model, choice="kernel")
@@ -219,7 +219,7 @@ def test_half_precision_scales_stay_as_stored_and_give_the_dequantized_float32_l
     """A checkpoint's float16 / bfloat16 scales stay as stored on the kernel (fewer bytes a step), and the
     model's logits are those of the dequantized float32 form of the same checkpoint: prompt rows (the
     dequantize + BLAS path), a decode row (the kernel) and the embedding lookup."""
-    from mlxd_engine.cpu_weights import apply_cpu_weight_rule
+    from mlxd_engine.loading.cpu_weights import apply_cpu_weight_rule
 
     def checkpoint():
         model = _tiny_quantized_model(4)
@@ -243,7 +243,7 @@ def test_half_precision_scales_stay_as_stored_and_give_the_dequantized_float32_l
 
 
 def test_the_kernel_takes_rows_up_to_where_dequantizing_wins():
-    from mlxd_engine.kernel_layers import UNBOUNDED, crossover_rows
+    from mlxd_engine.loading.kernel_layers import UNBOUNDED, crossover_rows
 
     dequant = {1: 100.0, 8: 101.0, 64: 110.0, 128: 120.0}  # a pass over the weights, then a little per row
     assert crossover_rows({1: 1.0, 8: 5.0, 64: 150.0, 128: 300.0}, dequant) == 8  # slower from 64 rows on

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
-from .errors import KVStorageFull
+from ..errors import KVStorageFull
 from .kv_storage import commit_pending, drop_pending, row_mask
 
 DEFAULT_BLOCK_SIZE = 64

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from .errors import KVStorageFull
-from .masks import shape_mask
+from ..errors import KVStorageFull
+from ..masks import shape_mask
 
 GROW_CHUNK = 256
 

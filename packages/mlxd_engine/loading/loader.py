@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .cache_layout import CacheLayout, check_servable, model_layers, read_cache_layout
+from ..cache_layout import CacheLayout, check_servable, model_layers, read_cache_layout
+from ..errors import ModelLoadError
 from .cpu_weights import apply_cpu_weight_rule
-from .errors import ModelLoadError
 from .gguf_import import cached_conversion
 from .model_config import config_value
 from .sharding import check_shardable, shard_model
@@ -38,7 +38,7 @@ FALLBACK_CONTEXT = 8192  # tokens per sequence when neither the config nor the t
 
 def embedded_model_path() -> Path:
     """The small copy-capable qwen3 checkpoint shipped in the repository under ``models/``."""
-    return Path(__file__).resolve().parents[2] / "models" / EMBEDDED_MODEL_NAME
+    return Path(__file__).resolve().parents[3] / "models" / EMBEDDED_MODEL_NAME
 
 
 @dataclass

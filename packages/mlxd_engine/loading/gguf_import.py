@@ -33,8 +33,8 @@ from typing import Any
 
 import mlx.core as mx
 
+from ..errors import GGUFError
 from .cache_dir import mlxd_cache_dir
-from .errors import GGUFError
 from .gguf_tokenizer import build_tokenizer, tokenizer_config
 
 log = logging.getLogger("mlxd.gguf")

@@ -18,7 +18,7 @@ from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-from .errors import GGUFError
+from ..errors import GGUFError
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED = 1, 2, 3, 4  # llama.cpp token types
 SPM_SPACE = "\u2581"

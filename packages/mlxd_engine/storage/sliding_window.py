@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from ..masks import shape_mask
 from .kv_storage import GROW_CHUNK, scatter_tokens
-from .masks import shape_mask
 
 
 class WindowRing:

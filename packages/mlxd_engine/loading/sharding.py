@@ -23,7 +23,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from .errors import ModelLoadError
+from ..errors import ModelLoadError
 from .model_config import config_value
 
 MODES = ("tensor", "pipeline")

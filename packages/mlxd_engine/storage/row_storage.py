@@ -30,8 +30,8 @@ import itertools
 
 import mlx.core as mx
 
-from .cache_layout import COMPOSITE, RECURRENT, SLIDING_WINDOW
-from .errors import KVStorageFull
+from ..cache_layout import COMPOSITE, RECURRENT, SLIDING_WINDOW
+from ..errors import KVStorageFull
 from .recurrent_state import CompositeView, RecurrentState, RecurrentView
 from .sliding_window import RingView, WindowRing
 

