@@ -129,6 +129,13 @@ class Engine:
     the batched masks; a layout the engine does not serve raises ``ModelLoadError`` here too, for a
     ``LoadedModel`` that did not come from ``load``."""
 
+    # What the scheduler asks of a distributed group (daemon/mlxd_daemon/distributed.py's Leader overrides
+    # both): why its ranks parted, None while they are in step; a single-process engine never loses them.
+    lost: str | None = None
+
+    def mark_lost(self, error: BaseException) -> None:
+        """A forward failed in a way that may leave a group's ranks out of step (nothing to do here)."""
+
     def __init__(
         self,
         loaded: LoadedModel,

@@ -452,7 +452,7 @@ class PromptLookupArm:
                 [max(s.request.max_tokens - s.emitted, 1) for s in states],
             )
         except Exception as error:  # noqa: BLE001 - retried row by row below
-            if len(states) == 1 or getattr(self.engine, "lost", None):  # a lost distributed group: no retry
+            if len(states) == 1 or self.engine.lost:  # a lost distributed group: no retry
                 for state in states:
                     self._verify_failed(state, error, result)
                 return
@@ -482,10 +482,8 @@ class PromptLookupArm:
             result.verified.append((state, outcome.emitted))
 
     def _verify_failed(self, state: RequestState, error: Exception, result: TickResult) -> None:
-        mark_lost = getattr(self.engine, "mark_lost", None)  # a distributed group: the ranks are out of step
-        if mark_lost is not None:
-            mark_lost(error)
-        lost = getattr(self.engine, "lost", None)  # the group's reason, when the ranks parted
+        self.engine.mark_lost(error)  # a distributed group: the ranks may be out of step
+        lost = self.engine.lost  # the group's reason, when the ranks parted
         if state.drafter is not None:
             state.drafter.retract_draft()
         if lost:
