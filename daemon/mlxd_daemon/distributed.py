@@ -260,6 +260,10 @@ class Leader:
         self.engine.commit_appends(seq, n)
         self._queued.append(["commit", seq.seq_id, n])
 
+    def unwind_pending(self, seq) -> None:
+        if seq.kv.pending:
+            self.unwind_appends(seq, seq.kv.pending)  # mirrored like any unwind
+
     def unwind_appends(self, seq, n: int) -> None:
         if self._replays_forward:  # recurrent state: the unwind forwards kept tokens again, on every rank
             self._broadcast(["unwind", seq.seq_id, n])

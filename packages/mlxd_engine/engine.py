@@ -482,6 +482,12 @@ class Engine:
     def commit_appends(self, seq: Sequence, n: int) -> None:
         self.storage.commit(seq.kv, n)
 
+    def unwind_pending(self, seq: Sequence) -> None:
+        """Drop every append not committed yet: a failed or abandoned forward's, so the row again has
+        exactly its last token outside storage."""
+        if seq.kv.pending:
+            self.unwind_appends(seq, seq.kv.pending)
+
     def unwind_appends(self, seq: Sequence, n: int) -> None:
         """Drop the newest ``n`` appends. Recurrent state is put back where it last settled and the kept
         tokens after that point (already in ``seq.tokens``) are forwarded again (``storage/row_storage.py``)."""

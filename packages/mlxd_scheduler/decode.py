@@ -175,8 +175,8 @@ class DecodeLoop:
             seq = state.seq
             # tokens are recorded only when a step is read, so dropping the unread appends leaves
             # every row with exactly its last token outside storage again
-            if not seq.released and seq.kv.pending:
-                self.engine.unwind_appends(seq, seq.kv.pending)
+            if not seq.released:
+                self.engine.unwind_pending(seq)
 
     def _recover(self, rows: list[RequestState]):
         states = rows + [s for _, in_flight_states in self.in_flight for s in in_flight_states]

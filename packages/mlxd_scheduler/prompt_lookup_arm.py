@@ -458,8 +458,7 @@ class PromptLookupArm:
                 return
             log.warning("batched verify of %d rows failed (%s); verifying them one by one", len(states), error)
             for state in states:
-                if state.seq.kv.pending:
-                    self.engine.unwind_appends(state.seq, state.seq.kv.pending)
+                self.engine.unwind_pending(state.seq)
             retried: list[RoundOutcome | None] = []
             for state in states:
                 try:
@@ -490,8 +489,7 @@ class PromptLookupArm:
             result.failed.append((state, lost))  # nothing can be unwound: the group is gone
             return
         seq = state.seq
-        if seq.kv.pending:
-            self.engine.unwind_appends(seq, seq.kv.pending)
+        self.engine.unwind_pending(seq)
         result.failed.append((state, f"verify failed: {type(error).__name__}: {error}"))
 
     # -- update ------------------------------------------------------------------------------------
