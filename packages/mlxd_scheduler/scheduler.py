@@ -235,7 +235,7 @@ class BatchScheduler:
     def _forward_ms_so_far(self) -> float:
         """Milliseconds of forwards timed so far: verify forwards (``engine.forward_cost``), synchronous steps
         and teardowns (``decode_loop.waited_ms``); a tick's overhead for the verify gate is its wall minus them."""
-        return getattr(self.engine.forward_cost, "spent_ms", 0.0) + self.decode_loop.waited_ms
+        return self.engine.forward_cost.spent_ms + self.decode_loop.waited_ms
 
     def _steps_this_tick(self, rows: list[RequestState]) -> int:
         """How many chained steps this plain decode tick submits (see the module docstring)."""
