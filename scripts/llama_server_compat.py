@@ -18,9 +18,10 @@ Mapped flags: --host (comma-separated: several addresses), --port, --model/-m, -
 --hf-file/-hff, --ctx-size/-c and --parallel/-np (each slot gets ctx/np tokens: mlxd --max-batch np
 --max-kv-size ctx/np; with --kv-unified the np slots share one pool of ctx tokens: paged storage),
 --batch-size/-b (mlxd --prefill-chunk), --n-predict/-n, --temp, --top-k, --top-p, --min-p, --seed/-s,
---alias/-a, --api-key, --cors-origins, --chat-template, --chat-template-file, --metrics, --slots/--no-slots,
---pooling, --reasoning on|off|auto, --spec-type ngram-* (prompt lookup), --cache-ram MiB (mlxd
---prefix-cache-bytes), --verbose (debug logs).
+--alias/-a, --api-key, --cors-origins / --cors-methods / --cors-headers / --(no-)cors-credentials (with
+llama-server's defaults, ``LLAMA_CORS``: any origin, echoed back, credentials allowed), --chat-template,
+--chat-template-file, --metrics, --slots/--no-slots, --pooling, --reasoning on|off|auto, --spec-type
+ngram-* (prompt lookup), --cache-ram MiB (mlxd --prefix-cache-bytes), --verbose (debug logs).
 
 Ignored, because they mean nothing on an MLX server (``IGNORED_FLAGS``): --n-gpu-layers/-ngl and
 --threads/-t (MLX uses one device, and mlxd measures its own thread count), --ubatch-size/-ub (no
@@ -108,6 +109,8 @@ VALUE_FLAGS = {
     "--alias",
     "--api-key",
     "--cors-origins",
+    "--cors-methods",
+    "--cors-headers",
     "--chat-template",
     "--chat-template-file",
     "--pooling",
@@ -115,7 +118,17 @@ VALUE_FLAGS = {
     "--cache-ram",
     "--reasoning",
 }
-SWITCH_FLAGS = {"--metrics", "--slots", "--no-slots", "--kv-unified", "--verbose"}
+SWITCH_FLAGS = {
+    "--metrics",
+    "--slots",
+    "--no-slots",
+    "--kv-unified",
+    "--verbose",
+    "--cors-credentials",
+    "--no-cors-credentials",
+}
+# llama-server's CORS defaults (its common_params): mlx-serve-http's own are stricter (no CORS at all).
+LLAMA_CORS = {"--cors-origins": "*", "--cors-methods": "GET, POST, DELETE, OPTIONS", "--cors-headers": "*"}
 LLAMA_DEFAULT_PARALLEL = 4  # llama-server's slot count when -np is not given
 
 
@@ -276,9 +289,12 @@ def gateway_args(args: LlamaArgs, endpoint: str) -> list[str]:
     ]
     for host in values.get("--host", "127.0.0.1").split(","):
         gateway += ["--host", host.strip()]
-    for flag in ("--alias", "--api-key", "--cors-origins", "--n-predict"):
+    for flag in ("--alias", "--api-key", "--n-predict"):
         if flag in values:
             gateway += [flag, values[flag]]
+    for flag, default in LLAMA_CORS.items():
+        gateway += [flag, values.get(flag, default)]
+    gateway.append("--no-cors-credentials" if "--no-cors-credentials" in args.switches else "--cors-credentials")
     gateway.append("--metrics" if "--metrics" in args.switches else "--no-metrics")
     gateway.append("--no-slots" if "--no-slots" in args.switches else "--slots")
     return gateway

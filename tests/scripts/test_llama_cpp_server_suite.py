@@ -43,7 +43,16 @@ def test_launcher_refuses_an_unknown_flag_and_maps_the_known_ones():
     command = compat.daemon_command(args, compat.STORIES_260K, "ipc:///tmp/x.sock")
     assert command[command.index("--max-kv-size") + 1] == "256" and command[command.index("--max-batch") + 1] == "2"
     assert command[command.index("--seed") + 1] == "7" and "99" not in command
-    assert "--metrics" in compat.gateway_args(args, "ipc:///tmp/x.sock")
+    gateway = compat.gateway_args(args, "ipc:///tmp/x.sock")
+    assert "--metrics" in gateway
+    # llama-server's CORS defaults: any origin, echoed back with credentials
+    assert gateway[gateway.index("--cors-origins") + 1] == "*" and "--cors-credentials" in gateway
+    assert gateway[gateway.index("--cors-methods") + 1] == "GET, POST, DELETE, OPTIONS"
+    assert gateway[gateway.index("--cors-headers") + 1] == "*"
+    strict = compat.gateway_args(
+        compat.parse_llama_args(["--cors-origins", "http://a.example", "--no-cors-credentials"]), "ipc:///tmp/x.sock"
+    )
+    assert strict[strict.index("--cors-origins") + 1] == "http://a.example" and "--no-cors-credentials" in strict
 
 
 @pytest.mark.slow

@@ -2,8 +2,8 @@
 
 Contract: ``create_app`` returns a FastAPI app serving the OpenAI routes (``openai_routes``) and the
 llama-server routes (``llama_routes``) in front of a ``DaemonPool``, behind the ``GatewayMiddleware``
-(``middleware``) and, only when ``Settings.cors_origins`` names origins, Starlette's CORS middleware
-(outermost, so it answers preflights). The pool, and the ``DaemonSupervisor`` of a daemon the gateway
+(``middleware``) and, only when ``Settings.cors_origins`` names origins, the CORS middleware (``cors``;
+outermost, so it answers preflights). The pool, and the ``DaemonSupervisor`` of a daemon the gateway
 started, run with the app (lifespan), so one process could host several apps. Routes reach the gateway only
 through the ``GatewayContext`` stored on the app (``context.gateway(request)``); they import the helpers they
 need (``streaming``, ``context``), never this module.
@@ -15,10 +15,10 @@ import asyncio
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from starlette.middleware.cors import CORSMiddleware
 
 from . import anthropic_routes, embeddings_routes, llama_routes, openai_routes, responses_routes
 from .context import GatewayContext, install_context
+from .cors import CorsMiddleware
 from .daemon_pool import DaemonPool
 from .errors import install_error_handlers
 from .metrics import GatewayMetrics
@@ -75,11 +75,5 @@ def create_app(settings: Settings, supervisor: DaemonSupervisor | None = None) -
     app.include_router(responses_routes.responses_router())  # with its own store of responses
     app.add_middleware(GatewayMiddleware, settings=settings, metrics=metrics)
     if settings.cors_origins:
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=list(settings.cors_origins),
-            allow_methods=["GET", "POST", "DELETE"],
-            allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version", "anthropic-beta"],
-            max_age=600,
-        )
+        app.add_middleware(CorsMiddleware, settings=settings)
     return app

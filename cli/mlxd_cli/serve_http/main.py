@@ -1,7 +1,8 @@
 """``mlx-serve-http``: serve mlxd over HTTP with OpenAI's and llama-server's APIs.
 
     mlx-serve-http [--daemon ENDPOINT ...] [-m MODEL] [--alias NAME] [--host 127.0.0.1 ...] [--port 8080]
-                   [--api-key KEY] [--allowed-hosts NAMES] [--cors-origins ORIGINS]
+                   [--api-key KEY] [--allowed-hosts NAMES] [--cors-origins ORIGINS] [--cors-methods M]
+                   [--cors-headers H] [--cors-credentials/--no-cors-credentials]
                    [--draft-kind KIND] [--draft-block-size N] [--prompt-lookup-max-batch N]
                    [--seed N] [--chat-template NAME|JINJA] [--chat-template-file FILE] [--reasoning on|off|auto]
                    [--n-predict N] [--metrics/--no-metrics] [--slots/--no-slots]
@@ -28,7 +29,7 @@ from mlxd_protocol.endpoints import default_endpoint, parse_endpoint
 from .app import DEFAULT_MAX_BODY_BYTES, Settings, create_app
 from .http_timeouts import header_timeout_protocol
 from .request_guard import default_allowed_hosts
-from .settings import DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S
+from .settings import DEFAULT_BODY_TIMEOUT_S, DEFAULT_CORS_HEADERS, DEFAULT_CORS_METHODS, DEFAULT_HEADER_TIMEOUT_S
 from .supervisor import DaemonSupervisor
 
 
@@ -111,6 +112,26 @@ def daemon_args(
     default="",
     help="comma-separated browser origins allowed to call the API (CORS), e.g. http://localhost:3000; "
     "'*': any (default: none)",
+)
+@click.option(
+    "--cors-methods",
+    default=DEFAULT_CORS_METHODS,
+    show_default=True,
+    help="comma-separated methods a CORS preflight allows ('*': any)",
+)
+@click.option(
+    "--cors-headers",
+    default=DEFAULT_CORS_HEADERS,
+    show_default=True,
+    help="comma-separated request headers a CORS preflight allows ('*': any; sent as '*', which browsers "
+    "do not read as covering Authorization)",
+)
+@click.option(
+    "--cors-credentials/--no-cors-credentials",
+    default=False,
+    show_default=True,
+    help="allow credentialed CORS requests (cookies, HTTP auth); with --cors-origins '*' the request's "
+    "origin is echoed back, so any web page may call the API with the browser's credentials",
 )
 @click.option(
     "--draft-kind",
@@ -209,6 +230,9 @@ def main(
     api_key,
     allowed_hosts,
     cors_origins,
+    cors_methods,
+    cors_headers,
+    cors_credentials,
     draft_kind,
     draft_block_size,
     prompt_lookup_max_batch,
@@ -277,6 +301,9 @@ def main(
         metrics_enabled=metrics,
         slots_enabled=slots,
         cors_origins=tuple(origin.strip().rstrip("/") for origin in cors_origins.split(",") if origin.strip()),
+        cors_methods=cors_methods,
+        cors_headers=cors_headers,
+        cors_credentials=cors_credentials,
         header_timeout_s=header_timeout,
         body_timeout_s=body_timeout,
     )

@@ -13,6 +13,9 @@ DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_BODY_TIMEOUT_S = 60.0
 # Host names every gateway answers to: the loopback names (DNS rebinding needs some other name).
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+# What a CORS preflight allows unless --cors-methods / --cors-headers say otherwise.
+DEFAULT_CORS_METHODS = "GET, POST, DELETE"
+DEFAULT_CORS_HEADERS = "Authorization, Content-Type, x-api-key, anthropic-version, anthropic-beta"
 
 
 @dataclass
@@ -30,6 +33,10 @@ class Settings:
         allowed_hosts: Host header names answered (lower case, no port; IPv6 without brackets); None:
             any (the check is off).
         cors_origins: Browser origins allowed to call the API (CORS); empty: none, "*" in it: any.
+        cors_methods: ``Access-Control-Allow-Methods`` of a preflight (comma-separated; "*": any).
+        cors_headers: ``Access-Control-Allow-Headers`` of a preflight (comma-separated; "*": any).
+        cors_credentials: Allow credentialed requests (``Access-Control-Allow-Credentials: true``; with
+            "*" origins the request's origin is echoed, as llama-server does).
         header_timeout_s: Longest wait for a request's headers.
         body_timeout_s: Longest wait for a request's whole body, once its headers came.
         default_n_predict: llama-server's ``--n-predict``: the most tokens a /completion may generate, also
@@ -47,6 +54,9 @@ class Settings:
     model_alias: str | None = None
     allowed_hosts: frozenset[str] | None = frozenset(LOOPBACK_HOSTS)
     cors_origins: tuple[str, ...] = ()
+    cors_methods: str = DEFAULT_CORS_METHODS
+    cors_headers: str = DEFAULT_CORS_HEADERS
+    cors_credentials: bool = False
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     default_n_predict: int | None = None
