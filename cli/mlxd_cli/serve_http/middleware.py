@@ -9,7 +9,8 @@ path but /health; compared in constant time); refuse a body that is not JSON (41
 408 and close the connection when the body does not arrive within ``body_timeout_s``; refuse with 429 +
 Retry-After, at once, a request beyond ``max_concurrency`` in flight (no queue: the daemons already
 queue) or beyond ``max_requests_per_client`` from one address. Its errors have OpenAI's body, Anthropic's
-on ``/v1/messages`` paths (``errors.uses_anthropic_shape``).
+on ``/v1/messages`` paths (``errors.uses_anthropic_shape``). Response header names go out capitalised
+(``Content-Type``), as llama-server writes them (``canonical_header_names``).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class GatewayMiddleware:
             nonlocal sent_status
             if message["type"] == "http.response.start":
                 sent_status = message["status"]
+                message = {**message, "headers": canonical_header_names(message.get("headers", ()))}
             await send(message)
 
         try:
@@ -198,6 +200,15 @@ class GatewayMiddleware:
             return await receive()
 
         return replay_body
+
+
+def canonical_header_names(headers) -> list[tuple[bytes, bytes]]:
+    """Response header names as HTTP servers write them (``Content-Type``, ``Process-Start-Time-Unix``).
+
+    Names are case-insensitive, but Starlette lowercases them, and clients written against llama-server
+    (which sends them as named) sometimes look them up case-sensitively in a plain dict.
+    """
+    return [(b"-".join(part[:1].upper() + part[1:] for part in name.split(b"-")), value) for name, value in headers]
 
 
 def _treat_body_as_json(scope) -> None:
