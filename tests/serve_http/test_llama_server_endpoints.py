@@ -191,3 +191,49 @@ def test_chat_input_tokens_counts_the_prompt_of_a_chat_completion(llama_gateway)
     answer = llama_gateway.client.post("/v1/chat/completions", json={**prefilled, "max_tokens": 1}).json()
     assert counted == answer["usage"]["prompt_tokens"]
     assert llama_gateway.client.post("/chat/completions/input_tokens", json={"messages": []}).status_code == 400
+
+
+def test_logit_bias_takes_llama_server_forms(llama_gateway):
+    def complete(**fields):
+        body = {"prompt": "Once upon a time", "n_predict": 6, "temperature": 0, "return_tokens": True, **fields}
+        response = llama_gateway.client.post("/completion", json=body)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    greedy = complete()
+    first = greedy["tokens"][0]
+    banned = complete(logit_bias=[[first, False]])
+    assert banned["tokens"][0] != first
+    assert {"token": first, "bias": None} in banned["generation_settings"]["logit_bias"]  # null: -inf
+    # the object form, the id as a string; a bias adds up over entries naming the same token
+    assert complete(logit_bias={str(first): -50, "0": 1.5})["tokens"][0] != first
+    pushed = complete(logit_bias=[[first, 2.0], [first, 3.0]])["generation_settings"]["logit_bias"]
+    assert pushed == [{"token": first, "bias": 5.0}]
+    # a text stands for each of its tokens (tokenized without BOS)
+    piece = llama_gateway.client.post("/detokenize", json={"tokens": [first]}).json()["content"]
+    by_text = complete(logit_bias={piece: False})
+    assert by_text["tokens"][0] != first and by_text["generation_settings"]["logit_bias"]
+
+
+@pytest.mark.parametrize(
+    "bias",
+    [[[1, "x"]], [[1, True]], [[1]], [[-1, 1.0]], {"5": None}, [[99999, 1.0]], [[1.5, 1.0]]],
+    ids=["string bias", "true", "not a pair", "negative id", "null bias", "outside the vocabulary", "float id"],
+)
+def test_logit_bias_refuses_what_llama_server_would_skip(llama_gateway, bias):
+    response = llama_gateway.client.post("/completion", json={"prompt": "Once", "n_predict": 2, "logit_bias": bias})
+    assert response.status_code == 400 and "logit_bias" in response.json()["error"]["message"]
+
+
+def test_streamed_n_probs_come_one_token_per_event(llama_gateway):
+    body = {"prompt": "I believe the meaning of life is", "n_predict": 8, "n_probs": 3, "temperature": 0}
+    with llama_gateway.client.stream("POST", "/completion", json={**body, "stream": True}) as response:
+        events = sse_events(response.iter_lines())
+    partial = [event for event in events if not event["stop"]]
+    assert sum(len(event["tokens"]) for event in partial) == 8
+    for event in partial:
+        assert len(event["tokens"]) == 1 and len(event["completion_probabilities"]) == 1
+        assert event["completion_probabilities"][0]["id"] == event["tokens"][0]
+        assert len(event["completion_probabilities"][0]["top_logprobs"]) == 3
+    whole = llama_gateway.client.post("/completion", json=body).json()
+    assert "".join(event["content"] for event in partial) == whole["content"]

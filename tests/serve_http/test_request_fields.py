@@ -23,7 +23,6 @@ REFUSED = [
     ("/completion", LLAMA, "return_progress", True),
     ("/completion", LLAMA, "typical_p", 0.5),
     ("/completion", LLAMA, "image_data", [{"data": "xx", "id": 1}]),
-    ("/completion", LLAMA, "logit_bias", [[15, -1.0]]),
 ]
 
 NEUTRAL = [

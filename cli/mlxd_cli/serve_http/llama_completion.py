@@ -9,6 +9,9 @@ Contract:
       gateway's ``--n-predict`` is the default and the upper bound. ``cache_prompt: false`` bypasses the
       prefix cache; ``speculative`` and ``ignore_eos`` pass through; ``n_probs`` asks for that many
       alternatives per token (``completion_probabilities``, log-probabilities of the model's distribution).
+      ``logit_bias`` (llama-server's forms, ``schemas.llama``) goes to the daemon by token id: a text's
+      tokens (tokenized without special tokens, as llama-server does) each get its bias, and biases of one
+      token add up (false, -inf, wins); a token id outside the vocabulary is the daemon's 400.
     * The answer has llama-server's fields: index, content, tokens (the output's ids with
       ``return_tokens``, else []), id_slot (-1: mlxd has no fixed slots), stop, model, tokens_predicted,
       tokens_evaluated, tokens_cached, generation_settings (the settings the request ran with), prompt
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -99,6 +103,28 @@ async def prompt_fields(pool: DaemonPool, prompt: Any) -> dict:
     return {"prompt_tokens": tokens}
 
 
+async def resolve_logit_bias(pool: DaemonPool, body: LlamaCompletionBody) -> None:
+    """Resolve ``body.logit_bias`` to token ids (``body.set_token_bias``): texts tokenized on a daemon."""
+    entries = body.bias_entries()
+    texts = list(dict.fromkeys(token for token, _ in entries if isinstance(token, str)))
+    tokenized = await asyncio.gather(
+        *(
+            call_daemon(
+                pool,
+                # mypy cannot infer the type of a lambda with default arguments
+                lambda client, text=text: client.tokenize(text=text, add_special_tokens=False),  # type: ignore[misc]
+            )
+            for text in texts
+        )
+    )
+    tokens_of = dict(zip(texts, tokenized, strict=True))
+    bias: dict[int, float] = {}
+    for token, value in entries:
+        for token_id in tokens_of[token] if isinstance(token, str) else (token,):
+            bias[token_id] = bias.get(token_id, 0.0) + value
+    body.set_token_bias(bias)
+
+
 def effective_n_predict(body: LlamaCompletionBody, server_limit: int | None) -> int:
     """The request's n_predict under the gateway's ``--n-predict`` (-1: until end of sequence)."""
     if server_limit is None:
@@ -111,6 +137,8 @@ def request_builder(body: LlamaCompletionBody, fields: dict, n_predict: int):
     overrides = body.sampling_overrides()
     if body.n_probs:
         overrides["logprobs"] = body.n_probs
+    if body.token_bias():
+        overrides["logit_bias"] = body.token_bias()
     speculative = body.speculative.to_protocol() if body.speculative else None
 
     def make_request(handle: DaemonHandle) -> Generate:
@@ -155,7 +183,9 @@ def generation_settings(body: LlamaCompletionBody, handle: DaemonHandle, n_predi
     """llama-server's ``generation_settings``: what this request ran with (its fields over the daemon's defaults)."""
     sampling = {**handle.sampling_defaults, **body.sampling_overrides()}
     eos = handle.status.options.get("eos_token_ids", []) if handle.status else []
-    bias = [{"token": token, "bias": None} for token in eos] if body.ignore_eos else []  # null: -inf, as llama-server
+    biases = [*body.token_bias().items(), *((token, -math.inf) for token in eos if body.ignore_eos)]
+    # null: -inf, as llama-server writes it
+    bias = [{"token": token, "bias": value if math.isfinite(value) else None} for token, value in biases]
     return {
         "n_predict": n_predict,
         "seed": sampling.get("seed") if sampling.get("seed") is not None else -1,
@@ -191,6 +221,28 @@ async def probabilities(context: GatewayContext, entries: list[dict]) -> list[di
         }
         for entry in entries
     ]
+
+
+def per_token_events(text: str, tokens: list[int], probs: list[dict]) -> list[tuple[str, list[int], list[dict]]]:
+    """A chunk of several tokens as llama-server streams it with ``n_probs``: one event per token.
+
+    The daemon may send several tokens in one chunk; each event then carries one token, its text
+    and its probabilities. The pieces are the tokens' own texts, so this is done only when they make
+    up the chunk's text exactly (the first token of a reply may have lost its leading space); else the
+    chunk stays one event with every token's probabilities.
+
+    Returns:
+        (content, tokens, completion_probabilities) per event.
+    """
+    pieces = [entry["token"] for entry in probs]
+    if len(tokens) > 1 and len(probs) == len(tokens):
+        joined = "".join(pieces)
+        if joined != text and pieces[0].startswith(" ") and joined[1:] == text:
+            pieces[0] = pieces[0][1:]  # the reply's first token: the daemon's text drops its leading space
+            joined = joined[1:]
+        if joined == text:
+            return [(piece, [token], [entry]) for piece, token, entry in zip(pieces, tokens, probs, strict=True)]
+    return [(text, tokens, probs)]
 
 
 def pick_fields(answer: dict, names: list[str]) -> dict:
@@ -270,6 +322,8 @@ async def completion(body: LlamaCompletionBody, request: Request, response: Resp
     if body.stream and len(prompts) > 1:
         raise ApiError(400, "prompt: a streamed completion takes one prompt", param="prompt", code="invalid_value")
     n_predict = effective_n_predict(body, gateway(request).settings.default_n_predict)
+    if body.logit_bias:
+        await resolve_logit_bias(gateway(request).pool, body)
     if body.stream:
         stream, fields = await open_one(request, body, prompts[0], n_predict)
         events = _completion_events(request, body, stream, fields, n_predict)
@@ -322,9 +376,12 @@ def _completion_events(
             return
         if not (text or tokens):
             return
-        event: dict = {"index": 0, "content": text, "tokens": tokens, "stop": False, "id_slot": -1}
         if body.n_probs and reply.logprobs:
-            event["completion_probabilities"] = await probabilities(gateway(request), reply.logprobs)
-        yield sse_event(json.dumps(event))
+            probs = await probabilities(gateway(request), reply.logprobs)
+            for piece, token_ids, token_probs in per_token_events(text, tokens, probs):
+                event = {"index": 0, "content": piece, "tokens": token_ids, "stop": False, "id_slot": -1}
+                yield sse_event(json.dumps({**event, "completion_probabilities": token_probs}))
+            return
+        yield sse_event(json.dumps({"index": 0, "content": text, "tokens": tokens, "stop": False, "id_slot": -1}))
 
     return sse_body(stream, request, events_for)

@@ -75,7 +75,6 @@ LLAMA_UNIMPLEMENTED: dict[str, tuple[Neutral, str]] = {
     "top_n_sigma": (_equals(-1, -1.0), "top-n-sigma sampling is not supported"),
     "repeat_last_n": (_equals(64), "only repeat_last_n 64 is supported"),
     "penalize_nl": (_equals(False), "penalize_nl is not supported"),
-    "logit_bias": (_empty, "logit_bias is not supported on /completion: use /v1/completions"),
     "image_data": (_empty, "images are not supported"),
     "multimodal_data": (_empty, "multimodal input is not supported"),
     "lora": (_empty, "LoRA adapters are not supported"),

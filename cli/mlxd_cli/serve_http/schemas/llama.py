@@ -4,15 +4,21 @@ Contract:
     * ``LlamaCompletionBody`` (/completion, /completions) takes every prompt form llama-server takes
       (``LlamaPrompt``): a string; a list of token ids; a list mixing token ids and strings (one prompt);
       ``{"prompt_string": ..., "multimodal_data": [...]}`` (refused when it carries media); or a list of
-      such prompts (one answer each). Plus ``n_probs``, ``return_tokens`` and ``response_fields``.
+      such prompts (one answer each). Plus ``n_probs``, ``return_tokens``, ``response_fields`` and
+      llama-server's ``logit_bias``: ``[[token id or text, bias], ...]`` or ``{"token id or text": bias}``,
+      a bias being a finite number or ``false`` (the token is never produced); text stands for each of its
+      tokens (``llama_completion.resolve_logit_bias``). What llama-server would skip silently (an entry
+      that is not a pair, a bias of another type, a negative id) is a 400 here.
     * ``TokenizeBody`` adds ``with_pieces``; ``ApplyTemplateBody`` is /apply-template's chat.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, PrivateAttr, field_validator
 
 from mlxd_protocol.messages import MAX_LOGPROBS
 
@@ -20,6 +26,28 @@ from .requests import ChatMessage, LlamaCompletionRequest, RequestBody, StrictMo
 
 MAX_PROMPTS = 32  # prompts of one /completion; each is a generation of its own on the daemons
 MAX_RESPONSE_FIELDS = 64
+MAX_LOGIT_BIAS = 1024  # entries of one logit_bias (texts among them are tokenized one by one)
+_TOKEN_ID = re.compile(r"-?[0-9]{1,19}")
+
+
+def _bias_value(value: Any) -> float:
+    """A logit_bias bias: a finite number, or false for -inf (never produce the token)."""
+    if value is False:
+        return -math.inf
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"a bias must be a finite number or false (never produce the token), got {value!r:.40}")
+    return float(value)
+
+
+def _bias_token(token: Any) -> int | str:
+    """A logit_bias token: an id (>= 0) or a text (an id written as a string in the object form)."""
+    if isinstance(token, str) and _TOKEN_ID.fullmatch(token):
+        token = int(token)
+    if isinstance(token, bool) or not isinstance(token, (int, str)):
+        raise ValueError(f"a token must be a token id or a text, got {token!r:.40}")
+    if isinstance(token, int) and token < 0:
+        raise ValueError(f"token ids must be >= 0, got {token}")
+    return token
 
 
 class PromptObject(StrictModel):
@@ -62,6 +90,36 @@ class LlamaCompletionBody(LlamaCompletionRequest):
     n_probs: int = Field(0, ge=0, le=MAX_LOGPROBS)
     return_tokens: bool = False
     response_fields: list[str] | None = Field(None, max_length=MAX_RESPONSE_FIELDS)
+    logit_bias: list[Any] | dict[str, Any] | None = None
+    # logit_bias with its texts tokenized (set by the route: tokenizing needs a daemon)
+    _token_bias: dict[int, float] = PrivateAttr(default_factory=dict)
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_entries(cls, bias):
+        if bias is None:
+            return None
+        if len(bias) > MAX_LOGIT_BIAS:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS} entries")
+        items = bias.items() if isinstance(bias, dict) else bias
+        entries = []
+        for item in items:
+            if not isinstance(item, (list, tuple)) or len(item) != 2:
+                raise ValueError(f"each entry must be a [token, bias] pair, got {item!r:.40}")
+            entries.append((_bias_token(item[0]), _bias_value(item[1])))
+        return entries
+
+    def bias_entries(self) -> list[tuple[int | str, float]]:
+        """``logit_bias`` as (token id or text, bias) pairs, in the order given (false: -inf)."""
+        return list(self.logit_bias or [])
+
+    def token_bias(self) -> dict[int, float]:
+        """The bias of each token id, texts tokenized (empty until ``set_token_bias``)."""
+        return self._token_bias
+
+    def set_token_bias(self, bias: dict[int, float]) -> None:
+        """Keep ``logit_bias`` resolved to token ids (the route tokenizes its texts on a daemon)."""
+        self._token_bias = bias
 
     @field_validator("prompt")
     @classmethod
