@@ -18,10 +18,11 @@ Mapped flags: --host (comma-separated: several addresses), --port, --model/-m, -
 --hf-file/-hff, --ctx-size/-c and --parallel/-np (each slot gets ctx/np tokens: mlxd --max-batch np
 --max-kv-size ctx/np; with --kv-unified the np slots share one pool of ctx tokens: paged storage),
 --batch-size/-b (mlxd --prefill-chunk), --n-predict/-n, --temp, --top-k, --top-p, --min-p, --seed/-s,
---alias/-a, --api-key, --cors-origins / --cors-methods / --cors-headers / --(no-)cors-credentials (with
-llama-server's defaults, ``LLAMA_CORS``: any origin, echoed back, credentials allowed), --chat-template,
---chat-template-file, --metrics, --slots/--no-slots, --pooling, --reasoning on|off|auto, --spec-type
-ngram-* (prompt lookup), --cache-ram MiB (mlxd --prefix-cache-bytes), --verbose (debug logs).
+--alias/-a (comma-separated: sorted, the first names the model), --tags, --api-key, --cors-origins /
+--cors-methods / --cors-headers / --(no-)cors-credentials (with llama-server's defaults, ``LLAMA_CORS``:
+any origin, echoed back, credentials allowed), --chat-template, --chat-template-file, --metrics,
+--slots/--no-slots, --pooling, --reasoning on|off|auto, --spec-type ngram-* (prompt lookup), --cache-ram
+MiB (mlxd --prefix-cache-bytes), --verbose (debug logs).
 
 Ignored, because they mean nothing on an MLX server (``IGNORED_FLAGS``): --n-gpu-layers/-ngl and
 --threads/-t (MLX uses one device, and mlxd measures its own thread count), --ubatch-size/-ub (no
@@ -107,6 +108,7 @@ VALUE_FLAGS = {
     "--min-p",
     "--seed",
     "--alias",
+    "--tags",
     "--api-key",
     "--cors-origins",
     "--cors-methods",
@@ -289,7 +291,10 @@ def gateway_args(args: LlamaArgs, endpoint: str) -> list[str]:
     ]
     for host in values.get("--host", "127.0.0.1").split(","):
         gateway += ["--host", host.strip()]
-    for flag in ("--alias", "--api-key", "--n-predict"):
+    if "--alias" in values:  # llama-server keeps its aliases sorted (a std::set): the first names the model
+        aliases = sorted({alias.strip() for alias in values["--alias"].split(",") if alias.strip()})
+        gateway += ["--alias", ",".join(aliases)]
+    for flag in ("--tags", "--api-key", "--n-predict"):
         if flag in values:
             gateway += [flag, values[flag]]
     for flag, default in LLAMA_CORS.items():

@@ -53,6 +53,9 @@ def test_launcher_refuses_an_unknown_flag_and_maps_the_known_ones():
         compat.parse_llama_args(["--cors-origins", "http://a.example", "--no-cors-credentials"]), "ipc:///tmp/x.sock"
     )
     assert strict[strict.index("--cors-origins") + 1] == "http://a.example" and "--no-cors-credentials" in strict
+    # llama-server keeps its aliases in a sorted set, the first naming the model
+    named = compat.gateway_args(compat.parse_llama_args(["--alias", "tiny, fim,code", "--tags", "chat"]), "ipc://x")
+    assert named[named.index("--alias") + 1] == "code,fim,tiny" and named[named.index("--tags") + 1] == "chat"
 
 
 @pytest.mark.slow

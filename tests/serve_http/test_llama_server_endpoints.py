@@ -237,3 +237,15 @@ def test_streamed_n_probs_come_one_token_per_event(llama_gateway):
         assert len(event["completion_probabilities"][0]["top_logprobs"]) == 3
     whole = llama_gateway.client.post("/completion", json=body).json()
     assert "".join(event["content"] for event in partial) == whole["content"]
+
+
+def test_aliases_and_tags_are_listed_with_the_model(llama_daemon):
+    gateway = Gateway([llama_daemon], "--alias", "tinyllama-2, code,tinyllama-2", "--tags", "chat,small")
+    try:
+        (model,) = gateway.client.get("/v1/models").json()["data"]
+        assert model["id"] == "tinyllama-2" and model["aliases"] == ["tinyllama-2", "code"]
+        assert model["tags"] == ["chat", "small"]
+        answer = gateway.client.post("/completion", json={"prompt": "Once", "n_predict": 2}).json()
+        assert answer["model"] == "tinyllama-2"
+    finally:
+        gateway.stop()

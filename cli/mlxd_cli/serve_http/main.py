@@ -1,6 +1,7 @@
 """``mlx-serve-http``: serve mlxd over HTTP with OpenAI's and llama-server's APIs.
 
-    mlx-serve-http [--daemon ENDPOINT ...] [-m MODEL] [--alias NAME] [--host 127.0.0.1 ...] [--port 8080]
+    mlx-serve-http [--daemon ENDPOINT ...] [-m MODEL] [--alias NAME,...] [--tags TAGS] [--host 127.0.0.1 ...]
+                   [--port 8080]
                    [--api-key KEY] [--allowed-hosts NAMES] [--cors-origins ORIGINS] [--cors-methods M]
                    [--cors-headers H] [--cors-credentials/--no-cors-credentials]
                    [--draft-kind KIND] [--draft-block-size N] [--prompt-lookup-max-batch N]
@@ -85,7 +86,13 @@ def daemon_args(
     help="model for a daemon started by this command: checkpoint directory, .gguf file, hub id or 'embedded' "
     "(default: the default model, SmolLM2-135M-Instruct)",
 )
-@click.option("--alias", default=None, help="the model name replies carry (default: the checkpoint's directory name)")
+@click.option(
+    "--alias",
+    default=None,
+    help="the model name replies carry (default: the checkpoint's directory name); comma-separated: the "
+    "model's names, the first carried by replies, all listed by /v1/models as aliases",
+)
+@click.option("--tags", default=None, help="comma-separated informational tags /v1/models lists (llama-server's)")
 @click.option(
     "--host",
     "hosts",
@@ -225,6 +232,7 @@ def main(
     daemons,
     model,
     alias,
+    tags,
     hosts,
     port,
     api_key,
@@ -260,6 +268,7 @@ def main(
         draft_kind, draft_block_size, prompt_lookup_max_batch, seed, chat_template, chat_template_file, reasoning
     )
     hosts = list(dict.fromkeys(name.strip() for value in hosts for name in value.split(",") if name.strip()))
+    aliases = split_names(alias)
     endpoints = list(dict.fromkeys(daemons))  # the same daemon twice would only skew the balance
     supervisor = None
     try:
@@ -295,7 +304,9 @@ def main(
         max_concurrency=max_concurrency,
         max_body_bytes=max_body_bytes,
         max_requests_per_client=max_requests_per_client,
-        model_alias=alias,
+        model_alias=aliases[0] if aliases else None,
+        model_aliases=aliases,
+        model_tags=split_names(tags),
         allowed_hosts=allowed,
         default_n_predict=None if n_predict == -1 else n_predict,
         metrics_enabled=metrics,
@@ -326,6 +337,11 @@ def main(
         click.echo(f"mlx-serve-http: cannot listen: {error}", err=True)
         sys.exit(1)
     uvicorn.Server(config).run(sockets=sockets)
+
+
+def split_names(value: str | None) -> tuple[str, ...]:
+    """A comma-separated option's names: stripped, empty ones and repeats dropped, in the order given."""
+    return tuple(dict.fromkeys(name.strip() for name in (value or "").split(",") if name.strip()))
 
 
 def listening_socket(host: str, port: int) -> socket.socket:

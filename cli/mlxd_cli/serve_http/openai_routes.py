@@ -31,6 +31,8 @@ Contract:
       they come back as ``message.tool_calls`` (content null when there is none), streamed as one
       ``delta.tool_calls`` chunk before the finish chunk. A model without tool calling gets a 400, except
       for ``tool_choice: "none"``, which no call can follow (the tools are then not offered).
+    * ``/v1/models`` (and llama-server's ``/models``) lists each model once, with llama-server's ``aliases``
+      (every name ``--alias`` gives) and ``tags`` (``--tags``).
 """
 
 from __future__ import annotations
@@ -504,7 +506,13 @@ async def list_models(request: Request) -> ModelList:
     if not models:
         raise from_daemon_failure(_no_daemon(pool))
     created = int(time.time())
-    return ModelList(data=[ModelCard(id=model, created=created) for model in dict.fromkeys(models)])
+    settings = gateway(request).settings
+    return ModelList(
+        data=[
+            ModelCard(id=model, created=created, aliases=list(settings.model_aliases), tags=list(settings.model_tags))
+            for model in dict.fromkeys(models)
+        ]
+    )
 
 
 def _no_daemon(pool) -> NoDaemonAvailable:

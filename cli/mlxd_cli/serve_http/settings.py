@@ -30,6 +30,9 @@ class Settings:
         max_requests_per_client: Most requests in flight from one client address (None: no limit).
         health_interval_s: Seconds between health probes of each daemon.
         model_alias: The ``model`` every reply names (None: the checkpoint's name).
+        model_aliases: Every name of the model (``--alias a,b``: the first is ``model_alias``), listed
+            by /v1/models as ``aliases``.
+        model_tags: Informational tags /v1/models lists (llama-server's ``--tags``).
         allowed_hosts: Host header names answered (lower case, no port; IPv6 without brackets); None:
             any (the check is off).
         cors_origins: Browser origins allowed to call the API (CORS); empty: none, "*" in it: any.
@@ -52,6 +55,8 @@ class Settings:
     max_requests_per_client: int | None = DEFAULT_MAX_REQUESTS_PER_CLIENT
     health_interval_s: float = 1.0
     model_alias: str | None = None
+    model_aliases: tuple[str, ...] = ()
+    model_tags: tuple[str, ...] = ()
     allowed_hosts: frozenset[str] | None = frozenset(LOOPBACK_HOSTS)
     cors_origins: tuple[str, ...] = ()
     cors_methods: str = DEFAULT_CORS_METHODS

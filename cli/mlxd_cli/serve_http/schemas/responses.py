@@ -157,6 +157,8 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "mlxd"
+    aliases: list[str] = []  # llama-server's: every name of the model (--alias a,b)
+    tags: list[str] = []  # llama-server's: informational (--tags)
 
 
 class ModelList(BaseModel):
