@@ -21,17 +21,17 @@ Mapped flags: --host (comma-separated: several addresses), --port, --model/-m, -
 --alias/-a (comma-separated: sorted, the first names the model), --tags, --api-key, --cors-origins /
 --cors-methods / --cors-headers / --(no-)cors-credentials (with llama-server's defaults, ``LLAMA_CORS``:
 any origin, echoed back, credentials allowed), --chat-template, --chat-template-file, --metrics,
---slots/--no-slots, --pooling, --reasoning on|off|auto, --spec-type ngram-* (prompt lookup), --cache-ram
-MiB (mlxd --prefix-cache-bytes), --verbose (debug logs).
+--slots/--no-slots, --ui/--no-ui (and --webui/--no-webui: mlx-serve-http's home page at /, not a chat
+UI), --pooling, --reasoning on|off|auto, --spec-type ngram-* (prompt lookup), --cache-ram MiB (mlxd
+--prefix-cache-bytes), --verbose (debug logs).
 
 Ignored, because they mean nothing on an MLX server (``IGNORED_FLAGS``): --n-gpu-layers/-ngl and
 --threads/-t (MLX uses one device, and mlxd measures its own thread count), --ubatch-size/-ub (no
 physical batch split), --flash-attn/-fa (MLX picks its attention kernel), --cont-batching (mlxd always
 batches continuously), --jinja/--no-jinja (chat templates are always Jinja), --embedding (embeddings are
-always served), --offline (nothing is ever downloaded), --no-webui/--no-ui (there is no web UI),
---no-mmproj (no multimodal projector is loaded), --no-cache-idle-slots (finished requests go to the prefix
-cache, not to idle slots). Any other flag, or an ignored one given a value it cannot honour, ends this
-command with status 2 and a message naming it.
+always served), --offline (nothing is ever downloaded), --no-mmproj (no multimodal projector is loaded),
+--no-cache-idle-slots (finished requests go to the prefix cache, not to idle slots). Any other flag, or
+an ignored one given a value it cannot honour, ends this command with status 2 and a message naming it.
 """
 
 from __future__ import annotations
@@ -72,8 +72,6 @@ IGNORED_FLAGS = {
     "--embedding": False,
     "--embeddings": False,
     "--offline": False,
-    "--no-webui": False,
-    "--no-ui": False,
     "--no-mmproj": False,
     "--no-cache-idle-slots": False,
 }
@@ -91,6 +89,8 @@ ALIASES = {
     "-a": "--alias",
     "-v": "--verbose",
     "--embeddings": "--embedding",
+    "--webui": "--ui",
+    "--no-webui": "--no-ui",
 }
 VALUE_FLAGS = {
     "--host",
@@ -128,6 +128,8 @@ SWITCH_FLAGS = {
     "--verbose",
     "--cors-credentials",
     "--no-cors-credentials",
+    "--ui",
+    "--no-ui",
 }
 # llama-server's CORS defaults (its common_params): mlx-serve-http's own are stricter (no CORS at all).
 LLAMA_CORS = {"--cors-origins": "*", "--cors-methods": "GET, POST, DELETE, OPTIONS", "--cors-headers": "*"}
@@ -302,6 +304,7 @@ def gateway_args(args: LlamaArgs, endpoint: str) -> list[str]:
     gateway.append("--no-cors-credentials" if "--no-cors-credentials" in args.switches else "--cors-credentials")
     gateway.append("--metrics" if "--metrics" in args.switches else "--no-metrics")
     gateway.append("--no-slots" if "--no-slots" in args.switches else "--slots")
+    gateway.append("--no-ui" if "--no-ui" in args.switches else "--ui")
     return gateway
 
 

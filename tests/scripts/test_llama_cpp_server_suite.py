@@ -56,6 +56,7 @@ def test_launcher_refuses_an_unknown_flag_and_maps_the_known_ones():
     # llama-server keeps its aliases in a sorted set, the first naming the model
     named = compat.gateway_args(compat.parse_llama_args(["--alias", "tiny, fim,code", "--tags", "chat"]), "ipc://x")
     assert named[named.index("--alias") + 1] == "code,fim,tiny" and named[named.index("--tags") + 1] == "chat"
+    assert "--ui" in named and "--no-ui" in compat.gateway_args(compat.parse_llama_args(["--no-webui"]), "ipc://x")
 
 
 @pytest.mark.slow

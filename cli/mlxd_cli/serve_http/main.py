@@ -6,7 +6,7 @@
                    [--cors-headers H] [--cors-credentials/--no-cors-credentials]
                    [--draft-kind KIND] [--draft-block-size N] [--prompt-lookup-max-batch N]
                    [--seed N] [--chat-template NAME|JINJA] [--chat-template-file FILE] [--reasoning on|off|auto]
-                   [--n-predict N] [--metrics/--no-metrics] [--slots/--no-slots]
+                   [--n-predict N] [--metrics/--no-metrics] [--slots/--no-slots] [--ui/--no-ui]
                    [--max-concurrency N] [--max-body-bytes N] [--header-timeout S] [--body-timeout S]
 
 Without ``--daemon`` the default endpoint is used and mlxd is started there if none answers (with
@@ -192,6 +192,12 @@ def daemon_args(
 )
 @click.option("--slots/--no-slots", default=True, show_default=True, help="serve llama-server's /slots (off: 501)")
 @click.option(
+    "--ui/--no-ui",
+    default=True,
+    show_default=True,
+    help="serve a home page at / naming the model and linking the API docs (no chat UI; off: 404)",
+)
+@click.option(
     "--max-concurrency",
     default=None,
     type=click.IntRange(1),
@@ -251,6 +257,7 @@ def main(
     n_predict,
     metrics,
     slots,
+    ui,
     max_concurrency,
     max_requests_per_client,
     max_body_bytes,
@@ -311,6 +318,7 @@ def main(
         default_n_predict=None if n_predict == -1 else n_predict,
         metrics_enabled=metrics,
         slots_enabled=slots,
+        ui_enabled=ui,
         cors_origins=tuple(origin.strip().rstrip("/") for origin in cors_origins.split(",") if origin.strip()),
         cors_methods=cors_methods,
         cors_headers=cors_headers,

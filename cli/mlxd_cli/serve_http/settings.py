@@ -46,6 +46,7 @@ class Settings:
             its ``n_predict`` when the request sends none (None: no bound but the context).
         metrics_enabled: Serve ``/metrics`` (False: 501, as llama-server without ``--metrics``).
         slots_enabled: Serve ``/slots`` (False: 501, as llama-server with ``--no-slots``).
+        ui_enabled: Serve the home page at ``/`` (False: 404, as llama-server with ``--no-ui``).
     """
 
     daemons: list[str]
@@ -67,3 +68,4 @@ class Settings:
     default_n_predict: int | None = None
     metrics_enabled: bool = True
     slots_enabled: bool = True
+    ui_enabled: bool = True
