@@ -33,9 +33,9 @@ The rules, in the order they apply:
    (``engine.forward_cost``): verified rows run their rounds in one forward (``verify_rows``, each its
    own draft length), beside one batched step for the other rows or padded into one forward with them,
    whichever the estimate prefers; a draft that does not pay is declined (retracted, no miss) and the
-   row drafts again a few tokens later (``DECLINE_PAUSE_TOKENS``; a long match on the next token, so
+   row drafts again a few tokens later (``draft_pacing.DECLINE_PAUSE_TOKENS``; a long match on the next token, so
    copying rows meet in one verify forward). A probe of a governor that turned off, or a row the gate
-   has declined for ``EXPLORE_AFTER_DECLINED_TOKENS`` tokens running, is verified even at a loss while
+   has declined for ``draft_pacing.EXPLORE_AFTER_DECLINED_TOKENS`` tokens running, is verified even at a loss while
    the exploration budget lasts (``ExplorationBudget``: ``EXPLORE_SHARE`` of the ticks' wall time), so a
    row that starts copying again is seen to at a bounded cost; a proposal from the request's predicted
    output is always verified (the client asked for it, and OpenAI bills rejected prediction tokens for
@@ -69,16 +69,6 @@ from .trace import TickRecord
 
 log = logging.getLogger("mlxd.scheduler")
 
-# Rule 5: a row whose draft the gate declined drafts again only after 8, 16, then 32 more tokens (asking
-# every row's drafter every tick costs a small model's ticks: docs/benchmark_results/code_notes.md#decline-pause) ...
-DECLINE_PAUSE_TOKENS = (8, 16, 32)
-# ... but a declined draft that continues a long match (a copy, more often than not) is asked for again
-# on the next token: copying rows that pause apart rarely propose in the same tick, where verifying them
-# together pays and one of them alone beside plain rows does not (docs/benchmark_results/code_notes.md#decline-pause).
-LONG_MATCH_DECLINE_PAUSE = 1
-# Rule 5: a row whose drafts the gate has declined for this many output tokens running is worth a look at
-# a loss (ExplorationBudget): the fifth proposal of a row paused 8, 16, 32 and 32 tokens.
-EXPLORE_AFTER_DECLINED_TOKENS = 88
 # Rule 5: verifying probes and declined rows at a loss may cost this share of the ticks' wall time (the
 # plain-decode goal allows a percent), with at most EXPLORE_SAVED_MS saved up while nobody explores.
 EXPLORE_SHARE = 0.01
@@ -253,7 +243,7 @@ class PromptLookupArm:
             return self._plain(rows, record, {id(s): "declined-gate" for s in drafting}, steps)
         proposals, forced, explore, held = self._propose(drafting)
         if not proposals and self.decode_loop.pipelined:  # rule 3, as plan_tick would have it, without the views
-            plan = TickPlan(PlanMode.PIPELINED, steps=lookahead_steps([s.quiet_ticks for s in drafting], steps))
+            plan = TickPlan(PlanMode.PIPELINED, steps=lookahead_steps([s.pacing.quiet_ticks for s in drafting], steps))
         else:
             plan = plan_tick(
                 self._views(rows, proposals, forced, explore),
@@ -303,7 +293,7 @@ class PromptLookupArm:
         back by their governor."""
         proposals, forced, explore, held = {}, set(), set(), {}
         for state in drafting:
-            if state.emitted < state.drafts_from:  # rule 5: a row the gate declined drafts again later
+            if not state.pacing.may_propose(state.emitted):  # rule 5: a row the gate declined drafts again later
                 continue
             governor = state.drafter.governor
             was_off = governor.is_off
@@ -324,9 +314,7 @@ class PromptLookupArm:
                 continue
             if state.drafter.proposal_from_prediction:
                 forced.add(id(state))  # rule 5: the client's own prediction
-            elif was_off or (
-                state.gate_declines and state.emitted - state.declined_since >= EXPLORE_AFTER_DECLINED_TOKENS
-            ):
+            elif was_off or state.pacing.worth_a_look(state.emitted):
                 explore.add(id(state))  # rule 5: a probe, or a look at a row the gate keeps declining
             proposals[state] = proposal
         return proposals, forced, explore, held
@@ -359,11 +347,11 @@ class PromptLookupArm:
                     acceptance=drafter.governor.acceptance_estimate(drafter.last_match_is_long) if proposal else 0.0,
                     forced=id(state) in forced,
                     explore=id(state) in explore,
-                    quiet_ticks=state.quiet_ticks,
+                    quiet_ticks=state.pacing.quiet_ticks,
                     # a paused row will not propose next tick: it holds no pipelining back
                     pipelines=(
                         drafter.pipelines_plain_rounds()
-                        if drafter is not None and synchronous and state.emitted >= state.drafts_from
+                        if drafter is not None and synchronous and state.pacing.may_propose(state.emitted)
                         else True
                     ),
                 )
@@ -389,25 +377,17 @@ class PromptLookupArm:
             if id(state) in declined:  # rule 5: not worth its forward this tick; no miss
                 long_match = state.drafter.last_match_is_long  # of the proposal being retracted
                 state.drafter.retract_draft()
-                if not state.gate_declines:
-                    state.declined_since = state.emitted
-                state.gate_declines += 1
-                pause = (
-                    LONG_MATCH_DECLINE_PAUSE
-                    if long_match
-                    else DECLINE_PAUSE_TOKENS[min(state.gate_declines, len(DECLINE_PAUSE_TOKENS)) - 1]
-                )
-                state.drafts_from = state.emitted + pause
+                state.pacing.declined(state.emitted, long_match)
                 details[id(state)] = "declined-cost"
                 self.counters["declined_cost"] += 1
             else:
                 # the plan may cut long drafts to a narrower forward (tick_plan.py); the rest is not verified
                 verify[state] = proposal if plan.width is None else proposal[: plan.width - 1]
-                state.gate_declines = 0
+                state.pacing.verified()
         self.cost_model.declined(len(declined))
         if plan.mode == PlanMode.READ:  # rule 4: read the steps in flight instead of priming; settle the drafts after
             for state in verify:
-                state.quiet_ticks = 0
+                state.pacing.proposed()
             known = {id(state): len(state.seq.tokens) for state in verify}  # the drafts start here
             return TickResult(
                 emitted=self.decode_loop.teardown(),
@@ -420,7 +400,7 @@ class PromptLookupArm:
         if plan.mode == PlanMode.PIPELINED:
             if self.decode_loop.pipelined:  # rule 3: one more pipelined tick without a proposal
                 for state in drafting:
-                    state.quiet_ticks += 1
+                    state.pacing.quiet_tick()
             return self._plain(rows, record, details, plan.steps)
         result = TickResult(details=details)
         rest = [s for s in rows if s not in verify]

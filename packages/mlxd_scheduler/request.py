@@ -16,6 +16,7 @@ from typing import Any
 
 from mlxd_engine import SamplingParams, Sequence
 
+from .draft_pacing import DraftPacing
 from .kinds import Phase
 from .text_stream import TextStream
 
@@ -120,10 +121,7 @@ class RequestState:
     phase: Phase = Phase.WAITING
     timings: Timings = field(default_factory=Timings)
     drafter: Any = None  # PromptLookupDrafter when prompt lookup runs for this request
-    quiet_ticks: int = 0  # prompt lookup: pipelined ticks in a row without a proposal from this row
-    gate_declines: int = 0  # prompt lookup: proposals in a row the verify gate declined
-    declined_since: int = 0  # prompt lookup: the output count at the first of those declines
-    drafts_from: int = 0  # prompt lookup: the output count at which a declined row drafts again
+    pacing: DraftPacing = field(default_factory=DraftPacing)  # prompt lookup: when the drafter is asked
     cancel_requested: bool = False
     finish_reason: str | None = None
     emitted: int = 0  # output tokens reported so far
