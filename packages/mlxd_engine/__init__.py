@@ -8,6 +8,7 @@ from .eligibility import Eligibility, prompt_lookup_eligibility
 from .embeddings import POOLINGS, EmbeddingRun, EmbeddingUnavailable, HiddenStateSource, hidden_state_source
 from .engine import Emitted, Engine, Sequence, StepHandle, kv_bytes_per_token
 from .errors import GGUFError, KVStorageFull, ModelLoadError
+from .finish_rule import ends_on, finish_reason, reaches_length
 from .forward_cost import ForwardCost, calibrate_forward_cost
 from .loading.cpu_weights import WeightForm, apply_cpu_weight_rule, default_budget_bytes
 from .loading.default_model import EMBEDDED_ALIASES, resolve_default_model
@@ -59,6 +60,9 @@ __all__ = [
     "SlotKVStorage",
     "StepHandle",
     "at_kv_bound",
+    "ends_on",
+    "finish_reason",
+    "reaches_length",
     "embedded_model_path",
     "kv_bytes_per_token",
     "kv_room",

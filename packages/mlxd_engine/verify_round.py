@@ -36,7 +36,8 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from .engine import Engine, Sequence, mean_context
-from .storage.kv_bound import at_kv_bound, kv_room
+from .finish_rule import ends_on, reaches_length
+from .storage.kv_bound import kv_room
 
 ACCEPTED, TARGET = "accepted", "target"
 
@@ -144,7 +145,7 @@ def _settle(
         emitted.append(token)
         agrees = i < k and token == proposal[i]
         outcomes.append(ACCEPTED if agrees else TARGET)
-        if token in engine.loaded.eos_token_ids or (should_stop is not None and should_stop(token)):
+        if ends_on(engine.loaded.eos_token_ids, token, should_stop):
             finish_reason = "stop"
             break
         if not agrees:
@@ -155,7 +156,7 @@ def _settle(
     seq.tokens.extend(emitted)  # first: an unwind of recurrent state forwards the kept tokens again
     engine.commit_appends(seq, keep)
     engine.unwind_appends(seq, fed - keep)  # rejected drafts and padding
-    if finish_reason is None and (len(emitted) >= max_new_tokens or at_kv_bound(seq)):
+    if finish_reason is None and reaches_length(seq, len(emitted), max_new_tokens):
         finish_reason = "length"
     return RoundOutcome(emitted, outcomes, k, accepted, finish_reason)
 

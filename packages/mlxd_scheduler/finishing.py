@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 
-from mlxd_engine import Engine, at_kv_bound
+from mlxd_engine import Engine, reaches_length
 
 from .kinds import Phase
 from .request import FinishEvent, RequestState, TokenEvent
@@ -59,7 +59,7 @@ class Finisher:
                 if stopped:
                     reason = "stop"
                     break
-            if state.emitted >= request.max_tokens or (seq is not None and at_kv_bound(seq)):
+            if reaches_length(seq, state.emitted, request.max_tokens):
                 reason = "length"
                 break
         if taken:

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from mlxd_drafters import PromptLookupConfig, PromptLookupDrafter
-from mlxd_engine import Engine, SamplingParams, at_kv_bound, verify_round
+from mlxd_engine import Engine, SamplingParams, finish_reason, verify_round
 
 
 @dataclass
@@ -35,11 +35,7 @@ def _start(engine: Engine, prompt: list[int], params: SamplingParams | None):
 
 
 def _finished(engine: Engine, seq, token: int, emitted: int, max_tokens: int) -> str | None:
-    if token in engine.loaded.eos_token_ids:
-        return "stop"
-    if emitted >= max_tokens or at_kv_bound(seq):
-        return "length"
-    return None
+    return finish_reason(engine.loaded.eos_token_ids, seq, token, emitted, max_tokens)
 
 
 def _output(engine: Engine, seq) -> list[int]:
