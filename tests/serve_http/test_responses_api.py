@@ -105,7 +105,13 @@ def test_streamed_events_in_order_and_their_deltas_make_the_text(client, gateway
     with gateway.client.stream("POST", "/v1/responses", json={"input": QUESTION, "stream": True, **GREEDY}) as raw:
         lines = [line for line in raw.iter_lines() if line]
     names = [line.removeprefix("event: ") for line in lines[0::2]]
-    assert names == [json.loads(line.removeprefix("data: "))["type"] for line in lines[1::2]] == kinds
+    assert names == [json.loads(line.removeprefix("data: "))["type"] for line in lines[1::2]]
+    # the same sequence as the SDK's stream; how many tokens a delta carries depends on timing
+    assert _without_repeated_deltas(names) == _without_repeated_deltas(kinds)
+
+
+def _without_repeated_deltas(kinds: list[str]) -> list[str]:
+    return [kind for i, kind in enumerate(kinds) if not (i and kind == kinds[i - 1] == "response.output_text.delta")]
 
 
 def test_max_output_tokens_makes_an_incomplete_response(client):
