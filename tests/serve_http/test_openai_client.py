@@ -259,7 +259,9 @@ def test_streamed_chat_equals_mlx_generate(embedded_openai, embedded_endpoint):
         )
     )
     assert all(chunk.object == "chat.completion.chunk" for chunk in chunks)
-    assert chunks[0].choices[0].delta.role == "assistant"
+    # the opening chunk: the role and content null (no text yet), as llama-server sends it
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[0].choices[0].delta.content is None
+    assert all(chunk.choices[0].delta.role is None for chunk in chunks[1:])
     assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks) == reference["text"]
     assert chunks[-1].choices[0].finish_reason in ("stop", "length")
     assert all(chunk.choices[0].finish_reason is None for chunk in chunks[:-1])

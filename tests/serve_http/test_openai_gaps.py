@@ -41,7 +41,8 @@ def client(embedded_gateway):
 def test_system_fingerprint_on_replies_and_chunks_is_stable(client):
     chat = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=4, temperature=0)
     completion = client.completions.create(model="m", prompt="Once upon", max_tokens=4, temperature=0)
-    assert re.fullmatch(r"fp_[0-9a-f]{12}", chat.system_fingerprint)
+    # llama-server's shape, b<build>-<hash>: here b<mlxd release>-<hash of model and release>
+    assert re.fullmatch(r"b[0-9A-Za-z.+_-]+-[0-9a-f]{12}", chat.system_fingerprint)
     assert completion.system_fingerprint == chat.system_fingerprint
     chunks = list(
         client.chat.completions.create(

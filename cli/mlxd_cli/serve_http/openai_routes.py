@@ -13,8 +13,10 @@ Contract:
     * ``n`` choices are ``n`` generations submitted at once (``choice_streams``), each its own ``index``;
       with a ``seed``, choice i samples with seed + i (so choices differ at a temperature above 0; greedy
       ones are equal). usage counts the prompt once and every choice's completion tokens.
-    * Every reply and chunk carries ``system_fingerprint``: a stable hash of the serving daemon's model and
-      mlxd release.
+    * Every reply and chunk carries ``system_fingerprint``, llama-server's ``b<build>-<hash>`` shape:
+      ``b`` + the mlxd release, then a stable hash of the serving daemon's model and mlxd release.
+    * A chat stream opens with a chunk per choice whose delta is ``{"role": "assistant", "content": null}``
+      (llama-server's opening; no later delta repeats the role).
     * Structured output: OpenAI's ``response_format`` or llama-server's ``json_schema`` / ``grammar`` (GBNF)
       go to the daemon as its constraint; a schema or grammar it rejects is a 400 naming that field.
     * Chat: text content parts are joined with a newline (as llama-server joins them). A final assistant
@@ -68,6 +70,7 @@ from .schemas import (
     ChatCompletionRequest,
     ChatDelta,
     ChatMessageOut,
+    ChatOpeningDelta,
     Completion,
     CompletionChoice,
     CompletionRequest,
@@ -136,11 +139,15 @@ def usage_of_choices(dones: list[Done]) -> Usage:
 
 
 def system_fingerprint(handle: DaemonHandle) -> str | None:
-    """OpenAI's ``system_fingerprint``: a hash of the daemon's model and mlxd release (no path shows)."""
+    """``system_fingerprint``: the serving build and a hash of the daemon's model and mlxd release (no path shows).
+
+    Shaped like llama-server's ``b<build>-<hash>`` (``b`` + the mlxd release, then the hash), so clients of
+    either server can read it; OpenAI's own value is just as opaque (``fp_<hash>``), so its clients do too.
+    """
     if handle.status is None:
         return None
     identity = f"{handle.status.model}\0{handle.status.daemon_version}".encode()
-    return "fp_" + hashlib.sha256(identity).hexdigest()[:12]
+    return f"b{handle.status.daemon_version}-{hashlib.sha256(identity).hexdigest()[:12]}"
 
 
 def request_builder(
@@ -365,10 +372,7 @@ def _chat_events(
                     yield event([], usage=usage_of_choices([dones[number] for number in sorted(dones)]))
                 yield sse_event(b"[DONE]")
 
-    opening = b"".join(
-        event([ChatChunkChoice(index=index, delta=ChatDelta(role="assistant", content=""))])
-        for index in range(len(outputs))
-    )
+    opening = b"".join(event([ChatChunkChoice(index=index, delta=ChatOpeningDelta())]) for index in range(len(outputs)))
     # sse_body only iterates the stream (here: (choice, reply) pairs) and closes it
     return sse_body(choices, request, events_for, opening=opening)  # type: ignore[arg-type]
 

@@ -66,9 +66,16 @@ class ChatDelta(BaseModel):
     tool_calls: list[dict] | None = Field(None, exclude_if=_exclude_none)  # each with its "index"
 
 
+class ChatOpeningDelta(BaseModel):
+    """A stream's first delta: the role, and ``content: null`` (no text yet), as llama-server sends it."""
+
+    role: Literal["assistant"] = "assistant"
+    content: None = None
+
+
 class ChatChunkChoice(BaseModel):
     index: int = 0
-    delta: ChatDelta
+    delta: ChatDelta | ChatOpeningDelta
     logprobs: dict | None = None
     finish_reason: str | None = None
 
