@@ -17,11 +17,14 @@ REFUSED = [
     ("/v1/chat/completions", CHAT, "audio", {"voice": "alloy", "format": "wav"}),
     ("/v1/chat/completions", CHAT, "modalities", ["text", "audio"]),
     ("/v1/chat/completions", CHAT, "store", True),
+    ("/v1/chat/completions", CHAT, "verbose", True),
+    ("/chat/completions", CHAT, "verbose", True),
     ("/v1/completions", COMPLETION, "web_search_options", {}),
     ("/completion", LLAMA, "mirostat", 2),
     ("/completion", LLAMA, "post_sampling_probs", True),
     ("/completion", LLAMA, "return_progress", True),
     ("/completion", LLAMA, "typical_p", 0.5),
+    ("/completion", LLAMA, "verbose", True),
     ("/completion", LLAMA, "image_data", [{"data": "xx", "id": 1}]),
 ]
 
@@ -32,6 +35,7 @@ NEUTRAL = [
         {
             "modalities": ["text"],
             "store": False,
+            "verbose": False,
             "service_tier": "auto",
             "metadata": {"a": "b"},
             "response_format": {"type": "text"},
@@ -52,6 +56,7 @@ NEUTRAL = [
             "n_keep": 0,
             "samplers": None,
             "id_slot": -1,
+            "verbose": False,
         },
     ),
 ]
