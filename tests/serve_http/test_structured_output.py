@@ -94,6 +94,18 @@ def test_chat_json_object(chat_openai):
         assert reply.choices[0].message.content.startswith("{")
 
 
+def test_json_object_with_a_schema_follows_the_schema(stories_openai):
+    # llama-server's extension: a schema inside a json_object response_format constrains the reply to it
+    reply = stories_openai.completions.create(
+        model="m",
+        prompt="Once upon a time",
+        max_tokens=6,
+        temperature=0,
+        extra_body={"response_format": {"type": "json_object", "schema": {"const": "42"}}},
+    )
+    assert reply.choices[0].text == '"42"' and reply.choices[0].finish_reason == "stop"
+
+
 def test_max_tokens_inside_a_value_is_length(stories_openai):
     schema = {"type": "object", "required": ["story"], "properties": {"story": {"type": "string"}}}
     reply = stories_openai.completions.create(
@@ -144,6 +156,18 @@ def test_llama_json_schema_and_grammar(stories_gateway):
         ),
         ("/v1/completions", {"prompt": "x", "response_format": {"type": "json_schema"}}, "response_format", "schema"),
         ("/v1/completions", {"prompt": "x", "response_format": {"type": "xml"}}, "response_format", ""),
+        (
+            "/v1/completions",
+            {"prompt": "x", "response_format": {"type": "json_object", "schema": {"type": "hiccup"}}},
+            "response_format",
+            "hiccup",
+        ),
+        (
+            "/v1/completions",
+            {"prompt": "x", "response_format": {"type": "json_object", "schema": 123}},
+            "response_format",
+            "",
+        ),
     ],
 )
 def test_rejected_schema_or_grammar_is_400_naming_the_field(stories_gateway, path, body, param, words):

@@ -85,16 +85,23 @@ class JsonSchemaFormat(StrictModel):
 
 
 class ResponseFormat(StrictModel):
-    """OpenAI's ``response_format``: "text" (no constraint), "json_object" or "json_schema"."""
+    """OpenAI's ``response_format``: "text" (no constraint), "json_object" or "json_schema".
+
+    llama-server's extension: ``{"type": "json_object", "schema": {...}}`` constrains the reply to that
+    schema (as ``json_schema`` would), not merely to some JSON object.
+    """
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
+    schema_: dict | None = Field(None, alias="schema")
 
     def to_protocol(self) -> Constraint | None:
         """The protocol's Constraint (None for "text"); a json_schema without its schema is refused."""
         if self.type == "text":
             return None
         if self.type == "json_object":
+            if self.schema_ is not None:
+                return Constraint(kind="json_schema", text=json.dumps(self.schema_))
             return Constraint(kind="json_object")
         if self.json_schema is None or self.json_schema.schema_ is None:
             raise ValueError('type "json_schema" needs json_schema.schema')
