@@ -222,3 +222,15 @@ def test_continue_final_message_false_opens_a_new_turn(client):
     )
     as_text = client.completions.create(model="m", prompt=rendered(prefill, True), max_tokens=12, temperature=0)
     assert new_turn.choices[0].message.content == as_text.choices[0].text
+
+
+def test_two_final_assistant_messages_are_refused_unless_continued_explicitly(client):
+    # llama-server's rule for its prefill heuristic: with two assistant messages at the end, which is continued?
+    doubled = [*MESSAGES, {"role": "assistant", "content": "the cat"}, {"role": "assistant", "content": "sat"}]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="m", messages=doubled, max_tokens=4, temperature=0)
+    assert "2 or more assistant messages" in str(refused.value)
+    explicit = client.chat.completions.create(
+        model="m", messages=doubled, max_tokens=4, temperature=0, extra_body={"continue_final_message": True}
+    )
+    assert explicit.choices[0].finish_reason in ("stop", "length")

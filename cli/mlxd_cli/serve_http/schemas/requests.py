@@ -414,6 +414,17 @@ class ChatCompletionRequest(OpenAIGenerationFields):
             raise ValueError(
                 "add_generation_prompt: false is only supported with a final assistant message, which is then continued"
             )
+        if (
+            self.continue_final_message is None
+            and self.continues_final_message()
+            and len(self.messages) >= 2
+            and self.messages[-2].role == "assistant"
+        ):
+            # llama-server's rule for its prefill heuristic: which of the two would be continued is unclear
+            raise ValueError(
+                "cannot have 2 or more assistant messages at the end of the list "
+                "(the last one is continued; send continue_final_message: true to continue it anyway)"
+            )
         return self
 
     def continues_final_message(self) -> bool:
