@@ -207,6 +207,8 @@ def test_chat_path_equals_mlx_generate(templated_openai, templated_stories_endpo
     assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices) == reference["text"]
     assert [chunk.choices[0].finish_reason for chunk in chunks if chunk.choices][-1] == "length"
     assert chunks[-1].usage.completion_tokens == 24
+    # llama-server's usage chunk carries the timings too
+    assert chunks[-1].model_extra["timings"]["predicted_n"] == 24
 
 
 def test_chat_logprobs_on_the_templated_model(templated_openai):

@@ -16,7 +16,8 @@ Contract:
     * Every reply and chunk carries ``system_fingerprint``, llama-server's ``b<build>-<hash>`` shape:
       ``b`` + the mlxd release, then a stable hash of the serving daemon's model and mlxd release.
     * A chat stream opens with a chunk per choice whose delta is ``{"role": "assistant", "content": null}``
-      (llama-server's opening; no later delta repeats the role).
+      (llama-server's opening; no later delta repeats the role). With ``stream_options.include_usage`` the
+      closing usage chunk carries ``timings`` as well (the first choice's, as the non-streamed reply has).
     * Structured output: OpenAI's ``response_format`` or llama-server's ``json_schema`` / ``grammar`` (GBNF)
       go to the daemon as its constraint; a schema or grammar it rejects is a 400 naming that field.
     * Chat: text content parts are joined with a newline (as llama-server joins them). A final assistant
@@ -369,7 +370,12 @@ def _chat_events(
             )
             if len(dones) == len(outputs):
                 if include_usage:
-                    yield event([], usage=usage_of_choices([dones[number] for number in sorted(dones)]))
+                    # the usage chunk carries the first choice's timings too, as llama-server's does
+                    yield event(
+                        [],
+                        usage=usage_of_choices([dones[number] for number in sorted(dones)]),
+                        timings=dones[0].timings,
+                    )
                 yield sse_event(b"[DONE]")
 
     opening = b"".join(event([ChatChunkChoice(index=index, delta=ChatOpeningDelta())]) for index in range(len(outputs)))
@@ -491,7 +497,12 @@ def _completion_events(
             )
             if len(dones) == len(outputs):
                 if include_usage:
-                    yield event([], usage=usage_of_choices([dones[number] for number in sorted(dones)]))
+                    # the usage chunk carries the first choice's timings too, as llama-server's does
+                    yield event(
+                        [],
+                        usage=usage_of_choices([dones[number] for number in sorted(dones)]),
+                        timings=dones[0].timings,
+                    )
                 yield sse_event(b"[DONE]")
 
     # sse_body only iterates the stream (here: (choice, reply) pairs) and closes it
