@@ -65,6 +65,18 @@ DESELECTED: dict[str, str] = {
     "test_completion.py::test_completion_with_openai_library": _RNG,
     "test_completion.py::test_completion_stream_with_openai_library": _RNG,
     "test_chat_completion.py::test_chat_completion_with_openai_library": _RNG,
+    # the tinyllama2 preset starts the server with --temp 0.8 --seed 42 and these requests set no temperature
+    # (their prompt_tokens, checked before the text, match llama-server's)
+    "test_chat_completion.py::test_chat_completion[None-Book-Hey-8-But she couldn't-69-8-length-False-None]": _RNG,
+    "test_chat_completion.py::test_chat_completion[None-Book-Hey-8-But she couldn't-69-8-length-True-None]": _RNG,
+    'test_chat_completion.py::test_chat_completion[None-Book-What is the best book-8-(Suddenly)+|\\\\{ " Sarax.'
+    "-77-8-length-False-None]": _RNG,
+    'test_chat_completion.py::test_chat_completion[None-Book-What is the best book-8-(Suddenly)+|\\\\{ " Sarax.'
+    "-77-8-length-True-None]": _RNG,
+    'test_chat_completion.py::test_chat_completion[None-Book-What is the best book-8-(Suddenly)+|\\\\{ " Sarax.'
+    "-77-8-length-True-chatml]": _RNG,
+    "test_chat_completion.py::test_chat_completion[None-Book-user_prompt8-8-Whillicter-79-8-length-False-None]": _RNG,
+    "test_chat_completion.py::test_chat_completion[None-Book-user_prompt9-8-Whillicter-79-8-length-True-None]": _RNG,
     "test_chat_completion.py::test_chat_completion_stream[Book-What is the best book-8-(Suddenly)+-77-8-length]": _RNG,
     "test_chat_completion.py::test_chat_completion_stream[You are a coding assistant.-Write the fibonacci function "
     "in c++.-128-(Aside|she|felter|alonger)+-104-128-length]": _RNG,
