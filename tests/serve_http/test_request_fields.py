@@ -19,6 +19,7 @@ REFUSED = [
     ("/v1/chat/completions", CHAT, "store", True),
     ("/v1/chat/completions", CHAT, "verbose", True),
     ("/chat/completions", CHAT, "verbose", True),
+    ("/chat/completions", CHAT, "return_progress", True),
     ("/v1/completions", COMPLETION, "web_search_options", {}),
     ("/completion", LLAMA, "mirostat", 2),
     ("/completion", LLAMA, "post_sampling_probs", True),

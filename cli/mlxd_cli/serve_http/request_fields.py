@@ -60,6 +60,7 @@ OPENAI_UNIMPLEMENTED: dict[str, tuple[Neutral, str]] = {
     "verbosity": (_is_none, "verbosity is not supported"),
     # llama-server's: its __verbose debug object (the prompt as it was tokenized, ...) is not produced
     "verbose": (_equals(False), "the __verbose debug object (llama-server's verbose) is not supported"),
+    "return_progress": (_equals(False), "prompt progress events (llama-server's return_progress) are not supported"),
     "store": (_equals(False), "stored completions are not supported"),
     "functions": (_empty, "the deprecated 'functions' are not supported: use 'tools'"),
     "function_call": (_equals("none"), "the deprecated 'function_call' is not supported: use 'tool_choice'"),
