@@ -493,7 +493,9 @@ class TokenizeResult(Message):
     TYPE: ClassVar[str] = "tokenize_result"
     tokens: list[int]
     id: str | None = None
-    text: str | None = None  # the rendered chat, when the Tokenize asked for it (return_text)
+    # the rendered chat, when the Tokenize asked for it (return_text); without the template's leading BOS
+    # text where the tokenizer adds BOS itself (llama-server's /apply-template text)
+    text: str | None = None
 
 
 @dataclass(slots=True)

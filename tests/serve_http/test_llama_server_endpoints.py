@@ -152,7 +152,9 @@ def test_apply_template_renders_the_chat_as_a_completion_would_be_prompted(llama
     assert prompt.endswith("<|im_start|>user\nWhat is today?<|im_end|>\n<|im_start|>assistant\n")
     bare = llama_gateway.client.post("/apply-template", json={**chat, "add_generation_prompt": False}).json()["prompt"]
     assert bare == prompt.removesuffix("<|im_start|>assistant\n")
-    tokens = llama_gateway.client.post("/tokenize", json={"content": prompt}).json()["tokens"]
+    # as llama-server's: no BOS text (tokenizing with special tokens adds BOS, as /completion does)
+    assert not prompt.startswith("<s>")
+    tokens = llama_gateway.client.post("/tokenize", json={"content": prompt, "add_special": True}).json()["tokens"]
     answer = llama_gateway.client.post(
         "/v1/chat/completions", json={**chat, "max_tokens": 1, "chat_template_kwargs": {"enable_thinking": False}}
     ).json()
