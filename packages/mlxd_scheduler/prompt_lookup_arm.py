@@ -115,7 +115,7 @@ class TickOverheads:
 
     def __init__(self):
         self.plain_ms = 0.0
-        self.plain_ticks = self.sync_ticks = 0
+        self.plain_ticks = 0
         self._sync = RecentTimings(SYNC_SAMPLES)
         self._declining_ticks = 0  # ticks with a declined draft since the last synchronous tick
 
@@ -133,7 +133,6 @@ class TickOverheads:
         elif kind == "sync":
             self._sync.add(max(extra, 0.0))
             self._declining_ticks = 0
-            self.sync_ticks += 1
 
     def declined(self) -> None:
         """The gate declined a draft this tick."""

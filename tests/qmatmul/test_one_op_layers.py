@@ -178,23 +178,9 @@ def test_mlx_lm_model_files_take_the_one_op_swiglu_and_keep_their_logits():
 
     from mlxd_engine import cpu_fusion
 
-    args = qwen3.ModelArgs(
-        model_type="qwen3",
-        hidden_size=64,
-        num_hidden_layers=2,
-        intermediate_size=96,
-        num_attention_heads=4,
-        rms_norm_eps=1e-6,
-        vocab_size=101,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        head_dim=16,
-        tie_word_embeddings=True,
-        rope_theta=10000.0,
-    )
-    mx.random.seed(5)
-    model = qwen3.Model(args)
-    mx.eval(model.parameters())
+    from ..engine.architectures import build
+
+    model = build("qwen3", seed=5)
     tokens = mx.array([[3, 14, 15, 92, 65, 35, 89, 79]])
     stock_namespace = qwen3.swiglu
     try:

@@ -78,46 +78,44 @@ void run_attention_pairs(const AttentionJob& job, int pair0, int pair1) {
   std::vector<float> query(D), scores(S), acc(Dv);
   for (int pair = pair0; pair < pair1; ++pair) {
     const int b = pair / Hq, h = pair % Hq;
-    {
-      const int kvh = h / repeats;
-      const float* k_head = k_data + b * ks[0] + kvh * ks[1];
-      const float* v_head = v_data + b * vs[0] + kvh * vs[1];
-      for (int l = 0; l < L; ++l) {
-        const float* q_row = q_data + b * qs[0] + h * qs[1] + l * qs[2];
-        for (int d = 0; d < D; ++d) query[d] = job.scale * q_row[d * qs[3]];
-        const int visible = job.causal ? std::min(S, l + 1 + (S - L)) : S;
-        // scores of the visible keys (dense keys eight at a time), masked, then softmax's exponentials
-        if (ks[3] == 1) {
-          dots(query.data(), k_head, ks[2], visible, D, scores.data());
-        } else {
-          for (int s = 0; s < visible; ++s) scores[s] = strided_dot(query.data(), k_head + s * ks[2], ks[3], D);
-        }
-        float top = lowest;
-        for (int s = 0; s < visible; ++s) {
-          if (has_mask) {
-            const int64_t at = b * ms[0] + h * ms[1] + l * ms[2] + s * ms[3];
-            if (bool_mask) {
-              if (!mask_bool[at]) scores[s] = lowest;
-            } else {
-              scores[s] += mask_float[at];
-            }
-          }
-          top = std::max(top, scores[s]);
-        }
-        const float total = exp_shifted_sum(scores.data(), visible, top);
-        if (vs[3] == 1) {
-          weighted_sum(scores.data(), v_head, vs[2], visible, Dv, acc.data());
-        } else {
-          std::fill(acc.begin(), acc.end(), 0.0f);
-          for (int s = 0; s < visible; ++s) {
-            const float* v_row = v_head + s * vs[2];
-            for (int d = 0; d < Dv; ++d) acc[d] += scores[s] * v_row[d * vs[3]];
-          }
-        }
-        float* dst = job.out + ((static_cast<int64_t>(b) * Hq + h) * L + l) * Dv;
-        const float inverse = 1.0f / total;
-        for (int d = 0; d < Dv; ++d) dst[d] = acc[d] * inverse;
+    const int kvh = h / repeats;
+    const float* k_head = k_data + b * ks[0] + kvh * ks[1];
+    const float* v_head = v_data + b * vs[0] + kvh * vs[1];
+    for (int l = 0; l < L; ++l) {
+      const float* q_row = q_data + b * qs[0] + h * qs[1] + l * qs[2];
+      for (int d = 0; d < D; ++d) query[d] = job.scale * q_row[d * qs[3]];
+      const int visible = job.causal ? std::min(S, l + 1 + (S - L)) : S;
+      // scores of the visible keys (dense keys eight at a time), masked, then softmax's exponentials
+      if (ks[3] == 1) {
+        dots(query.data(), k_head, ks[2], visible, D, scores.data());
+      } else {
+        for (int s = 0; s < visible; ++s) scores[s] = strided_dot(query.data(), k_head + s * ks[2], ks[3], D);
       }
+      float top = lowest;
+      for (int s = 0; s < visible; ++s) {
+        if (has_mask) {
+          const int64_t at = b * ms[0] + h * ms[1] + l * ms[2] + s * ms[3];
+          if (bool_mask) {
+            if (!mask_bool[at]) scores[s] = lowest;
+          } else {
+            scores[s] += mask_float[at];
+          }
+        }
+        top = std::max(top, scores[s]);
+      }
+      const float total = exp_shifted_sum(scores.data(), visible, top);
+      if (vs[3] == 1) {
+        weighted_sum(scores.data(), v_head, vs[2], visible, Dv, acc.data());
+      } else {
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int s = 0; s < visible; ++s) {
+          const float* v_row = v_head + s * vs[2];
+          for (int d = 0; d < Dv; ++d) acc[d] += scores[s] * v_row[d * vs[3]];
+        }
+      }
+      float* dst = job.out + ((static_cast<int64_t>(b) * Hq + h) * L + l) * Dv;
+      const float inverse = 1.0f / total;
+      for (int d = 0; d < Dv; ++d) dst[d] = acc[d] * inverse;
     }
   }
 }

@@ -38,12 +38,6 @@ float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// The n % 8 tail through a padded register: lanes past n read and write a local copy only.
-template <typename F>
-void tail(int64_t n, F&& lanes) {
-  if (n > 0) lanes(static_cast<int>(n));
-}
-
 }  // namespace
 
 float exp_shifted_sum_avx2(float* x, int64_t n, float shift) {
@@ -56,7 +50,7 @@ float exp_shifted_sum_avx2(float* x, int64_t n, float shift) {
     total = _mm256_add_ps(total, e);
   }
   float sum = hsum(total);
-  tail(n - i, [&](int rest) {
+  if (const int rest = static_cast<int>(n - i); rest > 0) {  // the tail through a padded register
     alignas(32) float buffer[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int j = 0; j < rest; ++j) buffer[j] = x[i + j] - shift;
     _mm256_store_ps(buffer, exp8(_mm256_load_ps(buffer)));
@@ -64,7 +58,7 @@ float exp_shifted_sum_avx2(float* x, int64_t n, float shift) {
       x[i + j] = buffer[j];
       sum += buffer[j];
     }
-  });
+  }
   return sum;
 }
 
@@ -85,7 +79,7 @@ void swiglu_rows_avx2(const float* gate, const float* up, float* out, int64_t n)
   for (; i + 8 <= n; i += 8) {
     _mm256_storeu_ps(out + i, swiglu8(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
   }
-  tail(n - i, [&](int rest) {
+  if (const int rest = static_cast<int>(n - i); rest > 0) {  // the tail through padded registers
     alignas(32) float g[8] = {0, 0, 0, 0, 0, 0, 0, 0}, u[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int j = 0; j < rest; ++j) {
       g[j] = gate[i + j];
@@ -93,7 +87,7 @@ void swiglu_rows_avx2(const float* gate, const float* up, float* out, int64_t n)
     }
     _mm256_store_ps(g, swiglu8(_mm256_load_ps(g), _mm256_load_ps(u)));
     for (int j = 0; j < rest; ++j) out[i + j] = g[j];
-  });
+  }
 }
 
 float dot_avx2(const float* a, const float* b, int64_t n) {
