@@ -4,8 +4,8 @@ attention and SwiGLU as one op each.
 Why: MLX's own CPU quantized matmul recomputes the dequantization for every input row, and float32
 copies of the weights read 4 bytes a weight where the checkpoint holds 0.5-1. This MLX extension (a C++
 ``Primitive`` with ``eval_cpu``, ``native/``) decodes each block of weights once per tile of rows, in
-registers, with SIMD chosen at run time (AVX-512, AVX2 + FMA, SSE2 / NEON), its output columns shared
-over the CPU's cores. Figures: docs/benchmark_results/qmatmul_kernel.md.
+registers, with SIMD chosen at run time (AVX-512, AVX2 + FMA, SSE2 / NEON), its output columns cut into
+tasks that the CPU's cores claim one at a time (a core the OS takes away holds back one task, not a share). Figures: docs/benchmark_results/qmatmul_kernel.md.
 
 Contract:
 - ``available()`` is True when the extension was built (``make setup`` runs ``scripts/build_qmatmul.sh``)
@@ -23,6 +23,8 @@ Contract:
 - ``quantized_matmul(..., int8_activations=True)``: the opt-in int8-activation variant (4 and 8 bits,
   AVX-512 VNNI; ``int8_available()``), not within float32 rounding: its greedy agreement and perplexity are in
   docs/benchmark_results/qmatmul_int8.md.
+- ``quantized_matmul_split(..., sizes)``: the product of a weight packed from several layers' rows, one
+  output per layer, each equal to that layer's own ``quantized_matmul`` (one op for q/k/v or gate/up).
 - ``supports(bits, group_size, mode)`` says whether a layer's format is one the kernel takes.
 - ``kernel_isa()`` / ``kernel_threads()``: what it runs with here. ``MLXD_QMM_ISA`` (avx512, avx2, sse2,
   neon) forces a narrower instruction set, ``MLXD_QMM_THREADS`` the thread count (default: every core, for
@@ -86,6 +88,17 @@ def quantized_matmul(x, w, scales, biases, group_size: int, bits: int, int8_acti
     if _ext is None:
         raise RuntimeError(_REASON)
     return _ext.quantized_matmul(x, w, scales, biases, group_size, bits, int8_activations=int8_activations)
+
+
+def quantized_matmul_split(x, w, scales, biases, group_size: int, bits: int, sizes, int8_activations: bool = False):
+    """``quantized_matmul`` for a weight packed from several layers' rows (``sizes``: each layer's output
+    count, in order, summing to the rows of ``w``): one output per layer, each dense and equal to that
+    layer's own ``quantized_matmul``, computed as one op and one job on the kernel's threads."""
+    if _ext is None:
+        raise RuntimeError(_REASON)
+    return _ext.quantized_matmul_split(
+        x, w, scales, biases, group_size, bits, list(sizes), int8_activations=int8_activations
+    )
 
 
 def int8_available(bits: int = 4) -> bool:

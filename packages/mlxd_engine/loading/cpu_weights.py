@@ -11,7 +11,8 @@ Contract: ``apply_cpu_weight_rule(model, budget_bytes)`` changes the model in pl
 - On the CPU every float16 / bfloat16 parameter is cast to float32 (exact: every such value is a
   float32 value). When mlxd's CPU quantized-matmul kernel is built (``mlxd_qmatmul``) and takes every
   quantized layer, the layers stay quantized and run on it (``kernel_layers.py``) if the timing at load
-  says it beats float32 weights on decode's shapes (both timings are logged); their scales and biases then
+  says it beats float32 weights on decode's shapes (both timings are logged), sibling projections of one
+  input packed into one product each (``projection_groups.py``); their scales and biases then
   stay as stored (float16 or bfloat16 read by the kernel: fewer bytes a step, the same values). Otherwise
   quantized layers are dequantized to float32 (with float32 scales, so the values are exactly
   ``scale * q + bias`` computed in float32) when the whole model fits ``budget_bytes`` dequantized; above it
@@ -35,6 +36,7 @@ import mlx.nn as nn
 import mlxd_qmatmul
 
 from .kernel_layers import kernel_layers, measure, use_kernel
+from .projection_groups import group_projections, grouping_wanted
 
 log = logging.getLogger("mlxd.engine")
 
@@ -182,6 +184,7 @@ def _try_kernel(model: nn.Module, layers: list, choice: str, cast: str, stored_s
         log.info("the kernel is not faster than float32 weights here; quantized layers are dequantized")
         return None
     switched = use_kernel(model, timing.max_rows, int8_activations=int8)
+    groups = group_projections(model) if grouping_wanted() else 0
     packed = sum(layer["weight"].nbytes + layer["scales"].nbytes + layer["biases"].nbytes for layer in capable)
     scale_types = sorted({str(layer["scales"].dtype).removeprefix("mlx.core.") for layer in capable})
     return WeightForm(
@@ -189,5 +192,5 @@ def _try_kernel(model: nn.Module, layers: list, choice: str, cast: str, stored_s
         f"weights: {cast} (quantized layers' scales kept {'/'.join(scale_types)}); {switched} quantized "
         f"layers ({packed / 2**20:.0f} MiB) kept {layers[0].bits}-bit on "
         f"the CPU quantized-matmul kernel ({mlxd_qmatmul.kernel_isa()}, {mlxd_qmatmul.describe_threads()}; "
-        f"{timing.describe()})",
+        f"{groups} groups of sibling projections run as one product each; {timing.describe()})",
     )

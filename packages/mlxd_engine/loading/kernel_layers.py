@@ -26,15 +26,19 @@ UNBOUNDED = 1 << 30  # max_rows: the kernel takes every row count
 
 
 def _kernel_or_blas(x, layer, max_rows: int, int8_activations: bool = False):
+    return packed_product(
+        x, layer["weight"], layer["scales"], layer["biases"], layer.group_size, layer.bits, max_rows, int8_activations
+    )
+
+
+def packed_product(x, weight, scales, biases, group_size: int, bits: int, max_rows: int, int8_activations: bool):
+    """x @ dequantize(weight).T: on the kernel for up to ``max_rows`` rows, else dequantized for the call and
+    through BLAS."""
     rows = x.size // x.shape[-1] if x.ndim else 1
     if rows <= max_rows:
-        return mlxd_qmatmul.quantized_matmul(
-            x, layer["weight"], layer["scales"], layer["biases"], layer.group_size, layer.bits, int8_activations
-        )
-    weight = mx.dequantize(
-        layer["weight"], _wide(layer["scales"]), _wide(layer["biases"]), group_size=layer.group_size, bits=layer.bits
-    )
-    return x @ weight.T
+        return mlxd_qmatmul.quantized_matmul(x, weight, scales, biases, group_size, bits, int8_activations)
+    dense = mx.dequantize(weight, _wide(scales), _wide(biases), group_size=group_size, bits=bits)
+    return x @ dense.T
 
 
 def _wide(array):

@@ -124,16 +124,11 @@ void run_attention_pairs(const AttentionJob& job, int pair0, int pair1) {
 void run_attention(const AttentionJob& job) {
   const int pairs = job.q.shape(0) * job.q.shape(1);
   const int64_t work = static_cast<int64_t>(pairs) * job.q.shape(2) * job.k.shape(2) * job.q.shape(3);
-  const int parts = work < kParallelAttentionWork ? 1 : std::min(pairs, pool_threads());
-  if (parts == 1) {
+  if (work < kParallelAttentionWork || pool_threads() == 1) {
     run_attention_pairs(job, 0, pairs);
     return;
   }
-  const int per_part = (pairs + parts - 1) / parts;
-  run_parts(parts, [&](int part) {
-    const int first = part * per_part;
-    run_attention_pairs(job, first, std::min(pairs, first + per_part));
-  });
+  run_tasks(pairs, [&](int pair) { run_attention_pairs(job, pair, pair + 1); });
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
+#include <nanobind/stl/vector.h>
 
 #include "attention.h"
 #include "qmatmul.h"
@@ -18,6 +19,10 @@ NB_MODULE(_ext, m) {
         "group_size"_a, "bits"_a, nb::kw_only(), "int8_activations"_a = false, "stream"_a = nb::none(),
         "x @ dequantize(w, scales, biases).T on the CPU kernels (transpose=True semantics of "
         "mx.quantized_matmul); float32 math, the result in x's dtype.");
+  m.def("quantized_matmul_split", &mlxd_qmm::quantized_matmul_split, "x"_a, "w"_a, "scales"_a, "biases"_a,
+        "group_size"_a, "bits"_a, "sizes"_a, nb::kw_only(), "int8_activations"_a = false, "stream"_a = nb::none(),
+        "quantized_matmul for a weight packed from several layers' rows: one output per entry of sizes "
+        "(each layer's output count, in order), each equal to that layer's own product.");
   m.def("rope", &mlxd_qmm::rope, "x"_a, "offset"_a, "dims"_a, "traditional"_a, "base"_a, "scale"_a,
         nb::kw_only(), "stream"_a = nb::none(),
         "mx.fast.rope(x, dims, traditional=, base=, scale=, offset=) as one CPU op: float32 x, an integer "

@@ -160,8 +160,14 @@ int available_cores() {
   return cores;
 }
 
-// A small pool: the calling thread takes part 0, each worker one other part. Workers spin for a short
-// while after a job (the next matmul of a forward follows within microseconds), then sleep.
+// A small pool whose threads claim tasks one at a time: the calling thread starts on them at once, and a
+// worker that is asleep or descheduled (the serving thread, another process) holds back only a task it has
+// already claimed, never a fixed share of the work. Workers spin for a short while after a job (the next
+// product of a forward follows within microseconds), then sleep.
+//
+// claim_ holds the job's generation in its high 32 bits and the next unclaimed task in its low 32: a claim
+// is one compare-and-swap that fails once a newer job replaced the one a late worker saw, and a task
+// claimed below tasks_ means the job is still running, so job_ is still its job.
 class Pool {
  public:
   static Pool& instance() {
@@ -173,29 +179,29 @@ class Pool {
     return static_cast<int>(workers_.size()) + 1;
   }
 
-  void run(int parts, const std::function<void(int)>& job) {
-    if (parts <= 1 || workers_.empty()) {
-      for (int i = 0; i < parts; ++i) job(i);
+  void run(int tasks, const std::function<void(int)>& job) {
+    if (tasks <= 1 || workers_.empty()) {
+      for (int i = 0; i < tasks; ++i) job(i);
       return;
     }
-    parts = std::min(parts, threads());
     std::lock_guard<std::mutex> one_caller(run_mutex_);
-    job_ = &job;
-    parts_ = parts;
-    pending_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);  // every worker checks in
+    job_.store(&job, std::memory_order_relaxed);
+    tasks_.store(tasks, std::memory_order_relaxed);
+    done_.store(0, std::memory_order_relaxed);
+    const uint64_t generation = (claim_.load(std::memory_order_relaxed) >> 32) + 1;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      generation_.fetch_add(1, std::memory_order_release);
+      claim_.store(generation << 32, std::memory_order_release);
     }
     if (sleepers_.load(std::memory_order_acquire) > 0) wake_.notify_all();
-    job(0);
-    while (pending_.load(std::memory_order_acquire) > 0) pause();
+    work_on(generation);
+    while (done_.load(std::memory_order_acquire) < tasks) pause();
   }
 
  private:
   Pool() {
     int count = configured_threads();
-    for (int i = 1; i < count; ++i) workers_.emplace_back([this, i] { work(i); });
+    for (int i = 1; i < count; ++i) workers_.emplace_back([this] { work(); });
     for (auto& worker : workers_) worker.detach();
   }
 
@@ -212,25 +218,41 @@ class Pool {
 #endif
   }
 
-  void work(int index) {
+  static uint64_t generation_of(uint64_t claim) {
+    return claim >> 32;
+  }
+
+  // Runs the tasks of job `generation` this thread can claim, until none is left or a newer job began.
+  void work_on(uint64_t generation) {
+    for (;;) {
+      uint64_t claim = claim_.load(std::memory_order_acquire);
+      if (generation_of(claim) != generation) return;
+      const int task = static_cast<int>(claim & 0xffffffffu);
+      if (task >= tasks_.load(std::memory_order_relaxed)) return;
+      if (!claim_.compare_exchange_weak(claim, claim + 1, std::memory_order_acq_rel)) continue;
+      (*job_.load(std::memory_order_relaxed))(task);
+      done_.fetch_add(1, std::memory_order_acq_rel);
+    }
+  }
+
+  void work() {
     uint64_t seen = 0;
     for (;;) {
       auto start = std::chrono::steady_clock::now();
       int spins = 0;
-      while (generation_.load(std::memory_order_acquire) == seen) {
+      while (generation_of(claim_.load(std::memory_order_acquire)) == seen) {
         pause();
         if (++spins % 256 == 0 &&
             std::chrono::steady_clock::now() - start > std::chrono::microseconds(spin_micros_)) {
           std::unique_lock<std::mutex> lock(mutex_);
           sleepers_.fetch_add(1, std::memory_order_acq_rel);
-          wake_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
+          wake_.wait(lock, [&] { return generation_of(claim_.load(std::memory_order_acquire)) != seen; });
           sleepers_.fetch_sub(1, std::memory_order_acq_rel);
           break;
         }
       }
-      seen = generation_.load(std::memory_order_acquire);
-      if (index < parts_) (*job_)(index);
-      pending_.fetch_sub(1, std::memory_order_acq_rel);
+      seen = generation_of(claim_.load(std::memory_order_acquire));
+      work_on(seen);
     }
   }
 
@@ -238,39 +260,59 @@ class Pool {
   std::vector<std::thread> workers_;
   std::mutex run_mutex_, mutex_;
   std::condition_variable wake_;
-  std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0};
+  std::atomic<uint64_t> claim_{0};
+  std::atomic<int> tasks_{0};
+  std::atomic<int> done_{0};
   std::atomic<int> sleepers_{0};
-  const std::function<void(int)>* job_ = nullptr;
-  int parts_ = 0;
+  std::atomic<const std::function<void(int)>*> job_{nullptr};
 };
 
 int pool_threads() {
   return Pool::instance().threads();
 }
 
-void run_parts(int parts, const std::function<void(int)>& job) {
-  Pool::instance().run(parts, job);
+void run_tasks(int tasks, const std::function<void(int)>& job) {
+  Pool::instance().run(tasks, job);
+}
+
+// Columns per task: about kTasksPerThread tasks for each thread, whole tiles of 8 columns, at least
+// kMinTaskColumns, so a thread that falls behind leaves little for the others to wait on.
+constexpr int kTasksPerThread = 8;
+constexpr int kMinTaskColumns = 32;
+
+void run_problems(const std::vector<Problem>& problems, const Isa& isa) {
+  // Small products stay on one thread: waking a worker costs more than it saves.
+  int64_t work = 0;
+  int columns_in_all = 0;
+  for (const Problem& p : problems) {
+    work += static_cast<int64_t>(p.N) * p.K * p.bits / 8 * (1 + p.M / 4);
+    columns_in_all += p.N;
+  }
+  const int threads = pool_threads();
+  if (work < (1 << 16) || threads == 1 || columns_in_all < 2 * kMinTaskColumns) {
+    for (const Problem& p : problems) {
+      if (p.M > 0 && p.N > 0) isa.kernel(p, 0, p.N);
+    }
+    return;
+  }
+  const int wanted = (columns_in_all + threads * kTasksPerThread - 1) / (threads * kTasksPerThread);
+  const int columns = (std::max(wanted, kMinTaskColumns) + 7) / 8 * 8;
+  struct Task {
+    int problem, n0, n1;
+  };
+  std::vector<Task> tasks;
+  for (int i = 0; i < static_cast<int>(problems.size()); ++i) {
+    if (problems[i].M == 0) continue;
+    for (int n0 = 0; n0 < problems[i].N; n0 += columns) tasks.push_back({i, n0, std::min(problems[i].N, n0 + columns)});
+  }
+  run_tasks(static_cast<int>(tasks.size()), [&](int t) {
+    const Task& task = tasks[t];
+    isa.kernel(problems[task.problem], task.n0, task.n1);
+  });
 }
 
 void run_problem(const Problem& problem, const Isa& isa) {
-  // Small problems stay on one thread: waking a worker costs more than it saves.
-  const int64_t weight_bytes = static_cast<int64_t>(problem.N) * problem.K * problem.bits / 8;
-  const int64_t work = weight_bytes * (1 + problem.M / 4);
-  Pool& pool = Pool::instance();
-  int parts = work < (1 << 16) ? 1 : pool.threads();
-  parts = std::min(parts, std::max(1, problem.N / 8));
-  if (parts == 1) {
-    isa.kernel(problem, 0, problem.N);
-    return;
-  }
-  const int per_part = ((problem.N + parts - 1) / parts + 7) / 8 * 8;
-  std::function<void(int)> job = [&](int part) {
-    const int n0 = part * per_part;
-    const int n1 = std::min(problem.N, n0 + per_part);
-    if (n0 < n1) isa.kernel(problem, n0, n1);
-  };
-  pool.run(parts, job);
+  run_problems({problem}, isa);
 }
 
 }  // namespace mlxd_qmm

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <functional>
+#include <vector>
 
 #include "kernel.h"
 
@@ -14,10 +15,15 @@ int available_cores();
 // pay for waking a worker run on the calling thread alone.
 int pool_threads();
 
-// job(0) .. job(parts - 1), shared over the pool's threads (the caller runs part 0).
-void run_parts(int parts, const std::function<void(int)>& job);
+// job(0) .. job(tasks - 1), each run once by whichever of the pool's threads claims it (the caller
+// among them); returns when all have run.
+void run_tasks(int tasks, const std::function<void(int)>& job);
 
 // y = x @ dequantize(w)^T for one problem (x already in split order for 4 bits).
 void run_problem(const Problem& problem, const Isa& isa);
+
+// Several problems over the same x (the parts of one packed weight), their columns shared over the pool
+// as one job.
+void run_problems(const std::vector<Problem>& problems, const Isa& isa);
 
 }  // namespace mlxd_qmm

@@ -67,27 +67,33 @@ void gather_dense(const mx::array& a, float* out) {
   }
 }
 
-// Quantizes x (dense) into this thread's int8 buffers and runs the int8-activation kernel.
-void run_int8(Problem problem) {
+// Quantizes x (dense) into this thread's int8 buffers and runs the int8-activation kernel on each problem.
+void run_int8(std::vector<Problem> problems) {
   thread_local AlignedFloats q_buffer, lane_buffer, sum_buffer;
-  const int Kpad = int8_padded_k(problem.K);
-  const int Gpad = int8_padded_groups(problem.K / problem.group_size);
-  const size_t M = problem.M;
+  const Problem& first = problems.front();
+  const int Kpad = int8_padded_k(first.K);
+  const int Gpad = int8_padded_groups(first.K / first.group_size);
+  const size_t M = first.M;
   auto* q = reinterpret_cast<int8_t*>(q_buffer.reserve(M * Kpad / 4));
   float* lanes = lane_buffer.reserve(M * Kpad / 8);
   float* sums = sum_buffer.reserve(M * Gpad);
-  quantize_rows_int8(problem.x, problem.M, problem.K, problem.group_size, problem.bits == 4, q, lanes, sums);
+  quantize_rows_int8(first.x, first.M, first.K, first.group_size, first.bits == 4, q, lanes, sums);
   const Int8Rows rows{q, lanes, sums, Kpad, Gpad};
-  problem.int8 = &rows;
+  for (Problem& problem : problems) problem.int8 = &rows;
   const Isa isa{"avx512vnni", 16, int8_kernel()};
-  run_problem(problem, isa);
+  run_problems(problems, isa);
+}
+
+size_t scale_bytes(int scale_type) {
+  return scale_type == kScaleFloat32 ? 4 : 2;
 }
 
 }  // namespace
 
-mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
-                           const mx::array& biases, int group_size, int bits, bool int8_activations,
-                           mx::StreamOrDevice s) {
+std::vector<mx::array> quantized_matmul_split(const mx::array& x, const mx::array& w, const mx::array& scales,
+                                              const mx::array& biases, int group_size, int bits,
+                                              const std::vector<int>& sizes, bool int8_activations,
+                                              mx::StreamOrDevice s) {
   check(bits == 4 || bits == 8, "bits must be 4 or 8, got " + std::to_string(bits));
   check(group_size == 32 || group_size == 64 || group_size == 128,
         "group size must be 32, 64 or 128, got " + std::to_string(group_size));
@@ -101,6 +107,14 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
   check(K % group_size == 0, "the input size is not a multiple of the group size");
   const mx::Shape groups{N, K / group_size};
   check(scales.shape() == groups && biases.shape() == groups, "scales and biases must be [N, K / group_size]");
+  check(!sizes.empty(), "sizes must name at least one output");
+  int64_t total = 0;
+  for (int size : sizes) {
+    check(size > 0, "every output size must be positive");
+    total += size;
+  }
+  check(total == N, "the output sizes sum to " + std::to_string(total) + ", the weights have " + std::to_string(N) +
+                        " rows");
   auto stream = mx::to_stream(s, mx::Device::cpu);
   check(stream.device == mx::Device::cpu, "runs on the CPU only");
   auto x32 = mx::astype(x, mx::float32, stream);
@@ -111,12 +125,27 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
   auto s32 = row_contiguous(mx::astype(scales, scale_dtype, stream), stream);
   auto b32 = row_contiguous(mx::astype(biases, scale_dtype, stream), stream);
   auto wc = row_contiguous(w, stream);
-  mx::Shape out_shape = x.shape();
-  out_shape.back() = N;
+  std::vector<mx::Shape> shapes;
+  for (int size : sizes) {
+    mx::Shape shape = x.shape();
+    shape.back() = size;
+    shapes.push_back(shape);
+  }
   const bool int8 = int8_activations && int8_available(bits);
-  mx::array out(out_shape, mx::float32, std::make_shared<CpuQuantizedMatmul>(stream, group_size, bits, int8),
-                {x32, wc, s32, b32});
-  return x.dtype() == mx::float32 ? out : mx::astype(out, x.dtype(), stream);
+  auto outs = mx::array::make_arrays(
+      shapes, std::vector<mx::Dtype>(sizes.size(), mx::float32),
+      std::make_shared<CpuQuantizedMatmul>(stream, group_size, bits, int8, sizes), {x32, wc, s32, b32});
+  if (x.dtype() != mx::float32) {
+    for (auto& out : outs) out = mx::astype(out, x.dtype(), stream);
+  }
+  return outs;
+}
+
+mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
+                           const mx::array& biases, int group_size, int bits, bool int8_activations,
+                           mx::StreamOrDevice s) {
+  check(w.ndim() == 2, "weights must be a 2-D uint32 array");
+  return quantized_matmul_split(x, w, scales, biases, group_size, bits, {w.shape(0)}, int8_activations, s)[0];
 }
 
 std::string kernel_isa() {
@@ -131,7 +160,7 @@ int kernel_threads(int) {
   return pool_threads();
 }
 
-void CpuQuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+void CpuQuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   const auto& x = inputs[0];
   const auto& w = inputs[1];
   const auto& scales = inputs[2];
@@ -139,62 +168,79 @@ void CpuQuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::arra
   for (size_t i = 1; i < inputs.size(); ++i) {
     if (!inputs[i].flags().row_contiguous) throw std::runtime_error("CpuQuantizedMatmul: weights must be row-contiguous");
   }
-  out.set_data(mx::allocator::malloc(out.nbytes()));
   auto& encoder = mx::cpu::get_command_encoder(stream());
   encoder.set_input_array(x);
   encoder.set_input_array(w);
   encoder.set_input_array(scales);
   encoder.set_input_array(biases);
-  encoder.set_output_array(out);
   const int K = x.shape(-1);
   const int M = K == 0 ? 0 : static_cast<int>(x.size() / K);
-  const int N = w.shape(0);
   const int scale_type = scales.dtype() == mx::float16    ? kScaleFloat16
                          : scales.dtype() == mx::bfloat16 ? kScaleBFloat16
                                                           : kScaleFloat32;
+  const int64_t row_bytes = static_cast<int64_t>(K) * bits_ / 8;
+  const int64_t groups = K / group_size_;
+  std::vector<Problem> problems;
+  int first_row = 0;
+  for (size_t j = 0; j < outputs.size(); ++j) {
+    auto& out = outputs[j];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    encoder.set_output_array(out);
+    const int64_t group_offset = first_row * groups * static_cast<int64_t>(scale_bytes(scale_type));
+    problems.push_back(Problem{x.data<float>(), reinterpret_cast<const uint8_t*>(w.data<uint32_t>()) + first_row * row_bytes,
+                               static_cast<const char*>(scales.data<void>()) + group_offset,
+                               static_cast<const char*>(biases.data<void>()) + group_offset, out.data<float>(), M,
+                               sizes_[j], K, group_size_, bits_, scale_type});
+    first_row += sizes_[j];
+  }
   const bool x_dense = x.flags().row_contiguous;
-  Problem problem{x.data<float>(), reinterpret_cast<const uint8_t*>(w.data<uint32_t>()), scales.data<void>(),
-                  biases.data<void>(), out.data<float>(), M, N, K, group_size_, bits_, scale_type};
-  encoder.dispatch([problem, bits = bits_, int8 = int8_, x_dense, x]() mutable {
-    if (problem.M == 0 || problem.N == 0) return;
+  encoder.dispatch([problems, bits = bits_, int8 = int8_, x_dense, x]() mutable {
+    if (problems.front().M == 0) return;
     const Isa& isa = select_isa();
     // x goes into a 64-byte aligned copy (split order for 4 bits): every vector load then stays within
     // one cache line.
     thread_local AlignedFloats copy;
     thread_local AlignedFloats dense;
+    const Problem& first = problems.front();
+    const float* source = first.x;
     if (!x_dense) {
-      float* gathered = dense.reserve(static_cast<size_t>(problem.M) * problem.K);
+      float* gathered = dense.reserve(static_cast<size_t>(first.M) * first.K);
       gather_dense(x, gathered);
-      problem.x = gathered;
+      source = gathered;
     }
     if (int8) {
-      run_int8(problem);
+      for (Problem& problem : problems) problem.x = source;
+      run_int8(problems);
       return;
     }
-    float* rows = copy.reserve(static_cast<size_t>(problem.M) * problem.K);
+    float* rows = copy.reserve(static_cast<size_t>(first.M) * first.K);
     if (bits == 4) {
-      split_rows(problem.x, rows, problem.M, problem.K, 2 * isa.lanes);
+      split_rows(source, rows, first.M, first.K, 2 * isa.lanes);
     } else {
-      std::memcpy(rows, problem.x, sizeof(float) * problem.M * problem.K);
+      std::memcpy(rows, source, sizeof(float) * first.M * first.K);
     }
-    problem.x = rows;
-    run_problem(problem, isa);
+    for (Problem& problem : problems) problem.x = rows;
+    run_problems(problems, isa);
   });
 }
 
-void CpuQuantizedMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+void CpuQuantizedMatmul::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
   throw std::runtime_error("CpuQuantizedMatmul runs on the CPU only; on a GPU use mx.quantized_matmul");
 }
 
 bool CpuQuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const CpuQuantizedMatmul&>(other);
-  return group_size_ == o.group_size_ && bits_ == o.bits_ && int8_ == o.int8_;
+  return group_size_ == o.group_size_ && bits_ == o.bits_ && int8_ == o.int8_ && sizes_ == o.sizes_;
 }
 
 std::vector<mx::Shape> CpuQuantizedMatmul::output_shapes(const std::vector<mx::array>& inputs) {
-  mx::Shape shape = inputs[0].shape();
-  shape.back() = inputs[1].shape(0);
-  return {shape};
+  std::vector<mx::Shape> shapes;
+  for (int size : sizes_) {
+    mx::Shape shape = inputs[0].shape();
+    shape.back() = size;
+    shapes.push_back(shape);
+  }
+  return shapes;
 }
 
 }  // namespace mlxd_qmm

@@ -18,6 +18,14 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
                            const mx::array& biases, int group_size, int bits, bool int8_activations = false,
                            mx::StreamOrDevice s = {});
 
+// The same product for a weight packed from several layers' rows (sizes: each layer's output count, in
+// order, summing to N), one output per layer: the layers' products of one x as one op and one job on the
+// pool, each output dense and equal to that layer's own quantized_matmul (the same kernel per column).
+std::vector<mx::array> quantized_matmul_split(const mx::array& x, const mx::array& w, const mx::array& scales,
+                                              const mx::array& biases, int group_size, int bits,
+                                              const std::vector<int>& sizes, bool int8_activations = false,
+                                              mx::StreamOrDevice s = {});
+
 // Whether products of this many bits run on the int8-activation kernel when asked (the CPU has AVX-512 VNNI).
 bool int8_available(int bits);
 
@@ -26,13 +34,14 @@ bool int8_available(int bits);
 std::string kernel_isa();
 int kernel_threads(int rows);
 
-class CpuQuantizedMatmul : public mx::UnaryPrimitive {
+// One output per entry of sizes (the column counts of the packed layers, in order).
+class CpuQuantizedMatmul : public mx::Primitive {
  public:
-  CpuQuantizedMatmul(mx::Stream stream, int group_size, int bits, bool int8_activations)
-      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits), int8_(int8_activations) {}
+  CpuQuantizedMatmul(mx::Stream stream, int group_size, int bits, bool int8_activations, std::vector<int> sizes)
+      : mx::Primitive(stream), group_size_(group_size), bits_(bits), int8_(int8_activations), sizes_(std::move(sizes)) {}
 
-  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
-  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
 
   const char* name() const override {
     return "CpuQuantizedMatmul";
@@ -44,6 +53,7 @@ class CpuQuantizedMatmul : public mx::UnaryPrimitive {
   int group_size_;
   int bits_;
   bool int8_;
+  std::vector<int> sizes_;
 };
 
 }  // namespace mlxd_qmm
