@@ -129,6 +129,28 @@ def test_attention_matches_mlx_within_rounding_over_heads_masks_and_layouts():
         assert float(mx.abs(got - want).max()) < 1e-5, (kind, q.shape, k.shape)
 
 
+def test_attention_over_a_span_past_the_context_scores_only_up_to_the_last_visible_key():
+    """Compiled decode reads a slot's whole span with a mask hiding the positions past each row's context:
+    the op scores keys up to the last one the mask shows (rounded up to eight), with the result of reading
+    the context alone, to the bit, and MLX's within rounding; a mask that hides every key stays MLX's."""
+    rng = np.random.default_rng(5)
+    for context, L, S in ((64, 1, 256), (200, 9, 512), (8, 4, 256), (256, 1, 256)):
+        q = mx.array(rng.normal(size=(1, 6, L, 32)).astype(np.float32))
+        k = mx.array(rng.normal(size=(1, 2, S, 32)).astype(np.float32))
+        v = mx.array(rng.normal(size=(1, 2, S, 32)).astype(np.float32))
+        positions = np.arange(S)[None, :] <= (context - L + np.arange(L))[:, None]
+        mask = mx.array(positions[None, None])
+        got = mlxd_qmatmul.attention(q, k, v, 0.25, False, mask)
+        exact = mlxd_qmatmul.attention(q, k[:, :, :context], v[:, :, :context], 0.25, False, mask[..., :context])
+        assert np.array_equal(np.array(got), np.array(exact)), context
+        want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.25, mask=mask)
+        assert float(mx.abs(got - want).max()) < 1e-5
+    hidden = mx.zeros((1, 1, 1, 64), dtype=mx.bool_)
+    q, k, v = mx.ones((1, 2, 1, 16)), mx.random.normal((1, 2, 64, 16)), mx.random.normal((1, 2, 64, 16))
+    got = mlxd_qmatmul.attention(q, k, v, 0.25, False, hidden)  # every weight equal: the mean of the values
+    np.testing.assert_allclose(np.array(got)[0, :, 0], np.array(v.mean(axis=2))[0], rtol=1e-5, atol=1e-6)
+
+
 def test_mlx_lm_attention_takes_the_one_op_path_for_float32_at_any_length():
     from mlxd_engine import cpu_fusion
 

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -51,6 +53,24 @@ std::array<int64_t, 4> mask_strides(const mx::array& mask) {
   return strides;
 }
 
+// How many of a query's first `visible` keys to score under a boolean mask row: up to its last visible key,
+// rounded up to a whole block of eight (keys past it are masked: their weights are zero, and a block of
+// zeros adds nothing to the eight-lane sums, so the result is the same to the bit); all of them when the
+// mask hides every key. A slot's span read past a short context (compiled decode) then costs nothing.
+int visible_by_mask(const bool* row, int64_t stride, int visible) {
+  int last = visible - 1;
+  if (stride == 1) {
+    while (last >= 7) {
+      uint64_t block;
+      std::memcpy(&block, row + last - 7, sizeof(block));
+      if (block != 0) break;
+      last -= 8;
+    }
+  }
+  while (last >= 0 && !row[last * stride]) --last;
+  return last < 0 ? visible : std::min(visible, (last + 8) / 8 * 8);
+}
+
 // The rows of (batch, head) pairs [pair0, pair1).
 void run_attention_pairs(const AttentionJob& job, int pair0, int pair1) {
   const auto &q = job.q, &k = job.k, &v = job.v;
@@ -84,7 +104,8 @@ void run_attention_pairs(const AttentionJob& job, int pair0, int pair1) {
     for (int l = 0; l < L; ++l) {
       const float* q_row = q_data + b * qs[0] + h * qs[1] + l * qs[2];
       for (int d = 0; d < D; ++d) query[d] = job.scale * q_row[d * qs[3]];
-      const int visible = job.causal ? std::min(S, l + 1 + (S - L)) : S;
+      int visible = job.causal ? std::min(S, l + 1 + (S - L)) : S;
+      if (bool_mask) visible = visible_by_mask(mask_bool + b * ms[0] + h * ms[1] + l * ms[2], ms[3], visible);
       // scores of the visible keys (dense keys eight at a time), masked, then softmax's exponentials
       if (ks[3] == 1) {
         dots(query.data(), k_head, ks[2], visible, D, scores.data());
