@@ -21,7 +21,8 @@ import mlx.core as mx  # noqa: E402
 import mlxd_qmatmul  # noqa: E402
 from mlxd_engine.loading.kernel_layers import best_ms  # noqa: E402  (the same timing the load-time rule uses)
 
-SHAPES = ((576, 1536), (1536, 576), (192, 576), (49152, 576))  # SmolLM2's projections and its tied head
+# SmolLM2's projections, its q/k/v and gate/up packed as the engine runs them (projection_groups.py), its tied head
+SHAPES = ((576, 1536), (1536, 576), (192, 576), (960, 576), (3072, 576), (49152, 576))
 
 
 def time_row(x, packs: list, dense: list, float32_scales: tuple, gs: int, bits: int, int8: bool) -> str:

@@ -51,20 +51,20 @@ class ProjectionGroup:
                 layer[name] = packed[name][start:end]  # a view: the packed array holds the bytes
             start = end
         mx.eval([layer.parameters() for layer in layers])
-        self._input: mx.array | None = None
-        self._outputs: list[mx.array] = []
+        self._memo: tuple[mx.array, list[mx.array]] | None = None  # the last input and its outputs
         self._served = 0
 
     def output(self, x: mx.array, index: int) -> mx.array:
         """Layer ``index``'s output for ``x``: its part of the group's product when its siblings read the
         same array."""
-        if self._input is not x:
-            self._input, self._outputs, self._served = x, self._product(x), 0
-        out = self._outputs[index]
+        memo = self._memo  # one read: (input, outputs) stay a pair whoever else calls in between
+        if memo is None or memo[0] is not x:
+            memo = self._memo = (x, self._product(x))
+            self._served = 0
         self._served += 1
-        if self._served == len(self.sizes):  # every sibling has its part: hold nothing past this forward
-            self._input, self._outputs = None, []
-        return out
+        if self._served >= len(self.sizes):  # every sibling has its part: hold nothing past this forward
+            self._memo = None
+        return memo[1][index]
 
     def _product(self, x: mx.array) -> list[mx.array]:
         rows = x.size // x.shape[-1] if x.ndim else 1
