@@ -9,6 +9,10 @@ struct Ops {
   using F = __m256;
   static constexpr int V = 8;
   static float half(uint16_t h) { return _cvtsh_ss(h); }  // F16C
+  static void halves16(const uint16_t* in, float* out) {
+    _mm256_storeu_ps(out, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in))));
+    _mm256_storeu_ps(out + 8, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 8))));
+  }
   static F zero() { return _mm256_setzero_ps(); }
   static F load(const float* p) { return _mm256_loadu_ps(p); }
   static F splat(float s) { return _mm256_set1_ps(s); }

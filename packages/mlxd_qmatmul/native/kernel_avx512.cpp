@@ -9,6 +9,9 @@ struct Ops {
   using F = __m512;
   static constexpr int V = 16;
   static float half(uint16_t h) { return _cvtsh_ss(h); }  // F16C
+  static void halves16(const uint16_t* in, float* out) {
+    _mm512_storeu_ps(out, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in))));
+  }
   static F zero() { return _mm512_setzero_ps(); }
   static F load(const float* p) { return _mm512_loadu_ps(p); }
   static F splat(float s) { return _mm512_set1_ps(s); }

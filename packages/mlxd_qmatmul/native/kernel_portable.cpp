@@ -12,6 +12,9 @@ struct Ops {
   typedef uint8_t B __attribute__((vector_size(4)));
   static constexpr int V = 4;
   static float half(uint16_t h) { return mlxd_qmm::half_to_float(h); }
+  static void halves16(const uint16_t* in, float* out) {
+    for (int i = 0; i < 16; ++i) out[i] = half(in[i]);
+  }
   static F zero() { return F{}; }
   static F load(const float* p) {
     F v;
