@@ -14,9 +14,8 @@ from __future__ import annotations
 import logging
 import time
 
-from mlxd_engine import Engine, reaches_length
+from mlxd_engine import Engine, ends_on, reaches_length
 
-from .kinds import Phase
 from .request import FinishEvent, RequestState, TokenEvent
 
 log = logging.getLogger("mlxd.scheduler")
@@ -45,10 +44,11 @@ class Finisher:
             timings.first_token = now
         timings.last_token = now
         request, seq, text_stream = state.request, state.seq, state.request.text
+        eos = () if request.ignore_eos else self.eos
         judged, taken, parts, reason = 0, 0, [], None
         for token in tokens:
             judged += 1
-            if token in self.eos and not request.ignore_eos:
+            if ends_on(eos, token):
                 reason = "stop"
                 break
             taken += 1
@@ -68,11 +68,8 @@ class Finisher:
         return judged, taken, reason
 
     def finish(self, state: RequestState, reason: str, error: str | None = None) -> None:
-        """End a request: release its sequence, flush its text and report the FinishEvent."""
-        if state.phase == Phase.FINISHED:
-            return
-        state.phase = Phase.FINISHED
-        state.finish_reason = reason
+        """End a request: release its sequence, flush its text and report the FinishEvent. The scheduler
+        calls it once per request (its ``_finish`` moves the request to "finished" first)."""
         seq = state.seq
         tokens = list(seq.output)[: state.emitted] if seq is not None else []
         if seq is not None:

@@ -350,6 +350,10 @@ class BatchScheduler:
                 first_token_action.detail = "; ".join(filter(None, [hit, f"prompt lookup off: {declined}"]))
 
     def _finish(self, state: RequestState, reason: str, record: TickRecord | None, error: str | None = None) -> None:
+        if state.phase == Phase.FINISHED:
+            return
+        state.phase = Phase.FINISHED
+        state.finish_reason = reason
         for group in (self.prefilling, self.decoding):
             if state in group:
                 group.remove(state)
