@@ -128,7 +128,6 @@ class DaemonCore:
         self.started = time.monotonic()
         self.stop_reason: str | None = None  # set by a Shutdown message (or the server)
         self.draining = False  # no new generations (the server sets it on SIGTERM)
-        self.idle_hook: Callable[[], None] | None = getattr(self.engine, "heartbeat", None)
         self.send = send
         self.host = HostWork(options.host_workers)
         self.embeddings = EmbeddingQueue(
@@ -210,8 +209,8 @@ class DaemonCore:
         self.host.collect()
         if self.scheduler.has_work:
             self.scheduler.tick()
-        elif self.idle_hook is not None:
-            self.idle_hook()  # a distributed rank 0 checks its group while idle
+        else:
+            self.engine.heartbeat()  # a distributed rank 0 checks its group while idle
         if self.embeddings.pending:
             self.embeddings.advance()
         if self.streams.keeping:

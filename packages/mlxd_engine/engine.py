@@ -129,12 +129,15 @@ class Engine:
     the batched masks; a layout the engine does not serve raises ``ModelLoadError`` here too, for a
     ``LoadedModel`` that did not come from ``load``."""
 
-    # What the scheduler asks of a distributed group (daemon/mlxd_daemon/distributed.py's Leader overrides
-    # both): why its ranks parted, None while they are in step; a single-process engine never loses them.
+    # What the scheduler and the daemon ask of a distributed group (daemon/mlxd_daemon/distributed.py's Leader
+    # overrides all three): why its ranks parted, None while they are in step; a single-process engine never loses them.
     lost: str | None = None
 
     def mark_lost(self, error: BaseException) -> None:
         """A forward failed in a way that may leave a group's ranks out of step (nothing to do here)."""
+
+    def heartbeat(self) -> None:
+        """Called by the daemon while it has no work: a group's rank 0 checks its ranks (nothing to do here)."""
 
     def __init__(
         self,
