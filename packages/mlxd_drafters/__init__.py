@@ -4,17 +4,20 @@ Contract: standard library only (no mlx/numpy), so it is importable and
 testable anywhere. The engine feeds committed tokens to a
 ``PromptLookupDrafter``, asks it for ``draft_block()`` proposals, and reports
 each verify round back with ``accept_verified_tokens`` (or withdraws an
-unverified proposal with ``retract_draft``).
+unverified proposal with ``retract_draft``); its ``pacing`` (``DraftPacing``) says
+when a caller that declined its drafts asks it again.
 """
 
 from mlxd_drafters.config import KNOWN_POLICIES, PromptLookupConfig
 from mlxd_drafters.governor import DraftGovernor
 from mlxd_drafters.ngram_index import NgramIndex, TokenView
+from mlxd_drafters.pacing import DraftPacing
 from mlxd_drafters.prompt_lookup import PromptLookupDrafter, PromptLookupStats
 
 __all__ = [
     "KNOWN_POLICIES",
     "DraftGovernor",
+    "DraftPacing",
     "NgramIndex",
     "PromptLookupConfig",
     "PromptLookupDrafter",

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from mlxd_drafters.config import PromptLookupConfig
 from mlxd_drafters.governor import DraftGovernor
 from mlxd_drafters.ngram_index import NgramIndex
+from mlxd_drafters.pacing import DraftPacing
 from mlxd_drafters.prediction import PredictionSource
 
 
@@ -124,6 +125,8 @@ class PromptLookupDrafter:
         self._outstanding: list[int] | None = None
         self._scoring: list[int] | None = None  # a retracted draft, compared with the tokens that follow it
         self._scored_matches = 0  # ... its tokens matched so far
+        # when the scheduler's verify gate asks this drafter again after declining it (pacing.py)
+        self.pacing = DraftPacing()
 
     @property
     def config(self) -> PromptLookupConfig:

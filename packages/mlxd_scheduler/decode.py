@@ -153,6 +153,10 @@ class DecodeLoop:
         finally:
             self.waited_ms += (time.perf_counter() - started) * 1000.0
 
+    def drop_in_flight(self) -> None:
+        """Forget the in-flight steps unread (the engine can compute no more: ``BatchScheduler.fail_all``)."""
+        self.in_flight = []
+
     def teardown(self) -> list[tuple[RequestState, Emitted]]:
         """Read the in-flight steps, if any, so no step is left in flight."""
         unread, self.in_flight = self.in_flight, []

@@ -1,18 +1,19 @@
 """The prompt-lookup arm of the decode tick: verify rounds without giving up lookahead.
 
-Contract: ``PromptLookupArm.tick(rows, record, prefilling, steps)`` replaces the plain decode tick
-whenever a decoding row has a drafter, as plan, execute, update:
-- plan: each drafting row's ``draft_block()`` is called once per tick (once more after a read, rule 4, for a
-  row the steps read agreed with throughout); the proposals and what
-  the rows' governors expect of them go to the pure policy ``tick_plan.plan_tick``, which returns the
-  tick's plan (pipelined with n chained steps, read the lookahead step, or synchronous with the rows to
-  verify and the layout);
-- execute: the engine runs it (``DecodeLoop`` steps, ``verify_rows``);
-- update: drafters learn the outcomes (declines are retracted, no miss), and a ``TickResult`` (tokens per
-  row, failures) goes back to the scheduler, which applies it through the finish step. The arm holds no
-  callbacks into the scheduler. A tick that reads its lookahead step returns ``carried`` proposals: the
-  scheduler applies that result (step n's tokens may finish a row) and calls ``after_read`` for the
-  synchronous part of the same tick, which plans again.
+Contract: whenever a decoding row has a drafter, the scheduler's decode tick is the arm's plan and
+execute and the scheduler's own update (``BatchScheduler._update``, the one step that changes the rows):
+- plan (``plan(rows, prefilling, steps)``): each drafting row's ``draft_block()`` is called once per tick
+  (once more after a read, rule 4, for a row the steps read agreed with throughout); the proposals and
+  what the rows' governors expect of them go to the pure policy ``tick_plan.plan_tick``, which returns
+  the tick's plan (pipelined with n chained steps, read the lookahead step, or synchronous with the rows
+  to verify and the layout). The plan talks to the drafters only: declined proposals are retracted (no
+  miss) and the drafters' ``pacing`` learns the tick. Returns an ``ArmPlan``.
+- execute (``execute(plan, record)``): the engine runs it (``DecodeLoop`` steps, ``verify_rows``) and a
+  ``TickResult`` comes back: verify rounds' outcomes, plain tokens, failures, what the plan cost the
+  cost model. No request state changes here.
+- update (the scheduler): the cost model is fed, the drafters learn the rounds' outcomes, the tokens go
+  through the finish step. A tick that read its lookahead step returns ``carried`` proposals: the update
+  settles them against the tokens read, and ``plan_after_read`` plans the synchronous rest of the tick.
 
 The rules, in the order they apply:
 1. Bound: when ``max_batch`` is set and the active batch (decoding rows plus rows still in prefill,
@@ -33,9 +34,9 @@ The rules, in the order they apply:
    (``engine.forward_cost``): verified rows run their rounds in one forward (``verify_rows``, each its
    own draft length), beside one batched step for the other rows or padded into one forward with them,
    whichever the estimate prefers; a draft that does not pay is declined (retracted, no miss) and the
-   row drafts again a few tokens later (``draft_pacing.DECLINE_PAUSE_TOKENS``; a long match on the next token, so
-   copying rows meet in one verify forward). A probe of a governor that turned off, or a row the gate
-   has declined for ``draft_pacing.EXPLORE_AFTER_DECLINED_TOKENS`` tokens running, is verified even at a loss while
+   row drafts again a few tokens later (``mlxd_drafters.pacing.DECLINE_PAUSE_TOKENS``; a long match on the
+   next token, so copying rows meet in one verify forward). A probe of a governor that turned off, or a row the gate
+   has declined for ``pacing.EXPLORE_AFTER_DECLINED_TOKENS`` tokens running, is verified even at a loss while
    the exploration budget lasts (``ExplorationBudget``: ``EXPLORE_SHARE`` of the ticks' wall time), so a
    row that starts copying again is seen to at a bounded cost; a proposal from the request's predicted
    output is always verified (the client asked for it, and OpenAI bills rejected prediction tokens for
@@ -61,7 +62,7 @@ from dataclasses import dataclass, field
 from mlxd_engine import Emitted, Engine, RoundOutcome, kv_room, verify_round, verify_rows
 
 from .decode import DecodeLoop
-from .kinds import Phase, PlanMode, RowKind, VerifyLayout
+from .kinds import PlanMode, VerifyLayout
 from .recent_timings import RecentTimings
 from .request import RequestState
 from .tick_plan import Costs, RowView, TickPlan, lookahead_steps, plan_tick
@@ -82,16 +83,33 @@ SYNC_STALE_TICKS = 8
 
 
 @dataclass
-class TickResult:
-    """What a prompt-lookup tick produced, for the scheduler to apply in order."""
+class ArmPlan:
+    """A decode tick's plan as the arm runs it: the policy's ``TickPlan``, the rows, and the drafts it
+    verifies (already cut to the plan's width)."""
 
-    verified: list[tuple[RequestState, list[int]]] = field(default_factory=list)  # verify rounds' tokens
+    plan: TickPlan
+    rows: list[RequestState]
+    details: dict[RequestState, str] = field(default_factory=dict)  # trace detail of a row held back
+    verify: dict[RequestState, list[int]] = field(default_factory=dict)
+    forced: set[RequestState] = field(default_factory=set)  # rows verified whatever their drafts cost
+    declined: int = 0  # proposals the gate declined
+    drafts_from: dict[RequestState, int] = field(default_factory=dict)  # rule 4: the token count a draft follows
+    steps: int = 1  # the most chained steps the scheduler allowed this tick
+
+
+@dataclass
+class TickResult:
+    """What one execute step produced, for the scheduler's update step to apply in order."""
+
+    rounds: list[tuple[RequestState, RoundOutcome]] = field(default_factory=list)  # verify rounds
     emitted: list[tuple[RequestState, Emitted]] = field(default_factory=list)  # plain tokens, in order
-    details: dict[int, str] = field(default_factory=dict)  # trace detail of a plain row, by id
+    details: dict[RequestState, str] = field(default_factory=dict)  # trace detail of a plain row
     failed: list[tuple[RequestState, str]] = field(default_factory=list)
+    explore_ms: float = 0.0  # what the plan's exploring rows are estimated to lose (the cost model's budget)
+    declined: int = 0  # proposals the gate declined (the cost model's tick overheads)
     carried: dict[RequestState, list[int]] | None = None  # rule 4: proposals to settle after the read
-    carried_forced: set[int] = field(default_factory=set)  # ids of the carried proposals verified whatever they cost
-    carried_from: dict[int, int] = field(default_factory=dict)  # by id: the row's token count its draft follows
+    carried_forced: set[RequestState] = field(default_factory=set)  # carried proposals verified whatever they cost
+    carried_from: dict[RequestState, int] = field(default_factory=dict)  # the row's token count its draft follows
     carried_steps: int = 1  # the most chained steps the scheduler allowed this tick
 
 
@@ -221,7 +239,7 @@ class PromptLookupArm:
     def __init__(self, engine: Engine, decode_loop: DecodeLoop, max_batch: int | None):
         self.engine = engine
         self.decode_loop = decode_loop
-        # what the policy weighs (``costs()``), and what the scheduler reports of each tick (``observe_tick``)
+        # what the policy weighs (``costs()``); the scheduler's update step feeds it (``TickResult``, ``observe_tick``)
         self.cost_model = MeasuredCosts(engine, decode_loop)
         self.max_batch = max_batch  # rule 1 (None: no bound; the verify gate decides)
         self.counters = {
@@ -232,17 +250,19 @@ class PromptLookupArm:
             "padded_forwards": 0,
         }
 
-    # -- the tick ----------------------------------------------------------------------------------
-    def tick(self, rows: list[RequestState], record: TickRecord, prefilling: int = 0, steps: int = 1) -> TickResult:
-        """One decode tick over ``rows``; ``prefilling`` rows count toward the bound; ``steps``: the most
-        chained steps a plain tick may submit (rule 3)."""
+    # -- plan --------------------------------------------------------------------------------------
+    def plan(self, rows: list[RequestState], prefilling: int = 0, steps: int = 1) -> ArmPlan:
+        """The plan of one decode tick over ``rows``; ``prefilling`` rows count toward the bound; ``steps``:
+        the most chained steps a plain tick may submit (rule 3)."""
         drafting = [s for s in rows if s.drafter is not None]
         if self.max_batch is not None and len(rows) + prefilling > self.max_batch:
             self.counters["declined_gate"] += len(drafting)
-            return self._plain(rows, record, {id(s): "declined-gate" for s in drafting}, steps)
+            return ArmPlan(TickPlan(PlanMode.PIPELINED, steps=steps), rows, {s: "declined-gate" for s in drafting})
         proposals, forced, explore, held = self._propose(drafting)
         if not proposals and self.decode_loop.pipelined:  # rule 3, as plan_tick would have it, without the views
-            plan = TickPlan(PlanMode.PIPELINED, steps=lookahead_steps([s.pacing.quiet_ticks for s in drafting], steps))
+            plan = TickPlan(
+                PlanMode.PIPELINED, steps=lookahead_steps([s.drafter.pacing.quiet_ticks for s in drafting], steps)
+            )
         else:
             plan = plan_tick(
                 self._views(rows, proposals, forced, explore),
@@ -250,71 +270,56 @@ class PromptLookupArm:
                 steps,
                 self.cost_model.costs(),
             )
-            self.cost_model.spent_exploring(plan.explore_ms)
-        return self._execute(plan, rows, proposals, forced | explore, held, record, plan_steps=steps)
+        return self._settle_proposals(plan, rows, proposals, forced | explore, held, steps)
 
-    def after_read(self, rows: list[RequestState], read: TickResult, record: TickRecord) -> TickResult:
-        """The synchronous part of a tick that read its lookahead step (``read``, already applied; rule
-        4), over the rows still decoding. Each carried proposal is settled against the tokens the steps
-        read gave: a step that disagreed is the round's rejection; a proposal they agreed with throughout
-        is a round accepted so far, and its row proposes again from where the steps left it (a whole
-        draft, where the rest of the old one would be a short one that seldom pays for its forward)."""
-        again = []
-        assert read.carried is not None  # the scheduler calls this only for a tick that read its steps
-        for state, proposal in read.carried.items():
-            if state.phase != Phase.DECODE:
-                state.drafter.retract_draft()  # the row finished in the steps read
-                continue
-            given = state.seq.tokens[read.carried_from[id(state)] :]  # what the steps read gave (one or more)
-            agreed = 0
-            while agreed < min(len(given), len(proposal)) and given[agreed] == proposal[agreed]:
-                agreed += 1
-            if agreed < min(len(given), len(proposal)):
-                state.drafter.accept_verified_tokens(agreed + 1, agreed)  # a step rejected a draft token
-            else:
-                state.drafter.accept_verified_tokens(agreed, agreed)  # the steps gave all the draft checked
-                again.append(state)
+    def plan_after_read(self, rows: list[RequestState], again: list[RequestState], read: TickResult) -> ArmPlan:
+        """The synchronous rest of a tick that read its lookahead step (rule 4), over the rows still
+        decoding, once the update step has applied the read and settled its carried proposals: ``again``,
+        the rows whose proposals the steps agreed with throughout, propose again from where the steps left
+        them (a whole draft, where the rest of the old one would be a short one that seldom pays for its
+        forward)."""
         proposals, forced, explore, held = self._propose(again)
-        forced |= {id(state) for state in proposals if id(state) in read.carried_forced}
-        rows = [s for s in rows if s.phase == Phase.DECODE]
+        forced |= {state for state in proposals if state in read.carried_forced}
         plan = plan_tick(
             self._views(rows, proposals, forced, explore), False, read.carried_steps, self.cost_model.costs()
         )
-        self.cost_model.spent_exploring(plan.explore_ms)
-        return self._execute(plan, rows, proposals, forced | explore, held, record)
+        return self._settle_proposals(plan, rows, proposals, forced | explore, held)
 
-    # -- plan: the tick's inputs, for the pure policy (tick_plan.py) --------------------------------
     def _propose(
         self, drafting: list[RequestState]
-    ) -> tuple[dict[RequestState, list[int]], set[int], set[int], dict[int, str]]:
-        """Every drafting row's one ``draft_block()`` of the tick. Returns the proposals to weigh, the ids
-        of the forced ones and of those worth a look at a loss (rule 5), and trace details of rows held
-        back by their governor."""
-        proposals, forced, explore, held = {}, set(), set(), {}
+    ) -> tuple[dict[RequestState, list[int]], set[RequestState], set[RequestState], dict[RequestState, str]]:
+        """Every drafting row's one ``draft_block()`` of the tick. Returns the proposals to weigh, the
+        forced ones and those worth a look at a loss (rule 5), and trace details of rows held back by
+        their governor."""
+        proposals: dict[RequestState, list[int]] = {}
+        forced: set[RequestState] = set()
+        explore: set[RequestState] = set()
+        held: dict[RequestState, str] = {}
         for state in drafting:
-            if not state.pacing.may_propose(state.emitted):  # rule 5: a row the gate declined drafts again later
+            drafter = state.drafter
+            if not drafter.pacing.may_propose(state.emitted):  # rule 5: a row the gate declined drafts again later
                 continue
-            governor = state.drafter.governor
+            governor = drafter.governor
             was_off = governor.is_off
             granted = governor.peek_budget()
-            proposal = state.drafter.draft_block()  # counts toward the governor's probe spacing
+            proposal = drafter.draft_block()  # counts toward the governor's probe spacing
             if granted == 0:
-                held[id(state)] = "declined-governor"
+                held[state] = "declined-governor"
                 self.counters["declined_governor"] += 1
             if not proposal:
                 continue
             grammar = state.seq.chain.grammar
             if grammar is not None and not grammar.allowed_prefix(proposal):
-                state.drafter.retract_draft()  # rule 7: the grammar forbids even the first draft token
+                drafter.retract_draft()  # rule 7: the grammar forbids even the first draft token
                 continue
             if state.request.max_tokens - state.emitted <= 1:
                 # one token left: the round would check no draft; a plain step gives that token
-                state.drafter.retract_draft()
+                drafter.retract_draft()
                 continue
-            if state.drafter.proposal_from_prediction:
-                forced.add(id(state))  # rule 5: the client's own prediction
-            elif was_off or state.pacing.worth_a_look(state.emitted):
-                explore.add(id(state))  # rule 5: a probe, or a look at a row the gate keeps declining
+            if drafter.proposal_from_prediction:
+                forced.add(state)  # rule 5: the client's own prediction
+            elif was_off or drafter.pacing.worth_a_look(state.emitted):
+                explore.add(state)  # rule 5: a probe, or a look at a row the gate keeps declining
             proposals[state] = proposal
         return proposals, forced, explore, held
 
@@ -322,8 +327,8 @@ class PromptLookupArm:
         self,
         rows: list[RequestState],
         proposals: dict[RequestState, list[int]],
-        forced: set[int],
-        explore: frozenset[int] | set[int] = frozenset(),
+        forced: set[RequestState],
+        explore: set[RequestState],
     ) -> list[RowView]:
         widest = 1 + max((len(p) for p in proposals.values()), default=0)
         synchronous = not self.decode_loop.pipelined  # pipelines_plain_rounds() matters only then (rule 6)
@@ -333,7 +338,7 @@ class PromptLookupArm:
             drafter = state.drafter
             views.append(
                 RowView(
-                    id(state),
+                    state,
                     state.seq.kv.written,
                     can_pad=state.seq.params.logprobs is None and kv_room(state.seq) >= widest,
                     drafting=drafter is not None,
@@ -344,79 +349,88 @@ class PromptLookupArm:
                         else 0.0
                     ),
                     acceptance=drafter.governor.acceptance_estimate(drafter.last_match_is_long) if proposal else 0.0,
-                    forced=id(state) in forced,
-                    explore=id(state) in explore,
-                    quiet_ticks=state.pacing.quiet_ticks,
+                    forced=state in forced,
+                    explore=state in explore,
+                    quiet_ticks=drafter.pacing.quiet_ticks if drafter is not None else 0,
                     # a paused row will not propose next tick: it holds no pipelining back
                     pipelines=(
                         drafter.pipelines_plain_rounds()
-                        if drafter is not None and synchronous and state.pacing.may_propose(state.emitted)
+                        if drafter is not None and synchronous and drafter.pacing.may_propose(state.emitted)
                         else True
                     ),
-                )
+                ),
             )
         return views
 
-    # -- execute and update ------------------------------------------------------------------------
-    def _execute(
+    def _settle_proposals(
         self,
         plan: TickPlan,
         rows: list[RequestState],
         proposals: dict[RequestState, list[int]],
-        forced: set[int],
-        held: dict[int, str],
-        record: TickRecord,
-        plan_steps: int = 1,
-    ) -> TickResult:
-        drafting = [s for s in rows if s.drafter is not None]
-        details = dict(held)
+        forced: set[RequestState],
+        held: dict[RequestState, str],
+        steps: int = 1,
+    ) -> ArmPlan:
+        """The policy's plan as the arm runs it: the declined proposals are retracted (rule 5: no miss) and
+        their rows paused, the verified ones cut to the plan's width; the drafters' pacing learns the tick."""
+        arm_plan = ArmPlan(plan, rows, dict(held), forced=forced, steps=steps)
         declined = set(plan.declined)
-        verify = {}
         for state, proposal in proposals.items():
-            if id(state) in declined:  # rule 5: not worth its forward this tick; no miss
-                long_match = state.drafter.last_match_is_long  # of the proposal being retracted
-                state.drafter.retract_draft()
-                state.pacing.declined(state.emitted, long_match)
-                details[id(state)] = "declined-cost"
+            drafter = state.drafter
+            if state in declined:  # rule 5: not worth its forward this tick; no miss
+                long_match = drafter.last_match_is_long  # of the proposal being retracted
+                drafter.retract_draft()
+                drafter.pacing.declined(state.emitted, long_match)
+                arm_plan.details[state] = "declined-cost"
                 self.counters["declined_cost"] += 1
             else:
                 # the plan may cut long drafts to a narrower forward (tick_plan.py); the rest is not verified
-                verify[state] = proposal if plan.width is None else proposal[: plan.width - 1]
-                state.pacing.verified()
-        self.cost_model.declined(len(declined))
+                arm_plan.verify[state] = proposal if plan.width is None else proposal[: plan.width - 1]
+                drafter.pacing.verified()
+        arm_plan.declined = len(declined)
+        if plan.mode == PlanMode.READ:
+            for state in arm_plan.verify:
+                state.drafter.pacing.proposed()
+                arm_plan.drafts_from[state] = len(state.seq.tokens)  # the drafts start here
+        elif plan.mode == PlanMode.PIPELINED and self.decode_loop.pipelined:
+            for state in rows:  # rule 3: one more pipelined tick without a proposal
+                if state.drafter is not None:
+                    state.drafter.pacing.quiet_tick()
+        elif plan.mode == PlanMode.SYNCHRONOUS and arm_plan.verify and plan.layout == VerifyLayout.PADDED:
+            self.counters["padded_forwards"] += 1
+        return arm_plan
+
+    # -- execute -----------------------------------------------------------------------------------
+    def execute(self, arm_plan: ArmPlan, record: TickRecord) -> TickResult:
+        """Run the plan on the engine: the steps in flight read (rule 4), a pipelined plain tick (rule 3),
+        or the verify rounds beside one batched step or padded into one forward with it (rule 5). Changes
+        no request state: what the forwards gave goes back to the update step."""
+        plan, rows, verify = arm_plan.plan, arm_plan.rows, arm_plan.verify
+        result = TickResult(details=arm_plan.details, explore_ms=plan.explore_ms, declined=arm_plan.declined)
         if plan.mode == PlanMode.READ:  # rule 4: read the steps in flight instead of priming; settle the drafts after
-            for state in verify:
-                state.pacing.proposed()
-            known = {id(state): len(state.seq.tokens) for state in verify}  # the drafts start here
-            return TickResult(
-                emitted=self.decode_loop.teardown(),
-                details=details,
-                carried=verify,
-                carried_forced=forced,
-                carried_from=known,
-                carried_steps=plan_steps,
-            )
+            result.emitted = self.decode_loop.teardown()
+            result.carried = verify
+            result.carried_forced = arm_plan.forced
+            result.carried_from = arm_plan.drafts_from
+            result.carried_steps = arm_plan.steps
+            return result
         if plan.mode == PlanMode.PIPELINED:
-            if self.decode_loop.pipelined:  # rule 3: one more pipelined tick without a proposal
-                for state in drafting:
-                    state.pacing.quiet_tick()
-            return self._plain(rows, record, details, plan.steps)
-        result = TickResult(details=details)
+            record.steps = plan.steps
+            result.emitted, result.failed = self.decode_loop.tick(rows, plan.steps)
+            return result
         rest = [s for s in rows if s not in verify]
         if verify and plan.layout == VerifyLayout.PADDED:
-            self.counters["padded_forwards"] += 1
-            self._verify_all({**verify, **{s: [] for s in rest}}, record, result)
+            self._verify_all({**verify, **{s: [] for s in rest}}, result)
             return result
         if verify:
-            self._verify_all(verify, record, result)
-        rest = [s for s in rest if s.phase == Phase.DECODE]
+            self._verify_all(verify, result)
         if rest:
             emitted, failed = self.decode_loop.step_synchronously(rest)
             result.emitted.extend(emitted)
             result.failed.extend(failed)
         return result
 
-    def _verify_all(self, drafts: dict[RequestState, list[int]], record: TickRecord, result: TickResult) -> None:
+    def _verify_all(self, drafts: dict[RequestState, list[int]], result: TickResult) -> None:
         """The rows' verify rounds in one forward (``verify_rows``; rows with an empty draft take their one
         token in it); if that forward fails, each row is retried alone, so a failure fails only its row."""
         states = list(drafts)
@@ -456,34 +470,14 @@ class PromptLookupArm:
             if not drafts[state]:  # a plain row of a padded forward: its one token, as a step gives it
                 result.emitted.append((state, Emitted(outcome.emitted[0])))
                 continue
-            self._record(state, outcome, record)
-            result.verified.append((state, outcome.emitted))
+            self.counters["verify_rounds"] += 1
+            result.rounds.append((state, outcome))
 
     def _verify_failed(self, state: RequestState, error: Exception, result: TickResult) -> None:
         self.engine.mark_lost(error)  # a distributed group: the ranks may be out of step
         lost = self.engine.lost  # the group's reason, when the ranks parted
-        if state.drafter is not None:
-            state.drafter.retract_draft()
         if lost:
             result.failed.append((state, lost))  # nothing can be unwound: the group is gone
             return
-        seq = state.seq
-        self.engine.unwind_pending(seq)
+        self.engine.unwind_pending(state.seq)
         result.failed.append((state, f"verify failed: {type(error).__name__}: {error}"))
-
-    # -- update ------------------------------------------------------------------------------------
-    def _record(self, state: RequestState, outcome, record: TickRecord) -> None:
-        """A verify round's outcome: the drafter's governor, the row's timings, the trace."""
-        self.counters["verify_rounds"] += 1
-        state.drafter.accept_verified_tokens(outcome.drafted, outcome.accepted)
-        state.timings.draft_n += outcome.drafted
-        state.timings.draft_n_accepted += outcome.accepted
-        state.timings.draft_verify_n += 1
-        record.add(state.request_id, RowKind.VERIFY, drafted=outcome.drafted, accepted=outcome.accepted)
-
-    def _plain(
-        self, rows: list[RequestState], record: TickRecord, details: dict[int, str] | None = None, steps: int = 1
-    ) -> TickResult:
-        record.steps = steps
-        emitted, failed = self.decode_loop.tick(rows, steps)
-        return TickResult(emitted=emitted, details=dict(details or {}), failed=failed)

@@ -16,7 +16,6 @@ from typing import Any
 
 from mlxd_engine import SamplingParams, Sequence
 
-from .draft_pacing import DraftPacing
 from .kinds import Phase
 from .text_stream import TextStream
 
@@ -121,7 +120,6 @@ class RequestState:
     phase: Phase = Phase.WAITING
     timings: Timings = field(default_factory=Timings)
     drafter: Any = None  # PromptLookupDrafter when prompt lookup runs for this request
-    pacing: DraftPacing = field(default_factory=DraftPacing)  # prompt lookup: when the drafter is asked
     cancel_requested: bool = False
     finish_reason: str | None = None
     emitted: int = 0  # output tokens reported so far

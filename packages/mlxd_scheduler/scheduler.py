@@ -5,8 +5,11 @@ Contract: no sockets and no threads. Callers ``submit`` requests (already tokeni
 
 1. settle cancellations (rows leave at the tick boundary; their slots are freed),
 2. admit waiting requests while slots and the batch limit allow,
-3. decode: one batched step for every decoding row (lookahead-pipelined, see ``decode.py``), each
-   token through the finish step; in plain steady decode a tick may chain several steps (below),
+3. decode, as plan -> execute -> update: one batched step for every decoding row (lookahead-pipelined,
+   see ``decode.py``), or the prompt-lookup arm's plan (``prompt_lookup_arm.py``) run on the engine;
+   what came back goes through ``_update``, the one step that changes the rows (each token through the
+   finish step, verify outcomes to the drafters, the verify gate's cost model fed); in plain steady
+   decode a tick may chain several steps (below),
 4. prefill: one chunk of at most ``prefill_chunk`` prompt tokens for the oldest admitted request, so
    a long prompt never stalls the decoding rows for more than a chunk.
 
@@ -35,7 +38,7 @@ from mlxd_engine import Engine, KVStorageFull, kv_room, prompt_lookup_eligibilit
 from .decode import DecodeLoop, runs_by_row
 from .finishing import Finisher
 from .kinds import Phase, RowKind
-from .prompt_lookup_arm import PromptLookupArm, TickResult
+from .prompt_lookup_arm import ArmPlan, PromptLookupArm, TickResult
 from .request import EventSink, Request, RequestState
 from .trace import TickRecord
 
@@ -127,7 +130,7 @@ class BatchScheduler:
     def fail_all(self, error: str) -> None:
         """End every request, waiting or running, with ``error`` (the engine can compute no more: a
         distributed rank was lost). Nothing is forwarded; in-flight steps are dropped unread."""
-        self.decode_loop.in_flight = []
+        self.decode_loop.drop_in_flight()
         for state in list(self.by_id.values()):
             if state in self.waiting:
                 self.waiting.remove(state)
@@ -192,29 +195,35 @@ class BatchScheduler:
             self.prefilling.append(state)
 
     def _decode(self, record: TickRecord) -> None:
+        """Plan, execute, update: a plain tick (``DecodeLoop.tick``) or the prompt-lookup arm's plan and
+        execute; each result goes through ``_update``, the one step that changes the rows. A prompt-lookup
+        tick that read its lookahead step plans again, synchronously, once that read is applied."""
         rows = [s for s in self.decoding if s.phase == Phase.DECODE]
         if not rows and not self.decode_loop.pipelined:
             return
         if self.decode_loop.pipelined and any(s.seq.chain.grammar is not None for s in rows):
             # a grammar row's mask needs its last token read: settle the steps in flight first; while such
             # a row decodes, the decode loop steps synchronously (decode.py, rule 7)
-            self._emit_decoded(self.decode_loop.teardown(), record)
+            self._update(TickResult(emitted=self.decode_loop.teardown()), record)
             rows = [s for s in rows if s.phase == Phase.DECODE]
         was_pipelined = self.decode_loop.pipelined
         self.decode_loop.steady_batch = not self.prefilling  # a prefill beside the steps skews their time
         record.pipelined = self.decode_loop.lookahead and was_pipelined and bool(rows)
         if any(s.drafter is not None for s in rows):
             started, timed = time.perf_counter(), self._forward_ms_so_far()
-            result = self.prompt_lookup.tick(
-                rows, record, prefilling=len(self.prefilling), steps=self._steps_this_tick(rows)
-            )
-            self._apply(result, record)
-            if result.carried is not None:  # the tick read its lookahead step; the rest of it is synchronous
-                self._apply(
-                    self.prompt_lookup.after_read([s for s in rows if s.phase == Phase.DECODE], result, record), record
+            arm = self.prompt_lookup
+            plan: ArmPlan | None = arm.plan(rows, prefilling=len(self.prefilling), steps=self._steps_this_tick(rows))
+            while plan is not None:
+                result = arm.execute(plan, record)
+                again = self._update(result, record)
+                # the tick read its lookahead step (rule 4): the rest of it is synchronous
+                plan = (
+                    arm.plan_after_read([s for s in rows if s.phase == Phase.DECODE], again, result)
+                    if result.carried is not None
+                    else None
                 )
             # what the tick cost beyond its forwards, for the verify gate (prompt_lookup_arm.MeasuredCosts)
-            self.prompt_lookup.cost_model.observe_tick(
+            arm.cost_model.observe_tick(
                 len(rows),
                 was_pipelined,
                 record.steps,
@@ -225,9 +234,7 @@ class BatchScheduler:
         else:
             record.steps = self._steps_this_tick(rows)
             emitted, failed = self.decode_loop.tick(rows, record.steps)
-            for state, error in failed:
-                self._fail(state, error, record)
-            self._emit_decoded(emitted, record)
+            self._update(TickResult(emitted=emitted, failed=failed), record)
         if self.decode_loop.pipelined and not was_pipelined:
             for state in rows:  # a lookahead step was submitted and nothing read: show it in the trace
                 record.add(state.request_id, RowKind.PRIME)
@@ -257,20 +264,57 @@ class BatchScheduler:
             most = min(most, left, room)
         return max(1, most)
 
-    def _apply(self, result: TickResult, record: TickRecord) -> None:
-        """A prompt-lookup tick's results, through the finish step: verify rounds' runs, plain tokens, failures."""
-        for state, tokens in result.verified:
-            self._emit_run(state, tokens, record, None, "")  # the trace shows them as the verify
+    # -- update: the one step that changes the rows ------------------------------------------------
+    def _update(self, result: TickResult, record: TickRecord) -> list[RequestState]:
+        """Apply one execute step's result: the cost model's share of the plan, each verify round's outcome
+        to its drafter, timings and trace, then every row's tokens through the finish step (verify rounds'
+        runs, plain tokens), then failures. For a tick that read its lookahead step (``result.carried``),
+        the proposals made before that read are settled against the tokens it gave; returns the rows whose
+        proposals it agreed with throughout (they propose again, ``PromptLookupArm.plan_after_read``)."""
+        cost_model = self.prompt_lookup.cost_model
+        cost_model.spent_exploring(result.explore_ms)
+        cost_model.declined(result.declined)
+        for state, outcome in result.rounds:
+            state.drafter.accept_verified_tokens(outcome.drafted, outcome.accepted)
+            state.timings.draft_n += outcome.drafted
+            state.timings.draft_n_accepted += outcome.accepted
+            state.timings.draft_verify_n += 1
+            record.add(state.request_id, RowKind.VERIFY, drafted=outcome.drafted, accepted=outcome.accepted)
+        for state, outcome in result.rounds:
+            self._emit_run(state, outcome.emitted, record, None, "")  # the trace shows them as the verify
         self._emit_decoded(result.emitted, record, result.details)
         for state, error in result.failed:
+            if state.drafter is not None:
+                state.drafter.retract_draft()  # a failed verify's draft (no-op when none is outstanding)
             self._fail(state, error, record)
+        return self._settle_carried(result) if result.carried is not None else []
 
-    def _emit_decoded(self, emitted: list, record: TickRecord, details: dict[int, str] | None = None) -> None:
+    def _settle_carried(self, read: TickResult) -> list[RequestState]:
+        """Rule 4 of ``prompt_lookup_arm.py``: each proposal made while the steps were in flight, against
+        the tokens those steps gave (already applied): a step that disagreed is the round's rejection; a
+        proposal they agreed with throughout is a round accepted so far. Returns the rows of the latter."""
+        assert read.carried is not None
+        again = []
+        for state, proposal in read.carried.items():
+            if state.phase != Phase.DECODE:
+                state.drafter.retract_draft()  # the row finished in the steps read
+                continue
+            given = state.seq.tokens[read.carried_from[state] :]  # what the steps read gave (one or more)
+            agreed = 0
+            while agreed < min(len(given), len(proposal)) and given[agreed] == proposal[agreed]:
+                agreed += 1
+            if agreed < min(len(given), len(proposal)):
+                state.drafter.accept_verified_tokens(agreed + 1, agreed)  # a step rejected a draft token
+            else:
+                state.drafter.accept_verified_tokens(agreed, agreed)  # the steps gave all the draft checked
+                again.append(state)
+        return again
+
+    def _emit_decoded(self, emitted: list, record: TickRecord, details: dict[RequestState, str]) -> None:
         """Steps' tokens, (state, Emitted) pairs in order: each row's run through ``_emit_run``, its trace
-        action from ``details`` (by row id; "decode" when absent)."""
-        details = details or {}
+        action from ``details`` ("decode" when absent)."""
         for state, tokens, logprobs in runs_by_row(emitted):
-            self._emit_run(state, tokens, record, logprobs or None, details.get(id(state), RowKind.DECODE))
+            self._emit_run(state, tokens, record, logprobs or None, details.get(state, RowKind.DECODE))
 
     def _emit_run(
         self,

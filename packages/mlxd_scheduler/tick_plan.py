@@ -89,7 +89,8 @@ class RowView:
     acceptance: float = 0.0  # per-token acceptance estimate (0: unknown; the draft is weighed whole)
     forced: bool = False  # must be verified (the client's predicted output)
     # worth a look at a loss: a probe of a governor that turned off, or a row the gate has declined for
-    # draft_pacing.EXPLORE_AFTER_DECLINED_TOKENS tokens running (else a declined row could never show it copies now)
+    # mlxd_drafters.pacing.EXPLORE_AFTER_DECLINED_TOKENS tokens running (else a declined row could never show
+    # it copies now)
     explore: bool = False
     quiet_ticks: int = 0  # its pipelined ticks in a row without a proposal
     pipelines: bool = True  # its drafter's ``pipelines_plain_rounds()``

@@ -287,7 +287,7 @@ def test_a_row_the_cost_gate_keeps_declining_pauses_its_drafter_and_is_looked_at
     drafter pauses for ``DECLINE_PAUSE_TOKENS`` tokens, or, where its draft continued a long match, is
     asked again at the next token (copying rows then meet in one verify). Output equals plain decode."""
     from mlxd_drafters import PromptLookupDrafter
-    from mlxd_scheduler.draft_pacing import DECLINE_PAUSE_TOKENS, EXPLORE_AFTER_DECLINED_TOKENS
+    from mlxd_drafters.pacing import DECLINE_PAUSE_TOKENS, EXPLORE_AFTER_DECLINED_TOKENS
 
     monkeypatch.setattr(PromptLookupDrafter, "last_match_is_long", property(lambda self: long_match))
     loaded = stub_loaded(period=6)

@@ -1,5 +1,5 @@
 """When a prompt-lookup row asks its drafter again: the verify gate's pacing of one row (rule 5 of
-``prompt_lookup_arm.py``), kept on the row's ``RequestState`` beside its drafter.
+the scheduler's ``prompt_lookup_arm.py``), kept by the row's drafter (``PromptLookupDrafter.pacing``).
 
 Contract (``emitted``: the row's output tokens so far):
 - ``may_propose(emitted)``: whether the row's drafter is asked this tick (a declined row pauses).
@@ -9,7 +9,8 @@ Contract (``emitted``: the row's output tokens so far):
 - ``worth_a_look(emitted)``: the gate has declined the row's drafts for ``EXPLORE_AFTER_DECLINED_TOKENS``
   output tokens running (the arm then verifies its next draft at a loss, within the exploration budget).
 - ``quiet_ticks``: pipelined ticks in a row without a proposal from the row (``quiet_tick()`` adds one,
-  ``proposed()`` resets them): the chained steps of a pipelined tick back off by them (``tick_plan.py``).
+  ``proposed()`` resets them): the chained steps of a pipelined tick back off by them
+  (the scheduler's ``tick_plan.py``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ DECLINE_PAUSE_TOKENS = (8, 16, 32)
 # together pays and one of them alone beside plain rows does not (docs/benchmark_results/code_notes.md#decline-pause).
 LONG_MATCH_DECLINE_PAUSE = 1
 # A row whose drafts the gate has declined for this many output tokens running is worth a look at a loss
-# (prompt_lookup_arm.ExplorationBudget): the fifth proposal of a row paused 8, 16, 32 and 32 tokens.
+# (the scheduler's prompt_lookup_arm.ExplorationBudget): the fifth proposal of a row paused 8, 16, 32 and 32 tokens.
 EXPLORE_AFTER_DECLINED_TOKENS = 88
 
 

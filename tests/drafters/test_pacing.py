@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mlxd_scheduler.draft_pacing import (
+from mlxd_drafters.pacing import (
     DECLINE_PAUSE_TOKENS,
     EXPLORE_AFTER_DECLINED_TOKENS,
     LONG_MATCH_DECLINE_PAUSE,
