@@ -380,7 +380,7 @@ class Follower:
         self.engine.unwind_appends(self.rows[seq_id], n)
 
     def _tokens(self, seq_id, start, tail):
-        self.rows[seq_id].tokens[start:] = tail  # rank 0's tokens replace whatever this rank appended
+        self.rows[seq_id].record(tail, start)  # rank 0's tokens replace whatever this rank appended
 
     def _read(self, handle_id):
         handle = self.handles.pop(handle_id, None)

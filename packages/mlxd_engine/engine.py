@@ -59,7 +59,7 @@ class Sequence:
 
     seq_id: int
     kv: SlotState  # slot, committed and pending appends
-    tokens: list[int]  # prompt + output; tokens[:kv.committed] are in KV storage
+    tokens: list[int]  # prompt + output; tokens[:kv.committed] are in KV storage; written by ``record`` only
     prompt_length: int
     chain: SamplerChain
     max_kv: int  # the sequence may hold at most this many tokens in storage
@@ -78,6 +78,15 @@ class Sequence:
     @property
     def prefilled(self) -> bool:
         return self.kv.written >= self.prompt_length
+
+    def record(self, tokens: list[int], start: int | None = None) -> None:
+        """The one writer of ``tokens`` after admission: append output tokens (a step's read, prefill's first
+        token, a verify round's), or with ``start`` replace every token from there (a distributed follower
+        takes rank 0's). In place: a grammar stage holds the list (``SamplerChain.follow``)."""
+        if start is None:
+            self.tokens.extend(tokens)
+        else:
+            self.tokens[start:] = tokens
 
     def history(self, window: int) -> mx.array:
         return mx.array(self.tokens[-window:]) if self.tokens else mx.array([], dtype=mx.int32)
@@ -388,7 +397,7 @@ class Engine:
         processed = chain.process(logits, seq.history(seq.params.penalty_context)) if chain.processors else logits
         token = chain.draw(processed).astype(mx.int32)
         emitted = self._emitted(seq, processed, token, 0)
-        seq.tokens.append(emitted.token)
+        seq.record([emitted.token])
         return emitted
 
     def submit_step(self, rows: list[Sequence], lookahead: StepHandle | None = None) -> StepHandle:
@@ -452,7 +461,7 @@ class Engine:
             emitted = Emitted(int(token))
             if handle.logprob_parts is not None and seq.params.logprobs is not None:
                 emitted = self._logprob_record(int(token), handle.logprob_parts, i, seq.params.logprobs)
-            seq.tokens.append(emitted.token)
+            seq.record([emitted.token])
             results.append(emitted)
         return results
 

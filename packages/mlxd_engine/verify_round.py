@@ -153,7 +153,7 @@ def _settle(
     accepted = sum(o == ACCEPTED for o in outcomes)
     # storage needs [current] + every emitted token but the last (which is the next current token)
     keep = len(emitted)
-    seq.tokens.extend(emitted)  # first: an unwind of recurrent state forwards the kept tokens again
+    seq.record(emitted)  # first: an unwind of recurrent state forwards the kept tokens again
     engine.commit_appends(seq, keep)
     engine.unwind_appends(seq, fed - keep)  # rejected drafts and padding
     if finish_reason is None and reaches_length(seq, len(emitted), max_new_tokens):
