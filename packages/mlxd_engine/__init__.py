@@ -7,7 +7,7 @@ The engine sees token ids only; tokenization happens at the edges (the tokenizer
 from .eligibility import Eligibility, prompt_lookup_eligibility
 from .embeddings import POOLINGS, EmbeddingRun, EmbeddingUnavailable, HiddenStateSource, hidden_state_source
 from .engine import Emitted, Engine, Sequence, StepHandle, kv_bytes_per_token
-from .errors import GGUFError, KVStorageFull, ModelLoadError
+from .errors import GGUFError, KVStorageFull, ModelLoadError, PromptTooLong
 from .finish_rule import ends_on, finish_reason, reaches_length
 from .forward_cost import ForwardCost, calibrate_forward_cost
 from .loading.cpu_weights import WeightForm, apply_cpu_weight_rule, default_budget_bytes
@@ -52,6 +52,7 @@ __all__ = [
     "KVStorageFull",
     "LoadedModel",
     "ModelLoadError",
+    "PromptTooLong",
     "RoundOutcome",
     "STORAGE_BACKENDS",
     "SamplerChain",

@@ -31,7 +31,7 @@ from .cache_layout import ATTENTION, check_servable
 from .compiled_decode import CompiledDecode, compile_wanted
 from .cpu_fusion import fuse_cpu_layers as fuse_cpu_layers_of
 from .cpu_fusion import fusion_wanted
-from .errors import KVStorageFull
+from .errors import PromptTooLong
 from .forward_cost import ForwardCost
 from .loading.loader import LoadedModel
 from .sampling.chain import SamplerChain, SamplingParams, sample_rows, token_logprobs
@@ -226,6 +226,27 @@ class Engine:
         """Most tokens one forward may append to a row (sliding-window rings), or None for no limit."""
         return self.storage.max_forward_tokens
 
+    def check_request(
+        self, prompt_tokens: int, max_new_tokens: int | None = None, params: SamplingParams | None = None
+    ) -> None:
+        """The one admissibility check: raises ValueError for a request that could never run here (an empty
+        prompt, one at the context bound (``PromptTooLong``), no tokens to give, a reservation no pool could
+        hold, sampling parameters this vocabulary refuses). The scheduler asks it when a request is submitted,
+        ``add_sequence`` (prompt and parameters) when it is admitted."""
+        if prompt_tokens < 1:
+            raise ValueError("the prompt is empty")
+        if prompt_tokens >= self.max_kv_size:
+            raise PromptTooLong(
+                f"prompt of {prompt_tokens} tokens does not fit the context bound of {self.max_kv_size}"
+            )
+        if max_new_tokens is not None:
+            if max_new_tokens < 1:
+                raise ValueError("max_tokens must be >= 1")
+            if not self.fits(prompt_tokens, max_new_tokens):
+                raise ValueError("the request can never fit the KV pool: lower max_tokens or raise --kv-pool-tokens")
+        if params is not None:
+            params.validate(self.loaded.vocab_size)
+
     def fits(self, prompt_tokens: int, max_new_tokens: int) -> bool:
         """Whether a request could ever run here (it may still have to wait for room)."""
         return prompt_tokens < self.max_kv_size and self.storage.fits(self._reservation(prompt_tokens, max_new_tokens))
@@ -252,7 +273,8 @@ class Engine:
         max_new_tokens: int | None = None,
         cache_prompt: bool = True,
     ) -> Sequence:
-        """Admit a sequence; raises KVStorageFull when there is no room for it now or the prompt cannot fit.
+        """Admit a sequence; raises KVStorageFull when there is no room for it now or the prompt cannot fit
+        (``PromptTooLong``, from ``check_request``, which also refuses an empty prompt and bad parameters).
 
         ``max_new_tokens`` sizes the reservation on paged storage (default: up to the KV bound). With a
         prefix cache and ``cache_prompt``, the longest cached prefix of the prompt is put in storage at
@@ -262,11 +284,7 @@ class Engine:
         Only when evicting every entry would not make room does this refuse (``can_admit`` counts the
         same blocks, so a request the scheduler admits is never refused here)."""
         params = params or SamplingParams()
-        if not prompt:
-            raise ValueError("the prompt is empty")
-        if len(prompt) >= self.max_kv_size:
-            raise KVStorageFull(f"prompt of {len(prompt)} tokens does not fit the KV bound of {self.max_kv_size}")
-        params.validate(self.loaded.vocab_size)
+        self.check_request(len(prompt), params=params)
         reservation = self._reservation(len(prompt), max_new_tokens or self.max_kv_size)
         lookup = self.prefix_cache if cache_prompt else None  # the prefix cache, when this prompt uses it
         entry, reused = lookup.find(prompt) if lookup is not None else (None, 0)

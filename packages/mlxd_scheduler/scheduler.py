@@ -98,20 +98,11 @@ class BatchScheduler:
 
     # -- client side ---------------------------------------------------------------------------
     def submit(self, request: Request, sink: EventSink) -> None:
-        """Queue a request. Raises ValueError for a request that can never run, QueueFull when full."""
+        """Queue a request. Raises ValueError for a request that can never run (``Engine.check_request``, the
+        one admissibility check), QueueFull when full."""
         if request.request_id in self.by_id:
             raise ValueError(f"request id {request.request_id!r} is already in use")
-        if not request.prompt:
-            raise ValueError("the prompt is empty")
-        if len(request.prompt) >= self.engine.max_kv_size:
-            raise ValueError(
-                f"prompt of {len(request.prompt)} tokens does not fit the context bound of {self.engine.max_kv_size}"
-            )
-        if request.max_tokens < 1:
-            raise ValueError("max_tokens must be >= 1")
-        if not self.engine.fits(len(request.prompt), request.max_tokens):
-            raise ValueError("the request can never fit the KV pool: lower max_tokens or raise --kv-pool-tokens")
-        request.params.validate(self.engine.loaded.vocab_size)
+        self.engine.check_request(len(request.prompt), request.max_tokens, request.params)
         if len(self.waiting) >= self.options.max_queue:
             raise QueueFull(f"{len(self.waiting)} requests are waiting")
         state = RequestState(request, sink)
