@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from mlxd_drafters import PromptLookupConfig
@@ -470,3 +472,39 @@ def test_the_exploration_budget_is_a_share_of_wall_time_saved_up_to_a_bound():
     assert budget.balance_ms == EXPLORE_SAVED_MS  # nobody explored for a long time: a bounded burst at most
     budget.spend(EXPLORE_SAVED_MS + 30.0)
     assert budget.balance_ms == pytest.approx(-30.0)  # overdrawn: later ticks pay it back first
+
+
+def test_only_the_update_step_changes_the_rows():
+    """The tick is plan -> execute -> update: ``execute`` runs the engine and hands back a ``TickResult``; the
+    rows' reported tokens, phase and timings, and the verify outcomes their drafters learn, change only when
+    ``BatchScheduler._update`` applies it. Output equals plain decode."""
+    loaded = stub_loaded(period=6, copy_from=12)  # copies only after a while: some drafts meet a lookahead read
+    scheduler, _ = make(loaded)
+    out = Collector()
+    scheduler.submit(Request("r", REPEATING, max_tokens=60), out.sink("r"))
+    scheduler.submit(Request("s", REPEATING[2:], max_tokens=45), out.sink("s"))
+    arm = scheduler.prompt_lookup
+    run_plan = arm.execute
+    executed = []
+
+    def row_state(state):
+        timings = dataclasses.astuple(state.timings)
+        return (
+            state.emitted,
+            state.phase,
+            timings,
+            state.drafter.stats.verify_rounds,
+            state.drafter.stats.accepted_tokens,
+        )
+
+    def execute(plan, record):
+        before = [row_state(s) for s in plan.rows]
+        result = run_plan(plan, record)
+        executed.append((before == [row_state(s) for s in plan.rows], bool(result.rounds), result.carried is not None))
+        return result
+
+    arm.execute = execute
+    scheduler.run_until_idle()
+    assert executed and all(unchanged for unchanged, _, _ in executed)
+    assert any(rounds for _, rounds, _ in executed) and any(read for _, _, read in executed)
+    assert out.done("r").tokens == run_one(loaded, REPEATING, 60, enabled=False)[0].tokens
