@@ -197,13 +197,14 @@ def to_request(
     grammar_limits: GrammarLimits | None = None,
     reasoning: str = "auto",
 ) -> Request:
-    """Build the scheduler request for a Generate. Raises ProtocolError(INVALID) for bad input (the
-    sampler rules that need the vocabulary are checked when the scheduler takes the request). Touches no
-    daemon state, so it may run on a host-work thread (``host_work``)."""
+    """Build the scheduler request for a Generate. Raises ProtocolError(INVALID) for bad input (what needs
+    the engine, such as the sampler rules that need the vocabulary, is checked when the scheduler takes the
+    request). Touches no daemon state, so it may run on a host-work thread (``host_work``)."""
     tools_grammar = tool_constraint(loaded, message)  # first: a model that cannot take tools says so
+    # the prompt's own checks are prompt_tokens'; whether the request can run here is the engine's one
+    # admissibility check (Engine.check_request, asked when the scheduler takes the request: an empty prompt,
+    # the context bound, the KV pool)
     tokens = prompt_tokens(loaded, message, reasoning)
-    if not tokens:
-        raise ProtocolError(INVALID, "the prompt is empty")
     params = sampling_params(message, defaults)
     constraint = tools_grammar or message.constraint
     if constraint is not None:
