@@ -71,7 +71,7 @@ class DecodeLoop:
         self.step_ms: float | None = None  # moving average of one step's time, from pipelined ticks
         self.last_step_ms: float | None = None  # the last pipelined tick's time per step
         self.step_ms_by_rows: dict[int, float] = {}  # step_ms by batch size (the verify gate's plain step)
-        # whether a steady tick's time is a plain step's: the scheduler clears it while a prompt is prefilled
+        # whether a steady tick's time is a plain step's (``begin_tick``): not while a prompt is prefilled
         # beside the decode (the admission and the prefill forward land in the steps' wait); the gate's
         # plain step is then left as it was
         self.steady_batch = True
@@ -83,6 +83,10 @@ class DecodeLoop:
     @property
     def pipelined(self) -> bool:
         return bool(self.in_flight)
+
+    def begin_tick(self, prefilling: bool) -> None:
+        """The scheduler's decode tick starts; ``prefilling``: a prompt is prefilled beside it."""
+        self.steady_batch = not prefilling
 
     def tick(
         self, rows: list[RequestState], steps: int = 1

@@ -198,7 +198,7 @@ class BatchScheduler:
             self._update(TickResult(emitted=self.decode_loop.teardown()), record)
             rows = [s for s in rows if s.phase == Phase.DECODE]
         was_pipelined = self.decode_loop.pipelined
-        self.decode_loop.steady_batch = not self.prefilling  # a prefill beside the steps skews their time
+        self.decode_loop.begin_tick(prefilling=bool(self.prefilling))  # a prefill beside the steps skews their time
         record.pipelined = self.decode_loop.lookahead and was_pipelined and bool(rows)
         if any(s.drafter is not None for s in rows):
             started, timed = time.perf_counter(), self._forward_ms_so_far()
