@@ -1,6 +1,8 @@
 """The CPU quantized-matmul kernel alone: ms and GB/s of packed weights per shape and row count.
 
-Each shape is timed over enough distinct copies of its weights (about 128 MB) that they stream from
+It first measures the machine's streaming read bandwidth (numpy sums on one thread and on the kernel's
+thread count) and reports each timing as a share of it. Each shape is timed over enough distinct copies
+of its weights (about 128 MB) that they stream from
 memory, as a model's layers do, against MLX's own quantized matmul and float32 weights through BLAS, and,
 with ``--int8``, the opt-in int8-activation kernel (where the CPU has it) beside the float kernel.
 Run: .venv/bin/python scripts/bench_qmatmul.py [--out docs/benchmark_results/qmatmul_kernel.md]
@@ -10,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import platform
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from mlxd_fast_blas import ensure_fast_blas
@@ -22,7 +26,23 @@ import mlxd_qmatmul  # noqa: E402
 from mlxd_engine.loading.kernel_layers import best_ms  # noqa: E402  (the same timing the load-time rule uses)
 
 # SmolLM2's projections, its q/k/v and gate/up packed as the engine runs them (projection_groups.py), its tied head
+BANDWIDTH = [1.0]  # GB/s of the kernel's thread count, measured in main()
 SHAPES = ((576, 1536), (1536, 576), (192, 576), (960, 576), (3072, 576), (49152, 576))
+
+
+def read_bandwidth(threads: int, mb_each: int = 128) -> float:
+    """GB/s of ``threads`` threads each summing its own ``mb_each`` MB float32 array (numpy releases the GIL
+    in the sum): the machine's streaming read bandwidth, best of 3."""
+    import numpy as np
+
+    arrays = [np.ones((mb_each << 20) // 4, dtype=np.float32) for _ in range(threads)]
+    best = float("inf")
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in range(3):
+            start = time.perf_counter()
+            list(pool.map(np.sum, arrays))
+            best = min(best, time.perf_counter() - start)
+    return threads * (mb_each << 20) / best / 1e9
 
 
 def time_row(x, packs: list, dense: list, float32_scales: tuple, gs: int, bits: int, int8: bool) -> str:
@@ -35,7 +55,8 @@ def time_row(x, packs: list, dense: list, float32_scales: tuple, gs: int, bits: 
         lambda: [mx.quantized_matmul(x, p[0], s32, b32, transpose=True, group_size=gs, bits=bits) for p in few], 2
     ) / len(few)
     f = best_ms(lambda: [x @ d.T for d in dense], 3) / len(dense)
-    cells = f"{k:.3f} | {packed_bytes / k / 1e6:.1f} | {q:.3f} | {f:.3f} |"
+    gbs = packed_bytes / k / 1e6
+    cells = f"{k:.3f} | {gbs:.1f} | {gbs / BANDWIDTH[0]:.2f} | {q:.3f} | {f:.3f} |"
     if int8:
         i = best_ms(lambda: [mlxd_qmatmul.quantized_matmul(x, *p, gs, bits, True) for p in packs], 3) / len(packs)
         cells += f" {i:.3f} | {packed_bytes / i / 1e6:.1f} | {k / i:.2f} |"
@@ -65,6 +86,9 @@ def main() -> None:
         " --int8" if args.int8 else ""
     )
     int8_head = " int8 kernel ms | int8 GB/s | kernel / int8 |" if int8 else ""
+    threads = mlxd_qmatmul.kernel_threads(1)
+    one, every = read_bandwidth(1), read_bandwidth(max(1, threads))
+    BANDWIDTH[0] = every
     lines = [
         "# The CPU quantized-matmul kernel alone",
         "",
@@ -77,9 +101,13 @@ def main() -> None:
         "",
         f"Scales and biases {args.scale_dtype}.",
         "",
-        "| shape (out x in) | rows | kernel ms | kernel GB/s (packed) | MLX quantized ms | float32 BLAS ms |"
-        + int8_head,
-        "|---|---|---|---|---|---|" + ("---|---|---|" if int8 else ""),
+        f"This machine's streaming read bandwidth (numpy sums of 128 MB arrays, best of 3): {one:.1f} GB/s on one "
+        f"thread, {every:.1f} GB/s on {threads} (the kernel's thread count); \"of bandwidth\" is the kernel's GB/s "
+        "over the latter.",
+        "",
+        "| shape (out x in) | rows | kernel ms | kernel GB/s (packed) | of bandwidth | MLX quantized ms "
+        "| float32 BLAS ms |" + int8_head,
+        "|---|---|---|---|---|---|---|" + ("---|---|---|" if int8 else ""),
     ]
     for out_dims, in_dims in SHAPES:
         w = mx.random.normal((out_dims, in_dims), key=mx.random.key(0))
