@@ -79,7 +79,7 @@ class NgramIndex:
         tokens: Optional initial tokens (e.g. the prompt).
     """
 
-    __slots__ = ("_min_ngram", "_max_ngram", "_tokens", "_last_end_by_n", "last_match_length")
+    __slots__ = ("_min_ngram", "_max_ngram", "_tokens", "_last_end_by_n", "last_match_length", "last_match_end")
 
     def __init__(self, min_ngram: int = 1, max_ngram: int = 4, tokens: Iterable[int] = ()) -> None:
         if min_ngram < 1 or max_ngram < min_ngram:
@@ -87,6 +87,7 @@ class NgramIndex:
         self._min_ngram = min_ngram
         self._max_ngram = max_ngram
         self.last_match_length = 0  # n of the match the last lookup found (0: none)
+        self.last_match_end = -1  # where that match ended (its last token's position; -1: none)
         self._tokens: list[int] = []
         # One table per n keeps keys short and lets propose() stop at the
         # longest n without touching the others.
@@ -150,9 +151,9 @@ class NgramIndex:
         for n in range(min(self._max_ngram, length), self._min_ngram - 1, -1):
             end = self._last_end_by_n[n].get(tuple(tokens[length - n :]))
             if end is not None:
-                self.last_match_length = n
+                self.last_match_length, self.last_match_end = n, end
                 return end
-        self.last_match_length = 0
+        self.last_match_length, self.last_match_end = 0, -1
         return None
 
     def has_match(self) -> bool:

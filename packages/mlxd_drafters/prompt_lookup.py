@@ -51,6 +51,14 @@ from mlxd_drafters.governor import DraftGovernor
 from mlxd_drafters.ngram_index import NgramIndex
 from mlxd_drafters.pacing import DraftPacing
 from mlxd_drafters.prediction import PredictionSource
+from mlxd_drafters.shared_store import SharedDraftStore
+
+# Where a proposal came from (``PromptLookupDrafter.outstanding_source``; reported per source in timings).
+SOURCE_PROMPT = "prompt"  # the request's own prompt
+SOURCE_OUTPUT = "output"  # the request's own output so far
+SOURCE_PREDICTION = "prediction"  # its predicted output
+SOURCE_SHARED = "shared"  # the shared store: earlier requests' tokens (shared_store.py)
+DRAFT_SOURCES = (SOURCE_PROMPT, SOURCE_OUTPUT, SOURCE_PREDICTION, SOURCE_SHARED)
 
 
 @dataclass
@@ -106,12 +114,27 @@ class PromptLookupStats:
 class PromptLookupDrafter:
     """Drafts by n-gram lookup in the request's own context.
 
+    Sources, in order: the predicted output (when given), then the request's own context (prompt and
+    output), then the shared store (``shared``: earlier requests' tokens) when the own context found no
+    match or a shorter one than the store's: the longer match wins, a tie goes to the own context.
+
     Args:
         config: Drafting configuration; defaults to ``PromptLookupConfig()``.
+        prediction: A predicted output's tokens.
+        shared: The shared store of the request's key (None: not consulted).
     """
 
-    def __init__(self, config: PromptLookupConfig | None = None, prediction: list[int] | None = None) -> None:
+    def __init__(
+        self,
+        config: PromptLookupConfig | None = None,
+        prediction: list[int] | None = None,
+        shared: SharedDraftStore | None = None,
+    ) -> None:
         self._config = config if config is not None else PromptLookupConfig()
+        self.shared = shared
+        self._prompt_length = 0  # tokens given to prime(): an own match ending before this is the prompt's
+        self._source: str | None = None  # where the outstanding proposal came from
+        self._shared_match_length = 0  # the outstanding shared proposal's match
         # a predicted output (OpenAI's ``prediction``): looked up first, the context after it
         self.prediction = (
             PredictionSource(prediction, self._config.min_ngram, self._config.max_ngram) if prediction else None
@@ -159,7 +182,14 @@ class PromptLookupDrafter:
         often than not; a prediction's proposal counts as one)."""
         if self.proposal_from_prediction:
             return True
+        if self._source == SOURCE_SHARED:
+            return self._shared_match_length >= self._config.max_ngram
         return self._index.last_match_length >= self._config.max_ngram
+
+    @property
+    def outstanding_source(self) -> str | None:
+        """Where the outstanding proposal came from (``DRAFT_SOURCES``), or None when none is outstanding."""
+        return self._source if self._outstanding is not None else None
 
     @property
     def proposal_from_prediction(self) -> bool:
@@ -187,7 +217,7 @@ class PromptLookupDrafter:
         now: the scheduler calls this when prefill completes, so the prompt's indexing is not paid inside
         the first decode tick, whose cost the verify gate measures."""
         self.observe(prompt)
-        self._indexed()
+        self._prompt_length = len(self._indexed())
 
     def _score(self, tokens: list[int]) -> None:
         """Compare a retracted draft with the committed tokens that follow it; at its first mismatch (or
@@ -242,8 +272,17 @@ class PromptLookupDrafter:
         proposal = []
         if self.prediction is not None:
             proposal = self.prediction.propose(index.tokens[-self._config.max_ngram :], budget)
+            self._source = SOURCE_PREDICTION
         if not proposal:
             proposal = index.propose(budget)
+            self._source = SOURCE_PROMPT if index.last_match_end < self._prompt_length else SOURCE_OUTPUT
+            own_length = index.last_match_length if proposal else 0
+            if self.shared is not None and own_length < self.shared.config.max_ngram:
+                shared = self.shared.lookup(index.tokens[-self.shared.config.max_ngram :], budget)
+                if shared.tokens and shared.match_length > own_length:
+                    proposal = list(shared.tokens)
+                    self._source = SOURCE_SHARED
+                    self._shared_match_length = shared.match_length
         if proposal:
             self._stats.proposals += 1
             self._stats.drafted_tokens += len(proposal)
@@ -316,4 +355,7 @@ class PromptLookupDrafter:
             return False  # a predicted reply is expected to match nearly everywhere
         if self._governor.peek_budget() <= 0:
             return True
-        return not self._indexed().has_match()
+        index = self._indexed()
+        if index.has_match():
+            return False
+        return self.shared is None or not self.shared.has_match(index.tokens[-self.shared.config.max_ngram :])

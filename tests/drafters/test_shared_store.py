@@ -1,0 +1,173 @@
+"""The shared draft store: earlier requests' tokens, longest-suffix lookup, drafts sized by continuation counts."""
+
+from __future__ import annotations
+
+import doctest
+
+import pytest
+
+import mlxd_drafters.shared_store as shared_store_module
+from mlxd_drafters import (
+    PromptLookupConfig,
+    PromptLookupDrafter,
+    SharedDraftStore,
+    SharedDraftStores,
+    SharedStoreConfig,
+)
+
+
+def test_module_example():
+    assert doctest.testmod(shared_store_module).failed == 0
+
+
+def test_longest_suffix_wins_and_the_draft_runs_to_the_document_end():
+    store = SharedDraftStore(SharedStoreConfig(min_ngram=2, max_ngram=4))
+    store.add([1, 2, 3, 4, 50, 51])
+    store.add([9, 3, 4, 60, 61, 62])  # (3, 4) newer here, but (2, 3, 4) matches longer in the first
+    draft = store.lookup([7, 2, 3, 4], 10)
+    assert draft.match_length == 3 and draft.tokens == (50, 51)
+    draft = store.lookup([8, 8, 3, 4], 10)  # only (3, 4): two occurrences, 50 vs 60 (1:1) -> nothing
+    assert draft.match_length == 2 and draft.tokens == ()
+    assert store.lookup([5, 6], 4).tokens == ()
+    assert not store.has_match([5, 6]) and store.has_match([3, 4])
+
+
+def test_continuation_counts_size_the_draft():
+    store = SharedDraftStore(SharedStoreConfig(min_ngram=2, max_ngram=2, min_probability=0.6))
+    for _ in range(2):
+        store.add([1, 2, 3, 4, 5, 6])
+    store.add([1, 2, 3, 4, 9, 9])
+    draft = store.lookup([1, 2], 8)  # 3, 4 unanimous (3/3); then 5 (2 of 3): p = 0.67; then 6 (2/2)
+    assert draft.tokens == (3, 4, 5, 6)
+    assert draft.probability == pytest.approx(2 / 3)
+    store.add([1, 2, 3, 4, 9, 9])  # now 5 vs 9 is 2:2 -> stop before it
+    assert store.lookup([1, 2], 8).tokens == (3, 4)
+    assert store.lookup([1, 2], 1).tokens == (3,)  # never past max_tokens
+    assert store.lookup([1, 2], 0).tokens == ()
+
+
+def test_no_ngram_spans_two_documents_and_drafts_stop_at_a_document_end():
+    store = SharedDraftStore(SharedStoreConfig(min_ngram=2, max_ngram=3))
+    store.add([1, 2, 3])
+    store.add([4, 5, 6])
+    assert not store.has_match([3, 4])  # 3 ends one document, 4 starts the next
+    assert store.lookup([1, 2], 8).tokens == (3,)  # not on into the next document
+
+
+def test_budget_evicts_the_oldest_documents_and_their_index_entries():
+    store = SharedDraftStore(SharedStoreConfig(max_tokens=10, min_ngram=2, max_ngram=2))
+    store.add([1, 2, 3, 4])
+    store.add([5, 6, 7, 8])
+    assert store.token_count == 8 and store.document_count == 2
+    store.add([9, 10, 11])  # 11 > 10: the first document goes
+    assert store.token_count == 7 and store.documents_evicted == 1
+    assert store.lookup([1, 2], 4).tokens == ()
+    assert store.lookup([5, 6], 4).tokens == (7, 8)
+    assert store.lookup([9, 10], 4).tokens == (11,)
+    assert all(end >= store._base for ends in store._ends.values() for end in ends)  # noqa: SLF001
+    store.add(list(range(100, 130)))  # longer than the budget: its last 10 tokens, alone
+    assert store.token_count == 10 and store.document_count == 1
+    assert store.lookup([125, 126], 8).tokens == (127, 128, 129)
+    assert len(store._ends) == 8  # noqa: SLF001 - the kept document's bigrams with a next token
+
+
+def test_occurrences_per_ngram_are_capped_to_the_most_recent():
+    store = SharedDraftStore(SharedStoreConfig(min_ngram=2, max_ngram=2, max_occurrences=2))
+    store.add([1, 2, 7, 7])
+    store.add([1, 2, 8, 8])
+    store.add([1, 2, 8, 8])
+    assert store.lookup([1, 2], 3).tokens == (8, 8)  # the 7 was forgotten: 2 of 2 say 8
+
+
+def test_a_hash_collision_is_not_a_match(monkeypatch):
+    store = SharedDraftStore(SharedStoreConfig(min_ngram=2, max_ngram=2))
+    store.add([1, 2, 3])
+    monkeypatch.setattr(shared_store_module, "hash", lambda _: 0, raising=False)  # every n-gram collides
+    store.add([4, 5, 6])
+    assert store.lookup([4, 5], 4).tokens == (6,)
+    assert store.lookup([9, 9], 4).tokens == ()
+
+
+def test_stores_are_per_key_and_bounded():
+    stores = SharedDraftStores(SharedStoreConfig(min_ngram=2, max_ngram=2, max_stores=2))
+    stores.add("alice", [0, 1], [1, 2, 3, 4])
+    assert stores.store("alice").lookup([2, 3], 4).tokens == (4,)
+    assert stores.store("bob").lookup([2, 3], 4).tokens == ()  # nothing of alice's drafts for bob
+    assert stores.store(None).lookup([2, 3], 4).tokens == ()  # three keys: alice (least recent) dropped
+    assert len(stores) == 2
+    assert stores.store("alice").token_count == 0
+    assert stores.summary() == {"stores": 2, "tokens": 0, "documents": 0}
+
+
+def test_documents_lead_with_the_prompt_tail_or_the_whole_prompt():
+    stores = SharedDraftStores(SharedStoreConfig(min_ngram=2, max_ngram=2))
+    stores.add(None, [10, 11, 12, 13], [20, 21])
+    assert stores.store(None).lookup([12, 13], 4).tokens == (20, 21)  # a reply's start is found
+    assert stores.store(None).lookup([10, 11], 4).tokens == ()  # the rest of the prompt is not kept
+    with_prompts = SharedDraftStores(SharedStoreConfig(min_ngram=2, max_ngram=2, include_prompts=True))
+    with_prompts.add(None, [10, 11, 12, 13], [20, 21])
+    assert with_prompts.store(None).lookup([10, 11], 4).tokens == (12, 13, 20, 21)
+
+
+def test_config_is_validated():
+    for bad in (
+        {"max_tokens": 0},
+        {"min_ngram": 0},
+        {"min_ngram": 3, "max_ngram": 2},
+        {"max_occurrences": 0},
+        {"min_probability": 0.0},
+        {"max_stores": 0},
+    ):
+        with pytest.raises(ValueError):
+            SharedStoreConfig(**bad)
+
+
+# -- the drafter with a shared store -----------------------------------------------------------------
+
+
+def test_drafter_asks_the_store_when_its_own_context_has_no_match():
+    store = SharedDraftStore(SharedStoreConfig(min_ngram=2, max_ngram=4))
+    store.add([30, 31, 32, 33, 34, 35])
+    drafter = PromptLookupDrafter(PromptLookupConfig(max_draft=4, policy="always"), shared=store)
+    drafter.prime([1, 2, 3, 30, 31])
+    assert drafter.pipelines_plain_rounds() is False  # the store has a match
+    assert drafter.draft_block() == [32, 33, 34, 35]
+    assert drafter.outstanding_source == "shared"
+    drafter.accept_verified_tokens(4, 4)
+    assert drafter.outstanding_source is None
+
+
+def test_the_longer_match_wins_and_a_tie_goes_to_the_own_context():
+    store = SharedDraftStore(SharedStoreConfig(min_ngram=2, max_ngram=4))
+    store.add([7, 8, 9, 50, 51])
+    drafter = PromptLookupDrafter(PromptLookupConfig(max_draft=2, policy="always"), shared=store)
+    drafter.prime([9, 60, 61, 7, 8, 9])  # own: (9) ends at 0 -> 60, 61 (length 1); store: (7, 8, 9), longer
+    assert drafter.draft_block() == [50, 51]
+    assert drafter.outstanding_source == "shared"
+    drafter.retract_draft()
+    tie = PromptLookupDrafter(PromptLookupConfig(max_draft=2, policy="always"), shared=store)
+    tie.prime([8, 9, 60, 61, 8, 9])  # own (8, 9) -> 60, 61; the store's (8, 9) is no longer
+    assert tie.draft_block() == [60, 61]
+    assert tie.outstanding_source == "prompt"
+
+
+def test_own_sources_are_told_apart():
+    drafter = PromptLookupDrafter(PromptLookupConfig(max_draft=2, policy="always"))
+    drafter.prime([1, 2, 3, 1, 2])
+    assert drafter.draft_block() == [3, 1]
+    assert drafter.outstanding_source == "prompt"
+    drafter.accept_verified_tokens(2, 0)
+    drafter.observe([40, 41, 42, 40])  # the output repeats its own start
+    assert drafter.draft_block() == [41, 42]
+    assert drafter.outstanding_source == "output"
+    predicted = PromptLookupDrafter(PromptLookupConfig(max_draft=2, policy="always"), prediction=[5, 6, 7])
+    predicted.prime([0, 5])
+    assert predicted.draft_block() == [6, 7]
+    assert predicted.outstanding_source == "prediction"
+
+
+def test_without_a_store_nothing_changes():
+    drafter = PromptLookupDrafter(PromptLookupConfig(max_draft=4, policy="always"))
+    drafter.prime([1, 2, 3, 30, 31])
+    assert drafter.draft_block() == []
+    assert drafter.pipelines_plain_rounds() is True
