@@ -41,6 +41,9 @@ class Request:
     cache_prompt: bool = (
         True  # reuse a cached prefix of the prompt, and leave this one in the cache (llama-server's name)
     )
+    # draft from the shared store of earlier requests' tokens, and add this one's when done (False: neither)
+    shared_drafts: bool = True
+    draft_key: str | None = None  # whose shared store: an API key's id (None: the store of a server without keys)
 
 
 @dataclass
@@ -78,6 +81,14 @@ class Timings:
     draft_n_accepted: int = 0
     draft_verify_n: int = 0
     speculated: bool = False
+    # per draft source (mlxd_drafters.DRAFT_SOURCES): [drafted, accepted] in verify rounds
+    draft_sources: dict[str, list[int]] = field(default_factory=dict)
+
+    def count_source(self, source: str | None, drafted: int, accepted: int) -> None:
+        """One verify round's counts, under the source its draft came from."""
+        counts = self.draft_sources.setdefault(source or "output", [0, 0])
+        counts[0] += drafted
+        counts[1] += accepted
 
     def report(self, prompt_n: int, predicted_n: int, cache_n: int = 0) -> dict[str, Any]:
         """llama-server's timings: ``prompt_n`` prompt tokens prefilled, ``cache_n`` taken from the prefix cache."""
@@ -104,6 +115,10 @@ class Timings:
                 draft_n=self.draft_n,
                 draft_n_accepted=self.draft_n_accepted,
                 draft_verify_n=self.draft_verify_n,
+                draft_sources={
+                    source: {"draft_n": counts[0], "draft_n_accepted": counts[1]}
+                    for source, counts in sorted(self.draft_sources.items())
+                },
             )
         return report
 

@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mlxd_drafters import PromptLookupConfig, PromptLookupDrafter
+from mlxd_drafters import PromptLookupConfig, PromptLookupDrafter, SharedDraftStores, SharedStoreConfig
 from mlxd_engine import Engine, KVStorageFull, kv_room, prompt_lookup_eligibility
 
 from .decode import DecodeLoop, runs_by_row
@@ -63,6 +63,9 @@ class SchedulerOptions:
     prompt_lookup_max_batch: int | None = DEFAULT_PROMPT_LOOKUP_MAX_BATCH  # largest batch that verifies (None: any)
     max_decode_steps: int = 8  # most chained decode steps per tick in plain steady decode (see above)
     tick_budget_ms: float = 5.0  # ... and only as many as fit this long at the measured step time
+    # the shared draft store (mlxd_drafters.shared_store): finished requests' tokens, one store per key,
+    # a prompt-lookup source for later requests; None: off
+    shared_drafts: SharedStoreConfig | None = field(default_factory=SharedStoreConfig)
 
 
 class QueueFull(RuntimeError):
@@ -82,6 +85,8 @@ class BatchScheduler:
         self.finisher = Finisher(engine)
         self.decode_loop = DecodeLoop(engine, lookahead=self.options.lookahead)
         self.prompt_lookup = PromptLookupArm(engine, self.decode_loop, self.options.prompt_lookup_max_batch)
+        shared = self.options.shared_drafts
+        self.shared_drafts = SharedDraftStores(shared) if shared is not None else None
         self.waiting: deque[RequestState] = deque()
         self.prefilling: list[RequestState] = []
         self.decoding: list[RequestState] = []
@@ -266,6 +271,7 @@ class BatchScheduler:
         cost_model.spent_exploring(result.explore_ms)
         cost_model.declined(result.declined)
         for state, outcome in result.rounds:
+            state.timings.count_source(state.drafter.outstanding_source, outcome.drafted, outcome.accepted)
             state.drafter.accept_verified_tokens(outcome.drafted, outcome.accepted)
             state.timings.draft_n += outcome.drafted
             state.timings.draft_n_accepted += outcome.accepted
@@ -345,10 +351,32 @@ class BatchScheduler:
         config = default or self.options.prompt_lookup_cap
         if wanted.max_draft:
             config = config.with_max_draft(wanted.max_draft)
-        state.drafter = PromptLookupDrafter(config, prediction=state.request.prediction)
+        state.drafter = PromptLookupDrafter(
+            config, prediction=state.request.prediction, shared=self._shared_store(state)
+        )
         state.drafter.prime(state.seq.tokens)  # the whole prompt, cached prefix included
         state.timings.speculated = True
         return None
+
+    def _shared_store(self, state: RequestState):
+        """The shared draft store of the request's key, or None (off, or the request opted out)."""
+        if self.shared_drafts is None or not state.request.shared_drafts:
+            return None
+        return self.shared_drafts.store(state.request.draft_key)
+
+    def _feed_shared_store(self, state: RequestState, reason: str) -> None:
+        """A finished request's tokens into its key's shared store: not a failed one's, nor where no request
+        drafts (prompt lookup off by default and this one did not ask for it)."""
+        if reason == "error" or state.seq is None or state.emitted == 0:
+            return
+        if self.options.prompt_lookup is None and state.drafter is None:
+            return
+        store = self._shared_store(state)
+        if store is not None:
+            assert self.shared_drafts is not None  # a store came from it
+            self.shared_drafts.add(
+                state.request.draft_key, state.request.prompt, list(state.seq.output)[: state.emitted]
+            )
 
     def _prefill(self, record: TickRecord) -> None:
         if not self.prefilling:
@@ -393,6 +421,7 @@ class BatchScheduler:
             if state in group:
                 group.remove(state)
         self.by_id.pop(state.request_id, None)
+        self._feed_shared_store(state, reason)
         self.finisher.finish(state, reason, error)
         self.totals["finished"] += 1
         self.totals["prompt_tokens"] += len(state.request.prompt)

@@ -1,0 +1,98 @@
+"""The shared draft store through the batch scheduler: greedy tokens equal with it on and off, drafts from
+earlier requests are counted under their source, and neither an opted-out request nor another key's sees
+them."""
+
+from __future__ import annotations
+
+from mlxd_drafters import PromptLookupConfig, SharedStoreConfig
+from mlxd_engine import Engine
+from mlxd_scheduler import BatchScheduler, Request, SchedulerOptions
+
+from .test_batch_scheduler import Collector
+
+# two "sessions" whose prompts differ at the start but ask for the same thing at the end
+HEAD_A = [(7 * i + 3) % 200 + 20 for i in range(24)]
+HEAD_B = [(11 * i + 5) % 200 + 20 for i in range(24)]
+TAIL = [(13 * i + 1) % 150 + 30 for i in range(16)]
+
+
+def _scheduler(loaded, shared: bool, max_batch: int = 4) -> BatchScheduler:
+    options = SchedulerOptions(
+        max_batch=max_batch,
+        prompt_lookup=PromptLookupConfig(),
+        shared_drafts=SharedStoreConfig(include_prompts=False) if shared else None,
+    )
+    return BatchScheduler(Engine(loaded, max_sequences=max_batch, prefix_cache_bytes=0), options)
+
+
+def _run(scheduler, requests, together=False):
+    out = Collector()
+    if together:
+        for request in requests:
+            scheduler.submit(request, out.sink(request.request_id))
+        scheduler.run_until_idle()
+    else:
+        for request in requests:
+            scheduler.submit(request, out.sink(request.request_id))
+            scheduler.run_until_idle()
+    return out
+
+
+def _requests(prefix="r", **fields):
+    return [
+        Request(f"{prefix}0", HEAD_A + TAIL, max_tokens=48, ignore_eos=True, **fields),
+        Request(f"{prefix}1", HEAD_B + TAIL, max_tokens=48, ignore_eos=True, **fields),
+        Request(f"{prefix}2", HEAD_A[::-1] + TAIL, max_tokens=48, ignore_eos=True, **fields),
+    ]
+
+
+def _shared(timings) -> dict:
+    return timings.get("draft_sources", {}).get("shared", {"draft_n": 0, "draft_n_accepted": 0})
+
+
+def test_greedy_tokens_equal_with_the_store_on_and_off(embedded_model):
+    on, off = _scheduler(embedded_model, True), _scheduler(embedded_model, False)
+    for together in (False, True):
+        requests = _requests("t" if together else "s")
+        with_store = _run(on, requests, together)
+        without = _run(off, _requests("t" if together else "s"), together)
+        for request in requests:
+            assert with_store.done(request.request_id).tokens == without.done(request.request_id).tokens
+            off_timings = without.done(request.request_id).timings
+            assert _shared(off_timings)["draft_n"] == 0
+    # the later requests repeat the earlier replies' tails: the store drafted them, and its drafts were taken
+    shared = [_shared(with_store.done(r.request_id).timings) for r in requests]
+    assert sum(counts["draft_n_accepted"] for counts in shared) > 0
+    timings = with_store.done("t1").timings
+    per_source = timings["draft_sources"]
+    assert sum(counts["draft_n"] for counts in per_source.values()) == timings["draft_n"]
+    assert sum(counts["draft_n_accepted"] for counts in per_source.values()) == timings["draft_n_accepted"]
+    assert set(per_source) <= {"prompt", "output", "prediction", "shared"}
+
+
+def test_the_second_request_drafts_the_first_ones_reply(embedded_model):
+    scheduler = _scheduler(embedded_model, True)
+    out = _run(scheduler, _requests())
+    assert _shared(out.done("r0").timings)["draft_n"] == 0  # nothing was in the store yet
+    assert _shared(out.done("r1").timings)["draft_n_accepted"] > 0
+    assert scheduler.shared_drafts is not None and scheduler.shared_drafts.summary()["documents"] == 3
+    again = _run(scheduler, [Request("r3", HEAD_A + TAIL, max_tokens=48, ignore_eos=True)])
+    assert again.done("r3").tokens == out.done("r0").tokens
+    assert _shared(again.done("r3").timings)["draft_n_accepted"] >= 8  # the same prompt: r0's reply is drafted
+
+
+def test_an_opted_out_request_neither_drafts_from_nor_feeds_the_store(embedded_model):
+    scheduler = _scheduler(embedded_model, True)
+    first, second, _ = _requests("o", shared_drafts=False)
+    out = _run(scheduler, [first, second])
+    assert _shared(out.done("o1").timings)["draft_n"] == 0
+    assert scheduler.shared_drafts is not None and scheduler.shared_drafts.summary()["documents"] == 0
+
+
+def test_one_keys_requests_are_never_drafted_into_anothers(embedded_model):
+    scheduler = _scheduler(embedded_model, True)
+    first, second, third = _requests("k")
+    first.draft_key, second.draft_key, third.draft_key = "alice", "bob", "alice"
+    out = _run(scheduler, [first, second, third])
+    assert _shared(out.done("k1").timings)["draft_n"] == 0  # bob's store is empty
+    assert _shared(out.done("k2").timings)["draft_n_accepted"] > 0  # alice's holds k0's reply
