@@ -23,6 +23,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from mlxd_drafters import SharedStoreConfig
 from mlxd_engine import Engine, LoadedModel
 from mlxd_protocol import (
     FINISH_CANCELLED,
@@ -81,6 +82,11 @@ def build_scheduler(
         max_queue=options.max_queue,
         prompt_lookup=speculative.config,
         prompt_lookup_cap=speculative.cap,
+        shared_drafts=SharedStoreConfig(
+            max_tokens=options.shared_draft_tokens, include_prompts=options.shared_draft_prompts
+        )
+        if options.shared_drafts
+        else None,
     )
     if options.prompt_lookup_max_batch is not None:
         scheduler_options.prompt_lookup_max_batch = options.prompt_lookup_max_batch

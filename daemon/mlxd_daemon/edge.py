@@ -236,6 +236,8 @@ def to_request(
         ignore_eos=message.ignore_eos,
         cache_prompt=message.cache_prompt,
         prediction=prediction,
+        shared_drafts=message.shared_drafts,
+        draft_key=message.draft_key,
     )
 
 

@@ -129,6 +129,25 @@ def _endpoint_option(function):
     "(default: no bound; each draft is verified when its expected gain pays its measured cost)",
 )
 @click.option(
+    "--shared-drafts/--no-shared-drafts",
+    default=DEFAULTS.shared_drafts,
+    show_default=True,
+    help="prompt lookup also drafts from a store of earlier requests' outputs (one store per API key)",
+)
+@click.option(
+    "--shared-draft-tokens",
+    default=DEFAULTS.shared_draft_tokens,
+    show_default=True,
+    type=click.IntRange(1),
+    help="shared draft store: tokens kept per key (the oldest requests' are evicted first)",
+)
+@click.option(
+    "--shared-draft-prompts/--no-shared-draft-prompts",
+    default=DEFAULTS.shared_draft_prompts,
+    show_default=True,
+    help="shared draft store: keep whole prompts too, not only outputs",
+)
+@click.option(
     "--decode-storage-backend",
     "storage_backend",
     default=DEFAULTS.storage_backend,
@@ -295,6 +314,9 @@ def cli(
     draft_model,
     draft_block_size,
     prompt_lookup_max_batch,
+    shared_drafts,
+    shared_draft_tokens,
+    shared_draft_prompts,
     storage_backend,
     kv_block_size,
     kv_pool_tokens,
@@ -338,6 +360,9 @@ def cli(
         draft_model=draft_model,
         draft_block_size=draft_block_size,
         prompt_lookup_max_batch=prompt_lookup_max_batch,
+        shared_drafts=shared_drafts,
+        shared_draft_tokens=shared_draft_tokens,
+        shared_draft_prompts=shared_draft_prompts,
         storage_backend=storage_backend,
         kv_block_size=kv_block_size,
         kv_pool_tokens=kv_pool_tokens,

@@ -33,6 +33,7 @@ MAX_ID_CHARS = 256
 MAX_STOP_STRINGS = 64
 MAX_STOP_CHARS = 1024
 MAX_DRAFT_LIMIT = 256
+MAX_DRAFT_KEY_CHARS = 256  # a Generate's draft_key (whose shared draft store)
 
 # Error codes (Error.code), sent by the daemon. A daemon may add codes within a version; clients treat a
 # code they do not know like INTERNAL.
@@ -269,6 +270,12 @@ class Generate(Message):
     # a predicted output (OpenAI's "prediction"): text the reply is expected to repeat largely (a file to
     # edit, say); prompt-lookup drafts come from it first. It never changes the output, only its speed.
     prediction: str | None = None
+    # prompt lookup may draft from the daemon's shared store of earlier requests' outputs, and this reply
+    # goes into it when done; False: neither (it never changes the output, only its speed)
+    shared_drafts: bool = True
+    # whose shared store: a client's key id (an API key's, say), so nothing one key's requests produced is
+    # drafted into another key's; nil: the one store of a server without keys
+    draft_key: str | None = None
     constraint: Constraint | None = None  # structured output: a JSON schema or grammar the output follows
     # Tool calls (chat only): OpenAI-style tool definitions for the chat template; "auto" (the default with
     # tools), "none" (tools are not offered), "required" (exactly one call, enforced by a grammar);
@@ -285,6 +292,10 @@ class Generate(Message):
 
     def validate(self) -> None:
         _exactly_one(self, ("prompt", "prompt_tokens", "messages"))
+        _require(
+            self.draft_key is None or 0 < len(self.draft_key) <= MAX_DRAFT_KEY_CHARS,
+            f"draft_key: 1 to {MAX_DRAFT_KEY_CHARS} characters, or nil",
+        )
         _check_template_kwargs(self.chat_template_kwargs, self.messages)
         _require(not self.continue_final_message or bool(self.messages), "continue_final_message: needs messages")
         _require(

@@ -68,3 +68,21 @@ def test_the_scheduler_defaults_are_the_daemons():
         name: getattr(scheduler, field) for name, field in pairs.items()
     }
     assert {f.name for f in dataclasses.fields(DaemonOptions)} >= set(pairs)
+
+
+def test_the_shared_draft_store_defaults_are_the_schedulers():
+    daemon, scheduler = DaemonOptions(), SchedulerOptions()
+    assert daemon.shared_drafts is (scheduler.shared_drafts is not None)
+    assert scheduler.shared_drafts is not None
+    assert daemon.shared_draft_tokens == scheduler.shared_drafts.max_tokens
+    assert daemon.shared_draft_prompts == scheduler.shared_drafts.include_prompts
+
+
+def test_the_shared_draft_options_reach_the_scheduler(embedded_model):
+    from mlxd_daemon.core import build_scheduler
+
+    _, _, on = build_scheduler(embedded_model, DaemonOptions(shared_draft_tokens=1000, shared_draft_prompts=True))
+    assert on.options.shared_drafts is not None
+    assert (on.options.shared_drafts.max_tokens, on.options.shared_drafts.include_prompts) == (1000, True)
+    _, _, off = build_scheduler(embedded_model, DaemonOptions(shared_drafts=False))
+    assert off.options.shared_drafts is None and off.shared_drafts is None

@@ -4,7 +4,7 @@
                    [--port 8080]
                    [--api-key KEY] [--allowed-hosts NAMES] [--cors-origins ORIGINS] [--cors-methods M]
                    [--cors-headers H] [--cors-credentials/--no-cors-credentials]
-                   [--draft-kind KIND] [--draft-block-size N] [--prompt-lookup-max-batch N]
+                   [--draft-kind KIND] [--draft-block-size N] [--prompt-lookup-max-batch N] [--no-shared-drafts]
                    [--seed N] [--chat-template NAME|JINJA] [--chat-template-file FILE] [--reasoning on|off|auto]
                    [--n-predict N] [--metrics/--no-metrics] [--slots/--no-slots] [--ui/--no-ui]
                    [--max-concurrency N] [--max-body-bytes N] [--header-timeout S] [--body-timeout S]
@@ -42,6 +42,7 @@ def daemon_args(
     chat_template: str | None = None,
     chat_template_file: str | None = None,
     reasoning: str | None = None,
+    shared_drafts: bool | None = None,
 ) -> list[str]:
     """The ``mlxd`` options for a daemon this command starts.
 
@@ -53,6 +54,7 @@ def daemon_args(
         chat_template: ``--chat-template`` (a built-in name or Jinja text), or None.
         chat_template_file: ``--chat-template-file``, or None.
         reasoning: ``--reasoning`` (on, off or auto), or None.
+        shared_drafts: ``--shared-drafts`` / ``--no-shared-drafts``, or None (the daemon's default).
 
     Returns:
         The argument list (empty when all are None).
@@ -69,6 +71,8 @@ def daemon_args(
     ):
         if value is not None:
             args += [flag, str(value)]
+    if shared_drafts is not None:
+        args.append("--shared-drafts" if shared_drafts else "--no-shared-drafts")
     return args
 
 
@@ -152,6 +156,12 @@ def daemon_args(
     default=None,
     type=click.IntRange(0),
     help="verify gate of a daemon started here: no verify rounds above this many rows",
+)
+@click.option(
+    "--shared-drafts/--no-shared-drafts",
+    default=None,
+    help="shared draft store of a daemon started here: prompt lookup also drafts from earlier requests' "
+    "outputs (default: the daemon's, on)",
 )
 @click.option(
     "--seed",
@@ -250,6 +260,7 @@ def main(
     draft_kind,
     draft_block_size,
     prompt_lookup_max_batch,
+    shared_drafts,
     seed,
     chat_template,
     chat_template_file,
@@ -272,7 +283,14 @@ def main(
         level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
     extra_args = daemon_args(
-        draft_kind, draft_block_size, prompt_lookup_max_batch, seed, chat_template, chat_template_file, reasoning
+        draft_kind,
+        draft_block_size,
+        prompt_lookup_max_batch,
+        seed,
+        chat_template,
+        chat_template_file,
+        reasoning,
+        shared_drafts,
     )
     hosts = list(dict.fromkeys(name.strip() for value in hosts for name in value.split(",") if name.strip()))
     aliases = split_names(alias)
