@@ -475,3 +475,25 @@ def test_duration_keeps_concurrency_requests_in_flight_until_time_is_up():
     assert batch.summary["requests"] >= 6 and batch.summary["errors"] == 0  # ~15 ms per request, 2 at once
     assert [s.index for s in batch.samples] == list(range(len(batch.samples)))
     assert batch.wall_s >= 0.2 and max(s.sent_at_s for s in batch.samples) < 0.2
+
+
+def test_extract_and_agent_styles_run_like_the_others():
+    endpoint: list = []
+    received: list = []
+    stop = threading.Event()
+    thread = threading.Thread(target=_fake_mlxd, args=(endpoint, stop, received), daemon=True)
+    thread.start()
+    while not endpoint:
+        time.sleep(0.01)
+    try:
+        config = BenchConfig(
+            concurrencies=[1], styles=["extract", "agent"], rounds=1, requests=2, max_tokens=8, warmup=0
+        )
+        run = asyncio.run(run_benchmark([DaemonTarget("d", endpoint[0])], config, PromptBook(0, 40)))
+    finally:
+        stop.set()
+        thread.join(5)
+    sent = [m.messages[0]["content"] for m in received]
+    assert sent[0].startswith("Extract the") and sent[2].startswith("You are a coding agent")
+    assert [batch.style for batch in run.batches] == ["extract", "agent"]
+    assert all(batch.summary["errors"] == 0 for batch in run.batches)

@@ -2,8 +2,8 @@
 
     mlx-bench --target NAME=http://HOST:PORT | --target NAME=daemon:ENDPOINT | --serve NAME='CMD {port}' ...
               [--baseline NAME] [--concurrency 1,4,8] [--requests N | --duration S] [--rounds R]
-              [--prompt-style plain,copy,chat] [--turns N] [--prompt-tokens N] [--max-tokens N] [--warmup N]
-              [--seed S] [--temperature T] [--chat/--no-chat] [--ignore-eos] [--api-key KEY] [--model NAME]
+              [--prompt-style plain,copy,chat,extract,agent] [--turns N] [--prompt-tokens N] [--max-tokens N]
+              [--warmup N] [--seed S] [--temperature T] [--chat/--no-chat] [--ignore-eos] [--api-key KEY] [--model NAME]
               [--target-model NAME=MODEL] [--no-cache-prompt] [--target-no-cache-prompt NAME]
               [--serve-timeout S] [--request-timeout S] [--out DIR]
 
@@ -21,6 +21,10 @@ and each later turn adds up to ``--max-tokens`` + ~20; ``--prompt-tokens 1000 --
 use 1200). ``--no-cache-prompt`` sends ``cache_prompt: false`` (llama-server's and mlxd's switch for
 their prompt cache) with every request; ``--target-no-cache-prompt NAME`` with that target's only, so one
 server can be measured with and without its cache in one run (two ``--target`` names on the same URL).
+
+``--prompt-style extract`` and ``agent`` are workloads where drafting from earlier requests pays (mlxd's
+shared draft store): every request returns a record as JSON in one shape no prompt shows, or makes a coding
+agent's next tool call, repeating calls earlier sessions made (``bench/task_prompts.py``).
 """
 
 from __future__ import annotations
@@ -201,7 +205,8 @@ class RichProgress(ProgressHooks):
     "styles",
     multiple=True,
     callback=_parse_styles,
-    help="plain, copy or chat (multi-turn sessions); repeatable or a comma list [default: plain]",
+    help="plain, copy, chat (multi-turn sessions), extract (records as JSON of one shape) or agent (steps of "
+    "a coding agent's loop); repeatable or a comma list [default: plain]",
 )
 @click.option(
     "--turns",

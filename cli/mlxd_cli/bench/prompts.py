@@ -1,4 +1,4 @@
-"""Synthetic prompts for mlx-bench: deterministic English paragraphs and the two prompt styles.
+"""Synthetic prompts for mlx-bench: deterministic English paragraphs and the prompt styles.
 
 Contract:
     * ``make_paragraph(seed, key, prompt_tokens)`` builds a paragraph of plain English sentences from the
@@ -29,16 +29,23 @@ Contract:
           ``max_tokens`` (``chat_history_tokens``); e.g. ``--prompt-tokens 1000 --max-tokens 150 --turns 4
           --ignore-eos`` reaches about 1.5K estimated tokens at turn 4 (SmolLM2's tokenizer counts about
           15% fewer than the estimate for these words: 1200 gives ~1.5K real tokens there).
+        - ``extract`` and ``agent`` (``task_prompts.py``): many requests that fill the same shape, where
+          a draft source shared across requests pays: ``extract`` asks for a person's or product's record as
+          JSON (the shape is named, never shown); ``agent`` is one step of a coding agent's loop (request
+          ``index`` is step ``index % AGENT_STEPS`` of session ``index // AGENT_STEPS``), whose tool calls
+          repeat earlier sessions' and are not in its prompt. Both are short whatever ``prompt_tokens`` says.
 """
 
 from __future__ import annotations
 
 import random
 
+from .task_prompts import AGENT_STEPS, agent_prompt, extract_prompt
+
 TOKENS_PER_WORD = 1.3
 COPY_WRAPPER = "Repeat the following paragraph exactly: "
 PLAIN_WRAPPER = "Write about the following topic: "
-PROMPT_STYLES = ("plain", "copy", "chat")
+PROMPT_STYLES = ("plain", "copy", "chat", "extract", "agent")
 CHAT_SYSTEM = "You are a helpful assistant. Answer questions about the user's notes in plain English."
 CHAT_WRAPPER = "Here are my notes. "
 FOLLOW_UP_TOKENS = 10  # a follow-up question's length, estimated (the templates below are 6 to 10 words)
@@ -202,6 +209,8 @@ def style_prompt(style: str, paragraph: str) -> str:
         return PLAIN_WRAPPER + first_sentence(paragraph)
     if style == "chat":
         raise ValueError("the chat style is a session of messages: use PromptBook.chat_opening / follow_up")
+    if style in ("extract", "agent"):
+        raise ValueError(f"the {style} style makes its own text: use PromptBook.prompt")
     raise ValueError(f"unknown prompt style {style!r}; expected one of {', '.join(PROMPT_STYLES)}")
 
 
@@ -286,6 +295,11 @@ class PromptBook:
         Returns:
             The prompt text; the same for every target.
         """
+        if style == "extract":
+            return extract_prompt(self.seed, f"extract/r{round_key}/c{concurrency}/i{index}")
+        if style == "agent":
+            session, step = divmod(index, AGENT_STEPS)
+            return agent_prompt(self.seed, f"agent/r{round_key}/c{concurrency}/s{session}", step)
         return style_prompt(style, self.paragraph(round_key, concurrency, index))
 
     def _chat_key(self, round_key: str, concurrency: int, index: int) -> str:
