@@ -139,7 +139,8 @@ def _endpoint_option(function):
     default=DEFAULTS.shared_draft_tokens,
     show_default=True,
     type=click.IntRange(1),
-    help="shared draft store: tokens kept per key (the oldest requests' are evicted first)",
+    help="shared draft store: tokens kept, all keys' stores together (the oldest requests' are evicted first; "
+    "about 1 KB of memory each at most)",
 )
 @click.option(
     "--shared-draft-prompts/--no-shared-draft-prompts",

@@ -33,7 +33,7 @@ class DaemonOptions:
     prompt_lookup_max_batch: int | None = None  # None: the scheduler's default (no bound: the verify gate decides)
     # the shared draft store: prompt lookup also drafts from earlier requests' tokens (one store per API key)
     shared_drafts: bool = True
-    shared_draft_tokens: int = 65536  # tokens one key's store keeps (oldest requests evicted first)
+    shared_draft_tokens: int = 32768  # tokens all keys' stores keep together (oldest requests evicted first)
     shared_draft_prompts: bool = False  # store whole prompts too, not only outputs
     storage_backend: str = "contiguous"  # or "paged"
     kv_block_size: int = 64

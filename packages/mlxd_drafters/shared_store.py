@@ -19,7 +19,8 @@ Contract:
       drafts on until the next split.
     * ``SharedDraftStores`` keeps one store per key (an API key's id; ``None`` is the store used when no
       keys are configured), at most ``max_stores`` of them, the least recently used dropped first, so
-      nothing one key's requests produced is drafted into another key's.
+      nothing one key's requests produced is drafted into another key's. The token budget bounds them all
+      together: past it the least recently used other stores give up their oldest documents first.
 
 Worked example::
 
@@ -45,7 +46,9 @@ class SharedStoreConfig:
     """Knobs of a ``SharedDraftStore``.
 
     Attributes:
-        max_tokens: The token budget of one store (documents are evicted oldest first past it).
+        max_tokens: The token budget of a store, and of all the stores of ``SharedDraftStores`` together
+            (documents are evicted oldest first past it; at most about 1.1 KB of memory a token: 7
+            index entries a token when no n-gram repeats).
         min_ngram: Shortest context suffix matched (2: a lone token across requests predicts little).
         max_ngram: Longest context suffix matched (tried first).
         max_occurrences: Occurrences kept per n-gram (the most recent).
@@ -54,7 +57,7 @@ class SharedStoreConfig:
         max_stores: Most stores kept (one per key), least recently used dropped first.
     """
 
-    max_tokens: int = 65536
+    max_tokens: int = 32768
     min_ngram: int = 2
     max_ngram: int = 8
     max_occurrences: int = 16
@@ -96,7 +99,8 @@ class SharedDraftStore:
         self._base = 0
         self._doc_starts: deque[int] = deque()  # global start of each document, oldest first
         self._doc_ends: deque[int] = deque()  # ... its end (exclusive)
-        self._ends: dict[int, list[int]] = {}  # hash of an n-gram -> end positions of its occurrences
+        # hash of an n-gram -> the end position of its one occurrence, or of its occurrences (a list, ascending)
+        self._ends: dict[int, int | list[int]] = {}
         self.documents_added = 0
         self.documents_evicted = 0
 
@@ -130,11 +134,21 @@ class SharedDraftStore:
                 key = hash(tuple(tokens[end - n + 1 - start : end + 1 - start]))
                 ends = self._ends.get(key)
                 if ends is None:
-                    self._ends[key] = [end]
+                    self._ends[key] = end  # most n-grams occur once: a bare int costs far less than a list
+                elif isinstance(ends, int):
+                    self._ends[key] = [ends, end] if cap > 1 else end
                 else:
                     ends.append(end)
                     if len(ends) > cap:
                         del ends[0]
+
+    def evict_oldest(self) -> int:
+        """Drop the oldest document and its index entries. Returns the tokens freed (0: the store is empty)."""
+        if not self._doc_starts:
+            return 0
+        start, end = self._doc_starts[0], self._doc_ends[0]
+        self._evict_oldest()
+        return end - start
 
     def _evict_oldest(self) -> None:
         start, end = self._doc_starts.popleft(), self._doc_ends.popleft()
@@ -144,6 +158,10 @@ class SharedDraftStore:
                 key = hash(tuple(tokens[last - n + 1 : last + 1]))
                 ends = self._ends.get(key)
                 if ends is None:
+                    continue
+                if isinstance(ends, int):
+                    if ends < end:  # inside this document (or older)
+                        del self._ends[key]
                     continue
                 cut = bisect.bisect_left(ends, end)  # positions inside this document (or older) go
                 if cut >= len(ends):
@@ -163,11 +181,11 @@ class SharedDraftStore:
         for n in range(min(self.config.max_ngram, length), self.config.min_ngram - 1, -1):
             suffix = tuple(context[length - n :])
             ends = self._ends.get(hash(suffix))
-            if not ends:
+            if ends is None:
                 continue
             found = [
                 end
-                for end in ends
+                for end in ((ends,) if isinstance(ends, int) else ends)
                 if end - n + 1 >= self._base
                 and all(self._token(end - n + 1 + i) == token for i, token in enumerate(suffix))
             ]
@@ -219,7 +237,8 @@ class SharedDraftStore:
 
 class SharedDraftStores:
     """One ``SharedDraftStore`` per key (``None``: the store of a server without keys), least recently used
-    dropped past ``config.max_stores``."""
+    dropped past ``config.max_stores``. ``config.max_tokens`` bounds all stores together: past it, the least
+    recently used other stores give up their oldest documents first (one store alone may fill it)."""
 
     def __init__(self, config: SharedStoreConfig | None = None) -> None:
         self.config = config if config is not None else SharedStoreConfig()
@@ -242,7 +261,12 @@ class SharedDraftStores:
         tokens (so the start of a reply is found from the end of the next similar prompt)."""
         lead = list(prompt) if self.config.include_prompts else list(prompt)[-self.config.max_ngram :]
         tokens = lead + list(output)
-        self.store(key).add(tokens)
+        store = self.store(key)
+        store.add(tokens)
+        excess = sum(held.token_count for held in self._stores.values()) - self.config.max_tokens
+        for other in list(self._stores.values()):  # least recently used first; the store just fed is last
+            while excess > 0 and other is not store and other.token_count:
+                excess -= other.evict_oldest()
 
     def __len__(self) -> int:
         return len(self._stores)

@@ -64,7 +64,8 @@ def test_budget_evicts_the_oldest_documents_and_their_index_entries():
     assert store.lookup([1, 2], 4).tokens == ()
     assert store.lookup([5, 6], 4).tokens == (7, 8)
     assert store.lookup([9, 10], 4).tokens == (11,)
-    assert all(end >= store._base for ends in store._ends.values() for end in ends)  # noqa: SLF001
+    held = store._ends.values()  # noqa: SLF001
+    assert all(end >= store._base for ends in held for end in ([ends] if isinstance(ends, int) else ends))  # noqa: SLF001
     store.add(list(range(100, 130)))  # longer than the budget: its last 10 tokens, alone
     assert store.token_count == 10 and store.document_count == 1
     assert store.lookup([125, 126], 8).tokens == (127, 128, 129)
@@ -171,3 +172,28 @@ def test_without_a_store_nothing_changes():
     drafter.prime([1, 2, 3, 30, 31])
     assert drafter.draft_block() == []
     assert drafter.pipelines_plain_rounds() is True
+
+
+def test_the_budget_bounds_all_stores_together_least_recently_used_first():
+    stores = SharedDraftStores(SharedStoreConfig(max_tokens=10, min_ngram=2, max_ngram=2))
+    stores.add("alice", [0, 1], [1, 2, 3, 4])  # 6 tokens (the prompt's last 2 lead)
+    stores.add("bob", [0, 1], [5, 6, 7, 8])  # 12 > 10: alice's oldest goes, not bob's new one
+    assert stores.store("alice").token_count == 0
+    assert stores.store("bob").lookup([5, 6], 4).tokens == (7, 8)
+    assert stores.summary()["tokens"] == 6
+    stores.add("bob", [0, 1], [9, 10, 11, 12])  # alone, bob's store evicts its own oldest
+    assert stores.summary() == {"stores": 2, "tokens": 6, "documents": 1}
+
+
+def test_single_and_repeated_occurrences_survive_eviction_alike():
+    store = SharedDraftStore(SharedStoreConfig(max_tokens=12, min_ngram=2, max_ngram=2))
+    store.add([1, 2, 3, 4])
+    store.add([1, 2, 3, 5])  # (1, 2) now has two occurrences
+    store.add([1, 2, 9, 9])  # and three
+    assert store.lookup([1, 2], 2).tokens == (3,)  # 2 of 3 say 3, then 4 vs 5 (1:1)
+    store.add([7, 1, 2, 9])  # 16 > 12: the first document goes, (1, 2) keeps two newer ends
+    assert store.evict_oldest() == 4  # the second too
+    assert store.lookup([1, 2], 2).tokens == (9, 9)
+    assert store.evict_oldest() == 4 and store.lookup([1, 2], 2).tokens == (9,)
+    assert store.evict_oldest() == 4 and store.evict_oldest() == 0
+    assert store._ends == {}  # noqa: SLF001 - every entry went with its document
