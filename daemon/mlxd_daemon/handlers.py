@@ -130,6 +130,8 @@ def internal_id(identity: bytes, request_id: str) -> str:
 def status(ctx: HandlerContext, identity: bytes, message: Message) -> Status:
     scheduler = ctx.scheduler
     memory = {"rss_bytes": psutil.Process(os.getpid()).memory_info().rss, **memory_usage(), "kv": ctx.kv_usage()}
+    if scheduler.shared_drafts is not None:  # the shared draft store: stores (keys), tokens and documents held
+        memory["shared_drafts"] = scheduler.shared_drafts.summary()
     return Status(
         model=ctx.loaded.path,
         protocol_version=PROTOCOL_VERSION,

@@ -32,7 +32,13 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mlxd_drafters import PromptLookupConfig, PromptLookupDrafter, SharedDraftStores, SharedStoreConfig
+from mlxd_drafters import (
+    DRAFT_SOURCES,
+    PromptLookupConfig,
+    PromptLookupDrafter,
+    SharedDraftStores,
+    SharedStoreConfig,
+)
 from mlxd_engine import Engine, KVStorageFull, kv_room, prompt_lookup_eligibility
 
 from .decode import DecodeLoop, runs_by_row
@@ -99,6 +105,8 @@ class BatchScheduler:
             "completion_tokens": 0,
             "draft_tokens": 0,
             "draft_accepted": 0,
+            # the same per draft source (prompt, output, prediction, shared): draft_tokens_shared, ...
+            **{f"draft_{kind}_{source}": 0 for source in DRAFT_SOURCES for kind in ("tokens", "accepted")},
         }
 
     # -- client side ---------------------------------------------------------------------------
@@ -428,5 +436,8 @@ class BatchScheduler:
         self.totals["completion_tokens"] += state.emitted
         self.totals["draft_tokens"] += state.timings.draft_n
         self.totals["draft_accepted"] += state.timings.draft_n_accepted
+        for source, (drafted, accepted) in state.timings.draft_sources.items():
+            self.totals[f"draft_tokens_{source}"] = self.totals.get(f"draft_tokens_{source}", 0) + drafted
+            self.totals[f"draft_accepted_{source}"] = self.totals.get(f"draft_accepted_{source}", 0) + accepted
         if record is not None:
             record.add(state.request_id, RowKind.FINISHED, detail=reason)

@@ -76,6 +76,14 @@ def test_the_second_request_drafts_the_first_ones_reply(embedded_model):
     assert _shared(out.done("r0").timings)["draft_n"] == 0  # nothing was in the store yet
     assert _shared(out.done("r1").timings)["draft_n_accepted"] > 0
     assert scheduler.shared_drafts is not None and scheduler.shared_drafts.summary()["documents"] == 3
+    totals = scheduler.totals
+    assert totals["draft_accepted_shared"] == sum(
+        _shared(out.done(f"r{i}").timings)["draft_n_accepted"] for i in range(3)
+    )
+    assert (
+        sum(totals[f"draft_tokens_{source}"] for source in ("prompt", "output", "prediction", "shared"))
+        == totals["draft_tokens"]
+    )
     again = _run(scheduler, [Request("r3", HEAD_A + TAIL, max_tokens=48, ignore_eos=True)])
     assert again.done("r3").tokens == out.done("r0").tokens
     assert _shared(again.done("r3").timings)["draft_n_accepted"] >= 8  # the same prompt: r0's reply is drafted
