@@ -40,7 +40,8 @@ def tick_record(tick: Tick) -> dict:
 def describe_row(row: dict) -> str:
     action = row["action"]
     if action == "verify":
-        return f"verify {row.get('accepted', 0)}/{row.get('drafted', 0)}"
+        source = f" ({row['detail']})" if row.get("detail") else ""  # where the draft came from
+        return f"verify {row.get('accepted', 0)}/{row.get('drafted', 0)}{source}"
     if action == "finished":
         return f"finished:{row.get('detail', '')}"
     if action == "decode":

@@ -548,7 +548,8 @@ class TickRow(Message):
     ``action``: "prefill" (a prompt chunk), "first-token" (prefill finished), "prime" (a lookahead step
     was submitted, nothing read yet), "decode" (took the batched step; ``tokens`` counts them when the
     tick gave the row more than one; ``detail`` names why a prompt-lookup row was held back, e.g.
-    "declined-gate"), "verify" (a verify round; ``drafted`` / ``accepted``), "finished" (the finish
+    "declined-gate"), "verify" (a verify round; ``drafted`` / ``accepted``; ``detail`` the draft's source:
+    "prompt", "output", "prediction" or "shared"), "finished" (the finish
     reason in ``detail``).
     """
 

@@ -279,12 +279,15 @@ class BatchScheduler:
         cost_model.spent_exploring(result.explore_ms)
         cost_model.declined(result.declined)
         for state, outcome in result.rounds:
-            state.timings.count_source(state.drafter.outstanding_source, outcome.drafted, outcome.accepted)
+            source = state.drafter.outstanding_source
+            state.timings.count_source(source, outcome.drafted, outcome.accepted)
             state.drafter.accept_verified_tokens(outcome.drafted, outcome.accepted)
             state.timings.draft_n += outcome.drafted
             state.timings.draft_n_accepted += outcome.accepted
             state.timings.draft_verify_n += 1
-            record.add(state.request_id, RowKind.VERIFY, drafted=outcome.drafted, accepted=outcome.accepted)
+            record.add(
+                state.request_id, RowKind.VERIFY, drafted=outcome.drafted, accepted=outcome.accepted, detail=source
+            )
         for state, outcome in result.rounds:
             self._emit_run(state, outcome.emitted, record, None, "")  # the trace shows them as the verify
         self._emit_decoded(result.emitted, record, result.details)

@@ -7,7 +7,8 @@ asked for prompt lookup and may not have it says why in ``detail``: "prompt look
 counts them when a tick of several steps gave the row more than one; ``detail`` says "declined-gate",
 "declined-governor" or "declined-cost" when a prompt-lookup row was held back: by the batch bound, its
 governor, or the verify gate's cost estimate), "verify" (ran a verify round; with
-drafted/accepted), and "finished" (with the reason in ``detail``).
+drafted/accepted, and the draft's source in ``detail``: "prompt", "output", "prediction" or "shared"),
+and "finished" (with the reason in ``detail``).
 """
 
 from __future__ import annotations

@@ -16,13 +16,14 @@ HEAD_B = [(11 * i + 5) % 200 + 20 for i in range(24)]
 TAIL = [(13 * i + 1) % 150 + 30 for i in range(16)]
 
 
-def _scheduler(loaded, shared: bool, max_batch: int = 4) -> BatchScheduler:
+def _scheduler(loaded, shared: bool, max_batch: int = 4, records: list | None = None) -> BatchScheduler:
     options = SchedulerOptions(
         max_batch=max_batch,
         prompt_lookup=PromptLookupConfig(),
         shared_drafts=SharedStoreConfig(include_prompts=False) if shared else None,
     )
-    return BatchScheduler(Engine(loaded, max_sequences=max_batch, prefix_cache_bytes=0), options)
+    sink = records.append if records is not None else None
+    return BatchScheduler(Engine(loaded, max_sequences=max_batch, prefix_cache_bytes=0), options, sink)
 
 
 def _run(scheduler, requests, together=False):
@@ -71,8 +72,12 @@ def test_greedy_tokens_equal_with_the_store_on_and_off(embedded_model):
 
 
 def test_the_second_request_drafts_the_first_ones_reply(embedded_model):
-    scheduler = _scheduler(embedded_model, True)
+    records: list = []
+    scheduler = _scheduler(embedded_model, True, records=records)
     out = _run(scheduler, _requests())
+    verifies = [row for record in records for row in record.rows if row.action == "verify"]
+    assert {row.detail for row in verifies} <= {"prompt", "output", "prediction", "shared"}
+    assert "shared" in {row.detail for row in verifies}  # the trace says where each verified draft came from
     assert _shared(out.done("r0").timings)["draft_n"] == 0  # nothing was in the store yet
     assert _shared(out.done("r1").timings)["draft_n_accepted"] > 0
     assert scheduler.shared_drafts is not None and scheduler.shared_drafts.summary()["documents"] == 3
