@@ -14,9 +14,10 @@ Contract:
       continuations are counted (how often each next token was seen), the most frequent one is taken,
       the occurrences that disagree drop out, and a running probability is multiplied by
       ``top count / all counts``. The walk stops when the probability would fall below
-      ``min_probability``, at a document's end, or at ``max_tokens``. So a match seen once with a
-      competing continuation (1:1, probability 0.5) drafts nothing past that point, and one seen 2:1
-      drafts on until the next split.
+      ``min_probability``, at a document's end, at ``max_tokens``, or at ``draft_per_match`` tokens per
+      matched context token (a 2-token match drafts at most 4: short matches are often chance). So a
+      match seen once with a competing continuation (1:1, probability 0.5) drafts nothing past that
+      point, and one seen 2:1 drafts on until the next split.
     * ``SharedDraftStores`` keeps one store per key (an API key's id; ``None`` is the store used when no
       keys are configured), at most ``max_stores`` of them, the least recently used dropped first, so
       nothing one key's requests produced is drafted into another key's. The token budget bounds them all
@@ -53,6 +54,7 @@ class SharedStoreConfig:
         max_ngram: Longest context suffix matched (tried first).
         max_occurrences: Occurrences kept per n-gram (the most recent).
         min_probability: A draft stops where its running continuation probability would fall below this.
+        draft_per_match: A draft is at most this many tokens per matched context token.
         include_prompts: Whether finished requests' prompts go in too (outputs always do).
         max_stores: Most stores kept (one per key), least recently used dropped first.
     """
@@ -62,6 +64,7 @@ class SharedStoreConfig:
     max_ngram: int = 8
     max_occurrences: int = 16
     min_probability: float = 0.6
+    draft_per_match: float = 2.0
     include_prompts: bool = False
     max_stores: int = 64
 
@@ -74,6 +77,8 @@ class SharedStoreConfig:
             raise ValueError("max_occurrences must be >= 1")
         if not 0.0 < self.min_probability <= 1.0:
             raise ValueError("min_probability must be in (0, 1]")
+        if self.draft_per_match <= 0:
+            raise ValueError("draft_per_match must be > 0")
         if self.max_stores < 1:
             raise ValueError("max_stores must be >= 1")
 
@@ -204,6 +209,7 @@ class SharedDraftStore:
         n, ends = self._occurrences(context)
         if not n:
             return NO_DRAFT
+        max_tokens = min(max_tokens, max(1, int(self.config.draft_per_match * n)))
         doc_ends = list(self._doc_ends)
         doc_starts = list(self._doc_starts)
         limits = [doc_ends[bisect.bisect_right(doc_starts, end) - 1] for end in ends]  # each one's document end

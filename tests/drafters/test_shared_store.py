@@ -46,6 +46,14 @@ def test_continuation_counts_size_the_draft():
     assert store.lookup([1, 2], 0).tokens == ()
 
 
+def test_a_short_match_drafts_little():
+    store = SharedDraftStore(SharedStoreConfig(min_ngram=2, max_ngram=6, draft_per_match=2.0))
+    store.add(list(range(100, 130)))
+    assert store.lookup([0, 100, 101], 15).tokens == tuple(range(102, 106))  # 2 matched: at most 4
+    assert store.lookup([102, 103, 104, 105, 106, 107], 15).tokens == tuple(range(108, 120))  # 6: 12
+    assert store.lookup([0, 100, 101], 3).tokens == (102, 103, 104)  # and never past max_tokens
+
+
 def test_no_ngram_spans_two_documents_and_drafts_stop_at_a_document_end():
     store = SharedDraftStore(SharedStoreConfig(min_ngram=2, max_ngram=3))
     store.add([1, 2, 3])
@@ -118,6 +126,7 @@ def test_config_is_validated():
         {"max_occurrences": 0},
         {"min_probability": 0.0},
         {"max_stores": 0},
+        {"draft_per_match": 0.0},
     ):
         with pytest.raises(ValueError):
             SharedStoreConfig(**bad)
