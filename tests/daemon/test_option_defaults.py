@@ -1,9 +1,13 @@
-"""One home per default: mlxd's command-line defaults are DaemonOptions' defaults, and the scheduler's own
-defaults are the daemon's, so a library user, mlx-generate --local and mlxd run alike."""
+"""One home per default. mlxd's command line reads every default from ``DaemonOptions`` (its ``DEFAULTS``
+instance) and writes none itself; ``--help`` shows those values. The scheduler's own defaults are the
+daemon's, so a library user, ``mlx-generate --local`` and ``mlxd`` run alike."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import re
+from pathlib import Path
 
 import click
 
@@ -12,13 +16,14 @@ from mlxd_daemon.options import DaemonOptions
 from mlxd_protocol import Sampling
 from mlxd_scheduler import SchedulerOptions
 
+ROOT = Path(__file__).resolve().parents[2]
 # mlxd option name -> (DaemonOptions field, how the option's value becomes the field's)
 RENAMED = {
     "drain_timeout": ("drain_timeout_s", float),
     "stream_interval_ms": ("stream_interval_s", lambda ms: ms / 1000.0),
 }
 SAMPLING = {"temp": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed"}
-NOT_OPTIONS = {"auth_token_file", "chat_template_file"}  # read into auth_token, chat_template
+NOT_OPTIONS = {"--auth-token-file", "--chat-template-file"}  # files read into auth_token, chat_template
 LIMITS = {
     "max_messages",
     "max_tokenize_chars",
@@ -27,26 +32,80 @@ LIMITS = {
     "max_grammar_depth",
     "max_grammar_repeat",
 }  # fields of DaemonOptions.limits (HostLimits)
+# DaemonOptions field -> (SchedulerOptions field, serving_defaults name)
+SHARED = {
+    "max_batch": ("max_batch", "MAX_BATCH"),
+    "prefill_chunk": ("prefill_chunk", "PREFILL_CHUNK"),
+    "lookahead": ("lookahead", "LOOKAHEAD"),
+    "max_queue": ("max_queue", "MAX_QUEUE"),
+    "decode_steps": ("max_decode_steps", "DECODE_STEPS"),
+}
 
 
-def test_mlxd_command_line_defaults_are_the_daemon_options_defaults():
+def _option_calls(tree: ast.Module) -> list[ast.Call]:
+    """The ``click.option(...)`` calls that make mlxd's own options: the decorators of ``cli`` and the
+    ``--endpoint`` option ``_endpoint_option`` adds to it."""
+    calls = []
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "cli":
+            calls += [d for d in node.decorator_list if isinstance(d, ast.Call)]
+        if isinstance(node, ast.FunctionDef) and node.name == "_endpoint_option":
+            calls += [n for n in ast.walk(node) if isinstance(n, ast.Call)]
+    return [
+        call
+        for call in calls
+        if isinstance(call.func, ast.Attribute)
+        and call.func.attr == "option"
+        and ast.unparse(call.func.value) == "click"
+    ]
+
+
+def test_no_mlxd_option_writes_its_own_default():
+    options = _option_calls(ast.parse((ROOT / "daemon/mlxd_daemon/main.py").read_text()))
+    wrong, names = [], []
+    for call in options:
+        name = next(a.value for a in call.args if isinstance(a, ast.Constant) and str(a.value).startswith("--"))
+        name = name.split("/")[0]
+        names.append(name)
+        default = next((k.value for k in call.keywords if k.arg == "default"), None)
+        if name in NOT_OPTIONS:
+            if default is None or ast.unparse(default) != "None":
+                wrong.append(f"{name}: a file option defaults to None")
+        elif default is None or not any(isinstance(n, ast.Name) and n.id == "DEFAULTS" for n in ast.walk(default)):
+            wrong.append(f"{name}: default={ast.unparse(default) if default else '(none)'}, not read from DEFAULTS")
+    assert not wrong, wrong
+    assert len(names) == len([p for p in cli.params if isinstance(p, click.Option)]) > 30  # every option was seen
+
+
+def _expected(param: click.Parameter, options: DaemonOptions, sampling: Sampling):
+    """The value of ``param`` that DaemonOptions' default means, in the option's own unit."""
+    if param.name in SAMPLING:
+        return getattr(sampling, SAMPLING[param.name])
+    if param.name in LIMITS:
+        return getattr(options.limits, param.name)
+    if param.name == "stream_interval_ms":
+        return options.stream_interval_s * 1000.0
+    return getattr(options, RENAMED.get(param.name, (param.name,))[0])
+
+
+def test_mlxd_defaults_and_what_help_shows_are_the_daemon_options_defaults():
     options, sampling = DaemonOptions(), Sampling()
     context = click.Context(cli)
     checked = set()
     for param in cli.params:
-        if param.name in NOT_OPTIONS:
+        if "--" + param.name.replace("_", "-") in NOT_OPTIONS:
             continue
         default = param.get_default(context)
-        if param.name in SAMPLING:
-            assert default == getattr(sampling, SAMPLING[param.name]), param.name
-        elif param.name in LIMITS:
-            assert default == getattr(options.limits, param.name), param.name
-        else:
-            name, convert = RENAMED.get(param.name, (param.name, lambda value: value))
-            default = default if default is None else convert(default)
-            assert default == getattr(options, name), (param.name, default, getattr(options, name))
+        expected = _expected(param, options, sampling)
+        assert default == expected and type(default) is type(expected), (param.name, default, expected)
+        name, convert = RENAMED.get(param.name, (param.name, lambda value: value))
+        assert default is None or convert(default) == getattr(options, name, convert(default)), param.name
+        if isinstance(param, click.Option) and param.show_default and not isinstance(expected, bool):
+            record = param.get_help_record(context)
+            shown = re.search(r"\[default: ([^;\]]*)", record[1] if record else "")  # what --help prints
+            assert shown and shown.group(1) == str(expected), (param.name, record)
         checked.add(param.name)
-    assert {"decode_steps", "max_batch", "prefill_chunk", "lookahead", "temp"} <= checked
+    assert {"decode_steps", "max_batch", "prefill_chunk", "lookahead", "temp", "max_grammar_depth"} <= checked
 
 
 def test_the_host_limits_grammar_defaults_are_the_engines():
@@ -57,17 +116,19 @@ def test_the_host_limits_grammar_defaults_are_the_engines():
 
 def test_the_scheduler_defaults_are_the_daemons():
     daemon, scheduler = DaemonOptions(), SchedulerOptions()
-    pairs = {
-        "max_batch": "max_batch",
-        "prefill_chunk": "prefill_chunk",
-        "lookahead": "lookahead",
-        "max_queue": "max_queue",
-        "decode_steps": "max_decode_steps",
+    assert {name: getattr(daemon, name) for name in SHARED} == {
+        name: getattr(scheduler, field) for name, (field, _) in SHARED.items()
     }
-    assert {name: getattr(daemon, name) for name in pairs} == {
-        name: getattr(scheduler, field) for name, field in pairs.items()
-    }
-    assert {f.name for f in dataclasses.fields(DaemonOptions)} >= set(pairs)
+    assert {f.name for f in dataclasses.fields(DaemonOptions)} >= set(SHARED)
+
+
+def test_mlx_generate_max_tokens_is_a_requests_default():
+    from mlxd_cli import generate
+    from mlxd_protocol import Generate
+
+    (param,) = [p for p in generate.main.params if p.name == "max_tokens"]
+    wire = next(f.default for f in dataclasses.fields(Generate) if f.name == "max_tokens")
+    assert param.get_default(click.Context(generate.main)) == wire == generate.REQUEST_DEFAULTS["max_tokens"]
 
 
 def test_the_shared_draft_store_defaults_are_the_schedulers():
