@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from mlxd_protocol import Sampling
+from mlxd_protocol import Sampling, serving_defaults
 
 from .host_limits import HostLimits
 
@@ -17,12 +17,12 @@ SamplingDefaults = Sampling
 class DaemonOptions:
     model: str | None = None  # None: the default model (model_setup.py); "embedded": the embedded tiny model
     endpoint: str | None = None  # None: the default private ipc endpoint
-    max_batch: int = 8
+    max_batch: int = serving_defaults.MAX_BATCH
     max_kv_size: int | None = None  # None: the model's context length
-    prefill_chunk: int = 512
-    lookahead: bool = True
-    decode_steps: int = 8  # most chained decode steps per tick in plain steady decode
-    max_queue: int = 256
+    prefill_chunk: int = serving_defaults.PREFILL_CHUNK
+    lookahead: bool = serving_defaults.LOOKAHEAD
+    decode_steps: int = serving_defaults.DECODE_STEPS  # most chained decode steps per tick in steady decode
+    max_queue: int = serving_defaults.MAX_QUEUE
     allow_public: bool = False
     drain_timeout_s: float = 30.0  # SIGTERM: how long in-flight requests may run before they are cancelled
     log_level: str = "info"

@@ -40,6 +40,7 @@ from mlxd_drafters import (
     SharedStoreConfig,
 )
 from mlxd_engine import Engine, KVStorageFull, kv_room, prompt_lookup_eligibility
+from mlxd_protocol import serving_defaults
 
 from .decode import DecodeLoop, runs_by_row
 from .finishing import Finisher
@@ -58,16 +59,16 @@ DEFAULT_PROMPT_LOOKUP_MAX_BATCH = None
 
 @dataclass
 class SchedulerOptions:
-    """The defaults are mlxd's own (``DaemonOptions``; tests/daemon/test_option_defaults.py holds them equal)."""
+    """The batching defaults are mlxd's own: both read them from ``mlxd_protocol.serving_defaults``."""
 
-    max_batch: int = 8
-    prefill_chunk: int = 512
-    lookahead: bool = True
-    max_queue: int = 256
+    max_batch: int = serving_defaults.MAX_BATCH
+    prefill_chunk: int = serving_defaults.PREFILL_CHUNK
+    lookahead: bool = serving_defaults.LOOKAHEAD
+    max_queue: int = serving_defaults.MAX_QUEUE
     prompt_lookup: PromptLookupConfig | None = None  # on by default for every eligible request when set
     prompt_lookup_cap: PromptLookupConfig = field(default_factory=PromptLookupConfig)  # for per-request opt-in
     prompt_lookup_max_batch: int | None = DEFAULT_PROMPT_LOOKUP_MAX_BATCH  # largest batch that verifies (None: any)
-    max_decode_steps: int = 8  # most chained decode steps per tick in plain steady decode (see above)
+    max_decode_steps: int = serving_defaults.DECODE_STEPS  # most chained decode steps per tick (see above)
     tick_budget_ms: float = 5.0  # ... and only as many as fit this long at the measured step time
     # the shared draft store (mlxd_drafters.shared_store): finished requests' tokens, one store per key,
     # a prompt-lookup source for later requests; None: off

@@ -1,6 +1,7 @@
 """One home per default. mlxd's command line reads every default from ``DaemonOptions`` (its ``DEFAULTS``
-instance) and writes none itself; ``--help`` shows those values. The scheduler's own defaults are the
-daemon's, so a library user, ``mlx-generate --local`` and ``mlxd`` run alike."""
+instance) and writes none itself; ``--help`` shows those values. ``DaemonOptions`` and the scheduler's
+``SchedulerOptions`` take their shared batching defaults from one module, ``mlxd_protocol.serving_defaults``,
+so a library user, ``mlx-generate --local`` and ``mlxd`` run alike."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import click
 
 from mlxd_daemon.main import cli
 from mlxd_daemon.options import DaemonOptions
-from mlxd_protocol import Sampling
+from mlxd_protocol import Sampling, serving_defaults
 from mlxd_scheduler import SchedulerOptions
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +33,7 @@ LIMITS = {
     "max_grammar_depth",
     "max_grammar_repeat",
 }  # fields of DaemonOptions.limits (HostLimits)
-# DaemonOptions field -> (SchedulerOptions field, serving_defaults name)
+# DaemonOptions field -> SchedulerOptions field, each defaulting to serving_defaults.<NAME>
 SHARED = {
     "max_batch": ("max_batch", "MAX_BATCH"),
     "prefill_chunk": ("prefill_chunk", "PREFILL_CHUNK"),
@@ -114,11 +115,27 @@ def test_the_host_limits_grammar_defaults_are_the_engines():
     assert DaemonOptions().limits.grammar() == GrammarLimits()
 
 
-def test_the_scheduler_defaults_are_the_daemons():
-    daemon, scheduler = DaemonOptions(), SchedulerOptions()
-    assert {name: getattr(daemon, name) for name in SHARED} == {
-        name: getattr(scheduler, field) for name, (field, _) in SHARED.items()
+def _default_sources(path: str, class_name: str) -> dict[str, str]:
+    """Each field of the dataclass ``class_name`` in ``path`` -> its default expression as written."""
+    tree = ast.parse((ROOT / path).read_text())
+    body = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name).body
+    return {
+        n.target.id: ast.unparse(n.value)
+        for n in body
+        if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name) and n.value is not None
     }
+
+
+def test_the_daemon_and_the_scheduler_read_their_shared_defaults_from_one_home():
+    daemon = _default_sources("daemon/mlxd_daemon/options.py", "DaemonOptions")
+    scheduler = _default_sources("packages/mlxd_scheduler/scheduler.py", "SchedulerOptions")
+    for daemon_field, (scheduler_field, constant) in SHARED.items():
+        home = f"serving_defaults.{constant}"
+        assert (daemon[daemon_field], scheduler[scheduler_field]) == (home, home), daemon_field
+    daemon_options, scheduler_options = DaemonOptions(), SchedulerOptions()  # and they are what they read
+    for daemon_field, (scheduler_field, constant) in SHARED.items():
+        value = getattr(serving_defaults, constant)
+        assert getattr(daemon_options, daemon_field) == getattr(scheduler_options, scheduler_field) == value
     assert {f.name for f in dataclasses.fields(DaemonOptions)} >= set(SHARED)
 
 
