@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mlxd_protocol import INVALID, Detokenize, Embed, Generate, ProtocolError, Tokenize
+from mlxd_protocol import INVALID, Detokenize, Embed, Generate, ProtocolError, Tokenize, serving_defaults
 
 # host work at most this size runs on the loop thread (a thread hop would cost more than the work)
 INLINE_CHARS = 16 * 1024
@@ -28,12 +28,12 @@ class HostLimits:
     max_messages: int = 4096  # --max-messages: chat messages in one Generate or Tokenize
     # --max-tokenize-chars: characters of one Tokenize's text (a reply carries at most 1,048,576 tokens)
     max_tokenize_chars: int = 1024 * 1024
-    # the engine's GrammarLimits, field by field (the same defaults: a test holds them equal); flat here so
-    # that mlxd's options import no mlx
-    max_grammar_bytes: int = 64 * 1024  # --max-grammar-bytes
-    max_grammar_rules: int = 1000  # --max-grammar-rules
-    max_grammar_depth: int = 64  # --max-grammar-depth
-    max_grammar_repeat: int = 1000  # --max-grammar-repeat
+    # the engine's GrammarLimits, field by field (both read serving_defaults); flat here so that mlxd's
+    # options import no mlx
+    max_grammar_bytes: int = serving_defaults.MAX_GRAMMAR_BYTES  # --max-grammar-bytes
+    max_grammar_rules: int = serving_defaults.MAX_GRAMMAR_RULES  # --max-grammar-rules
+    max_grammar_depth: int = serving_defaults.MAX_GRAMMAR_DEPTH  # --max-grammar-depth
+    max_grammar_repeat: int = serving_defaults.MAX_GRAMMAR_REPEAT  # --max-grammar-repeat
 
     def grammar(self):
         """The engine's ``GrammarLimits`` holding these bounds."""

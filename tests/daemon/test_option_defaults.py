@@ -109,12 +109,6 @@ def test_mlxd_defaults_and_what_help_shows_are_the_daemon_options_defaults():
     assert {"decode_steps", "max_batch", "prefill_chunk", "lookahead", "temp", "max_grammar_depth"} <= checked
 
 
-def test_the_host_limits_grammar_defaults_are_the_engines():
-    from mlxd_engine import GrammarLimits
-
-    assert DaemonOptions().limits.grammar() == GrammarLimits()
-
-
 def _default_sources(path: str, class_name: str) -> dict[str, str]:
     """Each field of the dataclass ``class_name`` in ``path`` -> its default expression as written."""
     tree = ast.parse((ROOT / path).read_text())
@@ -137,6 +131,17 @@ def test_the_daemon_and_the_scheduler_read_their_shared_defaults_from_one_home()
         value = getattr(serving_defaults, constant)
         assert getattr(daemon_options, daemon_field) == getattr(scheduler_options, scheduler_field) == value
     assert {f.name for f in dataclasses.fields(DaemonOptions)} >= set(SHARED)
+
+
+def test_the_host_limits_and_the_engine_read_their_grammar_defaults_from_one_home():
+    from mlxd_engine import GrammarLimits
+
+    host = _default_sources("daemon/mlxd_daemon/host_limits.py", "HostLimits")
+    engine = _default_sources("packages/mlxd_engine/sampling/grammar_limits.py", "GrammarLimits")
+    for name in ("bytes", "rules", "depth", "repeat"):
+        home = f"serving_defaults.MAX_GRAMMAR_{name.upper()}"
+        assert (host[f"max_grammar_{name}"], engine[f"max_{name}"]) == (home, home), name
+    assert DaemonOptions().limits.grammar() == GrammarLimits()
 
 
 def test_mlx_generate_max_tokens_is_a_requests_default():

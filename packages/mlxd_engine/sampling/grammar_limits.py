@@ -27,6 +27,8 @@ import json
 import re
 from dataclasses import dataclass
 
+from mlxd_protocol import serving_defaults
+
 # a rule definition at the start of a line: GBNF ``name ::=``, Lark ``name:``, ``?name:``, ``name.2:``
 _RULE = re.compile(r"^[ \t]*[?!]?[A-Za-z_][\w-]*(?:\.-?\d+)?[ \t]*(?:::=|:)", re.MULTILINE)
 _REPEAT = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
@@ -37,10 +39,18 @@ _LARK_REPEAT = re.compile(r"~\s*(\d+)(?:\s*\.\.\s*(\d+))?")
 class GrammarLimits:
     """What one request's grammar or schema may hold (the ``mlxd --max-grammar-*`` options)."""
 
-    max_bytes: int = 64 * 1024  # --max-grammar-bytes: UTF-8 bytes of the grammar or schema text
-    max_rules: int = 1000  # --max-grammar-rules: grammar rules, or maps (subschemas) of a JSON schema
-    max_depth: int = 64  # --max-grammar-depth: nested groups, or nested maps and lists of a schema
-    max_repeat: int = 1000  # --max-grammar-repeat: a repetition count, multiplied through nested groups
+    max_bytes: int = (
+        serving_defaults.MAX_GRAMMAR_BYTES
+    )  # --max-grammar-bytes: UTF-8 bytes of the grammar or schema text
+    max_rules: int = (
+        serving_defaults.MAX_GRAMMAR_RULES
+    )  # --max-grammar-rules: grammar rules, or maps (subschemas) of a JSON schema
+    max_depth: int = (
+        serving_defaults.MAX_GRAMMAR_DEPTH
+    )  # --max-grammar-depth: nested groups, or nested maps and lists of a schema
+    max_repeat: int = (
+        serving_defaults.MAX_GRAMMAR_REPEAT
+    )  # --max-grammar-repeat: a repetition count, multiplied through nested groups
 
 
 class _Structure:
