@@ -262,3 +262,46 @@ def test_home_page_unless_no_ui(llama_gateway, llama_daemon):
         assert gateway.client.get("/").status_code == 404
     finally:
         gateway.stop()
+
+
+def test_verbose_adds_the_native_answer_to_openai_replies(llama_gateway):
+    chat = {
+        "messages": [{"role": "system", "content": "Book"}, {"role": "user", "content": "What is"}],
+        "max_tokens": 3,
+    }
+    plain = llama_gateway.client.post("/v1/chat/completions", json=chat).json()
+    assert "__verbose" not in plain
+    reply = llama_gateway.client.post("/chat/completions", json={**chat, "verbose": True}).json()
+    debug = reply["__verbose"]
+    # the prompt as tokenized: BOS and the rendered chatml template
+    assert debug["prompt"].startswith("<s>") and "<|im_start|>system\nBook<|im_end|>" in debug["prompt"]
+    assert debug["content"] == reply["choices"][0]["message"]["content"]
+    assert debug["tokens_predicted"] == reply["usage"]["completion_tokens"] == 3
+    assert debug["tokens_evaluated"] == reply["usage"]["prompt_tokens"]
+    assert debug["stop_type"] == "limit" and debug["generation_settings"]["n_predict"] == 3
+    assert debug["generation_settings"]["seed"] == 42
+    with llama_gateway.client.stream(
+        "POST", "/v1/chat/completions", json={**chat, "verbose": True, "stream": True}
+    ) as response:
+        events = [event for event in sse_events(response.iter_lines()) if event != "[DONE]"]
+    finish = [event for event in events if event["choices"] and event["choices"][0]["finish_reason"]]
+    assert finish[0]["__verbose"]["content"] == debug["content"]
+    assert all("__verbose" not in event for event in events if event not in finish)
+    completion = llama_gateway.client.post(
+        "/v1/completions", json={"prompt": "Once upon", "max_tokens": 2, "verbose": True}
+    ).json()
+    assert completion["__verbose"]["prompt"] == "<s> Once upon"
+    assert completion["__verbose"]["content"] == completion["choices"][0]["text"]
+
+
+def test_verbose_replies_is_the_default_a_request_can_turn_off(llama_daemon):
+    gateway = Gateway([llama_daemon], "--verbose-replies")
+    try:
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        assert "__verbose" in gateway.client.post("/v1/chat/completions", json=body).json()
+        assert "__verbose" not in gateway.client.post("/v1/chat/completions", json={**body, "verbose": False}).json()
+        # /completion's answer is the native one already: verbose changes nothing there
+        answer = gateway.client.post("/completion", json={"prompt": "Once", "n_predict": 2, "verbose": True})
+        assert answer.status_code == 200 and "__verbose" not in answer.json()
+    finally:
+        gateway.stop()

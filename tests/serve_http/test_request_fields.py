@@ -17,15 +17,12 @@ REFUSED = [
     ("/v1/chat/completions", CHAT, "audio", {"voice": "alloy", "format": "wav"}),
     ("/v1/chat/completions", CHAT, "modalities", ["text", "audio"]),
     ("/v1/chat/completions", CHAT, "store", True),
-    ("/v1/chat/completions", CHAT, "verbose", True),
-    ("/chat/completions", CHAT, "verbose", True),
     ("/chat/completions", CHAT, "return_progress", True),
     ("/v1/completions", COMPLETION, "web_search_options", {}),
     ("/completion", LLAMA, "mirostat", 2),
     ("/completion", LLAMA, "post_sampling_probs", True),
     ("/completion", LLAMA, "return_progress", True),
     ("/completion", LLAMA, "typical_p", 0.5),
-    ("/completion", LLAMA, "verbose", True),
     ("/completion", LLAMA, "image_data", [{"data": "xx", "id": 1}]),
 ]
 

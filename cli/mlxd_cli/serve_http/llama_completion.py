@@ -181,9 +181,36 @@ async def stop_reason(pool: DaemonPool, done: Done, tokens: list[int], stop: lis
 
 def generation_settings(body: LlamaCompletionBody, handle: DaemonHandle, n_predict: int) -> dict:
     """llama-server's ``generation_settings``: what this request ran with (its fields over the daemon's defaults)."""
-    sampling = {**handle.sampling_defaults, **body.sampling_overrides()}
+    return settings_of(
+        handle,
+        body.sampling_overrides(),
+        n_predict=n_predict,
+        stop=normalize_stop(body.stop),
+        ignore_eos=body.ignore_eos,
+        stream=body.stream,
+        cache_prompt=body.cache_prompt,
+        n_probs=body.n_probs,
+        token_bias=body.token_bias(),
+    )
+
+
+def settings_of(
+    handle: DaemonHandle,
+    overrides: dict,
+    *,
+    n_predict: int,
+    stop: list[str],
+    ignore_eos: bool,
+    stream: bool,
+    cache_prompt: bool,
+    n_probs: int,
+    token_bias: dict[int, float],
+) -> dict:
+    """``generation_settings`` of any generation: the request's sampling ``overrides`` (protocol names)
+    over the daemon's defaults, and the other settings it ran with."""
+    sampling = {**handle.sampling_defaults, **overrides}
     eos = handle.status.options.get("eos_token_ids", []) if handle.status else []
-    biases = [*body.token_bias().items(), *((token, -math.inf) for token in eos if body.ignore_eos)]
+    biases = [*token_bias.items(), *((token, -math.inf) for token in eos if ignore_eos)]
     # null: -inf, as llama-server writes it
     bias = [{"token": token, "bias": value if math.isfinite(value) else None} for token, value in biases]
     return {
@@ -196,11 +223,11 @@ def generation_settings(body: LlamaCompletionBody, handle: DaemonHandle, n_predi
         "repeat_penalty": sampling.get("repetition_penalty", 1.0),
         "presence_penalty": sampling.get("presence_penalty", 0.0),
         "frequency_penalty": sampling.get("frequency_penalty", 0.0),
-        "stop": normalize_stop(body.stop),
-        "ignore_eos": body.ignore_eos,
-        "stream": body.stream,
-        "cache_prompt": body.cache_prompt,
-        "n_probs": body.n_probs,
+        "stop": stop,
+        "ignore_eos": ignore_eos,
+        "stream": stream,
+        "cache_prompt": cache_prompt,
+        "n_probs": n_probs,
         "logit_bias": bias,
         **NEUTRAL_SAMPLERS,
     }
@@ -269,22 +296,56 @@ async def final_answer(
     index: int,
 ) -> dict:
     """The whole /completion answer for one prompt (the last streamed event too, with empty content)."""
-    context = gateway(request)
-    stop_type, word = await stop_reason(context.pool, done, tokens, normalize_stop(body.stop))
+    return await native_answer(
+        gateway(request),
+        stream.handle,
+        done,
+        content,
+        tokens if body.return_tokens and not body.stream else [],
+        prompt_text=prompt_text,
+        settings=generation_settings(body, stream.handle, n_predict),
+        stop=normalize_stop(body.stop),
+        output_tokens=tokens,
+        index=index,
+    )
+
+
+async def native_answer(
+    context: GatewayContext,
+    handle: DaemonHandle,
+    done: Done,
+    content: str,
+    reported_tokens: list[int],
+    *,
+    prompt_text: str,
+    settings: dict,
+    stop: list[str],
+    output_tokens: list[int],
+    index: int = 0,
+) -> dict:
+    """llama-server's native answer of one generation (/completion's reply; ``__verbose`` of the OpenAI ones).
+
+    Args:
+        reported_tokens: The ``tokens`` field (the output's ids, or [] when not asked for).
+        settings: Its ``generation_settings`` (``settings_of``).
+        stop: The stop strings it ran with (to tell an end-of-sequence from a stop string).
+        output_tokens: The output's ids (to tell which stop string matched).
+    """
+    stop_type, word = await stop_reason(context.pool, done, output_tokens, stop)
     prompt_n, predicted_n = int(done.usage.get("prompt_tokens", 0)), int(done.usage.get("completion_tokens", 0))
-    bound = stream.handle.context_bound
+    bound = handle.context_bound
     truncated = stop_type == "limit" and bound is not None and prompt_n + predicted_n >= bound
     return {
         "index": index,
         "content": content,
-        "tokens": tokens if body.return_tokens and not body.stream else [],
+        "tokens": reported_tokens,
         "id_slot": -1,
         "stop": True,
-        "model": context.model_name(stream.handle),
+        "model": context.model_name(handle),
         "tokens_predicted": predicted_n,
         "tokens_evaluated": prompt_n,
         "tokens_cached": int(done.usage.get("cached_tokens", 0)),
-        "generation_settings": generation_settings(body, stream.handle, n_predict),
+        "generation_settings": settings,
         "prompt": prompt_text,
         "has_new_line": "\n" in content,
         "truncated": truncated,

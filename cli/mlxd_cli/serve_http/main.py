@@ -6,7 +6,7 @@
                    [--cors-headers H] [--cors-credentials/--no-cors-credentials]
                    [--draft-kind KIND] [--draft-block-size N] [--prompt-lookup-max-batch N] [--no-shared-drafts]
                    [--seed N] [--chat-template NAME|JINJA] [--chat-template-file FILE] [--reasoning on|off|auto]
-                   [--n-predict N] [--metrics/--no-metrics] [--slots/--no-slots] [--ui/--no-ui]
+                   [--n-predict N] [--metrics/--no-metrics] [--slots/--no-slots] [--ui/--no-ui] [--verbose-replies]
                    [--max-concurrency N] [--max-body-bytes N] [--header-timeout S] [--body-timeout S]
 
 Without ``--daemon`` the default endpoint is used and mlxd is started there if none answers (with
@@ -208,6 +208,13 @@ def daemon_args(
     help="serve a home page at / naming the model and linking the API docs (no chat UI; off: 404)",
 )
 @click.option(
+    "--verbose-replies/--no-verbose-replies",
+    default=False,
+    show_default=True,
+    help="OpenAI-style replies carry llama-server's __verbose debug object (its native answer: the prompt as "
+    "tokenized, generation settings, ...) unless a request sends verbose: false (llama-server's --verbose)",
+)
+@click.option(
     "--max-concurrency",
     default=None,
     type=click.IntRange(1),
@@ -269,6 +276,7 @@ def main(
     metrics,
     slots,
     ui,
+    verbose_replies,
     max_concurrency,
     max_requests_per_client,
     max_body_bytes,
@@ -337,6 +345,7 @@ def main(
         metrics_enabled=metrics,
         slots_enabled=slots,
         ui_enabled=ui,
+        verbose_replies=verbose_replies,
         cors_origins=tuple(origin.strip().rstrip("/") for origin in cors_origins.split(",") if origin.strip()),
         cors_methods=cors_methods,
         cors_headers=cors_headers,

@@ -34,6 +34,10 @@ Contract:
       they come back as ``message.tool_calls`` (content null when there is none), streamed as one
       ``delta.tool_calls`` chunk before the finish chunk. A model without tool calling gets a 400, except
       for ``tool_choice: "none"``, which no call can follow (the tools are then not offered).
+    * ``verbose: true`` (llama-server's; default: the gateway's ``--verbose-replies``) adds ``__verbose``,
+      llama-server's native answer of the (first) choice (``llama_completion.native_answer``: the prompt's
+      tokens as text, which for chat is the rendered template, generation_settings, stop_type, ...); a
+      stream carries it on each choice's finish chunk.
     * ``/v1/models`` (and llama-server's ``/models``) lists each model once, with llama-server's ``aliases``
       (every name ``--alias`` gives) and ``tags`` (``--tags``).
 """
@@ -43,7 +47,7 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -55,6 +59,7 @@ from .context import gateway
 from .daemon_pool import DaemonHandle, call_daemon
 from .errors import ERROR_RESPONSES, ApiError, NoDaemonAvailable, from_daemon_failure
 from .json_body import JsonBodyRoute
+from .llama_completion import native_answer, prompt_as_text, settings_of
 from .request_fields import (
     OPENAI_NO_EFFECT,
     OPENAI_UNIMPLEMENTED,
@@ -91,6 +96,7 @@ router = APIRouter(route_class=JsonBodyRoute)  # bodies read by json_body.parse_
 FINISH_REASONS = {"stop": "stop", "length": "length", "cancelled": "stop"}
 CHAT_FIELDS = {"tools": "tools", "tool_choice": "tool_choice", "continue_final_message": "messages"}  # daemon -> HTTP
 FALLBACK_MAX_TOKENS = 256  # when the daemon has not reported its context bound
+DebugObject = Callable[[Done], Awaitable[dict]]  # a finished choice -> its __verbose
 STREAM_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {"content": {"text/event-stream": {}}, "description": "the answer, or SSE when stream=true"}
 }
@@ -233,6 +239,66 @@ def completion_logprobs(entries: list[dict], texts: dict[int, str], offset: int)
     }
 
 
+# ---- llama-server's __verbose ----------------------------------------------------------------
+
+
+def wants_verbose(body: OpenAIGenerationFields, request: Request) -> bool:
+    """Whether the reply carries ``__verbose`` (the request's ``verbose``, else the gateway's default)."""
+    return body.verbose if body.verbose is not None else gateway(request).settings.verbose_replies
+
+
+async def chat_prompt_tokens(request: Request, body: ChatCompletionRequest) -> list[int]:
+    """The prompt's tokens as the chat template makes them of the body (messages, tools, kwargs, prefill)."""
+    messages = [message.to_protocol() for message in body.messages]
+    tools = body.tool_fields().get("tools")
+    try:
+        return await call_daemon(
+            gateway(request).pool,
+            lambda client: client.tokenize(
+                messages=messages,
+                tools=tools,
+                chat_template_kwargs=body.chat_template_kwargs,
+                continue_final_message=body.continues_final_message(),
+            ),
+        )
+    except ApiError as error:
+        raise name_daemon_field(error, CHAT_FIELDS) from error
+
+
+async def verbose_debug(
+    request: Request,
+    body: OpenAIGenerationFields,
+    handle: DaemonHandle,
+    done: Done,
+    prompt_text: str,
+    max_tokens: int | None,
+    n_probs: int | None,
+) -> dict:
+    """llama-server's ``__verbose``: the native (/completion-shaped) answer of one finished choice."""
+    settings = settings_of(
+        handle,
+        body.sampling_overrides(n_probs),
+        n_predict=max_tokens or -1,
+        stop=normalize_stop(body.stop),
+        ignore_eos=False,
+        stream=body.stream,
+        cache_prompt=body.cache_prompt,
+        n_probs=n_probs or 0,
+        token_bias={int(token): bias for token, bias in (body.logit_bias or {}).items()},
+    )
+    return await native_answer(
+        gateway(request),
+        handle,
+        done,
+        done.text,
+        [],
+        prompt_text=prompt_text,
+        settings=settings,
+        stop=normalize_stop(body.stop),
+        output_tokens=done.tokens,
+    )
+
+
 # ---- /v1/chat/completions --------------------------------------------------------------------
 
 
@@ -272,6 +338,15 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, respon
             ) from error
         raise name_daemon_field(error, {**CHAT_FIELDS, "constraint": body.constraint_field()}) from error
     reply_id, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+    max_tokens = body.max_completion_tokens or body.max_tokens
+    debug: DebugObject | None = None
+    if wants_verbose(body, request):
+        prompt_tokens = await chat_prompt_tokens(request, body)
+        prompt_text = await prompt_as_text(gateway(request).pool, {"prompt_tokens": prompt_tokens})
+
+        async def debug(done: Done) -> dict:
+            return await verbose_debug(request, body, choices.handle, done, prompt_text, max_tokens, logprobs)
+
     if body.stream:
         events = _chat_events(
             choices,
@@ -280,6 +355,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, respon
             created,
             logprobs is not None,
             body.stream_options is not None and body.stream_options.include_usage,
+            debug,
         )
         return ClosingStreamingResponse(events, media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
     results = await collect_choices(choices, request)
@@ -313,6 +389,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, respon
         usage=usage_of_choices([r.done for r in results]),
         timings=results[0].done.timings,
         choices=answers,
+        verbose_debug=await debug(results[0].done) if debug else None,
     )
 
 
@@ -334,7 +411,13 @@ def chat_finish_reason(done: Done) -> str:
 
 
 def _chat_events(
-    choices: ChoiceStreams, request: Request, reply_id: str, created: int, want_logprobs: bool, include_usage: bool
+    choices: ChoiceStreams,
+    request: Request,
+    reply_id: str,
+    created: int,
+    want_logprobs: bool,
+    include_usage: bool,
+    debug: DebugObject | None,
 ) -> AsyncIterator[bytes]:
     model, fingerprint = gateway(request).model_name(choices.handle), system_fingerprint(choices.handle)
     outputs = [StreamedOutput() for _ in choices.streams]
@@ -367,6 +450,7 @@ def _chat_events(
             yield event(
                 [ChatChunkChoice(index=index, delta=ChatDelta(), finish_reason=chat_finish_reason(reply))],
                 timings=reply.timings,
+                verbose_debug=await debug(reply) if debug else None,
             )
             if len(dones) == len(outputs):
                 if include_usage:
@@ -390,20 +474,7 @@ def _chat_events(
 @router.post("/chat/completions/input_tokens", include_in_schema=False)  # llama-server's name for it
 async def chat_input_tokens(body: ChatCompletionRequest, request: Request) -> dict:
     """The number of prompt tokens a chat completion of this body would have."""
-    messages = [message.to_protocol() for message in body.messages]
-    tools = body.tool_fields().get("tools")
-    try:
-        tokens = await call_daemon(
-            gateway(request).pool,
-            lambda client: client.tokenize(
-                messages=messages,
-                tools=tools,
-                chat_template_kwargs=body.chat_template_kwargs,
-                continue_final_message=body.continues_final_message(),
-            ),
-        )
-    except ApiError as error:
-        raise name_daemon_field(error, CHAT_FIELDS) from error
+    tokens = await chat_prompt_tokens(request, body)
     return {"input_tokens": len(tokens)}
 
 
@@ -421,6 +492,13 @@ async def completions(body: CompletionRequest, request: Request, response: Respo
     except ApiError as error:
         raise name_daemon_field(error, {"constraint": body.constraint_field()}) from error
     reply_id, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+    debug: DebugObject | None = None
+    if wants_verbose(body, request):
+        prompt_text = await prompt_as_text(gateway(request).pool, prompt_fields)
+
+        async def debug(done: Done) -> dict:
+            return await verbose_debug(request, body, choices.handle, done, prompt_text, body.max_tokens, body.logprobs)
+
     if body.stream:
         events = _completion_events(
             choices,
@@ -429,6 +507,7 @@ async def completions(body: CompletionRequest, request: Request, response: Respo
             created,
             body.logprobs is not None,
             body.stream_options is not None and body.stream_options.include_usage,
+            debug,
         )
         return ClosingStreamingResponse(events, media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
     results = await collect_choices(choices, request)
@@ -459,11 +538,18 @@ async def completions(body: CompletionRequest, request: Request, response: Respo
         usage=usage_of_choices([r.done for r in results]),
         timings=results[0].done.timings,
         choices=answers,
+        verbose_debug=await debug(results[0].done) if debug else None,
     )
 
 
 def _completion_events(
-    choices: ChoiceStreams, request: Request, reply_id: str, created: int, want_logprobs: bool, include_usage: bool
+    choices: ChoiceStreams,
+    request: Request,
+    reply_id: str,
+    created: int,
+    want_logprobs: bool,
+    include_usage: bool,
+    debug: DebugObject | None,
 ) -> AsyncIterator[bytes]:
     model, fingerprint = gateway(request).model_name(choices.handle), system_fingerprint(choices.handle)
     outputs = [StreamedOutput() for _ in choices.streams]
@@ -494,6 +580,7 @@ def _completion_events(
             yield event(
                 [CompletionChoice(index=index, text="", finish_reason=FINISH_REASONS[reply.finish_reason])],
                 timings=reply.timings,
+                verbose_debug=await debug(reply) if debug else None,
             )
             if len(dones) == len(outputs):
                 if include_usage:

@@ -58,8 +58,6 @@ OPENAI_UNIMPLEMENTED: dict[str, tuple[Neutral, str]] = {
     "web_search_options": (_is_none, "web search is not supported"),
     "reasoning_effort": (_is_none, "reasoning effort is not supported"),
     "verbosity": (_is_none, "verbosity is not supported"),
-    # llama-server's: its __verbose debug object (the prompt as it was tokenized, ...) is not produced
-    "verbose": (_equals(False), "the __verbose debug object (llama-server's verbose) is not supported"),
     "return_progress": (_equals(False), "prompt progress events (llama-server's return_progress) are not supported"),
     "store": (_equals(False), "stored completions are not supported"),
     "functions": (_empty, "the deprecated 'functions' are not supported: use 'tools'"),
@@ -91,7 +89,6 @@ LLAMA_UNIMPLEMENTED: dict[str, tuple[Neutral, str]] = {
     "input_suffix": (_empty, "infill is not supported"),
     "t_max_predict_ms": (_equals(0), "t_max_predict_ms is not supported"),
     "n_indent": (_equals(0), "n_indent is not supported"),
-    "verbose": (_equals(False), "the __verbose debug object (llama-server's verbose) is not supported"),
 }
 LLAMA_NO_EFFECT = frozenset(
     {
@@ -108,6 +105,7 @@ LLAMA_NO_EFFECT = frozenset(
         "min_keep",
         "t_max_prompt_ms",
         "n_discard",
+        "verbose",  # llama-server's __verbose is its native answer on the OpenAI endpoints: /completion's already
     }
 )
 

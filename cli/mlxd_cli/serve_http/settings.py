@@ -47,6 +47,8 @@ class Settings:
         metrics_enabled: Serve ``/metrics`` (False: 501, as llama-server without ``--metrics``).
         slots_enabled: Serve ``/slots`` (False: 501, as llama-server with ``--no-slots``).
         ui_enabled: Serve the home page at ``/`` (False: 404, as llama-server with ``--no-ui``).
+        verbose_replies: OpenAI-style replies carry llama-server's ``__verbose`` debug object unless the
+            request sends ``verbose: false`` (llama-server with ``--verbose``).
     """
 
     daemons: list[str]
@@ -69,3 +71,4 @@ class Settings:
     metrics_enabled: bool = True
     slots_enabled: bool = True
     ui_enabled: bool = True
+    verbose_replies: bool = False

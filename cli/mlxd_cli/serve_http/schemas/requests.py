@@ -207,6 +207,8 @@ class OpenAIGenerationFields(RequestBody):
     grammar: str | None = None  # llama-server's: a GBNF grammar the output follows
     cache_prompt: bool = True  # as llama-server's: False bypasses the daemon's prefix cache
     prediction: Prediction | None = None  # OpenAI's predicted outputs
+    # llama-server's: the reply carries __verbose, its native answer (None: the gateway's --verbose-replies)
+    verbose: bool | None = None
 
     def prediction_text(self) -> str | None:
         return None if self.prediction is None else self.prediction.text()

@@ -1,12 +1,13 @@
 """Response bodies of mlx-serve-http, as pydantic models: they mirror OpenAI's (``chat.completion``,
 ``chat.completion.chunk``, ``text_completion``) and llama-server's (``/completion``); ``timings`` is an
-extension. Fields left unset by the server are left out of the JSON (``exclude_none``)."""
+extension, and so is llama-server's ``__verbose`` debug object (its native answer, asked for with
+``verbose``). Fields left unset by the server are left out of the JSON (``exclude_none``)."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 
 def _exclude_none(value: Any) -> bool:
@@ -50,6 +51,8 @@ class ChatChoice(BaseModel):
 
 
 class ChatCompletion(BaseModel):
+    model_config = ConfigDict(validate_by_name=True, serialize_by_alias=True)  # __verbose
+
     id: str
     object: Literal["chat.completion"] = "chat.completion"
     created: int
@@ -58,6 +61,7 @@ class ChatCompletion(BaseModel):
     choices: list[ChatChoice]
     usage: Usage
     timings: dict = Field(default_factory=dict, description="the daemon's timings (extension)")
+    verbose_debug: dict | None = Field(None, alias="__verbose", exclude_if=_exclude_none)  # llama-server's debug object
 
 
 class ChatDelta(BaseModel):
@@ -81,6 +85,8 @@ class ChatChunkChoice(BaseModel):
 
 
 class ChatCompletionChunk(BaseModel):
+    model_config = ConfigDict(validate_by_name=True, serialize_by_alias=True)  # __verbose
+
     id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     created: int
@@ -89,6 +95,7 @@ class ChatCompletionChunk(BaseModel):
     choices: list[ChatChunkChoice]
     usage: Usage | None = Field(None, exclude_if=_exclude_none)
     timings: dict | None = Field(None, exclude_if=_exclude_none)
+    verbose_debug: dict | None = Field(None, alias="__verbose", exclude_if=_exclude_none)  # llama-server's debug object
 
 
 class CompletionChoice(BaseModel):
@@ -101,6 +108,8 @@ class CompletionChoice(BaseModel):
 class Completion(BaseModel):
     """A text_completion body; also each streamed chunk (then finish_reason is null until the end)."""
 
+    model_config = ConfigDict(validate_by_name=True, serialize_by_alias=True)  # __verbose
+
     id: str
     object: Literal["text_completion"] = "text_completion"
     created: int
@@ -109,6 +118,7 @@ class Completion(BaseModel):
     choices: list[CompletionChoice]
     usage: Usage | None = Field(None, exclude_if=_exclude_none)
     timings: dict | None = Field(None, exclude_if=_exclude_none)
+    verbose_debug: dict | None = Field(None, alias="__verbose", exclude_if=_exclude_none)  # llama-server's debug object
 
 
 class LlamaCompletion(BaseModel):
