@@ -6,7 +6,8 @@ Contract:
       its strings tokenized here (BOS only before a leading string); a list of prompts gets a list of
       answers, generated concurrently (not streamed: 400 naming ``prompt``).
     * ``n_predict`` -1 (the default) means "until end of sequence", bounded by the daemon's context; the
-      gateway's ``--n-predict`` is the default and the upper bound. ``cache_prompt: false`` bypasses the
+      gateway's ``--n-predict`` is the default, which a request's own n_predict overrides (as today's
+      llama-server: it no longer caps a request at its --n-predict). ``cache_prompt: false`` bypasses the
       prefix cache; ``speculative`` and ``ignore_eos`` pass through; ``n_probs`` asks for that many
       alternatives per token (``completion_probabilities``, log-probabilities of the model's distribution).
       ``logit_bias`` (llama-server's forms, ``schemas.llama``) goes to the daemon by token id: a text's
@@ -125,11 +126,11 @@ async def resolve_logit_bias(pool: DaemonPool, body: LlamaCompletionBody) -> Non
     body.set_token_bias(bias)
 
 
-def effective_n_predict(body: LlamaCompletionBody, server_limit: int | None) -> int:
-    """The request's n_predict under the gateway's ``--n-predict`` (-1: until end of sequence)."""
-    if server_limit is None:
-        return body.n_predict
-    return server_limit if body.n_predict == -1 else min(body.n_predict, server_limit)
+def effective_n_predict(body: LlamaCompletionBody, server_default: int | None) -> int:
+    """The request's n_predict, else the gateway's ``--n-predict`` (-1: until end of sequence)."""
+    if body.n_predict == -1 and server_default is not None:
+        return server_default
+    return body.n_predict
 
 
 def request_builder(body: LlamaCompletionBody, fields: dict, n_predict: int):

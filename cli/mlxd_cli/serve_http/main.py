@@ -191,7 +191,7 @@ def daemon_args(
     "--n-predict",
     default=None,
     type=click.IntRange(-1),
-    help="llama-server's --n-predict: the most tokens a /completion generates, and its default "
+    help="llama-server's --n-predict: the n_predict of a /completion that sends none "
     "(-1 or unset: until end of sequence)",
 )
 @click.option(
