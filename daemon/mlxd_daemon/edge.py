@@ -34,7 +34,7 @@ from mlxd_protocol import (
 )
 from mlxd_scheduler import FinishEvent, Request, SpeculativeRequest, TextStream, TickRecord, TokenEvent
 
-from .reasoning import close_open_thinking, template_variables, thinking_off, today_variables
+from .reasoning import close_open_thinking, template_variables, thinking_off, today_variables, tool_list_variables
 from .tool_calls import ToolCallSplitter, required_call_grammar, tool_support_problem
 
 _EXCEPTION_PREFIX = re.compile(r"([A-Z]\w*(?:Error|Exception|Full|Exhausted)): ")
@@ -124,7 +124,7 @@ def render_chat(
     """
     template = getattr(tokenizer, "chat_template", None)
     template = template if isinstance(template, str) else None
-    variables = {**today_variables(template), **(variables or {})}
+    variables = {**today_variables(template), **tool_list_variables(template, tools), **(variables or {})}
     extra: dict[str, Any] = {"tools": tools} if tools is not None else {}
     if continue_final:
         extra["continue_final_message"] = True

@@ -15,11 +15,19 @@ Contract:
   (as llama-server does): ``date_string`` ("03 Dec 2026", Llama 3.x) and ``datetime`` ("Dec 03 2026",
   FireFunction), each only where ``template`` names it; a request's ``chat_template_kwargs`` override them.
   (``strftime_now`` is the renderer's own.)
+- ``tool_list_variables(template, tools)``: ``functions``, the offered tools as JSON text (indented by 2; ""
+  when none), for templates that read that variable instead of ``tools`` (FireFunction v2, as llama-server's
+  chat handler for it gives it); empty for any other template. A request's ``chat_template_kwargs`` override it.
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
+import json
+
+import jinja2
+import jinja2.meta
 
 REASONING_MODES = ("on", "off", "auto")
 # (opening, closing) tags of the thinking blocks chat templates use
@@ -55,3 +63,22 @@ TODAY_FORMATS = {"date_string": "%d %b %Y", "datetime": "%b %d %Y"}
 def today_variables(template: str | None) -> dict:
     today = datetime.date.today()
     return {name: today.strftime(form) for name, form in TODAY_FORMATS.items() if template and name in template}
+
+
+@functools.lru_cache(maxsize=8)
+def _template_reads(template: str) -> frozenset[str]:
+    """The variables ``template`` reads without setting them (none when it does not parse)."""
+    try:
+        return frozenset(
+            jinja2.meta.find_undeclared_variables(
+                jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(template)
+            )
+        )
+    except jinja2.TemplateError:
+        return frozenset()
+
+
+def tool_list_variables(template: str | None, tools: list[dict] | None) -> dict:
+    if not template or "functions" not in template or "functions" not in _template_reads(template):
+        return {}
+    return {"functions": json.dumps(tools, indent=2, ensure_ascii=False) if tools else ""}

@@ -3,10 +3,20 @@ tokens a rendering gives, and the daemon's answers through the protocol."""
 
 from __future__ import annotations
 
+import datetime
+import json
+
+import jinja2
 import pytest
 
 from mlxd_daemon.edge import chat_tokens, render_chat
-from mlxd_daemon.reasoning import close_open_thinking, template_variables, thinking_off
+from mlxd_daemon.reasoning import (
+    close_open_thinking,
+    template_variables,
+    thinking_off,
+    today_variables,
+    tool_list_variables,
+)
 from mlxd_protocol import Client, Generate, ProtocolError, Tokenize, new_request_id
 from mlxd_protocol.codec import encode
 
@@ -111,3 +121,36 @@ def test_the_daemon_closes_the_block_unless_the_request_asks_for_thinking(thinki
 def test_bad_template_fields_are_refused(fields, problem):
     with pytest.raises(ProtocolError, match=problem):
         encode(Tokenize(**fields))
+
+
+# a FireFunction-v2-like template: the tools come as the text of a `functions` variable, the date as `datetime`
+FUNCTIONS_TEMPLATE = (
+    "{% set suffix = 'Available functions:\\n' + functions + '\\nToday is ' + datetime + '.' %}"
+    "<|system|>{{ suffix }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
+)
+
+
+def test_server_given_template_variables_only_where_the_template_reads_them():
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    assert tool_list_variables(FUNCTIONS_TEMPLATE, tools) == {"functions": json.dumps(tools, indent=2)}
+    assert tool_list_variables(FUNCTIONS_TEMPLATE, None) == {"functions": ""}
+    # "functions" in the text but not a variable the template reads
+    assert tool_list_variables("{{ 'call functions' }}{% set functions = 1 %}{{ functions }}", tools) == {}
+    assert tool_list_variables(QWEN3_LIKE, tools) == {} and tool_list_variables(None, tools) == {}
+    assert set(today_variables(FUNCTIONS_TEMPLATE)) == {"datetime"}
+
+
+class _Renderer:
+    """The least of a tokenizer ``render_chat`` needs: a template and its rendering with jinja2."""
+
+    chat_template = FUNCTIONS_TEMPLATE
+
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize, **variables):
+        return jinja2.Environment().from_string(self.chat_template).render(messages=messages, **variables)
+
+
+def test_a_functions_template_renders_the_tools_and_todays_date():
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    text = render_chat(_Renderer(), [{"role": "user", "content": "hi"}], tools)
+    assert '"name": "get_weather"' in text and datetime.date.today().strftime("%b %d %Y") in text
+    assert "Available functions:\n\nToday" in render_chat(_Renderer(), [{"role": "user", "content": "hi"}])
