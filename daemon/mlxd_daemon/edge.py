@@ -97,10 +97,35 @@ def chat_tokens(
     continue_final: bool = False,
     variables: dict | None = None,
 ) -> list[int]:
-    """Token ids of ``messages`` through the model's chat template (``render_chat``)."""
-    return list(
-        tokenizer.encode(render_chat(tokenizer, messages, tools, continue_final, variables), add_special_tokens=False)
-    )
+    """Token ids of ``messages`` through the model's chat template (``render_chat``, ``rendered_chat_tokens``)."""
+    return rendered_chat_tokens(tokenizer, render_chat(tokenizer, messages, tools, continue_final, variables))
+
+
+def added_bos_id(tokenizer) -> int | None:
+    """The BOS id the tokenizer puts before a text it encodes with special tokens (None: it adds none)."""
+    bos_id = getattr(tokenizer, "bos_token_id", None)
+    if bos_id is None or list(tokenizer.encode("a", add_special_tokens=True))[:1] != [bos_id]:
+        return None
+    return bos_id
+
+
+def without_bos_text(tokenizer, text: str) -> str:
+    """A rendered chat without the template's leading BOS text, where the tokenizer adds BOS itself."""
+    bos = getattr(tokenizer, "bos_token", None)
+    if not isinstance(bos, str) or not bos or not text.startswith(bos) or added_bos_id(tokenizer) is None:
+        return text
+    return text[len(bos) :]
+
+
+def rendered_chat_tokens(tokenizer, text: str) -> list[int]:
+    """The token ids of a rendered chat, as llama-server makes them: where the tokenizer adds BOS, the
+    template's own leading BOS text (if any) is dropped and the BOS id put first, so a chat starts with
+    exactly one BOS whether or not its template writes ``bos_token``; other tokenizers' chats are the
+    template's text alone. Special tokens in the text are parsed as such."""
+    bos_id = added_bos_id(tokenizer)
+    if bos_id is None:
+        return list(tokenizer.encode(text, add_special_tokens=False))
+    return [bos_id, *tokenizer.encode(without_bos_text(tokenizer, text), add_special_tokens=False)]
 
 
 def render_chat(

@@ -54,7 +54,7 @@ from mlxd_protocol.field_checks import MAX_LIST_ITEMS
 from mlxd_scheduler import BatchScheduler, QueueFull, Request
 
 from . import __version__
-from .edge import render_chat, to_request, tool_call_splitter
+from .edge import render_chat, rendered_chat_tokens, to_request, tool_call_splitter, without_bos_text
 from .embeddings import EmbeddingQueue
 from .host_limits import (
     HostLimits,
@@ -228,7 +228,7 @@ def tokenize(ctx: HandlerContext, identity: bytes, message: Tokenize) -> Message
                 template_variables(ctx.reasoning, message.chat_template_kwargs),
                 message.add_generation_prompt,
             )
-            return list(tokenizer.encode(text, add_special_tokens=False)), without_added_bos(tokenizer, text)
+            return rendered_chat_tokens(tokenizer, text), without_bos_text(tokenizer, text)
         return list(tokenizer.encode(message.text, add_special_tokens=message.add_special_tokens)), None
 
     def finish(done: Future) -> TokenizeResult:
@@ -241,19 +241,6 @@ def tokenize(ctx: HandlerContext, identity: bytes, message: Tokenize) -> Message
         return TokenizeResult(tokens=tokens, id=message.id, text=text if message.return_text else None)
 
     return _run(ctx, identity, message.id, runs_inline_tokenize(message), work, finish)
-
-
-def without_added_bos(tokenizer, text: str) -> str:
-    """A rendered chat's text as llama-server's /apply-template gives it: without the template's leading BOS
-    text when the tokenizer adds BOS itself (tokenizing the text with special tokens, as /completion does,
-    puts it back once instead of twice). The token ids are unchanged.
-    """
-    bos, bos_id = getattr(tokenizer, "bos_token", None), getattr(tokenizer, "bos_token_id", None)
-    if not isinstance(bos, str) or not bos or bos_id is None or not text.startswith(bos):
-        return text
-    if list(tokenizer.encode("a", add_special_tokens=True))[:1] != [bos_id]:
-        return text  # the tokenizer does not add BOS: the text keeps it
-    return text[len(bos) :]
 
 
 def detokenize(ctx: HandlerContext, identity: bytes, message: Detokenize) -> Message | None:

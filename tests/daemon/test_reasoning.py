@@ -9,7 +9,7 @@ import json
 import jinja2
 import pytest
 
-from mlxd_daemon.edge import chat_tokens, render_chat
+from mlxd_daemon.edge import chat_tokens, render_chat, rendered_chat_tokens, without_bos_text
 from mlxd_daemon.reasoning import (
     close_open_thinking,
     template_variables,
@@ -154,3 +154,18 @@ def test_a_functions_template_renders_the_tools_and_todays_date():
     text = render_chat(_Renderer(), [{"role": "user", "content": "hi"}], tools)
     assert '"name": "get_weather"' in text and datetime.date.today().strftime("%b %d %Y") in text
     assert "Available functions:\n\nToday" in render_chat(_Renderer(), [{"role": "user", "content": "hi"}])
+
+
+def test_a_chat_starts_with_one_bos_where_the_tokenizer_adds_it():
+    """llama-server's rule: the template's leading BOS text is dropped and the BOS id put first, so a template
+    without ``bos_token`` gets BOS too, and one with it gets it once."""
+    from transformers import AutoTokenizer
+
+    if not STORIES.is_dir():
+        pytest.skip(f"{STORIES} is not present")
+    tokenizer = AutoTokenizer.from_pretrained(str(STORIES))
+    bos = tokenizer.bos_token_id
+    plain = rendered_chat_tokens(tokenizer, "This is not a chat template, it is")
+    assert plain == [bos, *tokenizer.encode("This is not a chat template, it is", add_special_tokens=False)]
+    assert rendered_chat_tokens(tokenizer, "<s>This is not a chat template, it is") == plain
+    assert without_bos_text(tokenizer, "<s>hi") == "hi" and without_bos_text(tokenizer, "hi") == "hi"
