@@ -75,6 +75,8 @@ DESELECTED: dict[str, str] = {
     "-77-8-length-True-None]": _RNG,
     'test_chat_completion.py::test_chat_completion[None-Book-What is the best book-8-(Suddenly)+|\\\\{ " Sarax.'
     "-77-8-length-True-chatml]": _RNG,
+    "test_chat_completion.py::test_chat_completion[None-Book-What is the best book-8-^ blue-23-8-length-True-"
+    "This is not a chat template, it is]": _RNG,
     "test_chat_completion.py::test_chat_completion[None-Book-user_prompt8-8-Whillicter-79-8-length-False-None]": _RNG,
     "test_chat_completion.py::test_chat_completion[None-Book-user_prompt9-8-Whillicter-79-8-length-True-None]": _RNG,
     "test_chat_completion.py::test_chat_completion_stream[Book-What is the best book-8-(Suddenly)+-77-8-length]": _RNG,
