@@ -308,3 +308,12 @@ def test_verbose_replies_is_the_default_a_request_can_turn_off(llama_daemon):
         assert answer.status_code == 200 and "__verbose" not in answer.json()
     finally:
         gateway.stop()
+
+
+def test_n_predict_minus_one_fills_the_context_with_prompt_and_output(llama_gateway):
+    """llama-server's rule: prompt and output together fill the context (256 tokens a row here); a request's
+    own -1 overrides --n-predict."""
+    body = {"prompt": "Hi how are you", "n_predict": -1, "ignore_eos": True}
+    answer = llama_gateway.client.post("/completion", json=body).json()
+    assert answer["tokens_evaluated"] + answer["tokens_predicted"] == 256
+    assert answer["truncated"] is True and answer["stop_type"] == "limit"

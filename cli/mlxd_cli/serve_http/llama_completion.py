@@ -5,9 +5,11 @@ Contract:
       ``prompt`` (BOS added), token ids as ``prompt_tokens``; a list mixing ids and strings is one prompt,
       its strings tokenized here (BOS only before a leading string); a list of prompts gets a list of
       answers, generated concurrently (not streamed: 400 naming ``prompt``).
-    * ``n_predict`` -1 (the default) means "until end of sequence", bounded by the daemon's context; the
-      gateway's ``--n-predict`` is the default, which a request's own n_predict overrides (as today's
-      llama-server: it no longer caps a request at its --n-predict). ``cache_prompt: false`` bypasses the
+    * ``n_predict`` -1 (the default) means "until end of sequence", bounded by the daemon's context: the
+      prompt and its output together fill at most the context, as llama-server's (a text prompt is then
+      tokenized here first, to know its length); the gateway's ``--n-predict`` is the default, which a
+      request's own n_predict overrides (as today's llama-server: it no longer caps a request at its
+      --n-predict). ``cache_prompt: false`` bypasses the
       prefix cache; ``speculative`` and ``ignore_eos`` pass through; ``n_probs`` asks for that many
       alternatives per token (``completion_probabilities``, log-probabilities of the model's distribution).
       ``logit_bias`` (llama-server's forms, ``schemas.llama``) goes to the daemon by token id: a text's
@@ -127,8 +129,8 @@ async def resolve_logit_bias(pool: DaemonPool, body: LlamaCompletionBody) -> Non
 
 
 def effective_n_predict(body: LlamaCompletionBody, server_default: int | None) -> int:
-    """The request's n_predict, else the gateway's ``--n-predict`` (-1: until end of sequence)."""
-    if body.n_predict == -1 and server_default is not None:
+    """The request's n_predict (-1 too), else the gateway's ``--n-predict`` (-1: until end of sequence)."""
+    if "n_predict" not in body.model_fields_set and server_default is not None:
         return server_default
     return body.n_predict
 
@@ -142,9 +144,14 @@ def request_builder(body: LlamaCompletionBody, fields: dict, n_predict: int):
         overrides["logit_bias"] = body.token_bias()
     speculative = body.speculative.to_protocol() if body.speculative else None
 
+    prompt_length = len(fields.get("prompt_tokens") or ())
+
     def make_request(handle: DaemonHandle) -> Generate:
         context = min(handle.context_bound or FALLBACK_CONTEXT, MAX_TOKENS_LIMIT)
-        max_tokens = context if n_predict == -1 else min(n_predict, context)
+        if n_predict == -1:  # until the context is full: the prompt and its output fill it, as llama-server's
+            max_tokens = context - prompt_length if 0 < prompt_length < context else context
+        else:
+            max_tokens = min(n_predict, context)
         return Generate(
             id=new_request_id(),
             **fields,
@@ -368,6 +375,9 @@ async def open_one(request: Request, body: LlamaCompletionBody, prompt: Any, n_p
     """Open the generation of one prompt: (stream, its Generate fields)."""
     pool = gateway(request).pool
     fields = await prompt_fields(pool, prompt)
+    if n_predict == -1 and "prompt" in fields:
+        # the prompt's length bounds the output (request_builder): tokenized here as the daemon would
+        fields = {"prompt_tokens": await call_daemon(pool, lambda client: client.tokenize(text=fields["prompt"]))}
     try:
         stream = await open_generation(pool, request_builder(body, fields, n_predict))
     except ApiError as error:
