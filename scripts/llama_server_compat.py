@@ -31,7 +31,8 @@ Ignored, because they mean nothing on an MLX server (``IGNORED_FLAGS``): --n-gpu
 physical batch split), --flash-attn/-fa (MLX picks its attention kernel), --cont-batching (mlxd always
 batches continuously), --jinja/--no-jinja (chat templates are always Jinja), --embedding (embeddings are
 always served), --offline (nothing is ever downloaded), --no-mmproj (no multimodal projector is loaded),
---no-cache-idle-slots (finished requests go to the prefix cache, not to idle slots). Any other flag, or
+--no-cache-idle-slots (finished requests go to the prefix cache, not to idle slots), --backend-sampling
+(also spelt --backend_sampling: mlxd's sampler always runs in MLX on the model's device). Any other flag, or
 an ignored one given a value it cannot honour, ends this command with status 2 and a message naming it.
 """
 
@@ -75,6 +76,8 @@ IGNORED_FLAGS = {
     "--offline": False,
     "--no-mmproj": False,
     "--no-cache-idle-slots": False,
+    "--backend-sampling": False,
+    "--backend_sampling": False,
 }
 ALIASES = {
     "-m": "--model",

@@ -211,7 +211,28 @@ def sampling_params(message: Generate, defaults: Sampling) -> SamplingParams:
         logit_bias=tuple(sorted(sampling.logit_bias.items())),
         seed=sampling.seed,
         logprobs=sampling.logprobs,
+        post_sampling=sampling.post_sampling,
     )
+
+
+def check_post_sampling(params: SamplingParams, ignore_eos: bool) -> None:
+    """Post-sampling logprobs describe top_k / top_p / min_p and the temperature over the model's logits;
+    the logit changes before them (penalties, logit_bias, a grammar, ignore_eos) are not in that account,
+    so they are refused together. Raises ProtocolError(INVALID)."""
+    changed = [
+        name
+        for name, on in (
+            ("repetition_penalty", params.repetition_penalty not in (0.0, 1.0)),
+            ("presence_penalty", bool(params.presence_penalty)),
+            ("frequency_penalty", bool(params.frequency_penalty)),
+            ("logit_bias", bool(params.logit_bias)),
+            ("constraint", params.grammar is not None),
+            ("ignore_eos", ignore_eos),
+        )
+        if on
+    ]
+    if changed:
+        raise ProtocolError(INVALID, f"sampling.post_sampling: cannot be combined with {', '.join(changed)}")
 
 
 def to_request(
@@ -238,6 +259,8 @@ def to_request(
         except GrammarError as error:
             raise ProtocolError(INVALID, f"constraint: {error}") from error
         params = replace(params, grammar=grammar)
+    if params.post_sampling:
+        check_post_sampling(params, message.ignore_eos)
     speculative = SpeculativeRequest()
     if message.speculative is not None:
         kind = message.speculative.kind

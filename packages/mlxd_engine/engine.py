@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import cast
 
 import mlx.core as mx
@@ -34,7 +34,7 @@ from .cpu_fusion import fusion_wanted
 from .errors import PromptTooLong
 from .forward_cost import ForwardCost
 from .loading.loader import LoadedModel
-from .sampling.chain import SamplerChain, SamplingParams, sample_rows, token_logprobs
+from .sampling.chain import SamplerChain, SamplingParams, post_sampling_logprobs, sample_rows, token_logprobs
 from .storage.kv_backend import make_kv_storage
 from .storage.kv_storage import SlotState
 from .storage.paged_kv_storage import DEFAULT_BLOCK_SIZE, SharedPrefix
@@ -100,6 +100,7 @@ class StepHandle:
     tokens: mx.array
     logits: mx.array  # [B, V] last-position logits (kept for tests and diagnostics)
     logprob_parts: tuple | None = None
+    post_parts: dict[int, tuple] = field(default_factory=dict)  # row -> its post-sampling logprob parts
     read: bool = False
 
 
@@ -446,7 +447,15 @@ class Engine:
         handle = StepHandle(rows=list(rows), tokens=tokens, logits=logits)
         if any(seq.params.logprobs is not None for seq in rows):
             handle.logprob_parts = token_logprobs(logits, tokens, max(seq.params.logprobs or 0 for seq in rows))
-            mx.async_eval(tokens, *handle.logprob_parts)
+            # a chain with post_sampling has no processors (the daemon refuses them together): raw logits
+            handle.post_parts = {
+                i: post_sampling_logprobs(seq.chain, logits[i : i + 1], tokens[i : i + 1], seq.params.logprobs or 0)
+                for i, seq in enumerate(rows)
+                if seq.params.post_sampling and seq.params.logprobs is not None
+            }
+            mx.async_eval(
+                tokens, *handle.logprob_parts, *(part for parts in handle.post_parts.values() for part in parts)
+            )
         else:
             mx.async_eval(tokens)
         return handle
@@ -477,7 +486,9 @@ class Engine:
                 continue
             self.commit_appends(seq, 1)
             emitted = Emitted(int(token))
-            if handle.logprob_parts is not None and seq.params.logprobs is not None:
+            if i in handle.post_parts:
+                emitted = self._logprob_record(int(token), handle.post_parts[i], 0, seq.params.logprobs or 0)
+            elif handle.logprob_parts is not None and seq.params.logprobs is not None:
                 emitted = self._logprob_record(int(token), handle.logprob_parts, i, seq.params.logprobs)
             seq.record([emitted.token])
             results.append(emitted)
@@ -531,7 +542,10 @@ class Engine:
     def _emitted(self, seq: Sequence, logits: mx.array, token: mx.array, row: int) -> Emitted:
         if seq.params.logprobs is None:
             return Emitted(int(token.item()))  # type: ignore[arg-type]  # a token id: item() is an int
-        parts = token_logprobs(logits, token.reshape(-1), seq.params.logprobs)
+        if seq.params.post_sampling:
+            parts = post_sampling_logprobs(seq.chain, logits, token.reshape(-1), seq.params.logprobs)
+        else:
+            parts = token_logprobs(logits, token.reshape(-1), seq.params.logprobs)
         return self._logprob_record(int(token.item()), parts, row, seq.params.logprobs)  # type: ignore[arg-type]
 
     @staticmethod

@@ -184,6 +184,9 @@ class Sampling(Message):
     logit_bias: dict[int, float] = field(default_factory=dict)
     seed: int | None = None
     logprobs: int | None = None
+    # the logprobs describe the distribution the sampler draws from (after top_k, top_p, min_p and the
+    # temperature; tokens they filter out are left out) instead of the model's (llama-server's post_sampling_probs)
+    post_sampling: bool = False
 
     def validate(self) -> None:
         problem = sampling_problem(self)  # the vocabulary-bound rules are checked where the model is known

@@ -74,6 +74,10 @@ def sampling_problem(settings: Any, vocab_size: int | None = None) -> str | None
             settings.logprobs is None or 0 <= settings.logprobs <= MAX_LOGPROBS,
             f"logprobs: must be in [0, {MAX_LOGPROBS}]",
         ),
+        (
+            not getattr(settings, "post_sampling", False) or settings.logprobs is not None,
+            "post_sampling: describes logprobs, so it needs logprobs",
+        ),
     )
     for holds, message in rules:
         if not holds:

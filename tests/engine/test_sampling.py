@@ -6,7 +6,7 @@ import mlx.core as mx
 import pytest
 
 from mlxd_engine import SamplerChain, SamplingParams
-from mlxd_engine.sampling.chain import sample_rows, token_logprobs
+from mlxd_engine.sampling.chain import post_sampling_logprobs, sample_rows, token_logprobs
 
 V = 50
 
@@ -97,3 +97,17 @@ def test_token_logprobs_are_normalised_and_sorted():
 def test_validation_messages(params, message):
     with pytest.raises(ValueError, match=message):
         params.validate(V)
+
+
+def test_post_sampling_logprobs_describe_the_filtered_tempered_distribution():
+    logits = mx.array([[4.0, 3.0, 1.0, -2.0]])
+    chain = SamplerChain(SamplingParams(temperature=0.5, top_k=2, logprobs=4, post_sampling=True))
+    chosen, ids, values = post_sampling_logprobs(chain, logits, mx.array([1]), 4)
+    probs = mx.exp(values)[0].tolist()
+    # top_k 2 keeps tokens 0 and 1; temperature 0.5 doubles their logit gap: p0 / p1 = e^2
+    assert ids[0].tolist()[:2] == [0, 1] and probs[2:] == [0.0, 0.0]
+    assert abs(sum(probs) - 1.0) < 1e-6 and abs(probs[0] / probs[1] - 2.718281828**2) < 1e-3
+    assert abs(float(mx.exp(chosen)[0]) - probs[1]) < 1e-6
+    greedy = SamplerChain(SamplingParams(temperature=0.0, logprobs=2, post_sampling=True))
+    chosen, ids, values = post_sampling_logprobs(greedy, logits, mx.array([0]), 2)
+    assert float(chosen[0]) == 0.0 and ids[0].tolist()[0] == 0 and values[0].tolist()[1] == -float("inf")

@@ -317,3 +317,19 @@ def test_n_predict_minus_one_fills_the_context_with_prompt_and_output(llama_gate
     answer = llama_gateway.client.post("/completion", json=body).json()
     assert answer["tokens_evaluated"] + answer["tokens_predicted"] == 256
     assert answer["truncated"] is True and answer["stop_type"] == "limit"
+
+
+def test_post_sampling_probs_are_the_samplers_distribution(llama_gateway):
+    body = {"prompt": "Once upon a time", "n_predict": 3, "n_probs": 5, "temperature": 1.0, "top_k": 3}
+    answer = llama_gateway.client.post("/completion", json={**body, "post_sampling_probs": True}).json()
+    for entry in answer["completion_probabilities"]:
+        assert 0.0 < entry["prob"] <= 1.0 and "logprob" not in entry
+        # top_k 3: the other tokens have probability 0 and are left out, as llama-server leaves them
+        assert len(entry["top_probs"]) == 3 and abs(sum(item["prob"] for item in entry["top_probs"]) - 1.0) < 1e-4
+        assert entry["id"] in [item["id"] for item in entry["top_probs"]]
+    plain = llama_gateway.client.post("/completion", json=body).json()["completion_probabilities"]
+    assert "logprob" in plain[0] and len(plain[0]["top_logprobs"]) == 5
+    refused = llama_gateway.client.post(
+        "/completion", json={**body, "post_sampling_probs": True, "logit_bias": [[5, -1.0]]}
+    )
+    assert refused.status_code == 400 and "post_sampling" in refused.json()["error"]["message"]

@@ -20,7 +20,6 @@ REFUSED = [
     ("/chat/completions", CHAT, "return_progress", True),
     ("/v1/completions", COMPLETION, "web_search_options", {}),
     ("/completion", LLAMA, "mirostat", 2),
-    ("/completion", LLAMA, "post_sampling_probs", True),
     ("/completion", LLAMA, "return_progress", True),
     ("/completion", LLAMA, "typical_p", 0.5),
     ("/completion", LLAMA, "image_data", [{"data": "xx", "id": 1}]),
@@ -55,6 +54,7 @@ NEUTRAL = [
             "samplers": None,
             "id_slot": -1,
             "verbose": False,
+            "backend_sampling": True,
         },
     ),
 ]

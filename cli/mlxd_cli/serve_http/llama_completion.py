@@ -11,7 +11,9 @@ Contract:
       request's own n_predict overrides (as today's llama-server: it no longer caps a request at its
       --n-predict). ``cache_prompt: false`` bypasses the
       prefix cache; ``speculative`` and ``ignore_eos`` pass through; ``n_probs`` asks for that many
-      alternatives per token (``completion_probabilities``, log-probabilities of the model's distribution).
+      alternatives per token (``completion_probabilities``, log-probabilities of the model's distribution;
+      with ``post_sampling_probs`` probabilities of the distribution the sampler draws from, as ``prob`` and
+      ``top_probs``: the daemon refuses it beside penalties, logit_bias, a grammar or ignore_eos).
       ``logit_bias`` (llama-server's forms, ``schemas.llama``) goes to the daemon by token id: a text's
       tokens (tokenized without special tokens, as llama-server does) each get its bias, and biases of one
       token add up (false, -inf, wins); a token id outside the vocabulary is the daemon's 400.
@@ -140,6 +142,8 @@ def request_builder(body: LlamaCompletionBody, fields: dict, n_predict: int):
     overrides = body.sampling_overrides()
     if body.n_probs:
         overrides["logprobs"] = body.n_probs
+        if body.post_sampling_probs:
+            overrides["post_sampling"] = True
     if body.token_bias():
         overrides["logit_bias"] = body.token_bias()
     speculative = body.speculative.to_protocol() if body.speculative else None
@@ -241,18 +245,26 @@ def settings_of(
     }
 
 
-async def probabilities(context: GatewayContext, entries: list[dict]) -> list[dict]:
-    """llama-server's ``completion_probabilities`` from the daemon's logprob entries."""
+async def probabilities(context: GatewayContext, entries: list[dict], post_sampling: bool = False) -> list[dict]:
+    """llama-server's ``completion_probabilities`` from the daemon's logprob entries: ``logprob`` and
+    ``top_logprobs``, or with ``post_sampling`` ``prob`` and ``top_probs`` (the tokens the sampler filtered
+    out, of probability 0, are left out, as llama-server leaves them)."""
     texts = await context.token_texts(entries)
+    value_name, list_name = ("prob", "top_probs") if post_sampling else ("logprob", "top_logprobs")
 
     def item(token: int, logprob: float) -> dict:
         text = texts[token]
-        return {"id": token, "token": text, "logprob": logprob, "bytes": list(text.encode())}
+        value = math.exp(logprob) if post_sampling else logprob
+        return {"id": token, "token": text, value_name: value, "bytes": list(text.encode())}
 
     return [
         {
             **item(entry["token"], entry["logprob"]),
-            "top_logprobs": [item(token, logprob) for token, logprob in entry.get("top") or ()],
+            list_name: [
+                item(token, logprob)
+                for token, logprob in entry.get("top") or ()
+                if not (post_sampling and logprob == -math.inf)
+            ],
         }
         for entry in entries
     ]
@@ -423,7 +435,9 @@ async def _answer_one(
         request, body, stream, result.done, result.text, result.tokens, prompt_text, n_predict, index
     )
     if body.n_probs:
-        answer["completion_probabilities"] = await probabilities(gateway(request), result.logprobs)
+        answer["completion_probabilities"] = await probabilities(
+            gateway(request), result.logprobs, body.post_sampling_probs
+        )
     return answer
 
 
@@ -449,7 +463,7 @@ def _completion_events(
         if not (text or tokens):
             return
         if body.n_probs and reply.logprobs:
-            probs = await probabilities(gateway(request), reply.logprobs)
+            probs = await probabilities(gateway(request), reply.logprobs, body.post_sampling_probs)
             for piece, token_ids, token_probs in per_token_events(text, tokens, probs):
                 event = {"index": 0, "content": piece, "tokens": token_ids, "stop": False, "id_slot": -1}
                 yield sse_event(json.dumps({**event, "completion_probabilities": token_probs}))

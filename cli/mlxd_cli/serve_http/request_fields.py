@@ -2,7 +2,7 @@
 
 Contract:
     * A field that OpenAI or llama-server define and mlxd does not implement (``audio``, ``modalities``
-      with audio, llama-server's ``mirostat`` > 0, ``post_sampling_probs``, ...) is refused with a
+      with audio, llama-server's ``mirostat`` > 0, ``return_progress``, ...) is refused with a
       400 naming the field, unless the client sent it at its neutral value (the one that changes nothing:
       ``"mirostat": 0``, ``"typical_p": 1.0``); many llama-server clients send every sampler field at
       its default, and those must keep working.
@@ -82,7 +82,6 @@ LLAMA_UNIMPLEMENTED: dict[str, tuple[Neutral, str]] = {
     "samplers": (_is_none, "a custom sampler order is not supported"),
     "n_cmpl": (_equals(1), "only one completion per request is supported"),
     "n": (_equals(1), "only one completion per request is supported"),
-    "post_sampling_probs": (_equals(False), "post_sampling_probs is not supported"),
     "return_progress": (_equals(False), "prompt progress events (return_progress) are not supported"),
     "timings_per_token": (_equals(False), "per-token timings are not supported: timings come with the last event"),
     "input_prefix": (_empty, "infill is not supported"),
@@ -105,6 +104,7 @@ LLAMA_NO_EFFECT = frozenset(
         "min_keep",
         "t_max_prompt_ms",
         "n_discard",
+        "backend_sampling",  # where llama-server samples (CPU or its backend): mlxd always samples in MLX
         "verbose",  # llama-server's __verbose is its native answer on the OpenAI endpoints: /completion's already
     }
 )

@@ -54,6 +54,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     seed: int | None = None
     logprobs: int | None = None
+    post_sampling: bool = False  # logprobs of the distribution drawn from (``post_sampling_logprobs``)
     custom_processors: tuple[LogitsProcessor, ...] = field(default=(), compare=False)
     grammar: Grammar | None = field(default=None, compare=False)
 
@@ -159,6 +160,21 @@ def token_logprobs(logits: mx.array, tokens: mx.array, top_n: int) -> tuple[mx.a
     top_values = mx.take_along_axis(logprobs, top_ids, axis=-1)
     order = mx.argsort(-top_values, axis=-1)
     return chosen, mx.take_along_axis(top_ids, order, axis=-1), mx.take_along_axis(top_values, order, axis=-1)
+
+
+def post_sampling_logprobs(
+    chain: SamplerChain, logits: mx.array, tokens: mx.array, top_n: int
+) -> tuple[mx.array, mx.array, mx.array]:
+    """``token_logprobs`` of the distribution ``chain`` draws from: top_k, top_p and min_p applied, then the
+    temperature (a filtered-out token has log-probability -inf); greedy, the argmax has 0 and every other
+    token -inf. ``logits`` [N, V] are the processed ones (or the raw ones of a chain without processors)."""
+    if chain.params.is_greedy:
+        best = mx.argmax(logits, axis=-1, keepdims=True)
+        columns = mx.arange(logits.shape[-1])[None, :]
+        dist = mx.where(columns == best, 0.0, -mx.inf)
+    else:
+        dist = chain.filtered_logprobs(logits) * (1.0 / chain.params.temperature)
+    return token_logprobs(dist, tokens, top_n)
 
 
 def sample_rows(

@@ -4,11 +4,12 @@ Contract:
     * ``LlamaCompletionBody`` (/completion, /completions) takes every prompt form llama-server takes
       (``LlamaPrompt``): a string; a list of token ids; a list mixing token ids and strings (one prompt);
       ``{"prompt_string": ..., "multimodal_data": [...]}`` (refused when it carries media); or a list of
-      such prompts (one answer each). Plus ``n_probs``, ``return_tokens``, ``response_fields`` and
-      llama-server's ``logit_bias``: ``[[token id or text, bias], ...]`` or ``{"token id or text": bias}``,
-      a bias being a finite number or ``false`` (the token is never produced); text stands for each of its
-      tokens (``llama_completion.resolve_logit_bias``). What llama-server would skip silently (an entry
-      that is not a pair, a bias of another type, a negative id) is a 400 here.
+      such prompts (one answer each). Plus ``n_probs`` (and ``post_sampling_probs``), ``return_tokens``,
+      ``response_fields`` and llama-server's ``logit_bias``: ``[[token id or text, bias], ...]`` or
+      ``{"token id or text": bias}``, a bias being a finite number or ``false`` (the token is never
+      produced); text stands for each of its tokens (``llama_completion.resolve_logit_bias``). What
+      llama-server would skip silently (an entry that is not a pair, a bias of another type, a negative
+      id) is a 400 here.
     * ``TokenizeBody`` adds ``with_pieces``; ``ApplyTemplateBody`` is /apply-template's chat.
 """
 
@@ -88,6 +89,8 @@ class LlamaCompletionBody(LlamaCompletionRequest):
 
     prompt: Any
     n_probs: int = Field(0, ge=0, le=MAX_LOGPROBS)
+    # the n_probs describe the distribution the sampler draws from (after top_k, top_p, min_p, temperature)
+    post_sampling_probs: bool = False
     return_tokens: bool = False
     response_fields: list[str] | None = Field(None, max_length=MAX_RESPONSE_FIELDS)
     logit_bias: list[Any] | dict[str, Any] | None = None
