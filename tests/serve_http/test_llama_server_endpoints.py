@@ -333,3 +333,17 @@ def test_post_sampling_probs_are_the_samplers_distribution(llama_gateway):
         "/completion", json={**body, "post_sampling_probs": True, "logit_bias": [[5, -1.0]]}
     )
     assert refused.status_code == 400 and "post_sampling" in refused.json()["error"]["message"]
+
+
+def test_openai_endpoints_take_n_predict_and_default_to_n_predict(llama_gateway):
+    """llama-server's token limit on the OpenAI endpoints: n_predict wins over max_tokens, and --n-predict
+    (16 here) is the default."""
+    body = {"prompt": "Once upon a time"}
+    usage = llama_gateway.client.post("/v1/completions", json=body).json()["usage"]
+    assert usage["completion_tokens"] == 16
+    limited = llama_gateway.client.post("/v1/completions", json={**body, "max_tokens": 9, "n_predict": 4}).json()
+    assert limited["usage"]["completion_tokens"] == 4
+    chat = {"messages": [{"role": "user", "content": "Once upon a time"}], "n_predict": 3}
+    assert llama_gateway.client.post("/v1/chat/completions", json=chat).json()["usage"]["completion_tokens"] <= 3
+    refused = llama_gateway.client.post("/v1/completions", json={**body, "n_predict": 0})
+    assert refused.status_code == 400 and "n_predict" in refused.text

@@ -191,7 +191,7 @@ def daemon_args(
     "--n-predict",
     default=None,
     type=click.IntRange(-1),
-    help="llama-server's --n-predict: the n_predict of a /completion that sends none "
+    help="llama-server's --n-predict: the token limit of a request that sends none (n_predict, max_tokens) "
     "(-1 or unset: until end of sequence)",
 )
 @click.option(

@@ -4,8 +4,10 @@ Contract:
     * Chat sends ``messages`` (the daemon applies the model's chat template); completions send
       ``prompt`` with ``chat=False`` (or ``prompt_tokens`` for a token list). The daemon is always
       asked to stream; a non-streaming answer is assembled here from the chunks and the Done.
-    * ``max_tokens`` (or ``max_completion_tokens``) left out means "until end of sequence", bounded
-      by the daemon's context; sampling fields left out take the daemon's defaults.
+    * ``max_tokens`` (or ``max_completion_tokens``, or llama-server's ``n_predict``, which wins: -1 is no
+      limit) left out means the gateway's ``--n-predict``, else "until end of sequence", bounded by the
+      daemon's context (``OpenAIGenerationFields.token_limit``); sampling fields left out take the
+      daemon's defaults.
     * Streaming answers are SSE: ``data: <chunk JSON>\\n\\n`` in OpenAI's chunk shapes, the first
       chat chunk carrying ``delta.role``, the last one ``finish_reason`` (and ``timings``, an
       extension), then a usage chunk when ``stream_options.include_usage``, then ``data: [DONE]``.
@@ -313,11 +315,12 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, respon
         prompt_fields["continue_final_message"] = True
     if body.chat_template_kwargs is not None:
         prompt_fields["chat_template_kwargs"] = body.chat_template_kwargs
+    max_tokens = body.token_limit(gateway(request).settings.default_n_predict)
     builders = [
         request_builder(
             body,
             prompt_fields,
-            body.max_completion_tokens or body.max_tokens,
+            max_tokens,
             logprobs,
             chat=None,
             tool_fields=body.tool_fields(),
@@ -338,7 +341,6 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, respon
             ) from error
         raise name_daemon_field(error, {**CHAT_FIELDS, "constraint": body.constraint_field()}) from error
     reply_id, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
-    max_tokens = body.max_completion_tokens or body.max_tokens
     debug: DebugObject | None = None
     if wants_verbose(body, request):
         prompt_tokens = await chat_prompt_tokens(request, body)
@@ -483,8 +485,9 @@ async def completions(body: CompletionRequest, request: Request, response: Respo
     """Plain text completion, no chat template (OpenAI's legacy completions API)."""
     headers = ignored_fields_header(check_extra_fields(body, OPENAI_UNIMPLEMENTED, OPENAI_NO_EFFECT))
     prompt_fields = {"prompt_tokens": body.prompt} if isinstance(body.prompt, list) else {"prompt": body.prompt}
+    max_tokens = body.token_limit(gateway(request).settings.default_n_predict)
     builders = [
-        request_builder(body, prompt_fields, body.max_tokens, body.logprobs, chat=False, choice=index)
+        request_builder(body, prompt_fields, max_tokens, body.logprobs, chat=False, choice=index)
         for index in range(body.n)
     ]
     try:
@@ -497,7 +500,7 @@ async def completions(body: CompletionRequest, request: Request, response: Respo
         prompt_text = await prompt_as_text(gateway(request).pool, prompt_fields)
 
         async def debug(done: Done) -> dict:
-            return await verbose_debug(request, body, choices.handle, done, prompt_text, body.max_tokens, body.logprobs)
+            return await verbose_debug(request, body, choices.handle, done, prompt_text, max_tokens, body.logprobs)
 
     if body.stream:
         events = _completion_events(

@@ -42,8 +42,9 @@ class Settings:
             "*" origins the request's origin is echoed, as llama-server does).
         header_timeout_s: Longest wait for a request's headers.
         body_timeout_s: Longest wait for a request's whole body, once its headers came.
-        default_n_predict: llama-server's ``--n-predict``: a /completion's ``n_predict`` when the request
-            sends none (None: until end of sequence, bounded by the context); not a cap.
+        default_n_predict: llama-server's ``--n-predict``: the token limit of a /completion, chat or
+            completions request that sends none (None: until end of sequence, bounded by the context);
+            not a cap.
         metrics_enabled: Serve ``/metrics`` (False: 501, as llama-server without ``--metrics``).
         slots_enabled: Serve ``/slots`` (False: 501, as llama-server with ``--no-slots``).
         ui_enabled: Serve the home page at ``/`` (False: 404, as llama-server with ``--no-ui``).

@@ -209,9 +209,27 @@ class OpenAIGenerationFields(RequestBody):
     prediction: Prediction | None = None  # OpenAI's predicted outputs
     # llama-server's: the reply carries __verbose, its native answer (None: the gateway's --verbose-replies)
     verbose: bool | None = None
+    # llama-server's name for the token limit on every endpoint (-1: until end of sequence); it wins
+    n_predict: int | None = Field(None, ge=-1, le=MAX_TOKENS_LIMIT)
 
     def prediction_text(self) -> str | None:
         return None if self.prediction is None else self.prediction.text()
+
+    @field_validator("n_predict")
+    @classmethod
+    def _n_predict_predicts(cls, n_predict: int | None) -> int | None:
+        if n_predict == 0:
+            raise ValueError("must be -1 (until end of sequence) or >= 1")
+        return n_predict
+
+    def token_limit(self, server_default: int | None) -> int | None:
+        """The most tokens to generate (None: until end of sequence), as llama-server reads it: ``n_predict``
+        (-1: no limit), else ``max_completion_tokens``, else ``max_tokens``, else the gateway's
+        ``--n-predict`` (``server_default``)."""
+        if self.n_predict is not None:
+            return None if self.n_predict == -1 else self.n_predict
+        given = getattr(self, "max_completion_tokens", None) or self.max_tokens
+        return given if given is not None else server_default
 
     @field_validator("response_format")
     @classmethod
