@@ -130,7 +130,7 @@ class DaemonCore:
         self.options = options
         self.endpoint = endpoint
         self.engine, self.speculative, self.scheduler = build_scheduler(loaded, options, trace_sink)
-        self.streams = ReplyStreams(send, options.stream_interval_s)
+        self.streams = ReplyStreams(send, options.stream_interval_s, self.scheduler.by_id.get)
         self.started = time.monotonic()
         self.stop_reason: str | None = None  # set by a Shutdown message (or the server)
         self.draining = False  # no new generations (the server sets it on SIGTERM)
@@ -215,6 +215,7 @@ class DaemonCore:
         self.host.collect()
         if self.scheduler.has_work:
             self.scheduler.tick()
+            self.streams.send_progress()
         else:
             self.engine.heartbeat()  # a distributed rank 0 checks its group while idle
         if self.embeddings.pending:

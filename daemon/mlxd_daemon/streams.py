@@ -7,14 +7,22 @@ finish event becomes the Done (or Error), sent after whatever the buffer still k
 request the scheduler refused. ``send_due(now)`` sends every buffer that has waited its interval (the loop
 calls it after each tick). Replies leave only through ``send(identity, message)``: the socket loop's, or
 the in-process ``LocalClient``'s delivery. Handlers see this object, never the server's dictionaries.
+
+A streaming Generate with ``return_progress`` gets Progress replies while its prompt is prefilled:
+``send_progress()`` (the loop calls it after each tick) reads the scheduler's state of each such request
+(``states``: internal id -> its ``RequestState``, or None before it is admitted) and sends one Progress when
+the prefill starts (``processed`` = the cached tokens), then one whenever more of the prompt is in the KV
+storage, the last with the whole prompt; the first token event of the request sends what is still due
+first, so every Progress comes before the first Chunk.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
-from mlxd_protocol import Generate, Message
+from mlxd_protocol import Generate, Message, Progress
 from mlxd_scheduler import Event, TokenEvent
 
 from .chunking import ChunkBuffer
@@ -25,9 +33,13 @@ Send = Callable[[bytes, Message], None]
 
 
 class ReplyStreams:
-    def __init__(self, send: Send, interval_s: float):
+    def __init__(self, send: Send, interval_s: float, states: Callable[[str], Any] | None = None):
         self._send = send
         self.interval_s = interval_s
+        self._states: Callable[[str], Any] = states or (lambda internal_id: None)
+        # internal request id -> (identity, client's id, the processed count last reported, or -1) for
+        # requests with return_progress whose prefill has not been reported whole yet
+        self._progress: dict[str, tuple[bytes, str, int]] = {}
         self._routes: dict[str, str] = {}  # internal request id -> client's id
         # internal request id -> (identity, ChunkBuffer) for buffers keeping tokens (and only those)
         self._keeping: dict[str, tuple[bytes, ChunkBuffer]] = {}
@@ -51,6 +63,9 @@ class ReplyStreams:
         chunks = ChunkBuffer(message.id, self.interval_s)
 
         def sink(event: Event) -> None:
+            if internal_id in self._progress:
+                self._report_progress(internal_id)  # what is due goes before the first token (or the end)
+                self._progress.pop(internal_id, None)
             if isinstance(event, TokenEvent):
                 chunk = to_reply(event, message.id, message.stream, splitter)
                 if chunk is None:
@@ -68,11 +83,40 @@ class ReplyStreams:
             self._routes.pop(internal_id, None)
 
         self._routes[internal_id] = message.id
+        if message.return_progress and message.stream:
+            self._progress[internal_id] = (identity, message.id, -1)
         return sink
+
+    def send_progress(self) -> None:
+        """Send the Progress each request with ``return_progress`` has due (see the module docstring)."""
+        for internal_id in list(self._progress):
+            self._report_progress(internal_id)
+
+    def _report_progress(self, internal_id: str) -> None:
+        identity, client_id, reported = self._progress[internal_id]
+        state = self._states(internal_id)
+        if state is None or state.seq is None:
+            return  # not admitted yet: its prefill has not started
+        seq = state.seq
+        total, cache = len(state.request.prompt), min(seq.cached_tokens, len(state.request.prompt))
+        processed = min(max(seq.kv.written, cache), total)
+        started = state.timings.prefill_started
+        time_ms = (time.perf_counter() - started) * 1000.0 if started is not None else 0.0
+        if reported < 0:  # the prefill's start: only the cached tokens are there
+            self._send(identity, Progress(id=client_id, total=total, cache=cache, processed=cache, time_ms=0.0))
+            reported = cache
+        if processed > reported:
+            self._send(identity, Progress(id=client_id, total=total, cache=cache, processed=processed, time_ms=time_ms))
+            reported = processed
+        if reported >= total:
+            self._progress.pop(internal_id, None)
+        else:
+            self._progress[internal_id] = (identity, client_id, reported)
 
     def discard(self, internal_id: str) -> None:
         """Forget a request that never ran (the scheduler refused it)."""
         self._routes.pop(internal_id, None)
+        self._progress.pop(internal_id, None)
         self._keeping.pop(internal_id, None)
 
     def send_due(self, now: float) -> None:

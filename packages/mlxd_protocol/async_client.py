@@ -57,6 +57,7 @@ from .messages import (
     Hello,
     Message,
     Ok,
+    Progress,
     Shutdown,
     Status,
     StatusRequest,
@@ -433,14 +434,15 @@ class AsyncClient:
             )
         )
 
-    async def generate(self, request: Generate) -> AsyncGenerator[Chunk | Done, None]:
+    async def generate(self, request: Generate) -> AsyncGenerator[Chunk | Progress | Done, None]:
         """Send a Generate and iterate over its replies.
 
         Args:
             request: The generation request (its id is what replies are matched on).
 
         Yields:
-            Each Chunk, then the Done (with ``stream=False``, only the Done).
+            Each Chunk (and Progress, with ``return_progress``), then the Done (with ``stream=False``, only
+            the Done).
 
         Raises:
             ProtocolError: The request is invalid (nothing is sent).
@@ -455,7 +457,7 @@ class AsyncClient:
             in_flight = True
             while True:
                 reply = await self._next_reply(waiter, self.timeout_s)
-                if isinstance(reply, Chunk):
+                if isinstance(reply, (Chunk, Progress)):
                     yield reply
                     continue
                 in_flight = False  # a Done or an Error both end the request on the daemon's side

@@ -47,6 +47,7 @@ from .messages import (
     Hello,
     Message,
     Ok,
+    Progress,
     Shutdown,
     Status,
     StatusRequest,
@@ -448,7 +449,7 @@ class Client:
         """
         return TickSubscription(self._context, trace_endpoint(self.endpoint), idle_timeout_s, self.auth_token)
 
-    def generate(self, request: Generate) -> Iterator[Chunk | Done]:
+    def generate(self, request: Generate) -> Iterator[Chunk | Progress | Done]:
         """Send a Generate and iterate over its replies.
 
         Args:
@@ -465,12 +466,12 @@ class Client:
         self._send(request)
         return self._stream(request.id)
 
-    def _stream(self, request_id: str) -> Iterator[Chunk | Done]:
+    def _stream(self, request_id: str) -> Iterator[Chunk | Progress | Done]:
         finished = False
         try:
             while True:
                 reply = self._receive(request_id, self.timeout_s)
-                if isinstance(reply, Chunk):
+                if isinstance(reply, (Chunk, Progress)):
                     yield reply
                     continue
                 finished = True  # a Done or an Error both end the request on the daemon's side

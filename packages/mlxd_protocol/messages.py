@@ -292,6 +292,8 @@ class Generate(Message):
     # messages only: extra variables for the chat template (vLLM's and llama-server's name), e.g.
     # {"enable_thinking": false}; they override the daemon's --reasoning default
     chat_template_kwargs: dict | None = None
+    # streaming only: Progress replies while the prompt is prefilled (llama-server's return_progress)
+    return_progress: bool = False
 
     def validate(self) -> None:
         _exactly_one(self, ("prompt", "prompt_tokens", "messages"))
@@ -299,6 +301,7 @@ class Generate(Message):
             self.draft_key is None or 0 < len(self.draft_key) <= MAX_DRAFT_KEY_CHARS,
             f"draft_key: 1 to {MAX_DRAFT_KEY_CHARS} characters, or nil",
         )
+        _require(not self.return_progress or self.stream, "return_progress: needs stream")
         _check_template_kwargs(self.chat_template_kwargs, self.messages)
         _require(not self.continue_final_message or bool(self.messages), "continue_final_message: needs messages")
         _require(
@@ -469,6 +472,23 @@ class Chunk(Message):
 
 
 @dataclass(slots=True)
+class Progress(Message):
+    """How far the prefill of a streaming Generate with ``return_progress`` is: one before its first prompt
+    chunk (``processed`` = ``cache``), one after each chunk, the last with ``processed`` = ``total``; all before
+    the first Chunk."""
+
+    TYPE: ClassVar[str] = "progress"
+    id: str
+    total: int  # prompt tokens
+    cache: int  # of them, taken from the prefix cache
+    processed: int  # of them, in the KV storage now (the cached ones included)
+    time_ms: float  # since the prefill started
+
+    def validate(self) -> None:
+        _require(0 <= self.cache <= self.processed <= self.total, "progress: needs 0 <= cache <= processed <= total")
+
+
+@dataclass(slots=True)
 class Done(Message):
     """The end of a Generate: why it stopped, the whole output (text and tokens), usage and timings."""
 
@@ -594,7 +614,17 @@ REQUEST_TYPES: tuple[type[Message], ...] = (
     Embed,
     Shutdown,
 )
-REPLY_TYPES: tuple[type[Message], ...] = (Status, Chunk, Done, Error, TokenizeResult, DetokenizeResult, EmbedResult, Ok)
+REPLY_TYPES: tuple[type[Message], ...] = (
+    Status,
+    Chunk,
+    Progress,
+    Done,
+    Error,
+    TokenizeResult,
+    DetokenizeResult,
+    EmbedResult,
+    Ok,
+)
 TRACE_TYPES: tuple[type[Message], ...] = (Tick,)
 # The registry decode dispatches on: wire "type" string -> message class.
 MESSAGE_TYPES: dict[str, type[Message]] = {cls.TYPE: cls for cls in REQUEST_TYPES + REPLY_TYPES + TRACE_TYPES}

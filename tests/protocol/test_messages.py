@@ -27,6 +27,7 @@ from mlxd_protocol import (
     Hello,
     Message,
     Ok,
+    Progress,
     ProtocolError,
     Sampling,
     Shutdown,
@@ -41,7 +42,7 @@ from mlxd_protocol import (
     encode,
     error_reply,
 )
-from mlxd_protocol.field_checks import MAX_LIST_ITEMS
+from mlxd_protocol.field_checks import MAX_LIST_ITEMS, FieldError
 
 FULL_GENERATE = Generate(
     id="gen-1",
@@ -96,6 +97,7 @@ ONE_OF_EACH: list[Message] = [
         id="s",
     ),
     Chunk(id="gen-1", tokens=[10, 11], text="ab", logprobs=[{"token": 10, "logprob": -0.1}]),
+    Progress(id="gen-1", total=100, cache=20, processed=52, time_ms=3.5),
     Done(
         id="gen-1",
         finish_reason="length",
@@ -308,3 +310,11 @@ def test_messages_is_plain_data_the_codec_imports_and_the_package_never_imports_
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_progress_and_return_progress_rules():
+    with pytest.raises(FieldError, match="progress"):
+        Progress(id="g", total=10, cache=5, processed=4, time_ms=0.0).validate()
+    with pytest.raises(FieldError, match="return_progress"):
+        Generate(id="g", prompt="hi", stream=False, return_progress=True).validate()
+    Generate(id="g", prompt="hi", return_progress=True).validate()

@@ -347,3 +347,62 @@ def test_openai_endpoints_take_n_predict_and_default_to_n_predict(llama_gateway)
     assert llama_gateway.client.post("/v1/chat/completions", json=chat).json()["usage"]["completion_tokens"] <= 3
     refused = llama_gateway.client.post("/v1/completions", json={**body, "n_predict": 0})
     assert refused.status_code == 400 and "n_predict" in refused.text
+
+
+@pytest.fixture(scope="module")
+def chunked_gateway():
+    """A daemon prefilling 32 prompt tokens per turn (llama-server's -b 32), behind a gateway."""
+    if not STORIES.is_dir():
+        pytest.skip(f"{STORIES} is not present")
+    endpoint = private_endpoint("p")
+    process = start_daemon(
+        endpoint,
+        "-m",
+        str(STORIES),
+        "--max-batch",
+        "1",
+        "--max-kv-size",
+        "256",
+        "--prefill-chunk",
+        "32",
+        "--chat-template",
+        "chatml",
+        "--stream-interval-ms",
+        "0",
+        "--prefix-cache-bytes",
+        str(64 * 1024 * 1024),
+    )
+    gateway = Gateway([endpoint])
+    yield gateway
+    gateway.stop()
+    stop_daemon(process, endpoint)
+
+
+def test_return_progress_streams_the_prefill_chunks(chunked_gateway):
+    chat = {"messages": [{"role": "user", "content": "This is a test " * 10}], "max_tokens": 3, "stream": True}
+    with chunked_gateway.client.stream("POST", "/v1/chat/completions", json={**chat, "return_progress": True}) as reply:
+        events = [event for event in sse_events(reply.iter_lines()) if event != "[DONE]"]
+    progress = [event["prompt_progress"] for event in events if "prompt_progress" in event]
+    first_token = next(
+        i for i, event in enumerate(events) if event["choices"] and event["choices"][0]["delta"].get("content")
+    )
+    assert progress and all("prompt_progress" not in event for event in events[first_token:])
+    total = progress[0]["total"]
+    assert progress[0]["processed"] == progress[0]["cache"] == 0 and progress[-1]["processed"] == total
+    assert [p["processed"] for p in progress] == [min(n, total) for n in range(0, total + 31, 32)]
+    # again: the prompt (all but its last token) comes from the prefix cache
+    with chunked_gateway.client.stream("POST", "/chat/completions", json={**chat, "return_progress": True}) as reply:
+        again = [
+            e["prompt_progress"] for e in sse_events(reply.iter_lines()) if e != "[DONE]" and "prompt_progress" in e
+        ]
+    assert len(again) == 2 and again[0]["cache"] == again[0]["processed"] > 0 and again[1]["processed"] == total
+    with chunked_gateway.client.stream(
+        "POST",
+        "/completion",
+        json={"prompt": "Once upon a time " * 12, "n_predict": 2, "stream": True, "return_progress": True},
+    ) as reply:
+        native = [event for event in sse_events(reply.iter_lines()) if "prompt_progress" in event]
+    assert len(native) >= 3 and native[-1]["prompt_progress"]["processed"] == native[-1]["prompt_progress"]["total"]
+    for path, body in (("/v1/chat/completions", {**chat, "stream": False}), ("/completion", {"prompt": "x"})):
+        refused = chunked_gateway.client.post(path, json={**body, "return_progress": True})
+        assert refused.status_code == 400 and "return_progress" in refused.text

@@ -27,7 +27,9 @@ Contract:
     * Streaming sends one event per daemon chunk (one token each when the daemon streams every token:
       ``mlxd --stream-interval-ms 0``) with content, tokens, stop false and, with ``n_probs``, that chunk's
       ``completion_probabilities``; then the full answer with empty content and tokens, stop true (no
-      ``[DONE]``, as llama-server).
+      ``[DONE]``, as llama-server). With ``return_progress`` (streams only) events with empty content and
+      ``prompt_progress`` (``total``, ``cache``, ``processed``, ``time_ms``) come first, as the daemon
+      prefills the prompt (one when it starts, one after each ``mlxd --prefill-chunk`` tokens).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from mlxd_protocol import Done, Generate, new_request_id
+from mlxd_protocol import Done, Generate, Progress, new_request_id
 
 from .context import GatewayContext, gateway
 from .daemon_pool import DaemonHandle, DaemonPool, GenerationStream, call_daemon, open_generation
@@ -168,6 +170,7 @@ def request_builder(body: LlamaCompletionBody, fields: dict, n_predict: int):
             ignore_eos=body.ignore_eos,
             constraint=body.constraint(),
             cache_prompt=body.cache_prompt,
+            return_progress=body.return_progress,
         )
 
     return make_request
@@ -447,6 +450,11 @@ def _completion_events(
     output = StreamedOutput()
 
     async def events_for(reply) -> AsyncIterator[bytes]:
+        if isinstance(reply, Progress):
+            progress = {"total": reply.total, "cache": reply.cache, "processed": reply.processed}
+            event = {"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": -1}
+            yield sse_event(json.dumps({**event, "prompt_progress": {**progress, "time_ms": reply.time_ms}}))
+            return
         text, tokens = output.add(reply)
         if isinstance(reply, Done):
             if text or tokens:

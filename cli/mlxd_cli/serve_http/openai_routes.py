@@ -36,6 +36,9 @@ Contract:
       they come back as ``message.tool_calls`` (content null when there is none), streamed as one
       ``delta.tool_calls`` chunk before the finish chunk. A model without tool calling gets a 400, except
       for ``tool_choice: "none"``, which no call can follow (the tools are then not offered).
+    * ``return_progress: true`` (llama-server's; streams only) sends a chunk with no choices and
+      ``prompt_progress`` (``total``, ``cache``, ``processed``, ``time_ms``) when the prefill starts and after
+      each prompt chunk the daemon prefills (``mlxd --prefill-chunk`` tokens), before the first token.
     * ``verbose: true`` (llama-server's; default: the gateway's ``--verbose-replies``) adds ``__verbose``,
       llama-server's native answer of the (first) choice (``llama_completion.native_answer``: the prompt's
       tokens as text, which for chat is the rendered template, generation_settings, stop_type, ...); a
@@ -54,7 +57,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from mlxd_protocol import Done, Generate, new_request_id
+from mlxd_protocol import Done, Generate, Progress, new_request_id
 
 from .choice_streams import ChoiceStreams, collect_choices, open_choices
 from .context import gateway
@@ -203,6 +206,7 @@ def request_builder(
             constraint=constraint,
             cache_prompt=body.cache_prompt,
             prediction=body.prediction_text(),
+            return_progress=body.return_progress,
             **(tool_fields or {}),
         )
 
@@ -395,6 +399,16 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, respon
     )
 
 
+def progress_of(progress: Progress) -> dict:
+    """llama-server's ``prompt_progress``: prompt tokens in all, from the cache, processed (those included)."""
+    return {
+        "total": progress.total,
+        "cache": progress.cache,
+        "processed": progress.processed,
+        "time_ms": progress.time_ms,
+    }
+
+
 def tool_calls_of(done: Done) -> list[ToolCallOut] | None:
     """OpenAI's tool_calls from the daemon's parsed calls (None when the model called no tool)."""
     if not done.tool_calls:
@@ -433,6 +447,9 @@ def _chat_events(
 
     async def events_for(indexed_reply) -> AsyncIterator[bytes]:
         index, reply = indexed_reply
+        if isinstance(reply, Progress):
+            yield event([], prompt_progress=progress_of(reply))
+            return
         text, _ = outputs[index].add(reply)
         entries = getattr(reply, "logprobs", None) or []
         if text or entries:
@@ -567,6 +584,9 @@ def _completion_events(
 
     async def events_for(indexed_reply) -> AsyncIterator[bytes]:
         index, reply = indexed_reply
+        if isinstance(reply, Progress):
+            yield event([], prompt_progress=progress_of(reply))
+            return
         offset = len(outputs[index].text)
         text, _ = outputs[index].add(reply)
         entries = getattr(reply, "logprobs", None) or []

@@ -2,7 +2,7 @@
 
 Contract:
     * A field that OpenAI or llama-server define and mlxd does not implement (``audio``, ``modalities``
-      with audio, llama-server's ``mirostat`` > 0, ``return_progress``, ...) is refused with a
+      with audio, llama-server's ``mirostat`` > 0, ``timings_per_token``, ...) is refused with a
       400 naming the field, unless the client sent it at its neutral value (the one that changes nothing:
       ``"mirostat": 0``, ``"typical_p": 1.0``); many llama-server clients send every sampler field at
       its default, and those must keep working.
@@ -58,7 +58,6 @@ OPENAI_UNIMPLEMENTED: dict[str, tuple[Neutral, str]] = {
     "web_search_options": (_is_none, "web search is not supported"),
     "reasoning_effort": (_is_none, "reasoning effort is not supported"),
     "verbosity": (_is_none, "verbosity is not supported"),
-    "return_progress": (_equals(False), "prompt progress events (llama-server's return_progress) are not supported"),
     "store": (_equals(False), "stored completions are not supported"),
     "functions": (_empty, "the deprecated 'functions' are not supported: use 'tools'"),
     "function_call": (_equals("none"), "the deprecated 'function_call' is not supported: use 'tool_choice'"),
@@ -82,7 +81,6 @@ LLAMA_UNIMPLEMENTED: dict[str, tuple[Neutral, str]] = {
     "samplers": (_is_none, "a custom sampler order is not supported"),
     "n_cmpl": (_equals(1), "only one completion per request is supported"),
     "n": (_equals(1), "only one completion per request is supported"),
-    "return_progress": (_equals(False), "prompt progress events (return_progress) are not supported"),
     "timings_per_token": (_equals(False), "per-token timings are not supported: timings come with the last event"),
     "input_prefix": (_empty, "infill is not supported"),
     "input_suffix": (_empty, "infill is not supported"),

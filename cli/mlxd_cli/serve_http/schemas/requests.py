@@ -211,9 +211,18 @@ class OpenAIGenerationFields(RequestBody):
     verbose: bool | None = None
     # llama-server's name for the token limit on every endpoint (-1: until end of sequence); it wins
     n_predict: int | None = Field(None, ge=-1, le=MAX_TOKENS_LIMIT)
+    # llama-server's: a stream sends prompt_progress chunks while the prompt is prefilled
+    return_progress: bool = False
 
     def prediction_text(self) -> str | None:
         return None if self.prediction is None else self.prediction.text()
+
+    @field_validator("return_progress")
+    @classmethod
+    def _progress_is_streamed(cls, return_progress: bool, info: ValidationInfo) -> bool:
+        if return_progress and not info.data.get("stream"):
+            raise ValueError("prompt progress is sent in a stream: needs stream: true")
+        return return_progress
 
     @field_validator("n_predict")
     @classmethod

@@ -95,6 +95,7 @@ class ChatCompletionChunk(BaseModel):
     choices: list[ChatChunkChoice]
     usage: Usage | None = Field(None, exclude_if=_exclude_none)
     timings: dict | None = Field(None, exclude_if=_exclude_none)
+    prompt_progress: dict | None = Field(None, exclude_if=_exclude_none)  # llama-server's return_progress
     verbose_debug: dict | None = Field(None, alias="__verbose", exclude_if=_exclude_none)  # llama-server's debug object
 
 
@@ -118,6 +119,7 @@ class Completion(BaseModel):
     choices: list[CompletionChoice]
     usage: Usage | None = Field(None, exclude_if=_exclude_none)
     timings: dict | None = Field(None, exclude_if=_exclude_none)
+    prompt_progress: dict | None = Field(None, exclude_if=_exclude_none)  # llama-server's return_progress
     verbose_debug: dict | None = Field(None, alias="__verbose", exclude_if=_exclude_none)  # llama-server's debug object
 
 
