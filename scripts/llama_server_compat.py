@@ -23,7 +23,7 @@ Mapped flags: --host (comma-separated: several addresses), --port, --model/-m, -
 any origin, echoed back, credentials allowed), --chat-template, --chat-template-file, --metrics,
 --slots/--no-slots, --ui/--no-ui (and --webui/--no-webui: mlx-serve-http's home page at /, not a chat
 UI), --pooling, --reasoning on|off|auto, --spec-type ngram-* (prompt lookup), --cache-ram MiB (mlxd
---prefix-cache-bytes), --verbose (debug logs, and mlx-serve-http --verbose-replies: llama-server's
+--prefix-cache-bytes; llama-server's 8192 MiB when not given), --verbose (debug logs, and mlx-serve-http --verbose-replies: llama-server's
 ``__verbose`` object on every OpenAI-style reply).
 
 Ignored, because they mean nothing on an MLX server (``IGNORED_FLAGS``): --n-gpu-layers/-ngl and
@@ -138,6 +138,7 @@ SWITCH_FLAGS = {
 # llama-server's CORS defaults (its common_params): mlx-serve-http's own are stricter (no CORS at all).
 LLAMA_CORS = {"--cors-origins": "*", "--cors-methods": "GET, POST, DELETE, OPTIONS", "--cors-headers": "*"}
 LLAMA_DEFAULT_PARALLEL = 4  # llama-server's slot count when -np is not given
+LLAMA_DEFAULT_CACHE_RAM_MIB = 8192  # llama-server's --cache-ram default (its prompt cache's bound)
 
 
 class UsageError(Exception):
@@ -271,9 +272,8 @@ def daemon_command(args: LlamaArgs, model: Path, endpoint: str) -> list[str]:
             command += [option, values[flag]]
     if "--chat-template" not in values and "--chat-template-file" not in values and not has_chat_template(model):
         command += ["--chat-template", "chatml"]  # llama-server's fallback for a model without one
-    if "--cache-ram" in values:
-        mib = int(values["--cache-ram"])
-        command += ["--prefix-cache-bytes", str(max(mib, 0) * 1024 * 1024)]  # -1 (no limit): not expressible
+    mib = int(values.get("--cache-ram", LLAMA_DEFAULT_CACHE_RAM_MIB))
+    command += ["--prefix-cache-bytes", str(max(mib, 0) * 1024 * 1024)]  # -1 (no limit): not expressible
     spec = values.get("--spec-type")
     if spec is not None:
         if not spec.startswith("ngram"):
