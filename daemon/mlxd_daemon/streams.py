@@ -13,7 +13,8 @@ A streaming Generate with ``return_progress`` gets Progress replies while its pr
 (``states``: internal id -> its ``RequestState``, or None before it is admitted) and sends one Progress when
 the prefill starts (``processed`` = the cached tokens), then one whenever more of the prompt is in the KV
 storage, the last with the whole prompt; the first token event of the request sends what is still due
-first, so every Progress comes before the first Chunk.
+first, so every Progress comes before the first Chunk. A streaming Generate with ``timings_per_token`` gets
+its timings so far on every Chunk (as the Done's: ``Timings.report`` when the chunk leaves).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mlxd_protocol import Generate, Message, Progress
+from mlxd_protocol import Chunk, Generate, Message, Progress
 from mlxd_scheduler import Event, TokenEvent
 
 from .chunking import ChunkBuffer
@@ -40,6 +41,7 @@ class ReplyStreams:
         # internal request id -> (identity, client's id, the processed count last reported, or -1) for
         # requests with return_progress whose prefill has not been reported whole yet
         self._progress: dict[str, tuple[bytes, str, int]] = {}
+        self._timed: set[str] = set()  # internal ids of requests with timings_per_token
         self._routes: dict[str, str] = {}  # internal request id -> client's id
         # internal request id -> (identity, ChunkBuffer) for buffers keeping tokens (and only those)
         self._keeping: dict[str, tuple[bytes, ChunkBuffer]] = {}
@@ -75,17 +77,28 @@ class ReplyStreams:
                     self._keeping[internal_id] = (identity, chunks)
                 else:  # ready holds whatever was kept: the buffer keeps nothing now
                     self._keeping.pop(internal_id, None)
-                    self._send(identity, ready)
+                    self._send(identity, self._timed_chunk(internal_id, ready))
                 return
             if internal_id in self._keeping:
                 self._send_kept(internal_id)  # the last tokens go before the Done (or Error)
             self._send(identity, to_reply(event, message.id, message.stream, splitter))
             self._routes.pop(internal_id, None)
+            self._timed.discard(internal_id)
 
         self._routes[internal_id] = message.id
         if message.return_progress and message.stream:
             self._progress[internal_id] = (identity, message.id, -1)
+        if message.timings_per_token and message.stream:
+            self._timed.add(internal_id)
         return sink
+
+    def _timed_chunk(self, internal_id: str, chunk: Chunk) -> Chunk:
+        """``chunk`` with the request's timings so far, when it asked for them (and the scheduler has it)."""
+        state = self._states(internal_id) if internal_id in self._timed else None
+        if state is not None and state.seq is not None:
+            prompt_n, cached = len(state.request.prompt), state.seq.cached_tokens
+            chunk.timings = state.timings.report(prompt_n - cached, state.emitted, cached)
+        return chunk
 
     def send_progress(self) -> None:
         """Send the Progress each request with ``return_progress`` has due (see the module docstring)."""
@@ -117,6 +130,7 @@ class ReplyStreams:
         """Forget a request that never ran (the scheduler refused it)."""
         self._routes.pop(internal_id, None)
         self._progress.pop(internal_id, None)
+        self._timed.discard(internal_id)
         self._keeping.pop(internal_id, None)
 
     def send_due(self, now: float) -> None:
@@ -129,4 +143,4 @@ class ReplyStreams:
         identity, chunks = self._keeping.pop(internal_id)
         chunk = chunks.take(time.monotonic())
         assert chunk is not None  # a buffer in _keeping keeps tokens
-        self._send(identity, chunk)
+        self._send(identity, self._timed_chunk(internal_id, chunk))

@@ -294,6 +294,8 @@ class Generate(Message):
     chat_template_kwargs: dict | None = None
     # streaming only: Progress replies while the prompt is prefilled (llama-server's return_progress)
     return_progress: bool = False
+    # streaming only: every Chunk carries the request's timings so far (llama-server's timings_per_token)
+    timings_per_token: bool = False
 
     def validate(self) -> None:
         _exactly_one(self, ("prompt", "prompt_tokens", "messages"))
@@ -302,6 +304,7 @@ class Generate(Message):
             f"draft_key: 1 to {MAX_DRAFT_KEY_CHARS} characters, or nil",
         )
         _require(not self.return_progress or self.stream, "return_progress: needs stream")
+        _require(not self.timings_per_token or self.stream, "timings_per_token: needs stream")
         _check_template_kwargs(self.chat_template_kwargs, self.messages)
         _require(not self.continue_final_message or bool(self.messages), "continue_final_message: needs messages")
         _require(
@@ -469,6 +472,7 @@ class Chunk(Message):
     tokens: list[int]
     text: str
     logprobs: list | None = None
+    timings: dict | None = None  # a Generate with timings_per_token: its timings so far (as Done.timings)
 
 
 @dataclass(slots=True)

@@ -406,3 +406,18 @@ def test_return_progress_streams_the_prefill_chunks(chunked_gateway):
     for path, body in (("/v1/chat/completions", {**chat, "stream": False}), ("/completion", {"prompt": "x"})):
         refused = chunked_gateway.client.post(path, json={**body, "return_progress": True})
         assert refused.status_code == 400 and "return_progress" in refused.text
+
+
+def test_timings_per_token_on_every_streamed_event(chunked_gateway):
+    body = {"prompt": "The little dog ran " * 12, "n_predict": 3, "stream": True, "timings_per_token": True}
+    with chunked_gateway.client.stream("POST", "/completion", json={**body, "return_progress": True}) as reply:
+        events = list(sse_events(reply.iter_lines()))
+    progress = [event for event in events if "prompt_progress" in event]
+    tokens = [event for event in events if event["tokens"]]
+    assert progress[0]["timings"]["prompt_n"] == 0 and progress[0]["timings"]["prompt_ms"] == 0.0
+    last = progress[-1]["prompt_progress"]
+    assert progress[-1]["timings"]["prompt_n"] == last["total"] - last["cache"] and len(progress) >= 3
+    assert all(event["timings"]["predicted_n"] == 0 for event in progress)
+    sent = [sum(len(event["tokens"]) for event in tokens[: i + 1]) for i in range(len(tokens))]
+    assert [event["timings"]["predicted_n"] for event in tokens] == sent  # the tokens so far
+    assert events[-1]["stop"] is True and events[-1]["timings"]["predicted_n"] == 3

@@ -29,7 +29,9 @@ Contract:
       ``completion_probabilities``; then the full answer with empty content and tokens, stop true (no
       ``[DONE]``, as llama-server). With ``return_progress`` (streams only) events with empty content and
       ``prompt_progress`` (``total``, ``cache``, ``processed``, ``time_ms``) come first, as the daemon
-      prefills the prompt (one when it starts, one after each ``mlxd --prefill-chunk`` tokens).
+      prefills the prompt (one when it starts, one after each ``mlxd --prefill-chunk`` tokens). With
+      ``timings_per_token`` every streamed event carries ``timings`` so far (the daemon's, on each chunk; of
+      the prefill, on a progress event).
 """
 
 from __future__ import annotations
@@ -171,6 +173,7 @@ def request_builder(body: LlamaCompletionBody, fields: dict, n_predict: int):
             constraint=body.constraint(),
             cache_prompt=body.cache_prompt,
             return_progress=body.return_progress,
+            timings_per_token=body.timings_per_token and body.stream,
         )
 
     return make_request
@@ -293,6 +296,23 @@ def per_token_events(text: str, tokens: list[int], probs: list[dict]) -> list[tu
         if joined == text:
             return [(piece, [token], [entry]) for piece, token, entry in zip(pieces, tokens, probs, strict=True)]
     return [(text, tokens, probs)]
+
+
+def prefill_timings(progress: Progress) -> dict:
+    """llama-server's timings of a prompt-progress event: the prompt tokens prefilled so far (the cached
+    ones apart) in the time the prefill has taken; nothing predicted yet."""
+    prompt_n, prompt_ms = progress.processed - progress.cache, progress.time_ms
+    return {
+        "cache_n": progress.cache,
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+        "prompt_per_second": 1e3 / prompt_ms * prompt_n if prompt_ms > 0 else 0.0,
+        "predicted_n": 0,
+        "predicted_ms": 0.0,
+        "predicted_per_token_ms": 0.0,
+        "predicted_per_second": 0.0,
+    }
 
 
 def pick_fields(answer: dict, names: list[str]) -> dict:
@@ -453,6 +473,8 @@ def _completion_events(
         if isinstance(reply, Progress):
             progress = {"total": reply.total, "cache": reply.cache, "processed": reply.processed}
             event = {"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": -1}
+            if body.timings_per_token:
+                event["timings"] = prefill_timings(reply)
             yield sse_event(json.dumps({**event, "prompt_progress": {**progress, "time_ms": reply.time_ms}}))
             return
         text, tokens = output.add(reply)
@@ -470,12 +492,14 @@ def _completion_events(
             return
         if not (text or tokens):
             return
+        timed = {"timings": reply.timings} if reply.timings else {}
         if body.n_probs and reply.logprobs:
             probs = await probabilities(gateway(request), reply.logprobs, body.post_sampling_probs)
             for piece, token_ids, token_probs in per_token_events(text, tokens, probs):
-                event = {"index": 0, "content": piece, "tokens": token_ids, "stop": False, "id_slot": -1}
+                event = {"index": 0, "content": piece, "tokens": token_ids, "stop": False, "id_slot": -1, **timed}
                 yield sse_event(json.dumps({**event, "completion_probabilities": token_probs}))
             return
-        yield sse_event(json.dumps({"index": 0, "content": text, "tokens": tokens, "stop": False, "id_slot": -1}))
+        event = {"index": 0, "content": text, "tokens": tokens, "stop": False, "id_slot": -1, **timed}
+        yield sse_event(json.dumps(event))
 
     return sse_body(stream, request, events_for)

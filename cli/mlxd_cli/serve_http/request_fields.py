@@ -2,7 +2,7 @@
 
 Contract:
     * A field that OpenAI or llama-server define and mlxd does not implement (``audio``, ``modalities``
-      with audio, llama-server's ``mirostat`` > 0, ``timings_per_token``, ...) is refused with a
+      with audio, llama-server's ``mirostat`` > 0, ``typical_p`` < 1, ...) is refused with a
       400 naming the field, unless the client sent it at its neutral value (the one that changes nothing:
       ``"mirostat": 0``, ``"typical_p": 1.0``); many llama-server clients send every sampler field at
       its default, and those must keep working.
@@ -81,7 +81,6 @@ LLAMA_UNIMPLEMENTED: dict[str, tuple[Neutral, str]] = {
     "samplers": (_is_none, "a custom sampler order is not supported"),
     "n_cmpl": (_equals(1), "only one completion per request is supported"),
     "n": (_equals(1), "only one completion per request is supported"),
-    "timings_per_token": (_equals(False), "per-token timings are not supported: timings come with the last event"),
     "input_prefix": (_empty, "infill is not supported"),
     "input_suffix": (_empty, "infill is not supported"),
     "t_max_predict_ms": (_equals(0), "t_max_predict_ms is not supported"),

@@ -92,6 +92,7 @@ class LlamaCompletionBody(LlamaCompletionRequest):
     # the n_probs describe the distribution the sampler draws from (after top_k, top_p, min_p, temperature)
     post_sampling_probs: bool = False
     return_progress: bool = False  # a stream sends prompt_progress events while the prompt is prefilled
+    timings_per_token: bool = False  # every streamed event carries the timings so far (the answer always has them)
     return_tokens: bool = False
     response_fields: list[str] | None = Field(None, max_length=MAX_RESPONSE_FIELDS)
     logit_bias: list[Any] | dict[str, Any] | None = None
