@@ -23,8 +23,8 @@ Mapped flags: --host (comma-separated: several addresses), --port, --model/-m, -
 any origin, echoed back, credentials allowed), --chat-template, --chat-template-file, --metrics,
 --slots/--no-slots, --ui/--no-ui (and --webui/--no-webui: mlx-serve-http's home page at /, not a chat
 UI), --pooling, --reasoning on|off|auto, --spec-type ngram-* (prompt lookup), --cache-ram MiB (mlxd
---prefix-cache-bytes; llama-server's 8192 MiB when not given), --verbose (debug logs, and mlx-serve-http --verbose-replies: llama-server's
-``__verbose`` object on every OpenAI-style reply).
+--prefix-cache-bytes; llama-server's 8192 MiB when not given), --verbose (debug logs, and mlx-serve-http
+--verbose-replies: llama-server's ``__verbose`` object on every OpenAI-style reply).
 
 Ignored, because they mean nothing on an MLX server (``IGNORED_FLAGS``): --n-gpu-layers/-ngl and
 --threads/-t (MLX uses one device, and mlxd measures its own thread count), --ubatch-size/-ub (no

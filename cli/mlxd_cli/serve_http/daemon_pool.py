@@ -45,6 +45,7 @@ from mlxd_protocol import (
     DaemonTimeout,
     Done,
     Generate,
+    Progress,
     ProtocolError,
     Status,
 )
@@ -94,15 +95,15 @@ class GenerationStream:
     """A generation in flight on one daemon: an async iterator of its first reply, then the rest."""
 
     handle: DaemonHandle
-    first: Chunk | Done
-    replies: AsyncGenerator[Chunk | Done, None]
+    first: Chunk | Progress | Done
+    replies: AsyncGenerator[Chunk | Progress | Done, None]
     _first_taken: bool = field(default=False, repr=False)
     _closed: bool = field(default=False, repr=False)
 
     def __aiter__(self) -> GenerationStream:
         return self
 
-    async def __anext__(self) -> Chunk | Done:
+    async def __anext__(self) -> Chunk | Progress | Done:
         # A plain iterator, not an async generator: no extra generator frame is left suspended
         # when the consumer goes away, so aclose() reaches the protocol client directly.
         if not self._first_taken:
@@ -324,7 +325,9 @@ class DaemonPool:
                 raise
             return GenerationStream(handle, first, replies)
 
-    async def _first_reply(self, handle: DaemonHandle, replies: AsyncIterator, tried: set[str]) -> Chunk | Done:
+    async def _first_reply(
+        self, handle: DaemonHandle, replies: AsyncIterator, tried: set[str]
+    ) -> Chunk | Progress | Done:
         """The first reply, unless the daemon goes down first while another one is up."""
         reply_task = asyncio.ensure_future(anext(replies))
         try:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
-from mlxd_protocol import INTERNAL, Chunk, DaemonError, DaemonTimeout, Done
+from mlxd_protocol import INTERNAL, Chunk, DaemonError, DaemonTimeout, Done, Progress
 
 from .daemon_pool import GenerationStream
 from .errors import ApiError, from_daemon_failure
@@ -50,7 +50,7 @@ class ClosingStreamingResponse(StreamingResponse):
 async def sse_body(
     stream: GenerationStream,
     request: Request,
-    events_for: Callable[[Chunk | Done], AsyncIterator[bytes]],
+    events_for: Callable[[Chunk | Progress | Done], AsyncIterator[bytes]],
     opening: bytes | None = None,
     error_event: Callable[[ApiError], bytes] | None = None,
 ) -> AsyncIterator[bytes]:
@@ -161,6 +161,8 @@ async def collect_generation(stream: GenerationStream, request: Request) -> Coll
     logprobs: list[dict] = []
     try:
         async for reply in stream:
+            if isinstance(reply, Progress):
+                continue  # asked for by streams only
             output.add(reply)
             if isinstance(reply, Done):
                 return CollectedGeneration(output.text, output.tokens, logprobs, reply)
