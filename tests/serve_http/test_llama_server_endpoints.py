@@ -421,3 +421,19 @@ def test_timings_per_token_on_every_streamed_event(chunked_gateway):
     sent = [sum(len(event["tokens"]) for event in tokens[: i + 1]) for i in range(len(tokens))]
     assert [event["timings"]["predicted_n"] for event in tokens] == sent  # the tokens so far
     assert events[-1]["stop"] is True and events[-1]["timings"]["predicted_n"] == 3
+
+
+def test_timings_per_token_on_openai_streams(llama_gateway):
+    chat = {"messages": [{"role": "user", "content": "Once upon a time"}], "max_tokens": 4, "stream": True}
+    with llama_gateway.client.stream("POST", "/v1/chat/completions", json={**chat, "timings_per_token": True}) as reply:
+        events = [event for event in sse_events(reply.iter_lines()) if event != "[DONE]"]
+    content = [event for event in events if event["choices"] and event["choices"][0]["delta"].get("content")]
+    assert content and all(event["timings"]["predicted_n"] >= 1 for event in content)
+    assert [event["timings"]["predicted_n"] for event in content] == sorted(
+        event["timings"]["predicted_n"] for event in content
+    )
+    with llama_gateway.client.stream("POST", "/v1/chat/completions", json=chat) as reply:
+        plain = [event for event in sse_events(reply.iter_lines()) if event != "[DONE]"]
+    assert all(
+        "timings" not in event for event in plain if event["choices"] and event["choices"][0]["delta"].get("content")
+    )

@@ -39,6 +39,8 @@ Contract:
     * ``return_progress: true`` (llama-server's; streams only) sends a chunk with no choices and
       ``prompt_progress`` (``total``, ``cache``, ``processed``, ``time_ms``) when the prefill starts and after
       each prompt chunk the daemon prefills (``mlxd --prefill-chunk`` tokens), before the first token.
+    * ``timings_per_token: true`` (llama-server's) puts the daemon's timings so far on every streamed content
+      chunk (a whole reply, and a stream's finish chunk, always carry them).
     * ``verbose: true`` (llama-server's; default: the gateway's ``--verbose-replies``) adds ``__verbose``,
       llama-server's native answer of the (first) choice (``llama_completion.native_answer``: the prompt's
       tokens as text, which for chat is the rendered template, generation_settings, stop_type, ...); a
@@ -207,6 +209,7 @@ def request_builder(
             cache_prompt=body.cache_prompt,
             prediction=body.prediction_text(),
             return_progress=body.return_progress,
+            timings_per_token=body.timings_per_token and body.stream,
             **(tool_fields or {}),
         )
 
@@ -458,7 +461,10 @@ def _chat_events(
                 if want_logprobs and entries
                 else None
             )
-            yield event([ChatChunkChoice(index=index, delta=ChatDelta(content=text), logprobs=logprobs)])
+            yield event(
+                [ChatChunkChoice(index=index, delta=ChatDelta(content=text), logprobs=logprobs)],
+                timings=getattr(reply, "timings", None) if not isinstance(reply, Done) else None,
+            )
         if isinstance(reply, Done):
             dones[index] = reply
             gateway(request).count_generation(reply)
@@ -596,7 +602,10 @@ def _completion_events(
                 if want_logprobs and entries
                 else None
             )
-            yield event([CompletionChoice(index=index, text=text, logprobs=logprobs)])
+            yield event(
+                [CompletionChoice(index=index, text=text, logprobs=logprobs)],
+                timings=getattr(reply, "timings", None) if not isinstance(reply, Done) else None,
+            )
         if isinstance(reply, Done):
             dones[index] = reply
             gateway(request).count_generation(reply)

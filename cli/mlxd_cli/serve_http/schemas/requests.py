@@ -213,6 +213,8 @@ class OpenAIGenerationFields(RequestBody):
     n_predict: int | None = Field(None, ge=-1, le=MAX_TOKENS_LIMIT)
     # llama-server's: a stream sends prompt_progress chunks while the prompt is prefilled
     return_progress: bool = False
+    # llama-server's: every streamed chunk carries the timings so far (a whole reply always has them)
+    timings_per_token: bool = False
 
     def prediction_text(self) -> str | None:
         return None if self.prediction is None else self.prediction.text()
