@@ -165,9 +165,12 @@ int available_cores() {
 // already claimed, never a fixed share of the work. Workers spin for a short while after a job (the next
 // product of a forward follows within microseconds), then sleep.
 //
-// claim_ holds the job's generation in its high 32 bits and the next unclaimed task in its low 32: a claim
-// is one compare-and-swap that fails once a newer job replaced the one a late worker saw, and a task
-// claimed below tasks_ means the job is still running, so job_ is still its job.
+// claim_ holds, in one word, the job's generation (high 32 bits), its task count (next 16) and the next
+// unclaimed task (low 16): a claim is one compare-and-swap of that word, so a thread decides "a task is
+// left" and takes it on one snapshot. A late thread holding an older word fails its swap once the job has
+// changed, and a task claimed below the count means the job is still running, so job_ is still its job.
+// (With the count kept apart, a thread could read the next job's count beside the old word and "claim" a
+// task that no longer existed, counting it done for the next job while that job's tasks still ran.)
 class Pool {
  public:
   static Pool& instance() {
@@ -186,12 +189,11 @@ class Pool {
     }
     std::lock_guard<std::mutex> one_caller(run_mutex_);
     job_.store(&job, std::memory_order_relaxed);
-    tasks_.store(tasks, std::memory_order_relaxed);
     done_.store(0, std::memory_order_relaxed);
-    const uint64_t generation = (claim_.load(std::memory_order_relaxed) >> 32) + 1;
+    const uint64_t generation = (generation_of(claim_.load(std::memory_order_relaxed)) + 1) & 0xffffffffu;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      claim_.store(generation << 32, std::memory_order_release);
+      claim_.store(generation << 32 | static_cast<uint64_t>(tasks) << 16, std::memory_order_release);
     }
     if (sleepers_.load(std::memory_order_acquire) > 0) wake_.notify_all();
     work_on(generation);
@@ -227,8 +229,8 @@ class Pool {
     for (;;) {
       uint64_t claim = claim_.load(std::memory_order_acquire);
       if (generation_of(claim) != generation) return;
-      const int task = static_cast<int>(claim & 0xffffffffu);
-      if (task >= tasks_.load(std::memory_order_relaxed)) return;
+      const int task = static_cast<int>(claim & 0xffffu);
+      if (task >= static_cast<int>((claim >> 16) & 0xffffu)) return;
       if (!claim_.compare_exchange_weak(claim, claim + 1, std::memory_order_acq_rel)) continue;
       (*job_.load(std::memory_order_relaxed))(task);
       done_.fetch_add(1, std::memory_order_acq_rel);
@@ -261,7 +263,6 @@ class Pool {
   std::mutex run_mutex_, mutex_;
   std::condition_variable wake_;
   std::atomic<uint64_t> claim_{0};
-  std::atomic<int> tasks_{0};
   std::atomic<int> done_{0};
   std::atomic<int> sleepers_{0};
   std::atomic<const std::function<void(int)>*> job_{nullptr};
@@ -272,7 +273,15 @@ int pool_threads() {
 }
 
 void run_tasks(int tasks, const std::function<void(int)>& job) {
-  Pool::instance().run(tasks, job);
+  constexpr int kMostTasks = 0xffff;  // what a job's count field holds
+  for (int first = 0; first < tasks; first += kMostTasks) {
+    const int count = std::min(kMostTasks, tasks - first);
+    if (first == 0 && count == tasks) {
+      Pool::instance().run(tasks, job);
+    } else {
+      Pool::instance().run(count, [&](int task) { job(first + task); });
+    }
+  }
 }
 
 // Columns per task: about kTasksPerThread tasks for each thread, whole tiles of 8 columns, at least
