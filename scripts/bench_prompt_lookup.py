@@ -139,13 +139,19 @@ def main() -> None:
         "cache after the first; copy-uncached: the copies prefilled whole every time; mixed: "
         "half copy, half plain)",
     )
+    parser.add_argument(
+        "--on-args",
+        default="",
+        help="more mlxd options for the daemon with prompt lookup on, e.g. --no-shared-drafts (prompt lookup "
+        "alone, without drafts from earlier requests' outputs)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmark_results" / "prompt_lookup.md")
     args = parser.parse_args()
     model_args = ["-m", args.model or "embedded"]
     daemons = {
         "off": start_daemon(*model_args, "--max-batch", "8"),
         "off, again": start_daemon(*model_args, "--max-batch", "8"),
-        "on": start_daemon(*model_args, "--max-batch", "8", "--draft-kind", "prompt-lookup"),
+        "on": start_daemon(*model_args, "--max-batch", "8", "--draft-kind", "prompt-lookup", *args.on_args.split()),
     }
     cases = [(style, int(c)) for c in args.concurrency.split(",") for style in args.styles.split(",")]
     results: dict = {f"{style} c={c}": {name: [] for name in daemons} for style, c in cases}
