@@ -158,6 +158,9 @@ def test_metrics_page(stories_gateway, stories_openai):
     assert int(samples['mlxd_http_requests_total{endpoint="/v1/completions",status="200"}']) >= 1
     assert int(samples["mlxd_http_generated_tokens_total"]) >= 5
     assert float(samples["mlxd_http_tokens_per_second"]) > 0
+    for kind in ("tokens", "accepted"):  # draft counts by source, as the daemon's status names them
+        for source in ("prompt", "output", "prediction", "shared"):
+            assert f'mlxd_daemon_draft_{kind}_by_source_total{{daemon="0",source="{source}"}}' in samples
 
 
 def test_openapi_is_served(stories_gateway):

@@ -26,6 +26,8 @@ Metric names:
     mlxd_daemon_declined_governor_total{daemon} counter
     mlxd_daemon_declined_cost_total{daemon}    counter
     mlxd_daemon_padded_forwards_total{daemon}  counter
+    mlxd_daemon_draft_tokens_by_source_total{daemon,source}    counter (prompt, output, prediction, shared)
+    mlxd_daemon_draft_accepted_by_source_total{daemon,source}  counter
 
 llama-server's names (``llamacpp:``), from the same generations (``LlamaTotals``) and the daemons' Status:
     llamacpp:prompt_tokens_total, prompt_tokens_cached_total, prompt_seconds_total, tokens_predicted_total,
@@ -240,6 +242,18 @@ class GatewayMetrics:
                 f"daemon total {key} since it started",
                 [(labels[endpoint], status.totals.get(key, 0)) for endpoint, status in answered],
             )
+        for kind in ("tokens", "accepted"):
+            _family(
+                lines,
+                f"mlxd_daemon_draft_{kind}_by_source_total",
+                "counter",
+                f"daemon total draft {kind} by where the drafts came from since it started",
+                [
+                    (f'{labels[endpoint]},source="{source}"', count)
+                    for endpoint, status in answered
+                    for source, count in _by_source(status.totals, kind)
+                ],
+            )
         self.llama.render(lines, answered)
         return "\n".join(lines) + "\n"
 
@@ -251,6 +265,16 @@ PREFIX_CACHE_FIGURES = [
     ("hits_total", "counter", "requests that reused a cached prefix"),
     ("tokens_saved_total", "counter", "prompt tokens taken from the prefix cache instead of prefilled"),
 ]
+
+
+def _by_source(totals: dict, kind: str) -> list[tuple[str, int]]:
+    """(source, count) of the Status.totals keys ``draft_<kind>_<source>`` (the daemon names its sources)."""
+    prefix = f"draft_{kind}_"
+    return sorted(
+        (key.removeprefix(prefix), int(count))
+        for key, count in totals.items()
+        if key.startswith(prefix) and key.removeprefix(prefix).isidentifier()
+    )
 
 
 def _family(lines: list[str], name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
