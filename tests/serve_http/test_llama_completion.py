@@ -33,6 +33,24 @@ def test_prompt_lookup_drafts_and_keeps_the_output(stories_gateway):
     assert looked_up["content"] == plain["content"] and looked_up["tokens_predicted"] == 200
 
 
+def test_a_request_can_keep_the_shared_draft_store_out(stories_gateway):
+    """``speculative.shared_drafts: false`` asks for prompt lookup without drafts from earlier requests'
+    outputs (Generate.shared_drafts); the same request twice, the second would otherwise find the first's reply."""
+    from mlxd_cli.serve_http.schemas.requests import SpeculativeOptions, shared_drafts
+
+    assert shared_drafts(None) and shared_drafts(SpeculativeOptions(kind="prompt-lookup"))
+    assert not shared_drafts(SpeculativeOptions(kind="prompt-lookup", shared_drafts=False))
+    body = dict(prompt=PARK, n_predict=64, temperature=0, ignore_eos=True)
+    first = complete(stories_gateway, **body, speculative={"kind": "prompt-lookup"})
+    again = complete(stories_gateway, **body, speculative={"kind": "prompt-lookup", "shared_drafts": False})
+    assert again["content"] == first["content"]
+    assert "shared" not in again["timings"].get("draft_sources", {}), again["timings"]
+    response = stories_gateway.client.post(
+        "/completion", json={**body, "speculative": {"kind": "prompt-lookup", "shared_drafts": "no"}}
+    )
+    assert response.status_code == 400 and "shared_drafts" in response.text
+
+
 def test_answer_has_llama_server_fields(stories_gateway):
     answer = complete(stories_gateway, prompt="Once upon a time", n_predict=16, cache_prompt=True)
     assert answer["stop"] is True and answer["truncated"] is False

@@ -58,7 +58,7 @@ from .request_fields import (
     ignored_fields_header,
     name_daemon_field,
 )
-from .schemas import MAX_TOKENS_LIMIT, build_sampling, normalize_stop
+from .schemas import MAX_TOKENS_LIMIT, build_sampling, normalize_stop, shared_drafts
 from .schemas.llama import LlamaCompletionBody, PromptObject, is_single_prompt
 from .streaming import SSE_HEADERS, ClosingStreamingResponse, StreamedOutput, collect_generation, sse_body, sse_event
 
@@ -169,6 +169,7 @@ def request_builder(body: LlamaCompletionBody, fields: dict, n_predict: int):
             stream=True,
             sampling=build_sampling(overrides, handle.sampling_defaults),
             speculative=speculative,
+            shared_drafts=shared_drafts(body.speculative),
             ignore_eos=body.ignore_eos,
             constraint=body.constraint(),
             cache_prompt=body.cache_prompt,

@@ -96,6 +96,7 @@ from .schemas import (
     Usage,
     build_sampling,
     normalize_stop,
+    shared_drafts,
 )
 from .streaming import SSE_HEADERS, ClosingStreamingResponse, StreamedOutput, sse_body, sse_event
 
@@ -205,6 +206,7 @@ def request_builder(
             stream=True,
             sampling=build_sampling(overrides, handle.sampling_defaults),
             speculative=speculative,
+            shared_drafts=shared_drafts(body.speculative),
             constraint=constraint,
             cache_prompt=body.cache_prompt,
             prediction=body.prediction_text(),

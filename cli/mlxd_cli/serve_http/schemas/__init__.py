@@ -19,6 +19,7 @@ from .requests import (
     build_sampling,
     check_prompt,
     normalize_stop,
+    shared_drafts,
 )
 from .responses import (
     ChatChoice,
@@ -66,6 +67,7 @@ __all__ = [
     "build_sampling",
     "check_prompt",
     "normalize_stop",
+    "shared_drafts",
     "ChatChoice",
     "ChatChunkChoice",
     "ChatCompletion",

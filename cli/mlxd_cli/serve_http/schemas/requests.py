@@ -69,10 +69,16 @@ class SpeculativeOptions(StrictModel):
 
     kind: Literal["prompt-lookup", "none"]
     max_draft: int | None = Field(None, ge=0, le=MAX_DRAFT_LIMIT)
+    shared_drafts: bool = True  # false: no drafts from the daemon's store of earlier requests' outputs
 
     def to_protocol(self) -> Speculative:
         """The protocol's Speculative value."""
         return Speculative(kind=self.kind, max_draft=self.max_draft)
+
+
+def shared_drafts(speculative: SpeculativeOptions | None) -> bool:
+    """Generate.shared_drafts for a request's ``speculative`` extension (on unless it says false)."""
+    return speculative.shared_drafts if speculative is not None else True
 
 
 class JsonSchemaFormat(StrictModel):
