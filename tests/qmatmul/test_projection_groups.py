@@ -33,6 +33,21 @@ def test_a_split_product_equals_each_layers_own_product(bits, group_size, scale_
             assert np.array_equal(np.array(g), np.array(mlxd_qmatmul.quantized_matmul(x, w, s, b, group_size, bits)))
 
 
+@pytest.mark.skipif(not mlxd_qmatmul.int8_available(4), reason="no int8-activation kernel (AVX-512 VNNI) here")
+@pytest.mark.parametrize("bits", [4, 8])
+def test_a_split_product_with_int8_activations_equals_each_layers_own(bits):
+    rng = np.random.default_rng(bits)
+    sizes = [96, 32, 32]
+    parts = [mx.quantize(mx.array(rng.normal(size=(n, 128)).astype(np.float32)), 32, bits) for n in sizes]
+    packed = [mx.concatenate([part[i] for part in parts], axis=0) for i in range(3)]
+    for rows in (1, 5, 9):
+        x = mx.array(rng.normal(size=(rows, 128)).astype(np.float32))
+        got = mlxd_qmatmul.quantized_matmul_split(x, *packed, 32, bits, sizes, int8_activations=True)
+        for g, (w, s, b) in zip(got, parts):
+            own = mlxd_qmatmul.quantized_matmul(x, w, s, b, 32, bits, int8_activations=True)
+            assert np.array_equal(np.array(g), np.array(own))
+
+
 def test_a_split_product_refuses_sizes_that_do_not_add_up():
     w, s, b = mx.quantize(mx.ones((64, 64)), group_size=32, bits=4)
     with pytest.raises(ValueError, match="sum to 60"):
