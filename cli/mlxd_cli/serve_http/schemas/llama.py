@@ -19,11 +19,19 @@ import math
 import re
 from typing import Any
 
-from pydantic import Field, PrivateAttr, ValidationInfo, field_validator
+from pydantic import Field, PrivateAttr, field_validator
 
 from mlxd_protocol.messages import MAX_LOGPROBS
 
-from .requests import ChatMessage, LlamaCompletionRequest, RequestBody, StrictModel, TemplateKwargs, Tool
+from .requests import (
+    ChatMessage,
+    LlamaCompletionRequest,
+    RequestBody,
+    StreamedProgress,
+    StrictModel,
+    TemplateKwargs,
+    Tool,
+)
 
 MAX_PROMPTS = 32  # prompts of one /completion; each is a generation of its own on the daemons
 MAX_RESPONSE_FIELDS = 64
@@ -91,7 +99,7 @@ class LlamaCompletionBody(LlamaCompletionRequest):
     n_probs: int = Field(0, ge=0, le=MAX_LOGPROBS)
     # the n_probs describe the distribution the sampler draws from (after top_k, top_p, min_p, temperature)
     post_sampling_probs: bool = False
-    return_progress: bool = False  # a stream sends prompt_progress events while the prompt is prefilled
+    return_progress: StreamedProgress = False  # a stream sends prompt_progress events while the prompt is prefilled
     timings_per_token: bool = False  # every streamed event carries the timings so far (the answer always has them)
     return_tokens: bool = False
     response_fields: list[str] | None = Field(None, max_length=MAX_RESPONSE_FIELDS)
@@ -141,13 +149,6 @@ class LlamaCompletionBody(LlamaCompletionRequest):
             if problem:
                 raise ValueError(problem)
         return prompt
-
-    @field_validator("return_progress")
-    @classmethod
-    def _progress_is_streamed(cls, return_progress: bool, info: ValidationInfo) -> bool:
-        if return_progress and not info.data.get("stream"):
-            raise ValueError("prompt progress is sent in a stream: needs stream: true")
-        return return_progress
 
     def prompts(self) -> list[Any]:
         """The prompts, one per answer."""

@@ -145,6 +145,17 @@ def _check_stop(stop: str | list[str] | None) -> str | list[str] | None:
 StopStrings = Annotated[str | list[str] | None, AfterValidator(_check_stop)]
 
 
+def _progress_is_streamed(return_progress: bool, info: ValidationInfo) -> bool:
+    if return_progress and not info.data.get("stream"):
+        raise ValueError("prompt progress is sent in a stream: needs stream: true")
+    return return_progress
+
+
+# llama-server's return_progress: prompt_progress events while the prompt is prefilled, so only in a stream
+# (the model's stream field comes before it)
+StreamedProgress = Annotated[bool, AfterValidator(_progress_is_streamed)]
+
+
 def check_prompt(prompt: str | list[int]) -> str | list[int]:
     """Refuse an empty prompt or a negative token id (raises ValueError); return the prompt."""
     if not prompt:
@@ -218,19 +229,12 @@ class OpenAIGenerationFields(RequestBody):
     # llama-server's name for the token limit on every endpoint (-1: until end of sequence); it wins
     n_predict: int | None = Field(None, ge=-1, le=MAX_TOKENS_LIMIT)
     # llama-server's: a stream sends prompt_progress chunks while the prompt is prefilled
-    return_progress: bool = False
+    return_progress: StreamedProgress = False
     # llama-server's: every streamed chunk carries the timings so far (a whole reply always has them)
     timings_per_token: bool = False
 
     def prediction_text(self) -> str | None:
         return None if self.prediction is None else self.prediction.text()
-
-    @field_validator("return_progress")
-    @classmethod
-    def _progress_is_streamed(cls, return_progress: bool, info: ValidationInfo) -> bool:
-        if return_progress and not info.data.get("stream"):
-            raise ValueError("prompt progress is sent in a stream: needs stream: true")
-        return return_progress
 
     @field_validator("n_predict")
     @classmethod
