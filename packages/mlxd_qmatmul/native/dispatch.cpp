@@ -320,8 +320,5 @@ void run_problems(const std::vector<Problem>& problems, const Isa& isa) {
   });
 }
 
-void run_problem(const Problem& problem, const Isa& isa) {
-  run_problems({problem}, isa);
-}
 
 }  // namespace mlxd_qmm

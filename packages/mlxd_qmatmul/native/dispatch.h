@@ -19,11 +19,8 @@ int pool_threads();
 // among them); returns when all have run.
 void run_tasks(int tasks, const std::function<void(int)>& job);
 
-// y = x @ dequantize(w)^T for one problem (x already in split order for 4 bits).
-void run_problem(const Problem& problem, const Isa& isa);
-
-// Several problems over the same x (the parts of one packed weight), their columns shared over the pool
-// as one job.
+// y = x @ dequantize(w)^T for each problem over the same x (x already in split order for 4 bits; several
+// problems: the parts of one packed weight), their columns shared over the pool as one job.
 void run_problems(const std::vector<Problem>& problems, const Isa& isa);
 
 }  // namespace mlxd_qmm
