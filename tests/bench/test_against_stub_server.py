@@ -336,6 +336,22 @@ def _fake_mlxd(endpoint_holder: list, stop: threading.Event, received: list | No
         context.term()
 
 
+def _with_fake_mlxd(work):
+    """``work(endpoint)`` against a fake mlxd on its own thread; returns its result and the Generates received."""
+    endpoint: list = []
+    received: list = []
+    stop = threading.Event()
+    thread = threading.Thread(target=_fake_mlxd, args=(endpoint, stop, received), daemon=True)
+    thread.start()
+    while not endpoint:
+        time.sleep(0.01)
+    try:
+        return work(endpoint[0]), received
+    finally:
+        stop.set()
+        thread.join(5)
+
+
 def test_daemon_target_reads_chunks_done_usage_and_timings():
     endpoint: list = []
     received: list = []
@@ -478,21 +494,10 @@ def test_duration_keeps_concurrency_requests_in_flight_until_time_is_up():
 
 
 def test_extract_and_agent_styles_run_like_the_others():
-    endpoint: list = []
-    received: list = []
-    stop = threading.Event()
-    thread = threading.Thread(target=_fake_mlxd, args=(endpoint, stop, received), daemon=True)
-    thread.start()
-    while not endpoint:
-        time.sleep(0.01)
-    try:
-        config = BenchConfig(
-            concurrencies=[1], styles=["extract", "agent"], rounds=1, requests=2, max_tokens=8, warmup=0
-        )
-        run = asyncio.run(run_benchmark([DaemonTarget("d", endpoint[0])], config, PromptBook(0, 40)))
-    finally:
-        stop.set()
-        thread.join(5)
+    config = BenchConfig(concurrencies=[1], styles=["extract", "agent"], rounds=1, requests=2, max_tokens=8, warmup=0)
+    run, received = _with_fake_mlxd(
+        lambda endpoint: asyncio.run(run_benchmark([DaemonTarget("d", endpoint)], config, PromptBook(0, 40)))
+    )
     sent = [m.messages[0]["content"] for m in received]
     assert sent[0].startswith("Extract the") and sent[2].startswith("You are a coding agent")
     assert [batch.style for batch in run.batches] == ["extract", "agent"]

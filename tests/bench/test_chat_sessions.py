@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -31,7 +29,7 @@ from mlxd_cli.bench.runner import BenchConfig, run_benchmark
 from mlxd_cli.bench.stats import cached_prompt_tokens, combine_turns, summarize_turns, ttft_speedups
 from mlxd_cli.bench.targets import DaemonTarget, HttpTarget, TargetUnavailable, _generate_has_cache_prompt
 
-from .test_against_stub_server import FAIL_MARKER, StubServer, _fake_mlxd
+from .test_against_stub_server import FAIL_MARKER, StubServer, _with_fake_mlxd
 
 pytestmark = pytest.mark.integration  # HTTP servers and the CLI end to end over sockets
 
@@ -405,21 +403,6 @@ def test_no_cache_prompt_goes_into_every_http_body():
 
 
 # ---- the daemon target ------------------------------------------------------------------------------
-
-
-def _with_fake_mlxd(work):
-    endpoint: list = []
-    received: list = []
-    stop = threading.Event()
-    thread = threading.Thread(target=_fake_mlxd, args=(endpoint, stop, received), daemon=True)
-    thread.start()
-    while not endpoint:
-        time.sleep(0.01)
-    try:
-        return work(endpoint[0]), received
-    finally:
-        stop.set()
-        thread.join(5)
 
 
 def test_daemon_sessions_send_messages_with_chat_true_and_the_streamed_replies():
