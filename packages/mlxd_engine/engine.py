@@ -33,6 +33,7 @@ from .cpu_fusion import fuse_cpu_layers as fuse_cpu_layers_of
 from .cpu_fusion import fusion_wanted
 from .errors import PromptTooLong
 from .forward_cost import ForwardCost
+from .fused_blocks import blocks_wanted, fuse_blocks
 from .loading.loader import LoadedModel
 from .sampling.chain import SamplerChain, SamplingParams, post_sampling_logprobs, sample_rows, token_logprobs
 from .storage.kv_backend import make_kv_storage
@@ -131,7 +132,9 @@ class Engine:
     """Runs one loaded model over contiguous (slot) or paged KV storage.
 
     On the CPU the model's RMSNorm and RoPE layers are fused first (``cpu_fusion``; bit-identical
-    results); ``fuse_cpu_layers=False`` or ``MLXD_FUSE_CPU_LAYERS=0`` keeps them stock. A lone row's decode
+    results), then llama-style layers on the CPU kernel become two ops each (``fused_blocks``,
+    ``MLXD_FUSE_BLOCKS=0`` keeps them op by op); ``fuse_cpu_layers=False`` or ``MLXD_FUSE_CPU_LAYERS=0``
+    keeps all of them stock. A lone row's decode
     steps and verify forwards over contiguous storage (up to a capacity of 2048) run as one compiled
     graph (``compiled_decode``); ``compile_decode=False`` or ``MLXD_COMPILE_DECODE=0`` builds them op by op.
 
@@ -168,6 +171,7 @@ class Engine:
         check_servable(self.layout)
         wanted = fusion_wanted() if fuse_cpu_layers is None else fuse_cpu_layers
         self.fused_layers = fuse_cpu_layers_of(self.model) if wanted else 0
+        self.fused_blocks = fuse_blocks(self.model) if wanted and blocks_wanted() else 0
         if max_kv_size and loaded.context_source == "fallback":
             self.max_kv_size = max_kv_size  # the context length was a guess: the caller's figure stands
         else:

@@ -143,6 +143,51 @@ def swiglu(gate, up):
     return _ext.swiglu(gate, up)
 
 
+def attention_input(x, norm_weight, eps: float, qkv, heads: int, kv_heads: int, head_dim: int, offset, rope):
+    """A llama-style layer's attention input as one CPU op: ``rms_norm(x)``, the packed q/k/v product
+    (``qkv``: weight, scales, biases, group_size, bits, sizes), RoPE at ``offset`` (an int32 array: a scalar
+    or one per batch entry; ``rope``: dims, traditional, base, scale). Returns (q, k, v), each
+    ``[B, heads, L, head_dim]``, bit-identical to those ops run one by one."""
+    if _ext is None:
+        raise RuntimeError(_REASON)
+    w, scales, biases, group_size, bits, sizes = qkv
+    dims, traditional, base, scale = rope
+    return _ext.attention_input(
+        x,
+        norm_weight,
+        eps,
+        w,
+        scales,
+        biases,
+        group_size,
+        bits,
+        list(sizes),
+        heads,
+        kv_heads,
+        head_dim,
+        offset,
+        dims,
+        traditional,
+        base,
+        scale,
+    )
+
+
+def block_output(
+    x, q, keys, values, mask, causal: bool, attention_scale: float, o, norm_weight, eps: float, gate_up, down
+):
+    """A llama-style layer after its cache update as one CPU op: ``h = x + o(attention(q, keys, values))``,
+    then ``h + down(swiglu(gate, up))`` with gate and up from ``rms_norm(h) @ gate_up``. ``o``, ``gate_up``
+    and ``down`` are (weight, scales, biases, group_size, bits); ``mask`` as ``attention`` takes it.
+    Bit-identical to those ops run one by one."""
+    if _ext is None:
+        raise RuntimeError(_REASON)
+    hidden = gate_up[0].shape[0] // 2
+    return _ext.block_output(
+        x, q, keys, values, mask, causal, attention_scale, *o, norm_weight, eps, *gate_up, hidden, *down
+    )
+
+
 def kernel_isa() -> str:
     return _ext.kernel_isa() if _ext is not None else "none"
 

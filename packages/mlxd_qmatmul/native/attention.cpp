@@ -40,6 +40,7 @@ struct AttentionJob {
   float* out;
   float scale;
   bool causal;
+  bool token_major = false;  // out as [B, L, Hq, Dv] (the fused layer ops), else [B, Hq, L, Dv]
 };
 
 // The mask's strides over [B, Hq, L, S]: its axes aligned to the right, a broadcast axis 0.
@@ -134,7 +135,8 @@ void run_attention_pairs(const AttentionJob& job, int pair0, int pair1) {
           for (int d = 0; d < Dv; ++d) acc[d] += scores[s] * v_row[d * vs[3]];
         }
       }
-      float* dst = job.out + ((static_cast<int64_t>(b) * Hq + h) * L + l) * Dv;
+      float* dst = job.out + (job.token_major ? (static_cast<int64_t>(b) * L + l) * Hq + h
+                                              : (static_cast<int64_t>(b) * Hq + h) * L + l) * Dv;
       const float inverse = 1.0f / total;
       for (int d = 0; d < Dv; ++d) dst[d] = acc[d] * inverse;
     }
@@ -154,8 +156,8 @@ void run_attention(const AttentionJob& job) {
 
 }  // namespace
 
-mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale, bool causal,
-                    const std::optional<mx::array>& mask, mx::StreamOrDevice s) {
+void check_attention_inputs(const mx::array& q, const mx::array& k, const mx::array& v, bool causal,
+                            const std::optional<mx::array>& mask) {
   check(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4, "q, k and v must have 4 dimensions");
   check(q.dtype() == mx::float32 && k.dtype() == mx::float32 && v.dtype() == mx::float32,
         "q, k and v must be float32");
@@ -165,9 +167,6 @@ mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, 
   check(k.shape(1) > 0 && q.shape(1) % k.shape(1) == 0, "the query heads must be a multiple of the key heads");
   check(!(causal && mask.has_value()), "either the causal mask or a mask array");
   check(!causal || k.shape(2) >= q.shape(2), "a causal mask needs at least as many keys as queries");
-  auto stream = mx::to_stream(s, mx::Device::cpu);
-  check(stream.device == mx::Device::cpu, "runs on the CPU only");
-  std::vector<mx::array> inputs{q, k, v};
   if (mask.has_value()) {
     check(mask->ndim() <= 4, "the mask must have at most 4 dimensions");
     check(mask->dtype() == mx::bool_ || mask->dtype() == mx::float32, "the mask must be boolean or float32");
@@ -176,8 +175,22 @@ mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, 
       const int size = mask->shape(d), want = full[4 - mask->ndim() + d];
       check(size == 1 || size == want, "the mask does not broadcast to [B, heads, queries, keys]");
     }
-    inputs.push_back(*mask);
   }
+}
+
+void attention_into(const mx::array& q, const mx::array& k, const mx::array& v, const std::optional<mx::array>& mask,
+                    float scale, bool causal, float* out) {
+  AttentionJob job{q, k, v, mask, out, scale, causal, true};
+  run_attention(job);
+}
+
+mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale, bool causal,
+                    const std::optional<mx::array>& mask, mx::StreamOrDevice s) {
+  check_attention_inputs(q, k, v, causal, mask);
+  auto stream = mx::to_stream(s, mx::Device::cpu);
+  check(stream.device == mx::Device::cpu, "runs on the CPU only");
+  std::vector<mx::array> inputs{q, k, v};
+  if (mask.has_value()) inputs.push_back(*mask);
   mx::Shape shape{q.shape(0), q.shape(1), q.shape(2), v.shape(3)};
   return mx::array(shape, mx::float32, std::make_shared<CpuAttention>(stream, scale, causal), std::move(inputs));
 }

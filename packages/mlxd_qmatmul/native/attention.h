@@ -20,6 +20,15 @@ namespace mlxd_qmm {
 mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale, bool causal,
                     const std::optional<mx::array>& mask, mx::StreamOrDevice s = {});
 
+// The checks attention() makes of its inputs (std::invalid_argument naming what is wrong).
+void check_attention_inputs(const mx::array& q, const mx::array& k, const mx::array& v, bool causal,
+                            const std::optional<mx::array>& mask);
+
+// attention()'s result for evaluated inputs, computed on the calling thread and the kernel pool and written
+// token-major ([B, L, Hq, Dv], dense) into out: the fused layer ops' attention (block.h).
+void attention_into(const mx::array& q, const mx::array& k, const mx::array& v, const std::optional<mx::array>& mask,
+                    float scale, bool causal, float* out);
+
 class CpuAttention : public mx::UnaryPrimitive {
  public:
   CpuAttention(mx::Stream stream, float scale, bool causal)

@@ -5,6 +5,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "attention.h"
+#include "block.h"
 #include "qmatmul.h"
 #include "rms_norm.h"
 #include "rope.h"
@@ -37,6 +38,38 @@ NB_MODULE(_ext, m) {
   m.def("swiglu", &mlxd_qmm::swiglu, "gate"_a, "up"_a, nb::kw_only(), "stream"_a = nb::none(),
         "mlx-lm's swiglu(gate, up) = silu(gate) * up as one CPU op: float32 arrays of one shape; "
         "bit-identical to MLX's CPU result.");
+  m.def(
+      "attention_input",
+      [](const mx::array& x, const mx::array& norm_weight, float eps, const mx::array& w, const mx::array& scales,
+         const mx::array& biases, int group_size, int bits, const std::vector<int>& sizes, int heads, int kv_heads,
+         int head_dim, const mx::array& offset, int rope_dims, bool traditional, float base, float rope_scale) {
+        return mlxd_qmm::attention_input(x, norm_weight, eps, {w, scales, biases, group_size, bits, sizes}, heads,
+                                         kv_heads, head_dim, offset, {rope_dims, traditional, base, rope_scale});
+      },
+      "x"_a, "norm_weight"_a, "eps"_a, "w"_a, "scales"_a, "biases"_a, "group_size"_a, "bits"_a, "sizes"_a, "heads"_a,
+      "kv_heads"_a, "head_dim"_a, "offset"_a, "rope_dims"_a, "traditional"_a, "base"_a, "rope_scale"_a,
+      "A llama-style layer's attention input as one CPU op: rms_norm, the packed q/k/v product, RoPE; returns "
+      "(q, k, v) as [B, heads, L, head_dim], bit-identical to those ops run one by one.");
+  m.def(
+      "block_output",
+      [](const mx::array& x, const mx::array& q, const mx::array& keys, const mx::array& values,
+         const std::optional<mx::array>& mask, bool causal, float attention_scale, const mx::array& o_w,
+         const mx::array& o_scales, const mx::array& o_biases, int o_group_size, int o_bits,
+         const mx::array& norm_weight, float eps, const mx::array& gu_w, const mx::array& gu_scales,
+         const mx::array& gu_biases, int gu_group_size, int gu_bits, int hidden, const mx::array& d_w,
+         const mx::array& d_scales, const mx::array& d_biases, int d_group_size, int d_bits) {
+        const int D = x.ndim() == 3 ? x.shape(2) : 0;
+        return mlxd_qmm::block_output(x, q, keys, values, mask, causal, attention_scale,
+                                      {o_w, o_scales, o_biases, o_group_size, o_bits, {D}}, norm_weight, eps,
+                                      {gu_w, gu_scales, gu_biases, gu_group_size, gu_bits, {hidden, hidden}},
+                                      {d_w, d_scales, d_biases, d_group_size, d_bits, {D}});
+      },
+      "x"_a, "q"_a, "keys"_a, "values"_a, "mask"_a.none(), "causal"_a, "attention_scale"_a, "o_w"_a, "o_scales"_a,
+      "o_biases"_a, "o_group_size"_a, "o_bits"_a, "norm_weight"_a, "eps"_a, "gu_w"_a, "gu_scales"_a, "gu_biases"_a,
+      "gu_group_size"_a, "gu_bits"_a, "hidden"_a, "d_w"_a, "d_scales"_a, "d_biases"_a, "d_group_size"_a, "d_bits"_a,
+      "A llama-style layer after its cache update as one CPU op: h = x + o(attention(q, keys, values)); returns "
+      "h + down(swiglu(gate, up)) with gate, up from rms_norm(h) @ gate_up; bit-identical to those ops run one by "
+      "one.");
   m.def("int8_available", &mlxd_qmm::int8_available, "bits"_a,
         "Whether products of this many bits run on the int8-activation kernel when asked.");
   m.def("kernel_isa", &mlxd_qmm::kernel_isa, "The instruction set the kernels use on this CPU.");

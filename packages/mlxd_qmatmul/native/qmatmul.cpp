@@ -90,41 +90,43 @@ size_t scale_bytes(int scale_type) {
 
 }  // namespace
 
-std::vector<mx::array> quantized_matmul_split(const mx::array& x, const mx::array& w, const mx::array& scales,
-                                              const mx::array& biases, int group_size, int bits,
-                                              const std::vector<int>& sizes, bool int8_activations,
-                                              mx::StreamOrDevice s) {
-  check(bits == 4 || bits == 8, "bits must be 4 or 8, got " + std::to_string(bits));
-  check(group_size == 32 || group_size == 64 || group_size == 128,
-        "group size must be 32, 64 or 128, got " + std::to_string(group_size));
-  check(w.dtype() == mx::uint32 && w.ndim() == 2, "weights must be a 2-D uint32 array");
-  check(x.ndim() >= 1, "x must have at least one dimension");
-  check(mx::issubdtype(x.dtype(), mx::floating), "x must be floating point");
-  const int N = w.shape(0);
-  const int K = w.shape(1) * 32 / bits;
-  check(x.shape(-1) == K, "x has " + std::to_string(x.shape(-1)) + " features, the weights take " +
-                              std::to_string(K));
-  check(K % group_size == 0, "the input size is not a multiple of the group size");
-  const mx::Shape groups{N, K / group_size};
-  check(scales.shape() == groups && biases.shape() == groups, "scales and biases must be [N, K / group_size]");
-  check(!sizes.empty(), "sizes must name at least one output");
+PackedLinear checked_packed(const PackedLinear& p, int K, const mx::Stream& stream) {
+  check(p.bits == 4 || p.bits == 8, "bits must be 4 or 8, got " + std::to_string(p.bits));
+  check(p.group_size == 32 || p.group_size == 64 || p.group_size == 128,
+        "group size must be 32, 64 or 128, got " + std::to_string(p.group_size));
+  check(p.weight.dtype() == mx::uint32 && p.weight.ndim() == 2, "weights must be a 2-D uint32 array");
+  const int N = p.weight.shape(0);
+  const int weight_k = p.weight.shape(1) * 32 / p.bits;
+  check(K == weight_k, "x has " + std::to_string(K) + " features, the weights take " + std::to_string(weight_k));
+  check(K % p.group_size == 0, "the input size is not a multiple of the group size");
+  const mx::Shape groups{N, K / p.group_size};
+  check(p.scales.shape() == groups && p.biases.shape() == groups, "scales and biases must be [N, K / group_size]");
+  check(!p.sizes.empty(), "sizes must name at least one output");
   int64_t total = 0;
-  for (int size : sizes) {
+  for (int size : p.sizes) {
     check(size > 0, "every output size must be positive");
     total += size;
   }
   check(total == N, "the output sizes sum to " + std::to_string(total) + ", the weights have " + std::to_string(N) +
                         " rows");
+  // scales and biases are read as stored when both are float32, float16 or bfloat16; otherwise as float32
+  const auto& st = p.scales.dtype();
+  const bool as_stored = st == p.biases.dtype() && (st == mx::float32 || st == mx::float16 || st == mx::bfloat16);
+  const mx::Dtype scale_dtype = as_stored ? st : mx::float32;
+  return PackedLinear{row_contiguous(p.weight, stream), row_contiguous(mx::astype(p.scales, scale_dtype, stream), stream),
+                      row_contiguous(mx::astype(p.biases, scale_dtype, stream), stream), p.group_size, p.bits, p.sizes};
+}
+
+std::vector<mx::array> quantized_matmul_split(const mx::array& x, const mx::array& w, const mx::array& scales,
+                                              const mx::array& biases, int group_size, int bits,
+                                              const std::vector<int>& sizes, bool int8_activations,
+                                              mx::StreamOrDevice s) {
+  check(x.ndim() >= 1, "x must have at least one dimension");
+  check(mx::issubdtype(x.dtype(), mx::floating), "x must be floating point");
   auto stream = mx::to_stream(s, mx::Device::cpu);
   check(stream.device == mx::Device::cpu, "runs on the CPU only");
+  const PackedLinear packed = checked_packed(PackedLinear{w, scales, biases, group_size, bits, sizes}, x.shape(-1), stream);
   auto x32 = mx::astype(x, mx::float32, stream);
-  // scales and biases are read as stored when both are float32, float16 or bfloat16; otherwise as float32
-  const bool as_stored = scales.dtype() == biases.dtype() &&
-                         (scales.dtype() == mx::float32 || scales.dtype() == mx::float16 || scales.dtype() == mx::bfloat16);
-  const mx::Dtype scale_dtype = as_stored ? scales.dtype() : mx::float32;
-  auto s32 = row_contiguous(mx::astype(scales, scale_dtype, stream), stream);
-  auto b32 = row_contiguous(mx::astype(biases, scale_dtype, stream), stream);
-  auto wc = row_contiguous(w, stream);
   std::vector<mx::Shape> shapes;
   for (int size : sizes) {
     mx::Shape shape = x.shape();
@@ -134,7 +136,8 @@ std::vector<mx::array> quantized_matmul_split(const mx::array& x, const mx::arra
   const bool int8 = int8_activations && int8_available(bits);
   auto outs = mx::array::make_arrays(
       shapes, std::vector<mx::Dtype>(sizes.size(), mx::float32),
-      std::make_shared<CpuQuantizedMatmul>(stream, group_size, bits, int8, sizes), {x32, wc, s32, b32});
+      std::make_shared<CpuQuantizedMatmul>(stream, group_size, bits, int8, sizes),
+      {x32, packed.weight, packed.scales, packed.biases});
   if (x.dtype() != mx::float32) {
     for (auto& out : outs) out = mx::astype(out, x.dtype(), stream);
   }
@@ -160,67 +163,76 @@ int kernel_threads(int) {
   return pool_threads();
 }
 
+std::vector<Problem> packed_problems(const mx::array& w, const mx::array& scales, const mx::array& biases,
+                                     int group_size, int bits, const std::vector<int>& sizes,
+                                     const std::vector<float*>& outs, int M, int K) {
+  const int scale_type = scales.dtype() == mx::float16    ? kScaleFloat16
+                         : scales.dtype() == mx::bfloat16 ? kScaleBFloat16
+                                                          : kScaleFloat32;
+  const int64_t row_bytes = static_cast<int64_t>(K) * bits / 8;
+  const int64_t groups = K / group_size;
+  std::vector<Problem> problems;
+  int first_row = 0;
+  for (size_t j = 0; j < sizes.size(); ++j) {
+    const int64_t group_offset = first_row * groups * static_cast<int64_t>(scale_bytes(scale_type));
+    problems.push_back(Problem{nullptr, reinterpret_cast<const uint8_t*>(w.data<uint32_t>()) + first_row * row_bytes,
+                               static_cast<const char*>(scales.data<void>()) + group_offset,
+                               static_cast<const char*>(biases.data<void>()) + group_offset, outs[j], M, sizes[j], K,
+                               group_size, bits, scale_type});
+    first_row += sizes[j];
+  }
+  return problems;
+}
+
+void run_products(const float* x, std::vector<Problem> problems, bool int8) {
+  if (problems.empty() || problems.front().M == 0) return;
+  if (int8) {
+    for (Problem& problem : problems) problem.x = x;
+    run_int8(problems);
+    return;
+  }
+  const Isa& isa = select_isa();
+  // x goes into a 64-byte aligned copy (split order for 4 bits): every vector load then stays within
+  // one cache line.
+  thread_local AlignedFloats copy;
+  const Problem& first = problems.front();
+  float* rows = copy.reserve(static_cast<size_t>(first.M) * first.K);
+  if (first.bits == 4) {
+    split_rows(x, rows, first.M, first.K, 2 * isa.lanes);
+  } else {
+    std::memcpy(rows, x, sizeof(float) * first.M * first.K);
+  }
+  for (Problem& problem : problems) problem.x = rows;
+  run_problems(problems, isa);
+}
+
 void CpuQuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   const auto& x = inputs[0];
-  const auto& w = inputs[1];
-  const auto& scales = inputs[2];
-  const auto& biases = inputs[3];
   for (size_t i = 1; i < inputs.size(); ++i) {
     if (!inputs[i].flags().row_contiguous) throw std::runtime_error("CpuQuantizedMatmul: weights must be row-contiguous");
   }
   auto& encoder = mx::cpu::get_command_encoder(stream());
-  encoder.set_input_array(x);
-  encoder.set_input_array(w);
-  encoder.set_input_array(scales);
-  encoder.set_input_array(biases);
+  for (const auto& input : inputs) encoder.set_input_array(input);
   const int K = x.shape(-1);
   const int M = K == 0 ? 0 : static_cast<int>(x.size() / K);
-  const int scale_type = scales.dtype() == mx::float16    ? kScaleFloat16
-                         : scales.dtype() == mx::bfloat16 ? kScaleBFloat16
-                                                          : kScaleFloat32;
-  const int64_t row_bytes = static_cast<int64_t>(K) * bits_ / 8;
-  const int64_t groups = K / group_size_;
-  std::vector<Problem> problems;
-  int first_row = 0;
-  for (size_t j = 0; j < outputs.size(); ++j) {
-    auto& out = outputs[j];
+  std::vector<float*> outs;
+  for (auto& out : outputs) {
     out.set_data(mx::allocator::malloc(out.nbytes()));
     encoder.set_output_array(out);
-    const int64_t group_offset = first_row * groups * static_cast<int64_t>(scale_bytes(scale_type));
-    problems.push_back(Problem{x.data<float>(), reinterpret_cast<const uint8_t*>(w.data<uint32_t>()) + first_row * row_bytes,
-                               static_cast<const char*>(scales.data<void>()) + group_offset,
-                               static_cast<const char*>(biases.data<void>()) + group_offset, out.data<float>(), M,
-                               sizes_[j], K, group_size_, bits_, scale_type});
-    first_row += sizes_[j];
+    outs.push_back(out.data<float>());
   }
+  auto problems = packed_problems(inputs[1], inputs[2], inputs[3], group_size_, bits_, sizes_, outs, M, K);
   const bool x_dense = x.flags().row_contiguous;
-  encoder.dispatch([problems, bits = bits_, int8 = int8_, x_dense, x]() mutable {
+  encoder.dispatch([problems = std::move(problems), int8 = int8_, x_dense, x]() mutable {
     if (problems.front().M == 0) return;
-    const Isa& isa = select_isa();
-    // x goes into a 64-byte aligned copy (split order for 4 bits): every vector load then stays within
-    // one cache line.
-    thread_local AlignedFloats copy;
     thread_local AlignedFloats dense;
-    const Problem& first = problems.front();
-    const float* source = first.x;
+    const float* source = x.data<float>();
     if (!x_dense) {
-      float* gathered = dense.reserve(static_cast<size_t>(first.M) * first.K);
+      float* gathered = dense.reserve(x.size());
       gather_dense(x, gathered);
       source = gathered;
     }
-    if (int8) {
-      for (Problem& problem : problems) problem.x = source;
-      run_int8(problems);
-      return;
-    }
-    float* rows = copy.reserve(static_cast<size_t>(first.M) * first.K);
-    if (bits == 4) {
-      split_rows(source, rows, first.M, first.K, 2 * isa.lanes);
-    } else {
-      std::memcpy(rows, source, sizeof(float) * first.M * first.K);
-    }
-    for (Problem& problem : problems) problem.x = rows;
-    run_problems(problems, isa);
+    run_products(source, std::move(problems), int8);
   });
 }
 

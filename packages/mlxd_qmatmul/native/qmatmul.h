@@ -3,6 +3,7 @@
 
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
+#include "kernel.h"
 
 namespace mx = mlx::core;
 
@@ -33,6 +34,29 @@ bool int8_available(int bits);
 // row count).
 std::string kernel_isa();
 int kernel_threads(int rows);
+
+// A packed quantized weight in MLX's affine format and the output sizes of its parts (q/k/v, gate/up; one
+// part for a plain layer).
+struct PackedLinear {
+  mx::array weight, scales, biases;
+  int group_size, bits;
+  std::vector<int> sizes;
+};
+
+// Checks a packed weight for K input features (std::invalid_argument naming what is wrong) and returns it as
+// the kernels read it: row-contiguous, scales and biases as stored when float32, float16 or bfloat16.
+PackedLinear checked_packed(const PackedLinear& p, int K, const mx::Stream& stream);
+
+// The parts of one packed weight (w, scales, biases evaluated and row-contiguous; sizes: each part's rows)
+// as kernel problems over M rows of K features, part j writing dense outs[j] ([M, sizes[j]]); run_products
+// supplies x.
+std::vector<Problem> packed_problems(const mx::array& w, const mx::array& scales, const mx::array& biases,
+                                     int group_size, int bits, const std::vector<int>& sizes,
+                                     const std::vector<float*>& outs, int M, int K);
+
+// Runs problems over dense x [M, K] on this thread and the kernel pool: x copied into the kernels' order
+// (split order for 4 bits) or, with int8, rounded to int8 for the int8-activation kernel.
+void run_products(const float* x, std::vector<Problem> problems, bool int8);
 
 // One output per entry of sizes (the column counts of the packed layers, in order).
 class CpuQuantizedMatmul : public mx::Primitive {

@@ -18,6 +18,23 @@ void check(bool ok, const std::string& what) {
 
 // MLX's order: the squares summed left to right, times 1/size (rounded from double), plus eps, MLX's
 // rsqrt, then x times that, times the weight.
+inline void norm_row(const float* src, int64_t d_stride, const float* w, int64_t w_stride, int D, float eps,
+                     float* dst) {
+  const float normalizer = static_cast<float>(1.0 / static_cast<double>(D));
+  float sum = 0.0f;
+  for (int i = 0; i < D; ++i) {
+    const float v = src[i * d_stride];
+    const float square = v * v;
+    sum = sum + square;
+  }
+  const float mean = sum * normalizer;
+  const float r = mx::simd::rsqrt(mx::simd::Simd<float, 1>(mean + eps)).value;
+  for (int i = 0; i < D; ++i) {
+    const float scaled = src[i * d_stride] * r;
+    dst[i] = scaled * w[i * w_stride];
+  }
+}
+
 void run_rms_norm(const mx::array& x, const mx::array& weight, float* out, float eps) {
   const int nd = x.ndim();
   const auto& shape = x.shape();
@@ -26,27 +43,13 @@ void run_rms_norm(const mx::array& x, const mx::array& weight, float* out, float
   const int64_t d_stride = strides[nd - 1];
   const float* w = weight.data<float>();
   const int64_t w_stride = weight.strides()[0];
-  const float normalizer = static_cast<float>(1.0 / static_cast<double>(D));
   const float* base = x.data<float>();
   const size_t rows = D == 0 ? 0 : x.size() / D;
   std::vector<int> index(nd - 1, 0);
   for (size_t row = 0; row < rows; ++row) {
     int64_t at = 0;
     for (int d = 0; d < nd - 1; ++d) at += static_cast<int64_t>(index[d]) * strides[d];
-    const float* src = base + at;
-    float sum = 0.0f;
-    for (int i = 0; i < D; ++i) {
-      const float v = src[i * d_stride];
-      const float square = v * v;
-      sum = sum + square;
-    }
-    const float mean = sum * normalizer;
-    const float r = mx::simd::rsqrt(mx::simd::Simd<float, 1>(mean + eps)).value;
-    float* dst = out + row * D;
-    for (int i = 0; i < D; ++i) {
-      const float scaled = src[i * d_stride] * r;
-      dst[i] = scaled * w[i * w_stride];
-    }
+    norm_row(base + at, d_stride, w, w_stride, D, eps, out + row * D);
     for (int d = nd - 2; d >= 0; --d) {
       if (++index[d] < shape[d]) break;
       index[d] = 0;
@@ -55,6 +58,10 @@ void run_rms_norm(const mx::array& x, const mx::array& weight, float* out, float
 }
 
 }  // namespace
+
+void rms_norm_rows(const float* x, int64_t rows, int D, const float* weight, float eps, float* out) {
+  for (int64_t row = 0; row < rows; ++row) norm_row(x + row * D, 1, weight, 1, D, eps, out + row * D);
+}
 
 mx::array rms_norm(const mx::array& x, const mx::array& weight, float eps, mx::StreamOrDevice s) {
   check(x.ndim() >= 1 && x.dtype() == mx::float32, "x must be a float32 array");

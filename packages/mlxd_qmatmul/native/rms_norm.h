@@ -8,6 +8,9 @@ namespace mx = mlx::core;
 
 namespace mlxd_qmm {
 
+// The same for `rows` dense rows of D floats and a dense weight, into dense out (the fused layer ops).
+void rms_norm_rows(const float* x, int64_t rows, int D, const float* weight, float eps, float* out);
+
 // mx.fast.rms_norm(x, weight, eps) for float32 x and a float32 weight of x's last size; bit-identical to
 // MLX's CPU result (the same order of operations). Raises std::invalid_argument for other inputs.
 mx::array rms_norm(const mx::array& x, const mx::array& weight, float eps, mx::StreamOrDevice s = {});

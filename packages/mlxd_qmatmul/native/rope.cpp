@@ -45,29 +45,9 @@ void run_rope(const RopeJob& job) {
   const auto& strides = x.strides();
   const int D = shape[nd - 1];
   const int T = shape[nd - 2];
-  const int half = job.dims / 2;
   const int offsets = static_cast<int>(job.offset.size());
-  const int32_t* offset_data = job.offset.data<int32_t>();
   const int64_t offset_stride = job.offset.ndim() == 1 ? job.offset.strides()[0] : 0;
-
-  // inv_freqs = exp(arange(0, -half, -1) * (log(base) / half)), theta = (t + offset) * scale * inv_freqs
-  std::vector<float> inv(half);
-  const float step = std::log(job.base) / half;
-  for (int j = 0; j < half; ++j) inv[j] = mlx_exp(static_cast<float>(-j) * step);
-  std::vector<float> coss(static_cast<size_t>(offsets) * T * half), sins(coss.size());
-  for (int b = 0; b < offsets; ++b) {
-    const float start = static_cast<float>(offset_data[b * offset_stride]);
-    for (int t = 0; t < T; ++t) {
-      const float position = (static_cast<float>(t) + start) * job.scale;
-      float* c = coss.data() + (static_cast<size_t>(b) * T + t) * half;
-      float* s = sins.data() + (static_cast<size_t>(b) * T + t) * half;
-      for (int j = 0; j < half; ++j) {
-        const float theta = position * inv[j];
-        c[j] = mlx_cos(theta);
-        s[j] = mlx_sin(theta);
-      }
-    }
-  }
+  const RopeTables tables(job.offset.data<int32_t>(), offsets, offset_stride, T, job.dims, job.base, job.scale);
 
   const float* src_base = x.data<float>();
   const int64_t d_stride = strides[nd - 1];
@@ -76,28 +56,8 @@ void run_rope(const RopeJob& job) {
   for (size_t row = 0; row < rows; ++row) {
     int64_t at = 0;
     for (int d = 0; d < nd - 1; ++d) at += static_cast<int64_t>(index[d]) * strides[d];
-    const float* src = src_base + at;
-    float* dst = job.out + row * D;
     const int b = offsets == 1 ? 0 : index[0];
-    const int t = index[nd - 2];
-    const float* c = coss.data() + (static_cast<size_t>(b) * T + t) * half;
-    const float* s = sins.data() + (static_cast<size_t>(b) * T + t) * half;
-    if (job.traditional) {
-      for (int j = 0; j < half; ++j) {
-        const float x1 = src[(2 * j) * d_stride];
-        const float x2 = src[(2 * j + 1) * d_stride];
-        dst[2 * j] = x1 * c[j] - x2 * s[j];
-        dst[2 * j + 1] = x1 * s[j] + x2 * c[j];
-      }
-    } else {
-      for (int j = 0; j < half; ++j) {
-        const float x1 = src[j * d_stride];
-        const float x2 = src[(j + half) * d_stride];
-        dst[j] = x1 * c[j] - x2 * s[j];
-        dst[j + half] = x1 * s[j] + x2 * c[j];
-      }
-    }
-    for (int j = job.dims; j < D; ++j) dst[j] = src[j * d_stride];
+    tables.apply(src_base + at, d_stride, job.out + row * D, D, job.traditional, b, index[nd - 2]);
     for (int d = nd - 2; d >= 0; --d) {
       if (++index[d] < shape[d]) break;
       index[d] = 0;
@@ -106,6 +66,51 @@ void run_rope(const RopeJob& job) {
 }
 
 }  // namespace
+
+RopeTables::RopeTables(const int32_t* offsets, int count, int64_t stride, int T, int dims, float base, float scale)
+    : T_(T), half_(dims / 2), dims_(dims) {
+  // inv_freqs = exp(arange(0, -half, -1) * (log(base) / half)), theta = (t + offset) * scale * inv_freqs
+  std::vector<float> inv(half_);
+  const float step = std::log(base) / half_;
+  for (int j = 0; j < half_; ++j) inv[j] = mlx_exp(static_cast<float>(-j) * step);
+  coss_.resize(static_cast<size_t>(count) * T * half_);
+  sins_.resize(coss_.size());
+  for (int b = 0; b < count; ++b) {
+    const float start = static_cast<float>(offsets[b * stride]);
+    for (int t = 0; t < T; ++t) {
+      const float position = (static_cast<float>(t) + start) * scale;
+      float* c = coss_.data() + (static_cast<size_t>(b) * T + t) * half_;
+      float* s = sins_.data() + (static_cast<size_t>(b) * T + t) * half_;
+      for (int j = 0; j < half_; ++j) {
+        const float theta = position * inv[j];
+        c[j] = mlx_cos(theta);
+        s[j] = mlx_sin(theta);
+      }
+    }
+  }
+}
+
+void RopeTables::apply(const float* src, int64_t d_stride, float* dst, int D, bool traditional, int b, int t) const {
+  const float* c = coss_.data() + (static_cast<size_t>(b) * T_ + t) * half_;
+  const float* s = sins_.data() + (static_cast<size_t>(b) * T_ + t) * half_;
+  const int half = half_;
+  if (traditional) {
+    for (int j = 0; j < half; ++j) {
+      const float x1 = src[(2 * j) * d_stride];
+      const float x2 = src[(2 * j + 1) * d_stride];
+      dst[2 * j] = x1 * c[j] - x2 * s[j];
+      dst[2 * j + 1] = x1 * s[j] + x2 * c[j];
+    }
+  } else {
+    for (int j = 0; j < half; ++j) {
+      const float x1 = src[j * d_stride];
+      const float x2 = src[(j + half) * d_stride];
+      dst[j] = x1 * c[j] - x2 * s[j];
+      dst[j + half] = x1 * s[j] + x2 * c[j];
+    }
+  }
+  for (int j = dims_; j < D; ++j) dst[j] = src[j * d_stride];
+}
 
 mx::array rope(const mx::array& x, const mx::array& offset, int dims, bool traditional, float base,
                float scale, mx::StreamOrDevice s) {

@@ -2,12 +2,29 @@
 // about a dozen small ops a call, each one dispatch).
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
 
 namespace mx = mlx::core;
 
 namespace mlxd_qmm {
+
+// RoPE's cosines and sines for T positions after each of `count` offsets (offsets[b * stride]), computed as
+// MLX computes them, and their application to one row of head size D: the one formula behind rope() and
+// the fused layer ops (block.h), so both are bit-identical to MLX's CPU RoPE.
+class RopeTables {
+ public:
+  RopeTables(const int32_t* offsets, int count, int64_t stride, int T, int dims, float base, float scale);
+  // dst[0, D) = the rotated src (elements d_stride apart) at position t after offset b.
+  void apply(const float* src, int64_t d_stride, float* dst, int D, bool traditional, int b, int t) const;
+
+ private:
+  int T_, half_, dims_;
+  std::vector<float> coss_, sins_;
+};
 
 // mx.fast.rope(x, dims, traditional=..., base=..., scale=..., offset=offset) for float32 x of at least
 // 3 dimensions and an integer offset (a scalar, or one per entry of x's first axis); bit-identical to

@@ -1,0 +1,235 @@
+#include "block.h"
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "attention.h"
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "rms_norm.h"
+#include "rope.h"
+#include "vector_math.h"
+
+namespace mlxd_qmm {
+
+namespace {
+
+void check(bool ok, const std::string& what) {
+  if (!ok) throw std::invalid_argument("mlxd fused layer: " + what);
+}
+
+// The array's elements in row-major order: its own buffer when dense, else gathered into `copy`.
+const float* dense(const mx::array& a, std::vector<float>& copy) {
+  if (a.flags().row_contiguous) return a.data<float>();
+  copy.resize(a.size());
+  const int nd = a.ndim();
+  std::vector<int> index(nd, 0);
+  const float* base = a.data<float>();
+  for (size_t i = 0; i < a.size(); ++i) {
+    int64_t at = 0;
+    for (int d = 0; d < nd; ++d) at += static_cast<int64_t>(index[d]) * a.strides()[d];
+    copy[i] = base[at];
+    for (int d = nd - 1; d >= 0; --d) {
+      if (++index[d] < a.shape(d)) break;
+      index[d] = 0;
+    }
+  }
+  return copy.data();
+}
+
+mx::array float_vector(const mx::array& a, int size, const char* what, const mx::Stream& stream) {
+  check(a.ndim() == 1 && a.dtype() == mx::float32 && a.shape(0) == size,
+        std::string(what) + " must be a float32 vector of " + std::to_string(size));
+  return mx::contiguous(a, false, stream);
+}
+
+// The packed weight's arrays as inputs, in the order eval_cpu reads them back (PackedLinear at `first`).
+void push_weight(std::vector<mx::array>& inputs, const PackedLinear& p) {
+  inputs.push_back(p.weight);
+  inputs.push_back(p.scales);
+  inputs.push_back(p.biases);
+}
+
+PackedLinear weight_at(const std::vector<mx::array>& inputs, size_t first, int group_size, int bits,
+                       std::vector<int> sizes) {
+  return PackedLinear{inputs[first], inputs[first + 1], inputs[first + 2], group_size, bits, std::move(sizes)};
+}
+
+// out[rows, parts...] = dense x [M, K] @ the packed weight, its parts at outs.
+void product(const float* x, int M, int K, const PackedLinear& w, const std::vector<float*>& outs) {
+  run_products(x, packed_problems(w.weight, w.scales, w.biases, w.group_size, w.bits, w.sizes, outs, M, K), false);
+}
+
+}  // namespace
+
+std::vector<mx::array> attention_input(const mx::array& x, const mx::array& norm_weight, float eps,
+                                       const PackedLinear& qkv, int heads, int kv_heads, int head_dim,
+                                       const mx::array& offset, const RopeSpec& rope, mx::StreamOrDevice s) {
+  check(x.ndim() == 3 && x.dtype() == mx::float32, "x must be a float32 [batch, tokens, hidden] array");
+  auto stream = mx::to_stream(s, mx::Device::cpu);
+  check(stream.device == mx::Device::cpu, "runs on the CPU only");
+  const int B = x.shape(0), L = x.shape(1), D = x.shape(2);
+  check(qkv.sizes.size() == 3, "the q/k/v weight must have three parts");
+  check(heads > 0 && kv_heads > 0 && head_dim > 0 && heads % kv_heads == 0, "heads must be a multiple of kv heads");
+  check(qkv.sizes[0] == heads * head_dim && qkv.sizes[1] == kv_heads * head_dim && qkv.sizes[2] == kv_heads * head_dim,
+        "the q/k/v parts must be heads x head_dim and kv_heads x head_dim");
+  check(rope.dims > 0 && rope.dims % 2 == 0 && rope.dims <= head_dim, "rope dims must be even and at most head_dim");
+  check(offset.ndim() <= 1 && mx::issubdtype(offset.dtype(), mx::integer), "offset must be an integer scalar or vector");
+  check(offset.size() == 1 || static_cast<int>(offset.size()) == B, "offset must be a scalar or one per batch entry");
+  const PackedLinear w = checked_packed(qkv, D, stream);
+  std::vector<mx::array> inputs{x, float_vector(norm_weight, D, "the norm weight", stream),
+                                mx::contiguous(mx::astype(offset, mx::int32, stream), false, stream)};
+  push_weight(inputs, w);
+  std::vector<mx::Shape> shapes{{B, heads, L, head_dim}, {B, kv_heads, L, head_dim}, {B, kv_heads, L, head_dim}};
+  return mx::array::make_arrays(
+      shapes, {mx::float32, mx::float32, mx::float32},
+      std::make_shared<CpuAttentionInput>(stream, eps, w.group_size, w.bits, w.sizes, heads, kv_heads, head_dim, rope),
+      std::move(inputs));
+}
+
+void CpuAttentionInput::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  for (const auto& input : inputs) encoder.set_input_array(input);
+  for (auto& out : outputs) {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    encoder.set_output_array(out);
+  }
+  encoder.dispatch([inputs, q_out = outputs[0].data<float>(), k_out = outputs[1].data<float>(),
+                    v_out = outputs[2].data<float>(), w = weight_at(inputs, 3, group_size_, bits_, sizes_),
+                    eps = eps_, heads = heads_, kv_heads = kv_heads_, head_dim = head_dim_, rope = rope_]() {
+    const mx::array& x = inputs[0];
+    const int B = x.shape(0), L = x.shape(1), D = x.shape(2);
+    const int M = B * L;
+    if (M == 0) return;
+    thread_local std::vector<float> gathered, normed, projected;
+    normed.resize(static_cast<size_t>(M) * D);
+    rms_norm_rows(dense(x, gathered), M, D, inputs[1].data<float>(), eps, normed.data());
+    const int nq = w.sizes[0], nkv = w.sizes[1];
+    projected.resize(static_cast<size_t>(M) * (nq + 2 * nkv));
+    float* yq = projected.data();
+    float* yk = yq + static_cast<size_t>(M) * nq;
+    float* yv = yk + static_cast<size_t>(M) * nkv;
+    product(normed.data(), M, D, w, {yq, yk, yv});
+    const mx::array& offset = inputs[2];
+    const int offsets = static_cast<int>(offset.size());
+    const RopeTables tables(offset.data<int32_t>(), offsets, 1, L, rope.dims, rope.base, rope.scale);
+    for (int b = 0; b < B; ++b) {
+      const int row_offset = offsets == 1 ? 0 : b;
+      for (int t = 0; t < L; ++t) {
+        const int64_t token = static_cast<int64_t>(b) * L + t;
+        for (int h = 0; h < heads; ++h) {
+          tables.apply(yq + token * nq + h * head_dim, 1, q_out + ((static_cast<int64_t>(b) * heads + h) * L + t) * head_dim,
+                       head_dim, rope.traditional, row_offset, t);
+        }
+        for (int h = 0; h < kv_heads; ++h) {
+          const int64_t at = ((static_cast<int64_t>(b) * kv_heads + h) * L + t) * head_dim;
+          tables.apply(yk + token * nkv + h * head_dim, 1, k_out + at, head_dim, rope.traditional, row_offset, t);
+          const float* v_src = yv + token * nkv + h * head_dim;
+          for (int d = 0; d < head_dim; ++d) v_out[at + d] = v_src[d];
+        }
+      }
+    }
+  });
+}
+
+void CpuAttentionInput::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error("CpuAttentionInput runs on the CPU only");
+}
+
+bool CpuAttentionInput::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const CpuAttentionInput&>(other);
+  return eps_ == o.eps_ && group_size_ == o.group_size_ && bits_ == o.bits_ && sizes_ == o.sizes_ &&
+         heads_ == o.heads_ && kv_heads_ == o.kv_heads_ && head_dim_ == o.head_dim_ && rope_.dims == o.rope_.dims &&
+         rope_.traditional == o.rope_.traditional && rope_.base == o.rope_.base && rope_.scale == o.rope_.scale;
+}
+
+std::vector<mx::Shape> CpuAttentionInput::output_shapes(const std::vector<mx::array>& inputs) {
+  const int B = inputs[0].shape(0), L = inputs[0].shape(1);
+  return {{B, heads_, L, head_dim_}, {B, kv_heads_, L, head_dim_}, {B, kv_heads_, L, head_dim_}};
+}
+
+mx::array block_output(const mx::array& x, const mx::array& q, const mx::array& keys, const mx::array& values,
+                       const std::optional<mx::array>& mask, bool causal, float attention_scale,
+                       const PackedLinear& o, const mx::array& norm_weight, float eps, const PackedLinear& gate_up,
+                       const PackedLinear& down, mx::StreamOrDevice s) {
+  check(x.ndim() == 3 && x.dtype() == mx::float32, "x must be a float32 [batch, tokens, hidden] array");
+  auto stream = mx::to_stream(s, mx::Device::cpu);
+  check(stream.device == mx::Device::cpu, "runs on the CPU only");
+  check_attention_inputs(q, keys, values, causal, mask);
+  const int B = x.shape(0), L = x.shape(1), D = x.shape(2);
+  check(q.shape(0) == B && q.shape(2) == L, "the queries must be [batch, heads, tokens, head_dim] of x's batch and tokens");
+  check(o.sizes.size() == 1 && o.sizes[0] == D, "the output projection must give the hidden size");
+  check(gate_up.sizes.size() == 2 && gate_up.sizes[0] == gate_up.sizes[1], "gate/up must have two parts of one size");
+  check(down.sizes.size() == 1 && down.sizes[0] == D, "the down projection must give the hidden size");
+  const PackedLinear ow = checked_packed(o, q.shape(1) * values.shape(3), stream);
+  const PackedLinear gw = checked_packed(gate_up, D, stream);
+  const PackedLinear dw = checked_packed(down, gate_up.sizes[0], stream);
+  std::vector<mx::array> inputs{x, q, keys, values};
+  push_weight(inputs, ow);
+  inputs.push_back(float_vector(norm_weight, D, "the norm weight", stream));
+  push_weight(inputs, gw);
+  push_weight(inputs, dw);
+  if (mask.has_value()) inputs.push_back(*mask);
+  CpuBlockOutput::Formats formats{ow.group_size, ow.bits, gw.group_size, gw.bits, dw.group_size, dw.bits, gw.sizes};
+  return mx::array(x.shape(), mx::float32,
+                   std::make_shared<CpuBlockOutput>(stream, attention_scale, causal, eps, std::move(formats)),
+                   std::move(inputs));
+}
+
+void CpuBlockOutput::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  for (const auto& input : inputs) encoder.set_input_array(input);
+  encoder.set_output_array(out);
+  const Formats& f = formats_;
+  const int D = inputs[0].shape(2);
+  encoder.dispatch([inputs, dst = out.data<float>(), scale = attention_scale_, causal = causal_, eps = eps_,
+                    o = weight_at(inputs, 4, f.o_group_size, f.o_bits, {D}),
+                    gate_up = weight_at(inputs, 8, f.gate_up_group_size, f.gate_up_bits, f.gate_up_sizes),
+                    down = weight_at(inputs, 11, f.down_group_size, f.down_bits, {D})]() {
+    const mx::array& x = inputs[0];
+    const mx::array &q = inputs[1], &keys = inputs[2], &values = inputs[3];
+    const int B = x.shape(0), L = x.shape(1), D = x.shape(2);
+    const int M = B * L;
+    if (M == 0) return;
+    const int64_t size = static_cast<int64_t>(M) * D;
+    const int attended = q.shape(1) * values.shape(3);
+    const int hidden = gate_up.sizes[0];
+    std::optional<mx::array> mask;
+    if (inputs.size() > 14) mask = inputs[14];
+    thread_local std::vector<float> gathered, attn, projected, h, normed, gates, act;
+    attn.resize(static_cast<size_t>(M) * attended);
+    attention_into(q, keys, values, mask, scale, causal, attn.data());
+    projected.resize(size);
+    product(attn.data(), M, attended, o, {projected.data()});
+    const float* xs = dense(x, gathered);
+    h.resize(size);
+    for (int64_t i = 0; i < size; ++i) h[i] = xs[i] + projected[i];
+    normed.resize(size);
+    rms_norm_rows(h.data(), M, D, inputs[7].data<float>(), eps, normed.data());
+    gates.resize(static_cast<size_t>(2) * M * hidden);
+    float* gate = gates.data();
+    float* up = gate + static_cast<size_t>(M) * hidden;
+    product(normed.data(), M, D, gate_up, {gate, up});
+    act.resize(static_cast<size_t>(M) * hidden);
+    swiglu_rows(gate, up, act.data(), static_cast<int64_t>(M) * hidden);
+    product(act.data(), M, hidden, down, {projected.data()});
+    for (int64_t i = 0; i < size; ++i) dst[i] = h[i] + projected[i];
+  });
+}
+
+void CpuBlockOutput::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("CpuBlockOutput runs on the CPU only");
+}
+
+bool CpuBlockOutput::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const CpuBlockOutput&>(other);
+  const Formats &a = formats_, &b = o.formats_;
+  return attention_scale_ == o.attention_scale_ && causal_ == o.causal_ && eps_ == o.eps_ &&
+         a.o_group_size == b.o_group_size && a.o_bits == b.o_bits && a.gate_up_group_size == b.gate_up_group_size &&
+         a.gate_up_bits == b.gate_up_bits && a.down_group_size == b.down_group_size && a.down_bits == b.down_bits &&
+         a.gate_up_sizes == b.gate_up_sizes;
+}
+
+}  // namespace mlxd_qmm

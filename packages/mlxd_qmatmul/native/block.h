@@ -1,0 +1,94 @@
+// Two MLX primitives that run a llama-style decoder layer in two ops instead of about twenty: the
+// attention's input (RMSNorm, the packed q/k/v product, RoPE) and everything after the cache update
+// (attention, the output projection, the residual, RMSNorm, the packed gate/up product, SwiGLU, the down
+// projection, the residual). Each step is the same computation as the one-op kernels (rms_norm, rope,
+// attention, swiglu, quantized_matmul_split), so results are bit-identical to running those one by one;
+// what goes is the per-op dispatch (about 7 us each on MLX's CPU stream) and the wake-ups of the kernel
+// pool between them.
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+#include "qmatmul.h"
+
+namespace mx = mlx::core;
+
+namespace mlxd_qmm {
+
+struct RopeSpec {
+  int dims;
+  bool traditional;
+  float base, scale;
+};
+
+// For x [B, L, hidden] (float32): xn = rms_norm(x, norm_weight, eps); q, k, v = the parts of xn @ qkv;
+// returns rope(q) [B, heads, L, head_dim], rope(k) [B, kv_heads, L, head_dim], v [B, kv_heads, L, head_dim],
+// RoPE at positions offset + t (offset: an int32 scalar or one per batch entry).
+std::vector<mx::array> attention_input(const mx::array& x, const mx::array& norm_weight, float eps,
+                                       const PackedLinear& qkv, int heads, int kv_heads, int head_dim,
+                                       const mx::array& offset, const RopeSpec& rope, mx::StreamOrDevice s = {});
+
+// For the layer input x [B, L, hidden], the queries from attention_input and the cache's keys and values:
+// h = x + attention(q, keys, values) @ o; returns h + down(swiglu(gate, up)), where gate, up are the parts of
+// rms_norm(h, norm_weight, eps) @ gate_up. Mask as attention() takes it.
+mx::array block_output(const mx::array& x, const mx::array& q, const mx::array& keys, const mx::array& values,
+                       const std::optional<mx::array>& mask, bool causal, float attention_scale,
+                       const PackedLinear& o, const mx::array& norm_weight, float eps, const PackedLinear& gate_up,
+                       const PackedLinear& down, mx::StreamOrDevice s = {});
+
+// Inputs: x, norm weight, offset, qkv weight, scales, biases. Outputs: q, k, v.
+class CpuAttentionInput : public mx::Primitive {
+ public:
+  CpuAttentionInput(mx::Stream stream, float eps, int group_size, int bits, std::vector<int> sizes, int heads,
+                    int kv_heads, int head_dim, RopeSpec rope)
+      : mx::Primitive(stream), eps_(eps), group_size_(group_size), bits_(bits), sizes_(std::move(sizes)),
+        heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), rope_(rope) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override {
+    return "CpuAttentionInput";
+  }
+  bool is_equivalent(const mx::Primitive& other) const override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
+
+ private:
+  float eps_;
+  int group_size_, bits_;
+  std::vector<int> sizes_;
+  int heads_, kv_heads_, head_dim_;
+  RopeSpec rope_;
+};
+
+// Inputs: x, q, keys, values, o (weight, scales, biases), norm weight, gate_up (3), down (3), [mask].
+class CpuBlockOutput : public mx::UnaryPrimitive {
+ public:
+  struct Formats {
+    int o_group_size, o_bits, gate_up_group_size, gate_up_bits, down_group_size, down_bits;
+    std::vector<int> gate_up_sizes;
+  };
+  CpuBlockOutput(mx::Stream stream, float attention_scale, bool causal, float eps, Formats formats)
+      : mx::UnaryPrimitive(stream), attention_scale_(attention_scale), causal_(causal), eps_(eps),
+        formats_(std::move(formats)) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  const char* name() const override {
+    return "CpuBlockOutput";
+  }
+  bool is_equivalent(const mx::Primitive& other) const override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {inputs[0].shape()};
+  }
+
+ private:
+  float attention_scale_;
+  bool causal_;
+  float eps_;
+  Formats formats_;
+};
+
+}  // namespace mlxd_qmm

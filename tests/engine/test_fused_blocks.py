@@ -1,0 +1,179 @@
+"""Llama-style layers as two kernel ops (mlxd_engine/fused_blocks.py, native/block.cpp): bit-identical to the
+same layer op by op on the kernel, through every engine path (alone and compiled, batched rows at different
+positions, contiguous and paged storage, verify forwards), and left op by op where they do not apply."""
+
+from __future__ import annotations
+
+import importlib
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+
+import mlxd_qmatmul
+
+from . import architectures
+
+pytestmark = pytest.mark.skipif(not mlxd_qmatmul.available(), reason=mlxd_qmatmul.unavailable_reason())
+
+llama = importlib.import_module("mlx_lm.models.llama")
+
+
+def _kernel_model(name: str = "llama", seed: int = 3, int8: bool = False, **config):
+    """A tiny random model of ``name`` quantized to 4 bits, on the CPU kernel with packed projections and the
+    CPU's fused norms and RoPE (as the engine sets it up), before any layer is fused."""
+    from mlxd_engine.cpu_fusion import fuse_cpu_layers
+    from mlxd_engine.loading.cpu_weights import apply_cpu_weight_rule
+
+    module_name, base = architectures.ARCHITECTURES[name]
+    module = importlib.import_module(f"mlx_lm.models.{module_name}")
+    mx.random.seed(seed)
+    model = module.Model(module.ModelArgs.from_dict({**base, **config}))
+    mx.eval(model.parameters())
+    nn.quantize(model, group_size=32, bits=4, class_predicate=lambda _, m: hasattr(m, "to_quantized"))
+    mx.eval(model.parameters())
+    apply_cpu_weight_rule(model, choice="kernel-int8" if int8 else "kernel")
+    fuse_cpu_layers(model)
+    return model
+
+
+def _layers(model):
+    return model.model.layers
+
+
+def test_a_fused_layer_equals_its_ops_for_prompts_steps_and_verifies():
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from mlxd_engine.fused_blocks import FusedLlamaBlock, fuse_blocks
+
+    model = _kernel_model()
+    stock_caches = make_prompt_cache(model)
+    assert fuse_blocks(model) == len(_layers(model))
+    assert all(type(layer) is FusedLlamaBlock for layer in _layers(model))
+    fused_caches = make_prompt_cache(model)
+    for tokens in (architectures.prompt(12, 1), [7], [3, 4, 5, 6, 7, 8, 9, 10, 11], [42]):
+        x = model.model.embed_tokens(mx.array([tokens]))
+        mask = "causal" if len(tokens) > 1 else None
+        for layer, stock_cache, fused_cache in zip(_layers(model), stock_caches, fused_caches):
+            want = llama.TransformerBlock.__call__(layer, x, mask, stock_cache)
+            got = layer(x, mask, fused_cache)
+            assert np.array_equal(np.array(got), np.array(want))
+            x = want
+
+
+def test_attention_input_takes_one_offset_per_row():
+    from mlxd_engine.fused_blocks import fuse_blocks
+
+    model = _kernel_model()
+    fuse_blocks(model)
+    layer = _layers(model)[0]
+    attn = layer.self_attn
+    group = attn.q_proj.projection_group
+    x = mx.random.normal((3, 2, 64), key=mx.random.key(0))
+    offset = mx.array([0, 17, 5], dtype=mx.int32)
+    got = mlxd_qmatmul.attention_input(
+        x,
+        layer.input_layernorm.weight,
+        layer.input_layernorm.eps,
+        (group.weight, group.scales, group.biases, group.group_size, group.bits, group.sizes),
+        attn.n_heads,
+        attn.n_kv_heads,
+        attn.head_dim,
+        offset,
+        (attn.rope.dims, attn.rope.traditional, attn.rope.base, attn.rope.scale),
+    )
+    xn = layer.input_layernorm(x)
+    q, k, v = (
+        p.reshape(3, 2, -1, attn.head_dim).transpose(0, 2, 1, 3)
+        for p in (attn.q_proj(xn), attn.k_proj(xn), attn.v_proj(xn))
+    )
+    want = (attn.rope(q, offset=offset), attn.rope(k, offset=offset), v)
+    for g, w in zip(got, want):
+        assert np.array_equal(np.array(g), np.array(w))
+
+
+def _engine(model, storage: str = "contiguous", blocks: bool = True, monkeypatch=None):
+    from mlxd_engine import Engine
+
+    monkeypatch.setenv("MLXD_FUSE_BLOCKS", "1" if blocks else "0")
+    return Engine(architectures.loaded("llama", model=model), max_sequences=4, storage=storage)
+
+
+@pytest.mark.parametrize("storage", ["contiguous", "paged"])
+def test_greedy_decode_is_the_same_with_and_without_fused_layers(storage, monkeypatch):
+    prompts = [architectures.prompt(n, seed) for n, seed in ((9, 1), (23, 2), (4, 3))]
+    results = []
+    for blocks in (False, True):
+        engine = _engine(_kernel_model(), storage, blocks, monkeypatch)
+        assert engine.fused_blocks == (len(_layers(engine.model)) if blocks else 0)
+        alone = architectures.alone(engine, prompts[1], 12)
+        rows = architectures.batched(engine, prompts, 10)
+        seq = engine.add_sequence(prompts[0])
+        engine.prefill(seq)
+        logits = engine.verify(seq, [seq.tokens[-1], 5, 6, 7, 8])
+        results.append((alone, rows, np.array(logits)))
+    (alone0, rows0, verify0), (alone1, rows1, verify1) = results
+    assert alone1 == alone0
+    assert rows1 == rows0
+    assert np.array_equal(verify1, verify0)
+
+
+def test_layers_the_fused_ops_do_not_cover_stay_op_by_op(monkeypatch):
+    from mlxd_engine.fused_blocks import fuse_blocks
+
+    assert fuse_blocks(_kernel_model(attention_bias=True)) == 0  # biases: not in the fused ops
+    if mlxd_qmatmul.int8_available(4):
+        assert fuse_blocks(_kernel_model(int8=True)) == 0  # int8 activations: opt-in, op by op
+    if architectures.available("qwen3"):
+        assert fuse_blocks(_kernel_model("qwen3")) == 0  # another layer class (q/k norms)
+    assert _engine(_kernel_model(), blocks=False, monkeypatch=monkeypatch).fused_blocks == 0  # MLXD_FUSE_BLOCKS=0
+
+
+def test_a_fused_layer_runs_its_own_ops_where_the_fused_ones_do_not_apply():
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from mlxd_engine.fused_blocks import fuse_blocks
+    from mlxd_engine.loading.kernel_layers import KernelQuantizedLinear
+
+    model = _kernel_model()
+    fuse_blocks(model)
+    for _, layer in model.named_modules():
+        if isinstance(layer, KernelQuantizedLinear):
+            layer.kernel_max_rows = 4  # a 12-token prompt is past the kernel's rows: BLAS, op by op
+    layer = _layers(model)[0]
+    x = model.model.embed_tokens(mx.array([architectures.prompt(12, 1)]))
+    want = llama.TransformerBlock.__call__(layer, x, "causal", make_prompt_cache(model)[0])
+    assert np.array_equal(np.array(layer(x, "causal", make_prompt_cache(model)[0])), np.array(want))
+    half = x.astype(mx.float16)  # another dtype
+    want = llama.TransformerBlock.__call__(layer, half, "causal", None)
+    assert np.array_equal(np.array(layer(half, "causal", None)), np.array(want))
+
+
+def test_the_fused_ops_refuse_inputs_they_do_not_take():
+    w, s, b = mx.quantize(mx.ones((96, 64)), group_size=32, bits=4)
+    x = mx.ones((1, 1, 64))
+    norm = mx.ones((64,))
+    offset = mx.array(0, dtype=mx.int32)
+    with pytest.raises(ValueError, match="q/k/v parts"):
+        mlxd_qmatmul.attention_input(
+            x, norm, 1e-5, (w, s, b, 32, 4, [32, 32, 32]), 4, 2, 16, offset, (16, False, 1e4, 1.0)
+        )
+    with pytest.raises(ValueError, match="float32"):
+        mlxd_qmatmul.attention_input(
+            x.astype(mx.float16), norm, 1e-5, (w, s, b, 32, 4, [64, 16, 16]), 4, 1, 16, offset, (16, False, 1e4, 1.0)
+        )
+    q = mx.ones((1, 4, 1, 16))
+    kv = mx.ones((1, 2, 3, 16))
+    o = mx.quantize(mx.ones((64, 64)), group_size=32, bits=4)
+    gate_up = mx.quantize(mx.ones((256, 64)), group_size=32, bits=4)
+    down = mx.quantize(mx.ones((64, 128)), group_size=32, bits=4)
+    got = mlxd_qmatmul.block_output(
+        x, q, kv, kv, None, False, 0.25, (*o, 32, 4), norm, 1e-5, (*gate_up, 32, 4), (*down, 32, 4)
+    )
+    assert got.shape == (1, 1, 64)
+    with pytest.raises(ValueError, match="features"):  # down takes 128 inputs, gate/up give 96
+        bad_gate_up = mx.quantize(mx.ones((192, 64)), group_size=32, bits=4)
+        mlxd_qmatmul.block_output(
+            x, q, kv, kv, None, False, 0.25, (*o, 32, 4), norm, 1e-5, (*bad_gate_up, 32, 4), (*down, 32, 4)
+        )
