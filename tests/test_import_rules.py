@@ -136,7 +136,21 @@ def test_the_protocol_is_a_leaf_and_messages_never_imports_the_codec():
     ]
     assert not wrong, wrong
     messages = imports_of(ROOT / "packages/mlxd_protocol/messages.py")
-    assert {imp.module for imp in messages if imp.relative} == {"field_checks", "sampling_rules"}
+    assert {imp.module for imp in messages if imp.relative} == {
+        "codes",
+        "field_checks",
+        "request_checks",
+        "sampling_rules",
+        "values",
+    }
+    for leaf in ("codes", "field_checks", "request_checks", "sampling_rules", "values"):
+        leaf_imports = imports_of(ROOT / f"packages/mlxd_protocol/{leaf}.py")
+        assert {imp.module for imp in leaf_imports if imp.relative} <= {
+            "codes",
+            "field_checks",
+            "request_checks",
+            "sampling_rules",
+        }, leaf
 
 
 @pytest.mark.parametrize(

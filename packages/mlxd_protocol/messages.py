@@ -10,223 +10,67 @@ Contract:
       is how clients match replies to requests on one socket.
     * Field types are the annotations (checked by ``field_checks``); each message's ``validate()``
       adds the value rules (ranges, "exactly one of") and raises ``FieldError``.
-    * Every code lives here: the error codes a daemon sends (``ERROR_CODES``) and the ones the Python
-      clients raise themselves and never send (``CLIENT_CODES``).
-    * This module imports nothing of the protocol but ``field_checks`` and ``sampling_rules`` (the type
-      and value rules). ``codec`` (``encode``, ``decode``, ``ProtocolError``) imports it; nothing here
-      imports back.
+    * Every code is named here: the error codes a daemon sends (``ERROR_CODES``) and the ones the Python
+      clients raise themselves and never send (``CLIENT_CODES``), with the version, limits and kinds
+      (defined in ``codes``, re-exported).
+    * This module imports nothing of the protocol but ``codes`` and the type and value rules
+      (``field_checks``, ``sampling_rules``, ``request_checks``). ``codec`` (``encode``, ``decode``,
+      ``ProtocolError``) imports it; nothing here imports back.
 """
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import ClassVar
 
-from .field_checks import MAX_LIST_ITEMS, FieldError
+from .codes import (  # noqa: F401  (re-exported: the daemon and the tools import the codes from here)
+    AUTH_TOKEN_ENV,
+    BAD_FRAME,
+    BAD_VERSION,
+    CANCELLED,
+    CLIENT_CLOSED,
+    CLIENT_CODES,
+    CONSTRAINT_KINDS,
+    DISCONNECTED,
+    ERROR_CODES,
+    FINISH_CANCELLED,
+    FINISH_LENGTH,
+    FINISH_REASONS,
+    FINISH_STOP,
+    INTERNAL,
+    INVALID,
+    MAX_DRAFT_KEY_CHARS,
+    MAX_DRAFT_LIMIT,
+    MAX_EMBED_INPUTS,
+    MAX_FRAME_BYTES,
+    MAX_ID_CHARS,
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+    NOT_FOUND,
+    OVERLOADED,
+    POOLING_KINDS,
+    PROTOCOL_VERSION,
+    SPECULATIVE_KINDS,
+    SUPPORTED_VERSIONS,
+    TICK_ACTIONS,
+    TOOL_CHOICES,
+    UNAUTHORIZED,
+    UNKNOWN_TYPE,
+)
+from .field_checks import MAX_LIST_ITEMS
+from .request_checks import (  # noqa: F401  (re-exported: the gateway checks bodies with check_template_kwargs)
+    MAX_TEMPLATE_KWARGS,
+    RENDER_ARGUMENTS,
+    check_template_kwargs,
+)
+from .request_checks import check_chat_messages as _check_chat_messages
+from .request_checks import check_optional_template_kwargs as _check_template_kwargs
+from .request_checks import check_tokens as _check_tokens
+from .request_checks import exactly_one as _exactly_one
+from .request_checks import require as _require
+from .request_checks import tool_name as _tool_name
 
 # MAX_LOGPROBS is re-exported: the tools import it from here with the other limits.
-from .sampling_rules import GREEDY, MAX_LOGPROBS, sampling_problem  # noqa: F401
-
-PROTOCOL_VERSION = 1
-SUPPORTED_VERSIONS = frozenset({PROTOCOL_VERSION})
-
-MAX_FRAME_BYTES = 64 * 1024 * 1024  # the daemon also sets ZMQ_MAXMSGSIZE to this
-MAX_ID_CHARS = 256
-MAX_STOP_STRINGS = 64
-MAX_STOP_CHARS = 1024
-MAX_DRAFT_LIMIT = 256
-MAX_DRAFT_KEY_CHARS = 256  # a Generate's draft_key (whose shared draft store)
-
-# Error codes (Error.code), sent by the daemon. A daemon may add codes within a version; clients treat a
-# code they do not know like INTERNAL.
-BAD_FRAME = "bad_frame"  # not msgpack, not a map, more than one message part, or larger than MAX_FRAME_BYTES
-BAD_VERSION = "bad_version"  # "v" missing or not a supported version
-UNKNOWN_TYPE = "unknown_type"  # "type" missing, not a known message type, or not a request
-INVALID = "invalid_request"  # unknown or missing field, wrong type, value out of range
-NOT_FOUND = "not_found"  # names something the daemon lacks (a token id, a chat template)
-OVERLOADED = "overloaded"  # the queue is full, or the daemon is draining for shutdown; retry later
-CANCELLED = "cancelled"  # the daemon dropped the request itself (e.g. on Shutdown)
-INTERNAL = "internal"  # a daemon bug or a failure inside the model
-# A request from a connection that has not sent a Hello with the daemon's auth token (only when the
-# daemon was started with one).
-UNAUTHORIZED = "unauthorized"
-ERROR_CODES = frozenset(
-    {BAD_FRAME, BAD_VERSION, UNKNOWN_TYPE, INVALID, NOT_FOUND, OVERLOADED, CANCELLED, INTERNAL, UNAUTHORIZED}
-)
-
-# Codes the Python clients raise in DaemonError themselves; never on the wire.
-CLIENT_CLOSED = "client_closed"  # the asyncio client was closed with the request still waiting
-DISCONNECTED = "disconnected"  # the connection to the daemon dropped with the request in flight
-CLIENT_CODES = frozenset({CLIENT_CLOSED, DISCONNECTED})
-
-FINISH_STOP = "stop"  # end-of-sequence token or a stop string
-FINISH_LENGTH = "length"  # max_tokens reached
-FINISH_CANCELLED = "cancelled"  # a Cancel for this id arrived
-FINISH_REASONS = frozenset({FINISH_STOP, FINISH_LENGTH, FINISH_CANCELLED})
-
-SPECULATIVE_KINDS = frozenset({"prompt-lookup", "none"})
-TOOL_CHOICES = frozenset({"auto", "none", "required"})  # Generate.tool_choice
-# Constraint.kind: what the output must follow (structured output).
-CONSTRAINT_KINDS = frozenset({"json_object", "json_schema", "gbnf", "lark", "regex"})
-# Embed.pooling: how an input's per-token hidden states become its embedding ("none": one vector per token).
-POOLING_KINDS = frozenset({"mean", "last", "cls", "none"})
-MAX_EMBED_INPUTS = 2048  # inputs of one Embed (OpenAI's bound)
-
-# What a row did in a tick (TickRow.action); see docs/protocol.md, "tick".
-TICK_ACTIONS = frozenset({"prefill", "first-token", "prime", "decode", "verify", "finished"})
-
-AUTH_TOKEN_ENV = "MLXD_AUTH_TOKEN"
-
-
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise FieldError(message)
-
-
-def _check_tokens(tokens: list[int] | None, where: str) -> None:
-    if tokens:
-        _require(min(tokens) >= 0, f"{where}: token ids must be >= 0")
-
-
-def _check_chat_messages(messages: list[dict] | None, where: str) -> None:
-    if messages is None:
-        return
-    _require(len(messages) > 0, f"{where}: must hold at least one message")
-    for index, message in enumerate(messages):
-        for key in ("role", "content"):
-            _require(type(message.get(key)) is str, f"{where}[{index}].{key}: expected str")
-
-
-MAX_TEMPLATE_KWARGS = 32  # chat_template_kwargs: names per request
-
-
-def _check_template_kwargs(kwargs: dict | None, messages: list[dict] | None) -> None:
-    if kwargs is None:
-        return
-    _require(messages is not None, "chat_template_kwargs: with messages only")
-    check_template_kwargs(kwargs)
-
-
-def check_template_kwargs(kwargs: dict) -> None:
-    """The names ``chat_template_kwargs`` may hold (the HTTP gateway checks bodies with it too).
-
-    Raises:
-        FieldError: more than ``MAX_TEMPLATE_KWARGS`` names, a name that is not an identifier, or one the
-            request's own fields set (``RENDER_ARGUMENTS``).
-    """
-    _require(len(kwargs) <= MAX_TEMPLATE_KWARGS, f"chat_template_kwargs: at most {MAX_TEMPLATE_KWARGS} names")
-    _require(all(name.isidentifier() for name in kwargs), "chat_template_kwargs: names must be identifiers")
-    _require(
-        not set(kwargs) & RENDER_ARGUMENTS,
-        f"chat_template_kwargs: {sorted(set(kwargs) & RENDER_ARGUMENTS)} are set by the request itself",
-    )
-
-
-# what the renderer is given from the request's own fields, never from chat_template_kwargs
-RENDER_ARGUMENTS = frozenset(
-    {
-        "messages",
-        "conversation",
-        "tools",
-        "add_generation_prompt",
-        "continue_final_message",
-        "tokenize",
-        "return_dict",
-        "chat_template",
-        "documents",
-        "padding",
-        "truncation",
-    }
-)
-
-
-def _tool_name(tool: Any) -> str | None:
-    """The function name of an OpenAI-style tool definition, None when it has none."""
-    function = tool.get("function") if isinstance(tool, dict) else None
-    name = function.get("name") if isinstance(function, dict) else None
-    return name if isinstance(name, str) and name else None
-
-
-def _exactly_one(message: Any, names: tuple[str, ...]) -> None:
-    given = [name for name in names if getattr(message, name) is not None]
-    _require(
-        len(given) == 1, f"exactly one of {', '.join(names)} must be given; got {', '.join(given) if given else 'none'}"
-    )
-
-
-class Message:
-    """Base of every wire message; ``TYPE`` is the frame's "type" string."""
-
-    __slots__ = ()
-    TYPE: ClassVar[str] = ""
-    if TYPE_CHECKING:  # every request, reply and tick has an id field; nested values (Sampling, ...) do not
-        id: str | None
-
-    def validate(self) -> None:
-        """Check values once their types are right; raise FieldError naming the field. No-op here."""
-
-
-# ---- nested values -------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class Sampling(Message):
-    """Sampler settings; the defaults (``sampling_rules.GREEDY``) mean greedy decoding with every filter off.
-
-    Also the type of the daemon's own default settings (``mlxd --temp/--top-p/--top-k/--min-p``).
-    """
-
-    temperature: float = GREEDY["temperature"]
-    top_k: int = GREEDY["top_k"]
-    top_p: float = GREEDY["top_p"]
-    min_p: float = GREEDY["min_p"]
-    repetition_penalty: float = GREEDY["repetition_penalty"]
-    presence_penalty: float = GREEDY["presence_penalty"]
-    frequency_penalty: float = GREEDY["frequency_penalty"]
-    logit_bias: dict[int, float] = field(default_factory=dict)
-    seed: int | None = None
-    logprobs: int | None = None
-    # the logprobs describe the distribution the sampler draws from (after top_k, top_p, min_p and the
-    # temperature; tokens they filter out are left out) instead of the model's (llama-server's post_sampling_probs)
-    post_sampling: bool = False
-
-    def validate(self) -> None:
-        problem = sampling_problem(self)  # the vocabulary-bound rules are checked where the model is known
-        _require(problem is None, problem or "")
-
-
-@dataclass(slots=True)
-class Speculative(Message):
-    """Speculative decoding choice; None fields mean "the daemon's default"."""
-
-    kind: str | None = None
-    max_draft: int | None = None
-
-    def validate(self) -> None:
-        _require(
-            self.kind is None or self.kind in SPECULATIVE_KINDS,
-            f"speculative.kind: must be one of {sorted(SPECULATIVE_KINDS)} or nil",
-        )
-        _require(
-            self.max_draft is None or 0 <= self.max_draft <= MAX_DRAFT_LIMIT,
-            f"speculative.max_draft: must be in [0, {MAX_DRAFT_LIMIT}]",
-        )
-
-
-@dataclass(slots=True)
-class Constraint(Message):
-    """Structured output: the output must follow a JSON schema or a grammar (the daemon masks every other token).
-
-    ``kind``: "json_object" (any JSON object; ``text`` nil), "json_schema" (``text`` is the schema as JSON
-    text), "gbnf" (llama.cpp's GBNF), "lark" (llguidance's Lark dialect), "regex". A schema or grammar the
-    daemon's grammar library rejects is answered with an invalid_request Error carrying its message.
-    """
-
-    kind: str
-    text: str | None = None
-
-    def validate(self) -> None:
-        _require(self.kind in CONSTRAINT_KINDS, f"constraint.kind: must be one of {sorted(CONSTRAINT_KINDS)}")
-        _require(self.kind == "json_object" or bool(self.text), f"constraint.text: required for kind {self.kind!r}")
-
+from .sampling_rules import MAX_LOGPROBS  # noqa: F401
+from .values import Constraint, Message, Sampling, Speculative
 
 # ---- requests (client -> daemon) -----------------------------------------------------------
 

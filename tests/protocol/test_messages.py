@@ -300,8 +300,9 @@ def test_messages_is_plain_data_the_codec_imports_and_the_package_never_imports_
     tree = ast.parse(inspect.getsource(messages))
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    # plain data: the type rules and the sampler value rules, nothing of the codec or the clients
-    assert imported == {"dataclasses", "typing", "field_checks", "sampling_rules"}, imported
+    # plain data: the codes, the nested values, the type and value rules, nothing of the codec or the clients
+    protocol_leaves = {"codes", "values", "field_checks", "request_checks", "sampling_rules"}
+    assert imported == {"dataclasses", "typing"} | protocol_leaves, imported
     assert not hasattr(messages, "decode") and not hasattr(messages, "ProtocolError")
     assert codec.PROTOCOL_VERSION is messages.PROTOCOL_VERSION and codec.MESSAGE_TYPES is messages.MESSAGE_TYPES
     code = "import sys, mlxd_protocol; print(sorted(m for m in sys.modules if m.split('.')[0] in ('mlx', 'mlx_lm')))"
