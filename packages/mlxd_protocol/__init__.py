@@ -9,7 +9,8 @@ process) speak the same messages.
 """
 
 from .async_client import AsyncClient
-from .client import Client, DaemonError, DaemonTimeout, TickSubscription, new_request_id
+from .client import Client, TickSubscription
+from .client_common import DaemonError, DaemonTimeout, new_request_id
 from .codec import ProtocolError, decode, encode, error_reply
 from .endpoints import (
     check_bind_address,

@@ -27,7 +27,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from .client import (
+from .client_common import (
     CLOSE_LINGER_MS,
     DaemonError,
     DaemonTimeout,

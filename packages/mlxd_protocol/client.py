@@ -17,21 +17,29 @@ Contract:
       its own) and yields typed, versioned ``Tick`` messages, decoded like every other frame.
 """
 
-import os
 import time
-import uuid
 from collections.abc import Iterator
-from typing import TypeVar
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from .client_common import (  # noqa: F401  (DaemonError, DaemonTimeout, new_request_id re-exported)
+    CLOSE_LINGER_MS,
+    CONNECTION_EVENTS,
+    DaemonError,
+    DaemonTimeout,
+    ReplyT,
+    connect_dealer,
+    needs_hello,
+    new_request_id,
+    resolve_auth_token,
+    tokenize_request,
+    unwrap_reply,
+)
 from .codec import ProtocolError, decode, encode
-from .endpoints import TRACE_USER, default_endpoint, parse_endpoint, trace_endpoint
+from .endpoints import TRACE_USER, default_endpoint, trace_endpoint
 from .messages import (
-    AUTH_TOKEN_ENV,
     DISCONNECTED,
-    INTERNAL,
     MAX_FRAME_BYTES,
     TICK_TOPIC,
     UNAUTHORIZED,
@@ -52,127 +60,8 @@ from .messages import (
     Status,
     StatusRequest,
     Tick,
-    Tokenize,
     TokenizeResult,
 )
-
-ReplyT = TypeVar("ReplyT", bound=Message)  # the reply type a request calls for
-SocketT = TypeVar("SocketT", bound=zmq.Socket)
-
-# Frames queued at close (typically a Cancel) get this long to leave; the socket itself never
-# lingers, so a dead daemon cannot make a client hang.
-CLOSE_LINGER_MS = 100
-# What the socket monitor reports: a connection made (again), a connection dropped.
-CONNECTION_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
-
-
-class DaemonError(Exception):
-    """The daemon answered with an Error, or with a reply that breaks the protocol.
-
-    Attributes:
-        code: The Error's code (see ``messages``), e.g. "invalid_request".
-        message: The daemon's explanation.
-    """
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-
-
-class DaemonTimeout(TimeoutError):
-    """No reply in time: the daemon is down, stuck, or listening elsewhere."""
-
-
-def new_request_id() -> str:
-    """Make a request id.
-
-    Returns:
-        16 hex characters from a random UUID (64 random bits: collisions are not a concern).
-    """
-    return uuid.uuid4().hex[:16]
-
-
-def tokenize_request(
-    text: str | None = None,
-    messages: list[dict] | None = None,
-    add_special_tokens: bool = True,
-    tools: list[dict] | None = None,
-    *,
-    add_generation_prompt: bool = True,
-    chat_template_kwargs: dict | None = None,
-    continue_final_message: bool = False,
-    return_text: bool = False,
-) -> Tokenize:
-    """The Tokenize every client sends for its ``tokenize`` and ``render_chat`` (fields as ``Tokenize``'s)."""
-    return Tokenize(
-        text=text,
-        messages=messages,
-        add_special_tokens=add_special_tokens,
-        tools=tools,
-        add_generation_prompt=add_generation_prompt,
-        chat_template_kwargs=chat_template_kwargs,
-        continue_final_message=continue_final_message,
-        return_text=return_text,
-        id=new_request_id(),
-    )
-
-
-def resolve_auth_token(auth_token: str | None) -> str | None:
-    """The token to authenticate with: ``auth_token``, else ``$MLXD_AUTH_TOKEN``, else None."""
-    if auth_token is not None:
-        return auth_token or None
-    return os.environ.get(AUTH_TOKEN_ENV) or None
-
-
-def needs_hello(client, message: Message) -> Hello | None:
-    """The Hello carrying the client's token to send before ``message``, once per connection."""
-    if client.auth_token is None or client._authenticated or isinstance(message, Hello):
-        return None
-    client._authenticated = True
-    return Hello(client=type(client).__name__, id=new_request_id(), token=client.auth_token)
-
-
-def connect_dealer(context: zmq.Context[SocketT], endpoint: str) -> SocketT:
-    """Open a DEALER socket connected to ``endpoint`` (shared by the blocking and async clients).
-
-    Args:
-        context: A ``zmq.Context`` or ``zmq.asyncio.Context``.
-        endpoint: The daemon's endpoint.
-
-    Returns:
-        The connected socket.
-
-    Raises:
-        ValueError: The endpoint is malformed.
-    """
-    parse_endpoint(endpoint)  # a clear ValueError instead of zmq's "Invalid argument"
-    socket = context.socket(zmq.DEALER)
-    socket.setsockopt(zmq.LINGER, 0)
-    socket.setsockopt(zmq.IPV6, 1)  # so tcp://[::1]:port works; IPv4 still works
-    socket.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
-    socket.connect(endpoint)
-    return socket
-
-
-def unwrap_reply(reply: Message, expected: type[ReplyT]) -> ReplyT:
-    """Return ``reply`` if it is the expected type; raise for an Error or anything else.
-
-    Args:
-        reply: A reply matched to our request.
-        expected: The reply type the request calls for.
-
-    Returns:
-        ``reply``.
-
-    Raises:
-        DaemonError: ``reply`` is an Error (its code and message), or of an unexpected type.
-    """
-    if isinstance(reply, expected):
-        return reply
-    if isinstance(reply, Error):
-        raise DaemonError(reply.code, reply.message)
-    raise DaemonError(INTERNAL, f"expected a {expected.TYPE!r} reply, got {reply.TYPE!r}")
 
 
 class Client:

@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
-from .client import DaemonError, ReplyT, new_request_id, tokenize_request, unwrap_reply
+from .client_common import DaemonError, ReplyT, new_request_id, tokenize_request, unwrap_reply
 from .codec import decode, encode
 from .messages import (
     INTERNAL,
