@@ -9,9 +9,9 @@ Modules, each importing only those before it: ``settings`` (plain data), ``json_
 from clients), ``errors``, ``metrics``, ``daemon_pool`` (the daemons: health, choice, fail-over),
 ``supervisor`` (restarting a daemon the gateway started), ``context`` (what a route may use),
 ``streaming`` (SSE and collecting answers), ``request_guard`` (Host, Origin, Content-Type),
-``middleware``, ``http_timeouts`` (the header read timeout, in the server layer), the routes
-(``openai_routes``, ``llama_routes``: they import ``context`` and ``streaming``, never ``app``), then
-``app`` and ``main``.
+``middleware``, ``http_timeouts`` (the header read timeout, in the server layer), the pieces of an answer
+the routes share (``openai_replies``, ``llama_answer``), the routes (``openai_routes``, ``llama_routes``:
+they import ``context`` and ``streaming``, never ``app``), then ``app`` and ``main``.
 """
 
 from .app import Settings, create_app

@@ -21,7 +21,7 @@ from .context import gateway
 from .daemon_pool import DaemonHandle
 from .errors import ERROR_RESPONSES, ApiError, NoDaemonAvailable, from_daemon_failure
 from .json_body import JsonBodyRoute
-from .llama_completion import NEUTRAL_SAMPLERS
+from .llama_answer import NEUTRAL_SAMPLERS
 
 router = APIRouter(route_class=JsonBodyRoute)
 

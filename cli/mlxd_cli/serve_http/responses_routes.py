@@ -42,7 +42,7 @@ from .context import gateway
 from .daemon_pool import GenerationStream, open_generation
 from .errors import ERROR_RESPONSES, ApiError
 from .json_body import JsonBodyRoute
-from .openai_routes import request_builder, usage_of
+from .openai_replies import request_builder, usage_of
 from .request_fields import check_extra_fields, ignored_fields_header, name_daemon_field
 from .responses_store import DEFAULT_MAX_STORED_RESPONSES, ResponsesStore, StoredResponse
 from .schemas import OpenAIGenerationFields
