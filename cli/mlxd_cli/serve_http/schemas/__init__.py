@@ -1,20 +1,18 @@
 """The HTTP bodies of mlx-serve-http as pydantic models (so /openapi.json is true): what clients send
-(``requests.py``: strict, bounded to what the daemon accepts) and what the server answers
+(``requests.py``: strict, bounded to what the daemon accepts, built from ``request_parts.py``; the
+embeddings and tokenize bodies in ``embedding_requests.py``) and what the server answers
 (``responses.py``: OpenAI's and llama-server's shapes). The routes import both from here."""
 
+from .embedding_requests import DetokenizeRequest, EmbeddingRequest, LlamaEmbeddingRequest, TokenizeRequest
 from .requests import (
     MAX_TOKENS_LIMIT,
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
-    DetokenizeRequest,
-    EmbeddingRequest,
     LlamaCompletionRequest,
-    LlamaEmbeddingRequest,
     OpenAIGenerationFields,
     Prediction,
     ResponseFormat,
-    TokenizeRequest,
     Tool,
     build_sampling,
     check_prompt,

@@ -15,187 +15,34 @@ Contract:
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
+from typing import Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from mlxd_protocol import Constraint, Sampling, Speculative
-from mlxd_protocol.field_checks import MAX_LIST_ITEMS
-from mlxd_protocol.messages import (
-    MAX_DRAFT_LIMIT,
-    MAX_EMBED_INPUTS,
-    MAX_LOGPROBS,
-    MAX_STOP_CHARS,
-    MAX_STOP_STRINGS,
-    check_template_kwargs,
-)
+from mlxd_protocol import Constraint
+from mlxd_protocol.messages import MAX_LOGPROBS
 
 from ..json_body import INT64_MAX, UnsafeJson, parse_json
-
-MAX_TOKENS_LIMIT = MAX_LIST_ITEMS  # the protocol's bound on max_tokens; larger is refused
-MAX_CHOICES = 32  # n: each choice is a generation of its own on the daemons
-FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
-# Sampling fields the daemon reports as its defaults (Status.options["sampling"]).
-_SAMPLING_FIELDS = frozenset(Sampling.__dataclass_fields__)
-
-
-class StrictModel(BaseModel):
-    """Base of nested request parts: strict types, unknown fields ignored."""
-
-    model_config = ConfigDict(strict=True, extra="ignore")
-
-
-class RequestBody(StrictModel):
-    """Base of request bodies: strict types; fields without a model field are kept for ``request_fields``."""
-
-    model_config = ConfigDict(strict=True, extra="allow")
-
-
-# ---- shared request parts --------------------------------------------------------------------
-
-
-def _template_kwargs(value: dict | None) -> dict | None:
-    if value is not None:
-        check_template_kwargs(value)  # the protocol's rule, checked here for a 400 that names the field
-    return value
-
-
-# vLLM's and llama-server's chat_template_kwargs: extra chat-template variables, e.g. {"enable_thinking": false}
-TemplateKwargs = Annotated[dict[str, Any] | None, AfterValidator(_template_kwargs)]
-
-
-class SpeculativeOptions(StrictModel):
-    """Extension: ask for (or refuse) prompt-lookup speculative decoding; never changes the output."""
-
-    kind: Literal["prompt-lookup", "none"]
-    max_draft: int | None = Field(None, ge=0, le=MAX_DRAFT_LIMIT)
-    shared_drafts: bool = True  # false: no drafts from the daemon's store of earlier requests' outputs
-
-    def to_protocol(self) -> Speculative:
-        """The protocol's Speculative value."""
-        return Speculative(kind=self.kind, max_draft=self.max_draft)
-
-
-def shared_drafts(speculative: SpeculativeOptions | None) -> bool:
-    """Generate.shared_drafts for a request's ``speculative`` extension (on unless it says false)."""
-    return speculative.shared_drafts if speculative is not None else True
-
-
-class JsonSchemaFormat(StrictModel):
-    """OpenAI's ``response_format.json_schema``: the schema the reply must follow."""
-
-    name: str | None = None
-    description: str | None = None
-    schema_: dict | None = Field(None, alias="schema")
-    strict: bool | None = None
-
-
-class ResponseFormat(StrictModel):
-    """OpenAI's ``response_format``: "text" (no constraint), "json_object" or "json_schema".
-
-    llama-server's extension: ``{"type": "json_object", "schema": {...}}`` constrains the reply to that
-    schema (as ``json_schema`` would), not merely to some JSON object.
-    """
-
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
-    schema_: dict | None = Field(None, alias="schema")
-
-    def to_protocol(self) -> Constraint | None:
-        """The protocol's Constraint (None for "text"); a json_schema without its schema is refused."""
-        if self.type == "text":
-            return None
-        if self.type == "json_object":
-            if self.schema_ is not None:
-                return Constraint(kind="json_schema", text=json.dumps(self.schema_))
-            return Constraint(kind="json_object")
-        if self.json_schema is None or self.json_schema.schema_ is None:
-            raise ValueError('type "json_schema" needs json_schema.schema')
-        return Constraint(kind="json_schema", text=json.dumps(self.json_schema.schema_))
-
-
-class StreamOptions(StrictModel):
-    include_usage: bool = False
-
-
-def normalize_stop(stop: str | list[str] | None) -> list[str]:
-    """Stop strings as a list; empty strings dropped (they could only match everywhere).
-
-    Args:
-        stop: A string, a list of strings, or None.
-
-    Returns:
-        The non-empty stop strings.
-    """
-    if stop is None:
-        return []
-    strings = [stop] if isinstance(stop, str) else stop
-    if len(strings) > MAX_STOP_STRINGS:
-        raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings")
-    if any(len(string) > MAX_STOP_CHARS for string in strings):
-        raise ValueError(f"each stop string at most {MAX_STOP_CHARS} characters")
-    return [string for string in strings if string]
-
-
-def _check_stop(stop: str | list[str] | None) -> str | list[str] | None:
-    normalize_stop(stop)  # raises for too many
-    return stop
-
-
-StopStrings = Annotated[str | list[str] | None, AfterValidator(_check_stop)]
-
-
-def _progress_is_streamed(return_progress: bool, info: ValidationInfo) -> bool:
-    if return_progress and not info.data.get("stream"):
-        raise ValueError("prompt progress is sent in a stream: needs stream: true")
-    return return_progress
-
-
-# llama-server's return_progress: prompt_progress events while the prompt is prefilled, so only in a stream
-# (the model's stream field comes before it)
-StreamedProgress = Annotated[bool, AfterValidator(_progress_is_streamed)]
-
-
-def check_prompt(prompt: str | list[int]) -> str | list[int]:
-    """Refuse an empty prompt or a negative token id (raises ValueError); return the prompt."""
-    if not prompt:
-        raise ValueError("the prompt must not be empty")
-    if isinstance(prompt, list) and min(prompt) < 0:
-        raise ValueError("token ids must be >= 0")
-    return prompt
-
-
-def build_sampling(overrides: dict, daemon_defaults: dict | None) -> Sampling | None:
-    """The Sampling to send: the client's settings over the daemon's defaults.
-
-    Args:
-        overrides: Protocol sampling fields the client set (``sampling_overrides()``).
-        daemon_defaults: ``Status.options["sampling"]`` of the daemon that will serve the request.
-
-    Returns:
-        None when the client set nothing (the daemon then applies its defaults itself), else a
-        Sampling; a protocol Sampling replaces the daemon's defaults whole, hence the merge.
-    """
-    if not overrides:
-        return None
-    merged = {name: value for name, value in (daemon_defaults or {}).items() if name in _SAMPLING_FIELDS}
-    merged.update(overrides)
-    return Sampling(**merged)
-
-
-class PredictionPart(BaseModel):
-    type: Literal["text"]
-    text: str
-
-
-class Prediction(BaseModel):
-    """OpenAI's ``prediction``: ``{"type": "content", "content": "..." | [{"type": "text", "text": "..."}]}``."""
-
-    type: Literal["content"]
-    content: str | list[PredictionPart]
-
-    def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+from .request_parts import (  # noqa: F401  (re-exported: the other body modules build on these)
+    MAX_CHOICES,
+    MAX_TOKENS_LIMIT,
+    FiniteFloat,
+    JsonSchemaFormat,
+    Prediction,
+    PredictionPart,
+    RequestBody,
+    ResponseFormat,
+    SpeculativeOptions,
+    StopStrings,
+    StreamedProgress,
+    StreamOptions,
+    StrictModel,
+    TemplateKwargs,
+    build_sampling,
+    check_prompt,
+    normalize_stop,
+    shared_drafts,
+)
 
 
 class OpenAIGenerationFields(RequestBody):
@@ -598,82 +445,3 @@ class LlamaCompletionRequest(RequestBody):
             "seed": self.seed if self.seed != -1 else None,
         }
         return {name: value for name, value in given.items() if value is not None}
-
-
-# ---- /v1/embeddings (OpenAI) and /embedding (llama-server) -----------------------------------
-
-EmbeddingInput = str | list[str] | list[int] | list[list[int]]
-
-
-def embedding_inputs(value: EmbeddingInput) -> dict:
-    """The protocol's ``texts`` or ``token_inputs`` for an embeddings input (a string, strings, a token list
-    or token lists); raises ValueError for an empty one, a negative token id or too many inputs."""
-    if isinstance(value, str):
-        value = [value]
-    elif value and isinstance(value[0], int):
-        value = [value]
-    # value is now a list of strings or of token lists (the type checker cannot follow the wrapping above)
-    if not value:
-        raise ValueError("must hold at least one input")
-    if len(value) > MAX_EMBED_INPUTS:
-        raise ValueError(f"at most {MAX_EMBED_INPUTS} inputs")
-    if any(len(one) == 0 for one in value):  # type: ignore[arg-type]
-        raise ValueError("an input must not be empty")
-    if isinstance(value[0], str):
-        return {"texts": list(value)}
-    if min(min(tokens) for tokens in value) < 0:  # type: ignore[arg-type]
-        raise ValueError("token ids must be >= 0")
-    return {"token_inputs": [list(tokens) for tokens in value]}  # type: ignore[arg-type]
-
-
-class EmbeddingRequest(RequestBody):
-    """OpenAI's /v1/embeddings body."""
-
-    input: EmbeddingInput
-    model: str | None = None
-    encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(None, ge=1)  # refused unless it is the model's own
-    user: str | None = None
-
-    @field_validator("input")
-    @classmethod
-    def _usable_input(cls, value):
-        embedding_inputs(value)
-        return value
-
-    def protocol_inputs(self) -> dict:
-        return embedding_inputs(self.input)
-
-
-class LlamaEmbeddingRequest(RequestBody):
-    """llama-server's /embedding body: ``content`` (or ``input``), and ``embd_normalize`` (2: L2, -1: none)."""
-
-    content: EmbeddingInput | None = None
-    input: EmbeddingInput | None = None
-    embd_normalize: int = 2
-
-    @model_validator(mode="after")
-    def _one_input(self):
-        if (self.content is None) == (self.input is None):
-            raise ValueError("give content or input (one of them)")
-        embedding_inputs(self.content if self.content is not None else self.input)
-        return self
-
-    @field_validator("embd_normalize")
-    @classmethod
-    def _supported_norm(cls, value: int) -> int:
-        if value not in (-1, 2):
-            raise ValueError("only 2 (Euclidean) and -1 (none) are supported")
-        return value
-
-    def protocol_inputs(self) -> dict:
-        return embedding_inputs(self.content if self.content is not None else self.input)  # type: ignore[arg-type]
-
-
-class TokenizeRequest(StrictModel):
-    content: str
-    add_special: bool = False
-
-
-class DetokenizeRequest(StrictModel):
-    tokens: list[Annotated[int, Field(ge=0)]]
