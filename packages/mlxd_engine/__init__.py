@@ -6,7 +6,7 @@ The engine sees token ids only; tokenization happens at the edges (the tokenizer
 
 from .eligibility import Eligibility, prompt_lookup_eligibility
 from .embeddings import POOLINGS, EmbeddingRun, EmbeddingUnavailable, HiddenStateSource, hidden_state_source
-from .engine import Emitted, Engine, Sequence, StepHandle, kv_bytes_per_token
+from .engine import Engine, kv_bytes_per_token
 from .errors import GGUFError, KVStorageFull, ModelLoadError, PromptTooLong
 from .finish_rule import ends_on, finish_reason, reaches_length
 from .forward_cost import ForwardCost, calibrate_forward_cost
@@ -18,6 +18,7 @@ from .memory import memory_usage, release_cached_memory
 from .sampling.chain import SamplerChain, SamplingParams
 from .sampling.grammar import GRAMMAR_KINDS, JSON_LAYOUT, Grammar, GrammarError, compile_grammar
 from .sampling.grammar_limits import GrammarLimits
+from .sequence import Emitted, Sequence, StepHandle
 from .storage.kv_backend import STORAGE_BACKENDS, KVStorage, make_kv_storage
 from .storage.kv_bound import at_kv_bound, kv_room
 from .storage.kv_storage import SlotKVStorage

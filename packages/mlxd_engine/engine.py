@@ -21,7 +21,6 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import cast
 
 import mlx.core as mx
@@ -36,6 +35,7 @@ from .forward_cost import ForwardCost
 from .fused_blocks import blocks_wanted, fuse_blocks
 from .loading.loader import LoadedModel
 from .sampling.chain import SamplerChain, SamplingParams, post_sampling_logprobs, sample_rows, token_logprobs
+from .sequence import Emitted, Sequence, StepHandle, mean_context
 from .storage.kv_backend import make_kv_storage
 from .storage.kv_storage import SlotState
 from .storage.paged_kv_storage import DEFAULT_BLOCK_SIZE, SharedPrefix
@@ -43,71 +43,6 @@ from .storage.prefix_cache import DEFAULT_MAX_ENTRIES, PrefixCache
 from .storage.row_storage import RowStorage
 
 log = logging.getLogger("mlxd.engine")
-
-
-@dataclass
-class Emitted:
-    """One output token and, when the request asked for them, its log-probabilities."""
-
-    token: int
-    logprob: float | None = None
-    top_logprobs: list[tuple[int, float]] | None = None
-
-
-@dataclass
-class Sequence:
-    """One sequence in the engine (per-row state; the scheduler keeps request-level state)."""
-
-    seq_id: int
-    kv: SlotState  # slot, committed and pending appends
-    tokens: list[int]  # prompt + output; tokens[:kv.committed] are in KV storage; written by ``record`` only
-    prompt_length: int
-    chain: SamplerChain
-    max_kv: int  # the sequence may hold at most this many tokens in storage
-    cached_tokens: int = 0  # prompt tokens taken from the prefix cache instead of prefilled
-    cache_prompt: bool = True  # whether it reads and, when it ends, feeds the prefix cache
-    released: bool = False  # its slot went back to the pool; a step still in flight for it is ignored
-
-    @property
-    def params(self) -> SamplingParams:
-        return self.chain.params
-
-    @property
-    def output(self) -> list[int]:
-        return self.tokens[self.prompt_length :]
-
-    @property
-    def prefilled(self) -> bool:
-        return self.kv.written >= self.prompt_length
-
-    def record(self, tokens: list[int], start: int | None = None) -> None:
-        """The one writer of ``tokens`` after admission: append output tokens (a step's read, prefill's first
-        token, a verify round's), or with ``start`` replace every token from there (a distributed follower
-        takes rank 0's). In place: a grammar stage holds the list (``SamplerChain.follow``)."""
-        if start is None:
-            self.tokens.extend(tokens)
-        else:
-            self.tokens[start:] = tokens
-
-    def history(self, window: int) -> mx.array:
-        return mx.array(self.tokens[-window:]) if self.tokens else mx.array([], dtype=mx.int32)
-
-
-@dataclass
-class StepHandle:
-    """A submitted batched step: its rows and lazily computed tokens [B] (and logprobs)."""
-
-    rows: list[Sequence]
-    tokens: mx.array
-    logits: mx.array  # [B, V] last-position logits (kept for tests and diagnostics)
-    logprob_parts: tuple | None = None
-    post_parts: dict[int, tuple] = field(default_factory=dict)  # row -> its post-sampling logprob parts
-    read: bool = False
-
-
-def mean_context(rows: list[Sequence]) -> float:
-    """Tokens in storage per row, on average (the context a forward over ``rows`` reads)."""
-    return sum(seq.kv.written for seq in rows) / max(len(rows), 1)
 
 
 def kv_bytes_per_token(loaded: LoadedModel, bytes_per_value: int | None = None) -> int:

@@ -35,8 +35,9 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from .engine import Engine, Sequence, mean_context
+from .engine import Engine
 from .finish_rule import ends_on, reaches_length
+from .sequence import Sequence, mean_context
 from .storage.kv_bound import kv_room
 
 ACCEPTED, TARGET = "accepted", "target"
