@@ -29,6 +29,7 @@ from mlxd_protocol import (
 )
 from mlxd_protocol.autostart import AutostartError, ensure_daemon
 from mlxd_protocol.endpoints import default_endpoint
+from mlxd_protocol.messages import check_prompt
 
 from .local import open_local_client
 
@@ -157,8 +158,10 @@ def main(
         ensure_fast_blas()  # re-execs with OpenBLAS preloaded where that applies: before reading stdin
     if prompt == "-":
         prompt = sys.stdin.read()
-    if not prompt.strip():
-        raise click.UsageError("the prompt is empty")
+    try:
+        check_prompt(prompt.strip(), "prompt")  # the protocol's prompt check; blank counts as empty here
+    except ValueError as error:
+        raise click.UsageError(str(error)) from None
     # --json prints one object at the end: no chunks are asked for (the daemon then sends one reply)
     request = build_request(
         prompt,

@@ -43,10 +43,10 @@ MAX_CHARS_PER_TOKEN = 32  # no tokenizer packs more characters than this into on
 
 def prompt_tokens(loaded: LoadedModel, message: Generate, reasoning: str = "auto") -> list[int]:
     """Token ids of a Generate's prompt (text, token ids, or chat messages; ``reasoning``: the daemon's
-    ``--reasoning`` mode for the chat template)."""
+    ``--reasoning`` mode for the chat template). The prompt's own check (not empty, token ids >= 0) is the
+    protocol's, made when the frame was decoded (``Generate.validate``); here what needs the model: the
+    context, the vocabulary, the chat template."""
     tokenizer = loaded.tokenizer
-    if message.prompt is not None and not message.prompt:
-        raise ProtocolError(INVALID, "prompt: must not be empty")
     text_chars = len(message.prompt or "") + sum(len(str(m.get("content", ""))) for m in message.messages or [])
     if text_chars > MAX_CHARS_PER_TOKEN * loaded.context_length:
         # refuse before tokenizing: a huge prompt would hold the daemon's loop while it is encoded
@@ -54,8 +54,6 @@ def prompt_tokens(loaded: LoadedModel, message: Generate, reasoning: str = "auto
             INVALID,
             f"the prompt ({text_chars} characters) cannot fit the model's context of {loaded.context_length} tokens",
         )
-    if message.messages is not None and not message.messages:
-        raise ProtocolError(INVALID, "messages: must hold at least one message")
     if message.prompt_tokens is not None:
         bad = [t for t in message.prompt_tokens if not 0 <= t < loaded.vocab_size]
         if bad:
@@ -247,9 +245,9 @@ def to_request(
     the engine, such as the sampler rules that need the vocabulary, is checked when the scheduler takes the
     request). Touches no daemon state, so it may run on a host-work thread (``host_work``)."""
     tools_grammar = tool_constraint(loaded, message)  # first: a model that cannot take tools says so
-    # the prompt's own checks are prompt_tokens'; whether the request can run here is the engine's one
-    # admissibility check (Engine.check_request, asked when the scheduler takes the request: an empty prompt,
-    # the context bound, the KV pool)
+    # the prompt's own check is the protocol's (Generate.validate); whether the request can run here is the
+    # engine's one admissibility check (Engine.check_request, asked when the scheduler takes the request: a
+    # prompt of no tokens, the context bound, the KV pool)
     tokens = prompt_tokens(loaded, message, reasoning)
     params = sampling_params(message, defaults)
     constraint = tools_grammar or message.constraint

@@ -56,9 +56,10 @@ from .codes import (  # noqa: F401  (re-exported: the daemon and the tools impor
     UNKNOWN_TYPE,
 )
 from .field_checks import MAX_LIST_ITEMS
-from .request_checks import (  # noqa: F401  (re-exported: the gateway checks bodies with check_template_kwargs)
+from .request_checks import (  # noqa: F401  (re-exported: the gateway checks bodies with check_prompt, check_template_kwargs)
     MAX_TEMPLATE_KWARGS,
     RENDER_ARGUMENTS,
+    check_prompt,
     check_template_kwargs,
 )
 from .request_checks import check_chat_messages as _check_chat_messages
@@ -171,10 +172,10 @@ class Generate(Message):
             not (self.ignore_eos and self.constraint is not None),
             "ignore_eos: cannot be combined with a constraint (a finished grammar allows only end-of-sequence)",
         )
-        _require(
-            self.prompt_tokens is None or len(self.prompt_tokens) > 0, "prompt_tokens: must hold at least one token"
-        )
-        _check_tokens(self.prompt_tokens, "prompt_tokens")
+        if self.prompt is not None:
+            check_prompt(self.prompt, "prompt")
+        if self.prompt_tokens is not None:
+            check_prompt(self.prompt_tokens, "prompt_tokens")
         _check_chat_messages(self.messages, "messages")
         _require(1 <= self.max_tokens <= MAX_LIST_ITEMS, f"max_tokens: must be in [1, {MAX_LIST_ITEMS}]")
         _require(len(self.stop) <= MAX_STOP_STRINGS, f"stop: at most {MAX_STOP_STRINGS} strings")

@@ -1,4 +1,4 @@
-"""The value rules several requests share: chat messages, ``chat_template_kwargs``, tool names, token ids.
+"""The value rules several requests share: the prompt, chat messages, ``chat_template_kwargs``, tool names, token ids.
 
 Contract: each check raises ``FieldError`` naming the field; ``messages`` calls them from the requests'
 ``validate()``, and the HTTP gateway checks bodies with ``check_template_kwargs`` (re-exported by ``messages``).
@@ -17,6 +17,21 @@ def require(condition: bool, message: str) -> None:
 def check_tokens(tokens: list[int] | None, where: str) -> None:
     if tokens:
         require(min(tokens) >= 0, f"{where}: token ids must be >= 0")
+
+
+def check_prompt(prompt: str | list[int], where: str) -> None:
+    """The prompt's one check at the protocol's edge: text that is not empty, or token ids, at least one and
+    each >= 0. ``Generate.validate`` asks it of ``prompt`` and ``prompt_tokens``; the HTTP gateway of a body's
+    prompt and mlx-generate of its argument, so each refuses with the same rule (``where`` names the field).
+
+    Raises:
+        FieldError: the prompt is empty, or a token id is negative.
+    """
+    if isinstance(prompt, str):
+        require(len(prompt) > 0, f"{where}: must not be empty")
+        return
+    require(len(prompt) > 0, f"{where}: must hold at least one token")
+    check_tokens(prompt, where)
 
 
 def check_chat_messages(messages: list[dict] | None, where: str) -> None:

@@ -63,6 +63,8 @@ def test_generate_ignore_eos_runs_to_max_tokens():
 def test_generate_bad_input_is_a_clean_error(stories_daemon):  # noqa: F811 (the fixture imported above)
     empty = generate("--endpoint", stories_daemon, "")
     assert empty.returncode != 0 and "empty" in empty.stderr and "Traceback" not in empty.stderr
+    blank = generate("--endpoint", stories_daemon, "  \n")  # the protocol's prompt check, blank counted as empty
+    assert blank.returncode == 2 and "prompt: must not be empty" in blank.stderr
     nobody = generate("--endpoint", private_endpoint(), "--no-autostart", "hi")
     assert nobody.returncode == 1 and "no daemon" in nobody.stderr.lower() or "timed out" in nobody.stderr.lower()
     assert "Traceback" not in nobody.stderr

@@ -197,6 +197,7 @@ def test_defaults_fill_missing_optional_fields_and_ints_become_floats():
         (generate_frame(prompt=None, prompt_tokens=["a"]), INVALID, "prompt_tokens[0]: expected int, got str"),
         (generate_frame(prompt=None, prompt_tokens=[1, -2]), INVALID, "token ids must be >= 0"),
         (generate_frame(prompt=None, prompt_tokens=[]), INVALID, "at least one token"),
+        (generate_frame(prompt=""), INVALID, "prompt: must not be empty"),
         (generate_frame(prompt=b"bytes"), INVALID, "prompt: expected str, got bytes"),
         (generate_frame(prompt_tokens=[1]), INVALID, "exactly one of prompt, prompt_tokens, messages"),
         (generate_frame(prompt=None), INVALID, "got none"),

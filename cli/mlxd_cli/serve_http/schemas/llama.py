@@ -23,6 +23,7 @@ from pydantic import Field, PrivateAttr, field_validator
 
 from mlxd_protocol.messages import MAX_LOGPROBS
 
+from .request_parts import check_prompt
 from .requests import (
     ChatMessage,
     LlamaCompletionRequest,
@@ -68,8 +69,12 @@ class PromptObject(StrictModel):
 
 def _one_prompt_problem(item: Any) -> str | None:
     """Why ``item`` is not one llama-server prompt (None when it is)."""
-    if isinstance(item, str):
-        return None if item else "a prompt must not be empty"
+    if isinstance(item, str) or (isinstance(item, list) and all(type(part) is int for part in item)):
+        try:
+            check_prompt(item)  # a text or token ids: the protocol's prompt check
+        except ValueError as error:
+            return str(error)
+        return None
     if isinstance(item, dict):
         return None
     if (

@@ -21,6 +21,7 @@ from mlxd_protocol.messages import (
     MAX_STOP_STRINGS,
     check_template_kwargs,
 )
+from mlxd_protocol.messages import check_prompt as protocol_prompt_check
 
 MAX_TOKENS_LIMIT = MAX_LIST_ITEMS  # the protocol's bound on max_tokens; larger is refused
 MAX_CHOICES = 32  # n: each choice is a generation of its own on the daemons
@@ -147,11 +148,9 @@ StreamedProgress = Annotated[bool, AfterValidator(_progress_is_streamed)]
 
 
 def check_prompt(prompt: str | list[int]) -> str | list[int]:
-    """Refuse an empty prompt or a negative token id (raises ValueError); return the prompt."""
-    if not prompt:
-        raise ValueError("the prompt must not be empty")
-    if isinstance(prompt, list) and min(prompt) < 0:
-        raise ValueError("token ids must be >= 0")
+    """The protocol's prompt check (``mlxd_protocol.messages.check_prompt``: not empty, token ids >= 0) on a
+    body's prompt, for a 400 that names the field; raises ValueError, returns the prompt."""
+    protocol_prompt_check(prompt, "prompt")
     return prompt
 
 
