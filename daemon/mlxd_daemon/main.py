@@ -14,13 +14,13 @@ from pathlib import Path
 import click
 
 from mlxd_drafters import PromptLookupConfig
+from mlxd_protocol.serving_defaults import REASONING_MODES
 
 from .chat_templates import resolve_chat_template
 from .control_commands import endpoint_option, status_command, stop_command
 from .convert_command import convert_gguf_command
 from .host_limits import HostLimits
 from .options import DaemonOptions, SamplingDefaults
-from .reasoning import REASONING_MODES
 from .serving import serve
 from .speculative import resolve_speculative
 

@@ -29,7 +29,6 @@ import json
 import jinja2
 import jinja2.meta
 
-REASONING_MODES = ("on", "off", "auto")
 # (opening, closing) tags of the thinking blocks chat templates use
 THINKING_TAGS = (("<think>", "</think>"), ("<|START_THINKING|>", "<|END_THINKING|>"), ("<seed:think>", "</seed:think>"))
 

@@ -6,7 +6,8 @@ defaults, so a bare ``mlxd``, ``mlx-generate --local`` and a ``BatchScheduler`` 
 alike; the daemon's ``HostLimits`` and the engine's ``GrammarLimits`` both take the grammar bounds. Standard
 library only: the scheduler and the engine may not import the daemon, and the daemon's options may not
 load mlx (which importing the scheduler or the engine does), so the one home all can read is here, as with
-``sampling_rules``.
+``sampling_rules``. The values an option of mlxd takes that a tool passes on to a daemon it starts are
+written here too (``REASONING_MODES``: ``mlxd --reasoning``, ``mlx-serve-http --reasoning``).
 """
 
 MAX_BATCH = 8  # rows decoded together (mlxd --max-batch)
@@ -20,3 +21,7 @@ MAX_GRAMMAR_BYTES = 64 * 1024  # UTF-8 bytes of the grammar or schema text
 MAX_GRAMMAR_RULES = 1000  # grammar rules, or maps (subschemas) of a JSON schema
 MAX_GRAMMAR_DEPTH = 64  # nested groups, or nested maps and lists of a schema
 MAX_GRAMMAR_REPEAT = 1000  # a repetition count, multiplied through nested groups
+
+# mlxd --reasoning: thinking in the chat template, on (= auto) or off (mlxd_daemon/reasoning.py); mlx-serve-http
+# takes the same values for a daemon it starts
+REASONING_MODES = ("on", "off", "auto")

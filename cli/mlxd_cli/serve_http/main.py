@@ -26,6 +26,7 @@ import click
 
 from mlxd_protocol.autostart import AutostartError, daemon_answers, start_daemon
 from mlxd_protocol.endpoints import default_endpoint, parse_endpoint
+from mlxd_protocol.serving_defaults import REASONING_MODES
 
 from .app import DEFAULT_MAX_BODY_BYTES, Settings, create_app
 from .http_timeouts import header_timeout_protocol
@@ -184,7 +185,7 @@ def daemon_args(
 @click.option(
     "--reasoning",
     default=None,
-    type=click.Choice(["on", "off", "auto"]),
+    type=click.Choice(REASONING_MODES),
     help="thinking in the chat template of a daemon started here (mlxd --reasoning; default auto)",
 )
 @click.option(
