@@ -56,7 +56,9 @@ def test_embedded_alias_names_the_tiny_model(empty_cache):
 
 @pytest.mark.skipif(
     DOWNLOADED is None or not SMOLLM2.is_dir(),
-    reason="needs the downloaded SmolLM2 GGUF (make setup) and the shared SmolLM2 directory",
+    reason="needs the downloaded SmolLM2 GGUF (make setup)"
+    if DOWNLOADED is None
+    else f"{SMOLLM2} (the reference copy to compare the conversion with) is not present",
 )
 def test_a_downloaded_gguf_is_converted_into_the_shared_checkpoint(empty_cache):
     downloads = empty_cache / "downloads"
