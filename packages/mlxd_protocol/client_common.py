@@ -12,15 +12,7 @@ from typing import TypeVar
 import zmq
 
 from .endpoints import parse_endpoint
-from .messages import (
-    AUTH_TOKEN_ENV,
-    INTERNAL,
-    MAX_FRAME_BYTES,
-    Error,
-    Hello,
-    Message,
-    Tokenize,
-)
+from .messages import AUTH_TOKEN_ENV, INTERNAL, MAX_FRAME_BYTES, Error, Hello, Message, Tokenize
 
 ReplyT = TypeVar("ReplyT", bound=Message)  # the reply type a request calls for
 SocketT = TypeVar("SocketT", bound=zmq.Socket)

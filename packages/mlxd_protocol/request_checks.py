@@ -1,7 +1,8 @@
 """The value rules several requests share: the prompt, chat messages, ``chat_template_kwargs``, tool names, token ids.
 
 Contract: each check raises ``FieldError`` naming the field; ``messages`` calls them from the requests'
-``validate()``, and the HTTP gateway checks bodies with ``check_template_kwargs`` (re-exported by ``messages``).
+``validate()``, and the HTTP gateway checks bodies with ``check_prompt`` and ``check_template_kwargs`` (both
+re-exported by ``messages``; mlx-generate asks ``check_prompt`` of its argument too).
 """
 
 from typing import Any

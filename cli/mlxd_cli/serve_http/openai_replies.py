@@ -20,9 +20,7 @@ from .context import gateway
 from .daemon_pool import DaemonHandle, call_daemon
 from .errors import ApiError
 from .llama_answer import native_answer, settings_of
-from .request_fields import (
-    name_daemon_field,
-)
+from .request_fields import name_daemon_field
 from .schemas import (
     MAX_TOKENS_LIMIT,
     ChatCompletionRequest,

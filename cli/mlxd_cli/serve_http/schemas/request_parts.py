@@ -15,12 +15,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInf
 
 from mlxd_protocol import Constraint, Sampling, Speculative
 from mlxd_protocol.field_checks import MAX_LIST_ITEMS
-from mlxd_protocol.messages import (
-    MAX_DRAFT_LIMIT,
-    MAX_STOP_CHARS,
-    MAX_STOP_STRINGS,
-    check_template_kwargs,
-)
+from mlxd_protocol.messages import MAX_DRAFT_LIMIT, MAX_STOP_CHARS, MAX_STOP_STRINGS, check_template_kwargs
 from mlxd_protocol.messages import check_prompt as protocol_prompt_check
 
 MAX_TOKENS_LIMIT = MAX_LIST_ITEMS  # the protocol's bound on max_tokens; larger is refused
