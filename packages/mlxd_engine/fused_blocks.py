@@ -1,27 +1,28 @@
 """Llama-style decoder layers as two ops each on the CPU kernel: the attention input, and the rest after the
 cache update.
 
-Contract: ``fuse_blocks(model)`` changes, in place, every layer of ``model`` that is exactly mlx-lm's llama
-``TransformerBlock`` (SmolLM2, Llama, Mistral-style checkpoints) whose projections all run on the CPU
-kernel without biases and without int8 activations, q/k/v and gate/up packed (``projection_groups``), with
-plain RMSNorm and RoPE modules, into ``FusedLlamaBlock``: same parameters, same module tree. Returns how many
+Contract: ``fuse_blocks(model)`` changes, in place, every layer of ``model`` whose class is exactly one of
+``FAMILIES``' ``TransformerBlock`` (mlx-lm's llama: SmolLM2, Llama, Mistral-style checkpoints; qwen2, with its
+q/k/v biases; qwen3, with its per-head q/k norms) and whose projections all run on the CPU kernel (q/k/v and
+gate/up packed by ``projection_groups``; no biases but qwen2's q/k/v, no int8 activations), with plain RMSNorm
+and RoPE modules, into that class's fused subclass: same parameters, same module tree. Returns how many
 layers are fused. A fused layer called with float32 input of at most the kernel's row limit runs
 ``mlxd_qmatmul.attention_input``, the cache's ``update_and_fetch`` (unchanged: every storage kind, the
 compiled step's buffers), then ``mlxd_qmatmul.block_output``; the result is bit-identical to the layer's
 own ops on the kernel (tests/engine/test_fused_blocks.py). Anything else (prompt chunks past the row limit,
 another dtype, a quantized cache, a mask or cache the one-op attention does not take) runs the layer's
 stock ``__call__``. Applied by ``Engine`` with the other CPU fusions; ``MLXD_FUSE_BLOCKS=0`` keeps layers
-op by op. Why: a SmolLM2 step was about 760 ops at roughly 7 us of dispatch each on MLX's CPU stream
-(docs/benchmark_results/code_notes.md#fused-blocks).
+op by op. Why: docs/benchmark_results/code_notes.md#fused-blocks.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models import llama
 
 import mlxd_qmatmul
 
@@ -32,6 +33,22 @@ from .loading.projection_groups import GroupedQuantizedLinear, ProjectionGroup
 DISABLE_ENV = "MLXD_FUSE_BLOCKS"
 _NORMS = (nn.RMSNorm, FusedRMSNorm)
 _ROPES = (nn.RoPE, FusedRoPE)
+
+
+def _families() -> dict[type, tuple[type, type, bool, bool]]:
+    """TransformerBlock class -> (its Attention class, its MLP class, q/k/v biases, per-head q/k norms), for
+    the mlx-lm model files whose layers compute exactly llama's ``__call__`` (with those two additions)."""
+    families: dict[type, tuple[type, type, bool, bool]] = {}
+    for name, bias, qk_norm in (("llama", False, False), ("qwen2", True, False), ("qwen3", False, True)):
+        try:
+            module = importlib.import_module(f"mlx_lm.models.{name}")
+        except ImportError:
+            continue
+        families[module.TransformerBlock] = (module.Attention, module.MLP, bias, qk_norm)
+    return families
+
+
+FAMILIES = _families()
 
 
 def blocks_wanted() -> bool:
@@ -47,39 +64,60 @@ def _plain_kernel_layer(layer) -> bool:
     return type(layer) is KernelQuantizedLinear and "bias" not in layer and not layer.kernel_int8
 
 
-def _group_of(layers: list) -> ProjectionGroup | None:
-    """The projection group that packs exactly ``layers``, in order, without biases or int8 activations."""
+def _group_of(layers: list, bias: bool = False) -> ProjectionGroup | None:
+    """The projection group that packs exactly ``layers``, in order, with a bias when ``bias`` (else none),
+    without int8 activations."""
     if not all(type(layer) is GroupedQuantizedLinear for layer in layers):
         return None
     group = layers[0].projection_group
-    if group.layers != layers or group.bias is not None or group.int8:
+    if group.layers != layers or (group.bias is not None) != bias or group.int8:
+        return None
+    if bias and group.bias.dtype != mx.float32:
         return None
     return group
 
 
-def _fusable(block) -> bool:
-    if type(block) is not llama.TransformerBlock:
+def _float32_norm(norm) -> bool:
+    return type(norm) in _NORMS and norm.weight.dtype == mx.float32
+
+
+def _fusable(block: Any) -> bool:
+    family = FAMILIES.get(type(block))
+    if family is None:
         return False
-    attn, mlp = block.self_attn, block.mlp
-    if type(attn) is not llama.Attention or type(mlp) is not llama.MLP:
+    attention_class, mlp_class, bias, qk_norm = family
+    attn: Any = block.self_attn
+    mlp: Any = block.mlp
+    if (type(attn), type(mlp)) != (attention_class, mlp_class):
         return False
-    if type(block.input_layernorm) not in _NORMS or type(block.post_attention_layernorm) not in _NORMS:
+    if not (_float32_norm(block.input_layernorm) and _float32_norm(block.post_attention_layernorm)):
+        return False
+    if qk_norm and not (
+        _float32_norm(attn.q_norm) and _float32_norm(attn.k_norm) and attn.q_norm.eps == attn.k_norm.eps
+    ):
         return False
     if type(attn.rope) not in _ROPES:
         return False
     if not (_plain_kernel_layer(attn.o_proj) and _plain_kernel_layer(mlp.down_proj)):
         return False
-    qkv = _group_of([attn.q_proj, attn.k_proj, attn.v_proj])
+    qkv = _group_of([attn.q_proj, attn.k_proj, attn.v_proj], bias)
     gate_up = _group_of([mlp.gate_proj, mlp.up_proj])
-    if qkv is None or gate_up is None:
+    if qkv is None or gate_up is None or qkv.sizes[0] % attn.n_heads:
         return False
-    if qkv.sizes != [attn.n_heads * attn.head_dim] + [(attn.n_kv_heads or attn.n_heads) * attn.head_dim] * 2:
-        return False
-    norms = (block.input_layernorm.weight, block.post_attention_layernorm.weight)
-    return all(w.dtype == mx.float32 for w in norms)
+    head_dim = qkv.sizes[0] // attn.n_heads
+    return qkv.sizes[1:] == [attn.n_kv_heads * head_dim] * 2
 
 
-class FusedLlamaBlock(llama.TransformerBlock):
+class FusedBlock:
+    """The fused ``__call__`` of a family's TransformerBlock (mixed in before it: ``super().__call__`` is the
+    stock layer)."""
+
+    fused_qk_norm = False  # set on each family's class: its heads go through q_norm / k_norm
+    self_attn: Any  # the family's modules (annotations only: nn.Module holds them)
+    mlp: Any
+    input_layernorm: Any
+    post_attention_layernorm: Any
+
     def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
         attn, mlp = self.self_attn, self.mlp
         qkv = attn.q_proj.projection_group
@@ -91,21 +129,24 @@ class FusedLlamaBlock(llama.TransformerBlock):
             or hasattr(cache, "bits")
             or mx.default_device() != mx.cpu
         ):
-            return super().__call__(x, mask, cache)
+            return super().__call__(x, mask, cache)  # type: ignore[misc]
         offset = cache.offset if cache is not None else 0
         if not isinstance(offset, mx.array):
             offset = mx.array(offset, dtype=mx.int32)
         rope = attn.rope
+        qk_norms = (attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps) if self.fused_qk_norm else None
         queries, keys, values = mlxd_qmatmul.attention_input(
             x,
             self.input_layernorm.weight,
             self.input_layernorm.eps,
             _packed(qkv) + (qkv.sizes,),
             attn.n_heads,
-            attn.n_kv_heads or attn.n_heads,
-            attn.head_dim,
+            attn.n_kv_heads,
+            qkv.sizes[0] // attn.n_heads,
             offset,
             (rope.dims, rope.traditional, rope.base, rope.scale),
+            qkv.bias,
+            qk_norms,
         )
         if cache is not None:
             keys, values = cache.update_and_fetch(keys, values)
@@ -135,14 +176,23 @@ class FusedLlamaBlock(llama.TransformerBlock):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
+# family TransformerBlock -> its fused subclass
+FUSED: dict[type, type] = {
+    block: type(
+        f"Fused{block.__module__.rsplit('.', 1)[-1].title()}Block", (FusedBlock, block), {"fused_qk_norm": qk_norm}
+    )
+    for block, (_, _, _, qk_norm) in FAMILIES.items()
+}
+
+
 def fuse_blocks(model: nn.Module) -> int:
-    """Swap the model's fusable llama layers for ``FusedLlamaBlock`` (see the module's contract); returns how
-    many layers are fused afterwards."""
+    """Swap the model's fusable layers for their fused classes (see the module's contract); returns how many
+    layers are fused afterwards."""
     if not isinstance(model, nn.Module) or not mlxd_qmatmul.available():
         return 0
     count = 0
     for _, module in model.named_modules():
         if _fusable(module):
-            module.__class__ = FusedLlamaBlock
-        count += type(module) is FusedLlamaBlock
+            module.__class__ = FUSED[type(module)]
+        count += isinstance(module, FusedBlock)
     return count

@@ -143,15 +143,19 @@ def swiglu(gate, up):
     return _ext.swiglu(gate, up)
 
 
-def attention_input(x, norm_weight, eps: float, qkv, heads: int, kv_heads: int, head_dim: int, offset, rope):
+def attention_input(
+    x, norm_weight, eps: float, qkv, heads: int, kv_heads: int, head_dim: int, offset, rope, bias=None, qk_norms=None
+):
     """A llama-style layer's attention input as one CPU op: ``rms_norm(x)``, the packed q/k/v product
-    (``qkv``: weight, scales, biases, group_size, bits, sizes), RoPE at ``offset`` (an int32 array: a scalar
-    or one per batch entry; ``rope``: dims, traditional, base, scale). Returns (q, k, v), each
-    ``[B, heads, L, head_dim]``, bit-identical to those ops run one by one."""
+    (``qkv``: weight, scales, biases, group_size, bits, sizes) plus ``bias`` (the packed q/k/v bias, or None),
+    each query and key head through its RMSNorm where ``qk_norms`` is (q weight, k weight, eps), RoPE at
+    ``offset`` (an int32 array: a scalar or one per batch entry; ``rope``: dims, traditional, base, scale).
+    Returns (q, k, v), each ``[B, heads, L, head_dim]``, bit-identical to those ops run one by one."""
     if _ext is None:
         raise RuntimeError(_REASON)
     w, scales, biases, group_size, bits, sizes = qkv
     dims, traditional, base, scale = rope
+    q_norm, k_norm, qk_eps = qk_norms if qk_norms is not None else (None, None, 0.0)
     return _ext.attention_input(
         x,
         norm_weight,
@@ -170,6 +174,10 @@ def attention_input(x, norm_weight, eps: float, qkv, heads: int, kv_heads: int, 
         traditional,
         base,
         scale,
+        bias,
+        q_norm,
+        k_norm,
+        qk_eps,
     )
 
 

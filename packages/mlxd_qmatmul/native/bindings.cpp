@@ -42,14 +42,19 @@ NB_MODULE(_ext, m) {
       "attention_input",
       [](const mx::array& x, const mx::array& norm_weight, float eps, const mx::array& w, const mx::array& scales,
          const mx::array& biases, int group_size, int bits, const std::vector<int>& sizes, int heads, int kv_heads,
-         int head_dim, const mx::array& offset, int rope_dims, bool traditional, float base, float rope_scale) {
+         int head_dim, const mx::array& offset, int rope_dims, bool traditional, float base, float rope_scale,
+         const std::optional<mx::array>& bias, const std::optional<mx::array>& q_norm,
+         const std::optional<mx::array>& k_norm, float qk_eps) {
         return mlxd_qmm::attention_input(x, norm_weight, eps, {w, scales, biases, group_size, bits, sizes}, heads,
-                                         kv_heads, head_dim, offset, {rope_dims, traditional, base, rope_scale});
+                                         kv_heads, head_dim, offset, {rope_dims, traditional, base, rope_scale},
+                                         {bias, q_norm, k_norm, qk_eps});
       },
       "x"_a, "norm_weight"_a, "eps"_a, "w"_a, "scales"_a, "biases"_a, "group_size"_a, "bits"_a, "sizes"_a, "heads"_a,
       "kv_heads"_a, "head_dim"_a, "offset"_a, "rope_dims"_a, "traditional"_a, "base"_a, "rope_scale"_a,
-      "A llama-style layer's attention input as one CPU op: rms_norm, the packed q/k/v product, RoPE; returns "
-      "(q, k, v) as [B, heads, L, head_dim], bit-identical to those ops run one by one.");
+      "bias"_a.none() = nb::none(), "q_norm"_a.none() = nb::none(), "k_norm"_a.none() = nb::none(), "qk_eps"_a = 0.0f,
+      "A llama-style layer's attention input as one CPU op: rms_norm, the packed q/k/v product (plus its bias; "
+      "query and key heads through their norms), RoPE; returns (q, k, v) as [B, heads, L, head_dim], "
+      "bit-identical to those ops run one by one.");
   m.def(
       "block_output",
       [](const mx::array& x, const mx::array& q, const mx::array& keys, const mx::array& values,

@@ -65,7 +65,8 @@ void product(const float* x, int M, int K, const PackedLinear& w, const std::vec
 
 std::vector<mx::array> attention_input(const mx::array& x, const mx::array& norm_weight, float eps,
                                        const PackedLinear& qkv, int heads, int kv_heads, int head_dim,
-                                       const mx::array& offset, const RopeSpec& rope, mx::StreamOrDevice s) {
+                                       const mx::array& offset, const RopeSpec& rope, const QkvExtras& extras,
+                                       mx::StreamOrDevice s) {
   check(x.ndim() == 3 && x.dtype() == mx::float32, "x must be a float32 [batch, tokens, hidden] array");
   auto stream = mx::to_stream(s, mx::Device::cpu);
   check(stream.device == mx::Device::cpu, "runs on the CPU only");
@@ -81,10 +82,19 @@ std::vector<mx::array> attention_input(const mx::array& x, const mx::array& norm
   std::vector<mx::array> inputs{x, float_vector(norm_weight, D, "the norm weight", stream),
                                 mx::contiguous(mx::astype(offset, mx::int32, stream), false, stream)};
   push_weight(inputs, w);
+  if (extras.bias.has_value()) {
+    inputs.push_back(float_vector(*extras.bias, qkv.sizes[0] + 2 * qkv.sizes[1], "the q/k/v bias", stream));
+  }
+  check(extras.q_norm.has_value() == extras.k_norm.has_value(), "q and k norms come together");
+  if (extras.q_norm.has_value()) {
+    inputs.push_back(float_vector(*extras.q_norm, head_dim, "the q norm weight", stream));
+    inputs.push_back(float_vector(*extras.k_norm, head_dim, "the k norm weight", stream));
+  }
   std::vector<mx::Shape> shapes{{B, heads, L, head_dim}, {B, kv_heads, L, head_dim}, {B, kv_heads, L, head_dim}};
   return mx::array::make_arrays(
       shapes, {mx::float32, mx::float32, mx::float32},
-      std::make_shared<CpuAttentionInput>(stream, eps, w.group_size, w.bits, w.sizes, heads, kv_heads, head_dim, rope),
+      std::make_shared<CpuAttentionInput>(stream, eps, w.group_size, w.bits, w.sizes, heads, kv_heads, head_dim, rope,
+                                          extras.bias.has_value(), extras.q_norm.has_value(), extras.qk_eps),
       std::move(inputs));
 }
 
@@ -97,7 +107,8 @@ void CpuAttentionInput::eval_cpu(const std::vector<mx::array>& inputs, std::vect
   }
   encoder.dispatch([inputs, q_out = outputs[0].data<float>(), k_out = outputs[1].data<float>(),
                     v_out = outputs[2].data<float>(), w = weight_at(inputs, 3, group_size_, bits_, sizes_),
-                    eps = eps_, heads = heads_, kv_heads = kv_heads_, head_dim = head_dim_, rope = rope_]() {
+                    eps = eps_, heads = heads_, kv_heads = kv_heads_, head_dim = head_dim_, rope = rope_,
+                    has_bias = has_bias_, has_qk_norm = has_qk_norm_, qk_eps = qk_eps_]() {
     const mx::array& x = inputs[0];
     const int B = x.shape(0), L = x.shape(1), D = x.shape(2);
     const int M = B * L;
@@ -111,6 +122,24 @@ void CpuAttentionInput::eval_cpu(const std::vector<mx::array>& inputs, std::vect
     float* yk = yq + static_cast<size_t>(M) * nq;
     float* yv = yk + static_cast<size_t>(M) * nkv;
     product(normed.data(), M, D, w, {yq, yk, yv});
+    size_t next_input = 6;
+    if (has_bias) {  // each part plus its slice of the bias, as the layers' own `y + bias`
+      const float* bias = inputs[next_input++].data<float>();
+      const int parts[3] = {nq, nkv, nkv};
+      float* outs[3] = {yq, yk, yv};
+      for (int part = 0, first = 0; part < 3; first += parts[part], ++part) {
+        for (int m = 0; m < M; ++m) {
+          float* row = outs[part] + static_cast<int64_t>(m) * parts[part];
+          for (int i = 0; i < parts[part]; ++i) row[i] = row[i] + bias[first + i];
+        }
+      }
+    }
+    if (has_qk_norm) {  // every query and key head through its RMSNorm, in place
+      const float* q_norm = inputs[next_input].data<float>();
+      const float* k_norm = inputs[next_input + 1].data<float>();
+      rms_norm_rows(yq, static_cast<int64_t>(M) * heads, head_dim, q_norm, qk_eps, yq);
+      rms_norm_rows(yk, static_cast<int64_t>(M) * kv_heads, head_dim, k_norm, qk_eps, yk);
+    }
     const mx::array& offset = inputs[2];
     const int offsets = static_cast<int>(offset.size());
     const RopeTables tables(offset.data<int32_t>(), offsets, 1, L, rope.dims, rope.base, rope.scale);
@@ -141,7 +170,8 @@ bool CpuAttentionInput::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const CpuAttentionInput&>(other);
   return eps_ == o.eps_ && group_size_ == o.group_size_ && bits_ == o.bits_ && sizes_ == o.sizes_ &&
          heads_ == o.heads_ && kv_heads_ == o.kv_heads_ && head_dim_ == o.head_dim_ && rope_.dims == o.rope_.dims &&
-         rope_.traditional == o.rope_.traditional && rope_.base == o.rope_.base && rope_.scale == o.rope_.scale;
+         rope_.traditional == o.rope_.traditional && rope_.base == o.rope_.base && rope_.scale == o.rope_.scale &&
+         has_bias_ == o.has_bias_ && has_qk_norm_ == o.has_qk_norm_ && qk_eps_ == o.qk_eps_;
 }
 
 std::vector<mx::Shape> CpuAttentionInput::output_shapes(const std::vector<mx::array>& inputs) {

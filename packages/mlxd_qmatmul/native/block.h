@@ -24,12 +24,22 @@ struct RopeSpec {
   float base, scale;
 };
 
-// For x [B, L, hidden] (float32): xn = rms_norm(x, norm_weight, eps); q, k, v = the parts of xn @ qkv;
-// returns rope(q) [B, heads, L, head_dim], rope(k) [B, kv_heads, L, head_dim], v [B, kv_heads, L, head_dim],
-// RoPE at positions offset + t (offset: an int32 scalar or one per batch entry).
+// What some families add between the q/k/v product and RoPE: a bias on the packed product (Qwen2), an
+// RMSNorm over each query and key head (Qwen3).
+struct QkvExtras {
+  std::optional<mx::array> bias;  // [q + 2 kv outputs]
+  std::optional<mx::array> q_norm, k_norm;  // [head_dim] each, both or neither
+  float qk_eps = 0.0f;
+};
+
+// For x [B, L, hidden] (float32): xn = rms_norm(x, norm_weight, eps); q, k, v = the parts of xn @ qkv (plus
+// the bias; q and k heads through their norms); returns rope(q) [B, heads, L, head_dim], rope(k)
+// [B, kv_heads, L, head_dim], v [B, kv_heads, L, head_dim], RoPE at positions offset + t (offset: an int32
+// scalar or one per batch entry).
 std::vector<mx::array> attention_input(const mx::array& x, const mx::array& norm_weight, float eps,
                                        const PackedLinear& qkv, int heads, int kv_heads, int head_dim,
-                                       const mx::array& offset, const RopeSpec& rope, mx::StreamOrDevice s = {});
+                                       const mx::array& offset, const RopeSpec& rope, const QkvExtras& extras,
+                                       mx::StreamOrDevice s = {});
 
 // For the layer input x [B, L, hidden], the queries from attention_input and the cache's keys and values:
 // h = x + attention(q, keys, values) @ o; returns h + down(swiglu(gate, up)), where gate, up are the parts of
@@ -39,13 +49,14 @@ mx::array block_output(const mx::array& x, const mx::array& q, const mx::array& 
                        const PackedLinear& o, const mx::array& norm_weight, float eps, const PackedLinear& gate_up,
                        const PackedLinear& down, mx::StreamOrDevice s = {});
 
-// Inputs: x, norm weight, offset, qkv weight, scales, biases. Outputs: q, k, v.
+// Inputs: x, norm weight, offset, qkv weight, scales, biases[, bias][, q norm, k norm]. Outputs: q, k, v.
 class CpuAttentionInput : public mx::Primitive {
  public:
   CpuAttentionInput(mx::Stream stream, float eps, int group_size, int bits, std::vector<int> sizes, int heads,
-                    int kv_heads, int head_dim, RopeSpec rope)
+                    int kv_heads, int head_dim, RopeSpec rope, bool has_bias, bool has_qk_norm, float qk_eps)
       : mx::Primitive(stream), eps_(eps), group_size_(group_size), bits_(bits), sizes_(std::move(sizes)),
-        heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), rope_(rope) {}
+        heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), rope_(rope), has_bias_(has_bias),
+        has_qk_norm_(has_qk_norm), qk_eps_(qk_eps) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
@@ -61,6 +72,8 @@ class CpuAttentionInput : public mx::Primitive {
   std::vector<int> sizes_;
   int heads_, kv_heads_, head_dim_;
   RopeSpec rope_;
+  bool has_bias_, has_qk_norm_;
+  float qk_eps_;
 };
 
 // Inputs: x, q, keys, values, o (weight, scales, biases), norm weight, gate_up (3), down (3), [mask].
