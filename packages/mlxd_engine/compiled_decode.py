@@ -71,6 +71,11 @@ def read_span(context: int, capacity: int) -> int:
     return next((span for span in SPANS if context <= span < capacity), capacity)
 
 
+def slice_start(first: int, positions: mx.array) -> mx.array:
+    """A lone row's (slot, position) for ``mx.slice_update`` over axes (0, 2)."""
+    return mx.concatenate([mx.array([first], dtype=mx.int32), positions])
+
+
 class _TracedView:
     """mlx-lm cache protocol inside the traced step: one layer's buffers, rows first..first+B-1."""
 
@@ -82,12 +87,13 @@ class _TracedView:
         self.span = span  # positions of each slot that attention reads (the rest are past every row's context)
         self.first, self.rows = first, positions.shape[0]
         self.offset = positions  # RoPE position of each row's new token
+        self.start: mx.array | None = None  # one row: (slot, position) of its slice update, shared by the layers
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         # keys: [B, kv_heads, T, k_dim]; the buffers: [slots, kv_heads, capacity, k_dim]
         if self.rows == 1:
             # one row: a slice update at (slot, position) writes all its new tokens (faster than a scatter)
-            start = mx.concatenate([mx.array([self.first], dtype=mx.int32), self.offset])
+            start = self.start if self.start is not None else slice_start(self.first, self.offset)
             self.keys = mx.slice_update(self.keys, keys, start, axes=(0, 2))
             self.values = mx.slice_update(self.values, values, start, axes=(0, 2))
         else:
@@ -149,6 +155,9 @@ class CompiledDecode:
                 _TracedView(buffers[2 * i], buffers[2 * i + 1], first, positions, mask_axes, span)
                 for i in range(len(buffers) // 2)
             ]
+            start = slice_start(first, positions) if batch == 1 else None  # one op for every layer's update
+            for view in views:
+                view.start = start
             logits = model(inputs, cache=views)
             return (logits, *[array for view in views for array in (view.keys, view.values)])
 
