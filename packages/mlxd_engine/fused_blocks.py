@@ -4,8 +4,8 @@ cache update.
 Contract: ``fuse_blocks(model)`` changes, in place, every layer of ``model`` whose class is exactly one of
 ``FAMILIES``' ``TransformerBlock`` (mlx-lm's llama: SmolLM2, Llama, Mistral-style checkpoints; qwen2, with its
 q/k/v biases; qwen3, with its per-head q/k norms) and whose projections all run on the CPU kernel (q/k/v and
-gate/up packed by ``projection_groups``; no biases but qwen2's q/k/v, no int8 activations), with plain RMSNorm
-and RoPE modules, into that class's fused subclass: same parameters, same module tree. Returns how many
+gate/up packed by ``projection_groups``; no biases but qwen2's q/k/v; int8 activations or not), with plain
+RMSNorm and RoPE modules, into that class's fused subclass: same parameters, same module tree. Returns how many
 layers are fused. A fused layer called with float32 input of at most the kernel's row limit runs
 ``mlxd_qmatmul.attention_input``, the cache's ``update_and_fetch`` (unchanged: every storage kind, the
 compiled step's buffers), then ``mlxd_qmatmul.block_output``; the result is bit-identical to the layer's
@@ -56,21 +56,21 @@ def blocks_wanted() -> bool:
 
 
 def _packed(layer) -> tuple:
-    """(weight, scales, biases, group_size, bits) of a kernel layer or a projection group."""
-    return (layer.weight, layer.scales, layer.biases, layer.group_size, layer.bits)
+    """(weight, scales, biases, group_size, bits, int8 activations) of a kernel layer or a projection group."""
+    int8 = layer.int8 if isinstance(layer, ProjectionGroup) else layer.kernel_int8
+    return (layer.weight, layer.scales, layer.biases, layer.group_size, layer.bits, int8)
 
 
 def _plain_kernel_layer(layer) -> bool:
-    return type(layer) is KernelQuantizedLinear and "bias" not in layer and not layer.kernel_int8
+    return type(layer) is KernelQuantizedLinear and "bias" not in layer
 
 
 def _group_of(layers: list, bias: bool = False) -> ProjectionGroup | None:
-    """The projection group that packs exactly ``layers``, in order, with a bias when ``bias`` (else none),
-    without int8 activations."""
+    """The projection group that packs exactly ``layers``, in order, with a bias when ``bias`` (else none)."""
     if not all(type(layer) is GroupedQuantizedLinear for layer in layers):
         return None
     group = layers[0].projection_group
-    if group.layers != layers or (group.bias is not None) != bias or group.int8:
+    if group.layers != layers or (group.bias is not None) != bias:
         return None
     if bias and group.bias.dtype != mx.float32:
         return None
@@ -135,11 +135,12 @@ class FusedBlock:
             offset = mx.array(offset, dtype=mx.int32)
         rope = attn.rope
         qk_norms = (attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps) if self.fused_qk_norm else None
+        w, scales, biases, group_size, bits, int8 = _packed(qkv)
         queries, keys, values = mlxd_qmatmul.attention_input(
             x,
             self.input_layernorm.weight,
             self.input_layernorm.eps,
-            _packed(qkv) + (qkv.sizes,),
+            (w, scales, biases, group_size, bits, qkv.sizes),
             attn.n_heads,
             attn.n_kv_heads,
             qkv.sizes[0] // attn.n_heads,
@@ -147,6 +148,7 @@ class FusedBlock:
             (rope.dims, rope.traditional, rope.base, rope.scale),
             qkv.bias,
             qk_norms,
+            int8,
         )
         if cache is not None:
             keys, values = cache.update_and_fetch(keys, values)

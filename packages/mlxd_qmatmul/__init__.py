@@ -144,13 +144,25 @@ def swiglu(gate, up):
 
 
 def attention_input(
-    x, norm_weight, eps: float, qkv, heads: int, kv_heads: int, head_dim: int, offset, rope, bias=None, qk_norms=None
+    x,
+    norm_weight,
+    eps: float,
+    qkv,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    offset,
+    rope,
+    bias=None,
+    qk_norms=None,
+    int8_activations: bool = False,
 ):
     """A llama-style layer's attention input as one CPU op: ``rms_norm(x)``, the packed q/k/v product
     (``qkv``: weight, scales, biases, group_size, bits, sizes) plus ``bias`` (the packed q/k/v bias, or None),
     each query and key head through its RMSNorm where ``qk_norms`` is (q weight, k weight, eps), RoPE at
-    ``offset`` (an int32 array: a scalar or one per batch entry; ``rope``: dims, traditional, base, scale).
-    Returns (q, k, v), each ``[B, heads, L, head_dim]``, bit-identical to those ops run one by one."""
+    ``offset`` (an int32 array: a scalar or one per batch entry; ``rope``: dims, traditional, base, scale);
+    ``int8_activations`` as for ``quantized_matmul``. Returns (q, k, v), each ``[B, heads, L, head_dim]``,
+    bit-identical to those ops run one by one."""
     if _ext is None:
         raise RuntimeError(_REASON)
     w, scales, biases, group_size, bits, sizes = qkv
@@ -178,6 +190,7 @@ def attention_input(
         q_norm,
         k_norm,
         qk_eps,
+        int8_activations,
     )
 
 
@@ -186,13 +199,32 @@ def block_output(
 ):
     """A llama-style layer after its cache update as one CPU op: ``h = x + o(attention(q, keys, values))``,
     then ``h + down(swiglu(gate, up))`` with gate and up from ``rms_norm(h) @ gate_up``. ``o``, ``gate_up``
-    and ``down`` are (weight, scales, biases, group_size, bits); ``mask`` as ``attention`` takes it.
+    and ``down`` are (weight, scales, biases, group_size, bits[, int8_activations]); ``mask`` as ``attention``
+    takes it.
     Bit-identical to those ops run one by one."""
     if _ext is None:
         raise RuntimeError(_REASON)
     hidden = gate_up[0].shape[0] // 2
+    (*o_args, o_int8), (*gu_args, gu_int8), (*d_args, d_int8) = (
+        tuple(w) + (False,) * (6 - len(w)) for w in (o, gate_up, down)
+    )
     return _ext.block_output(
-        x, q, keys, values, mask, causal, attention_scale, *o, norm_weight, eps, *gate_up, hidden, *down
+        x,
+        q,
+        keys,
+        values,
+        mask,
+        causal,
+        attention_scale,
+        *o_args,
+        norm_weight,
+        eps,
+        *gu_args,
+        hidden,
+        *d_args,
+        o_int8,
+        gu_int8,
+        d_int8,
     )
 
 

@@ -124,13 +124,22 @@ def _engine(model, storage: str = "contiguous", blocks: bool = True, monkeypatch
 
 
 @pytest.mark.parametrize(
-    ("name", "storage"), [("llama", "contiguous"), ("llama", "paged"), ("qwen2", "paged"), ("qwen3", "contiguous")]
+    ("name", "storage", "int8"),
+    [
+        ("llama", "contiguous", False),
+        ("llama", "paged", False),
+        ("qwen2", "paged", False),
+        ("qwen3", "contiguous", False),
+        ("llama", "contiguous", True),  # int8 activations (opt-in): the same int8 products, fused or not
+    ],
 )
-def test_greedy_decode_is_the_same_with_and_without_fused_layers(name, storage, monkeypatch):
+def test_greedy_decode_is_the_same_with_and_without_fused_layers(name, storage, int8, monkeypatch):
+    if int8 and not mlxd_qmatmul.int8_available(4):
+        pytest.skip("no int8-activation kernel (AVX-512 VNNI) here")
     prompts = [architectures.prompt(n, seed) for n, seed in ((9, 1), (23, 2), (4, 3))]
     results = []
     for blocks in (False, True):
-        engine = _engine(_kernel_model(_family(name)), storage, blocks, monkeypatch)
+        engine = _engine(_kernel_model(_family(name), int8=int8), storage, blocks, monkeypatch)
         assert engine.fused_blocks == (len(_layers(engine.model)) if blocks else 0)
         alone = architectures.alone(engine, prompts[1], 12)
         rows = architectures.batched(engine, prompts, 10)
@@ -148,8 +157,6 @@ def test_layers_the_fused_ops_do_not_cover_stay_op_by_op(monkeypatch):
     from mlxd_engine.fused_blocks import fuse_blocks
 
     assert fuse_blocks(_kernel_model(attention_bias=True)) == 0  # biases: not in the fused ops
-    if mlxd_qmatmul.int8_available(4):
-        assert fuse_blocks(_kernel_model(int8=True)) == 0  # int8 activations: opt-in, op by op
     if architectures.available("phi3"):
         assert fuse_blocks(_kernel_model("phi3")) == 0  # another layer class (q/k/v already one layer)
     assert _engine(_kernel_model(), blocks=False, monkeypatch=monkeypatch).fused_blocks == 0  # MLXD_FUSE_BLOCKS=0

@@ -52,13 +52,13 @@ void push_weight(std::vector<mx::array>& inputs, const PackedLinear& p) {
 }
 
 PackedLinear weight_at(const std::vector<mx::array>& inputs, size_t first, int group_size, int bits,
-                       std::vector<int> sizes) {
-  return PackedLinear{inputs[first], inputs[first + 1], inputs[first + 2], group_size, bits, std::move(sizes)};
+                       std::vector<int> sizes, bool int8) {
+  return PackedLinear{inputs[first], inputs[first + 1], inputs[first + 2], group_size, bits, std::move(sizes), int8};
 }
 
 // out[rows, parts...] = dense x [M, K] @ the packed weight, its parts at outs.
 void product(const float* x, int M, int K, const PackedLinear& w, const std::vector<float*>& outs) {
-  run_products(x, packed_problems(w.weight, w.scales, w.biases, w.group_size, w.bits, w.sizes, outs, M, K), false);
+  run_products(x, packed_problems(w.weight, w.scales, w.biases, w.group_size, w.bits, w.sizes, outs, M, K), w.int8);
 }
 
 }  // namespace
@@ -93,8 +93,8 @@ std::vector<mx::array> attention_input(const mx::array& x, const mx::array& norm
   std::vector<mx::Shape> shapes{{B, heads, L, head_dim}, {B, kv_heads, L, head_dim}, {B, kv_heads, L, head_dim}};
   return mx::array::make_arrays(
       shapes, {mx::float32, mx::float32, mx::float32},
-      std::make_shared<CpuAttentionInput>(stream, eps, w.group_size, w.bits, w.sizes, heads, kv_heads, head_dim, rope,
-                                          extras.bias.has_value(), extras.q_norm.has_value(), extras.qk_eps),
+      std::make_shared<CpuAttentionInput>(stream, eps, w.group_size, w.bits, w.sizes, w.int8, heads, kv_heads, head_dim,
+                                          rope, extras.bias.has_value(), extras.q_norm.has_value(), extras.qk_eps),
       std::move(inputs));
 }
 
@@ -106,7 +106,7 @@ void CpuAttentionInput::eval_cpu(const std::vector<mx::array>& inputs, std::vect
     encoder.set_output_array(out);
   }
   encoder.dispatch([inputs, q_out = outputs[0].data<float>(), k_out = outputs[1].data<float>(),
-                    v_out = outputs[2].data<float>(), w = weight_at(inputs, 3, group_size_, bits_, sizes_),
+                    v_out = outputs[2].data<float>(), w = weight_at(inputs, 3, group_size_, bits_, sizes_, int8_),
                     eps = eps_, heads = heads_, kv_heads = kv_heads_, head_dim = head_dim_, rope = rope_,
                     has_bias = has_bias_, has_qk_norm = has_qk_norm_, qk_eps = qk_eps_]() {
     const mx::array& x = inputs[0];
@@ -168,7 +168,7 @@ void CpuAttentionInput::eval_gpu(const std::vector<mx::array>&, std::vector<mx::
 
 bool CpuAttentionInput::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const CpuAttentionInput&>(other);
-  return eps_ == o.eps_ && group_size_ == o.group_size_ && bits_ == o.bits_ && sizes_ == o.sizes_ &&
+  return eps_ == o.eps_ && group_size_ == o.group_size_ && bits_ == o.bits_ && sizes_ == o.sizes_ && int8_ == o.int8_ &&
          heads_ == o.heads_ && kv_heads_ == o.kv_heads_ && head_dim_ == o.head_dim_ && rope_.dims == o.rope_.dims &&
          rope_.traditional == o.rope_.traditional && rope_.base == o.rope_.base && rope_.scale == o.rope_.scale &&
          has_bias_ == o.has_bias_ && has_qk_norm_ == o.has_qk_norm_ && qk_eps_ == o.qk_eps_;
@@ -201,7 +201,8 @@ mx::array block_output(const mx::array& x, const mx::array& q, const mx::array& 
   push_weight(inputs, gw);
   push_weight(inputs, dw);
   if (mask.has_value()) inputs.push_back(*mask);
-  CpuBlockOutput::Formats formats{ow.group_size, ow.bits, gw.group_size, gw.bits, dw.group_size, dw.bits, gw.sizes};
+  CpuBlockOutput::Formats formats{ow.group_size, ow.bits,  gw.group_size, gw.bits, dw.group_size,
+                                  dw.bits,       gw.sizes, ow.int8,       gw.int8, dw.int8};
   return mx::array(x.shape(), mx::float32,
                    std::make_shared<CpuBlockOutput>(stream, attention_scale, causal, eps, std::move(formats)),
                    std::move(inputs));
@@ -215,9 +216,9 @@ void CpuBlockOutput::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
   const Formats& f = formats_;
   const int D = inputs[0].shape(2);
   encoder.dispatch([inputs, dst = out.data<float>(), scale = attention_scale_, causal = causal_, eps = eps_,
-                    o = weight_at(inputs, 4, f.o_group_size, f.o_bits, {D}),
-                    gate_up = weight_at(inputs, 8, f.gate_up_group_size, f.gate_up_bits, f.gate_up_sizes),
-                    down = weight_at(inputs, 11, f.down_group_size, f.down_bits, {D})]() {
+                    o = weight_at(inputs, 4, f.o_group_size, f.o_bits, {D}, f.o_int8),
+                    gate_up = weight_at(inputs, 8, f.gate_up_group_size, f.gate_up_bits, f.gate_up_sizes, f.gate_up_int8),
+                    down = weight_at(inputs, 11, f.down_group_size, f.down_bits, {D}, f.down_int8)]() {
     const mx::array& x = inputs[0];
     const mx::array &q = inputs[1], &keys = inputs[2], &values = inputs[3];
     const int B = x.shape(0), L = x.shape(1), D = x.shape(2);
@@ -259,7 +260,8 @@ bool CpuBlockOutput::is_equivalent(const mx::Primitive& other) const {
   return attention_scale_ == o.attention_scale_ && causal_ == o.causal_ && eps_ == o.eps_ &&
          a.o_group_size == b.o_group_size && a.o_bits == b.o_bits && a.gate_up_group_size == b.gate_up_group_size &&
          a.gate_up_bits == b.gate_up_bits && a.down_group_size == b.down_group_size && a.down_bits == b.down_bits &&
-         a.gate_up_sizes == b.gate_up_sizes;
+         a.gate_up_sizes == b.gate_up_sizes && a.o_int8 == b.o_int8 && a.gate_up_int8 == b.gate_up_int8 &&
+         a.down_int8 == b.down_int8;
 }
 
 }  // namespace mlxd_qmm

@@ -52,9 +52,9 @@ mx::array block_output(const mx::array& x, const mx::array& q, const mx::array& 
 // Inputs: x, norm weight, offset, qkv weight, scales, biases[, bias][, q norm, k norm]. Outputs: q, k, v.
 class CpuAttentionInput : public mx::Primitive {
  public:
-  CpuAttentionInput(mx::Stream stream, float eps, int group_size, int bits, std::vector<int> sizes, int heads,
-                    int kv_heads, int head_dim, RopeSpec rope, bool has_bias, bool has_qk_norm, float qk_eps)
-      : mx::Primitive(stream), eps_(eps), group_size_(group_size), bits_(bits), sizes_(std::move(sizes)),
+  CpuAttentionInput(mx::Stream stream, float eps, int group_size, int bits, std::vector<int> sizes, bool int8,
+                    int heads, int kv_heads, int head_dim, RopeSpec rope, bool has_bias, bool has_qk_norm, float qk_eps)
+      : mx::Primitive(stream), eps_(eps), group_size_(group_size), bits_(bits), sizes_(std::move(sizes)), int8_(int8),
         heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), rope_(rope), has_bias_(has_bias),
         has_qk_norm_(has_qk_norm), qk_eps_(qk_eps) {}
 
@@ -70,6 +70,7 @@ class CpuAttentionInput : public mx::Primitive {
   float eps_;
   int group_size_, bits_;
   std::vector<int> sizes_;
+  bool int8_;
   int heads_, kv_heads_, head_dim_;
   RopeSpec rope_;
   bool has_bias_, has_qk_norm_;
@@ -82,6 +83,7 @@ class CpuBlockOutput : public mx::UnaryPrimitive {
   struct Formats {
     int o_group_size, o_bits, gate_up_group_size, gate_up_bits, down_group_size, down_bits;
     std::vector<int> gate_up_sizes;
+    bool o_int8 = false, gate_up_int8 = false, down_int8 = false;
   };
   CpuBlockOutput(mx::Stream stream, float attention_scale, bool causal, float eps, Formats formats)
       : mx::UnaryPrimitive(stream), attention_scale_(attention_scale), causal_(causal), eps_(eps),

@@ -114,7 +114,8 @@ PackedLinear checked_packed(const PackedLinear& p, int K, const mx::Stream& stre
   const bool as_stored = st == p.biases.dtype() && (st == mx::float32 || st == mx::float16 || st == mx::bfloat16);
   const mx::Dtype scale_dtype = as_stored ? st : mx::float32;
   return PackedLinear{row_contiguous(p.weight, stream), row_contiguous(mx::astype(p.scales, scale_dtype, stream), stream),
-                      row_contiguous(mx::astype(p.biases, scale_dtype, stream), stream), p.group_size, p.bits, p.sizes};
+                      row_contiguous(mx::astype(p.biases, scale_dtype, stream), stream), p.group_size, p.bits, p.sizes,
+                      p.int8 && int8_available(p.bits)};
 }
 
 std::vector<mx::array> quantized_matmul_split(const mx::array& x, const mx::array& w, const mx::array& scales,

@@ -41,6 +41,7 @@ struct PackedLinear {
   mx::array weight, scales, biases;
   int group_size, bits;
   std::vector<int> sizes;
+  bool int8 = false;  // x rounded to int8 for this product where the CPU has the int8 kernel (opt-in)
 };
 
 // Checks a packed weight for K input features (std::invalid_argument naming what is wrong) and returns it as
