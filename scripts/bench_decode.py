@@ -161,10 +161,12 @@ def main() -> None:
 
     from mlxd_engine import load
     from mlxd_engine.cpu_fusion import fuse_cpu_layers, fusion_wanted
+    from mlxd_engine.fused_blocks import blocks_wanted, fuse_blocks
 
     loaded = load(args.model)  # stock layers: the bare loop and mlx_lm.generate
     fused = load(args.model)  # a second copy with the layers the daemon's engine fuses (on the CPU)
     fused_count = fuse_cpu_layers(fused.model) if fusion_wanted() else 0
+    fused_blocks = fuse_blocks(fused.model) if fusion_wanted() and blocks_wanted() else 0
     model_args = ["-m", args.model or "embedded"]
     prompt_ids = loaded.tokenizer.encode(PROMPT)
     pipelined = start_daemon(*model_args)
@@ -231,7 +233,8 @@ def main() -> None:
         "count by timing decode steps at start-up and whether a lone row's step runs compiled "
         "(daemon/mlxd_daemon/step_tuning.py). "
         f"On the CPU the daemon's engine fuses the model's RMSNorm and RoPE layers ({fused_count} modules here; "
-        "packages/mlxd_engine/cpu_fusion.py); the bare loop and mlx_lm.generate run the stock layers, and the "
+        f"packages/mlxd_engine/cpu_fusion.py) and runs llama-style layers as two ops ({fused_blocks} layers here; "
+        "packages/mlxd_engine/fused_blocks.py); the bare loop and mlx_lm.generate run the stock layers, and the "
         '"fused layers" bare loop runs the same fused layers as the daemon; "fastest bare loop" is the faster '
         'of the two in each round. The "engine forward loop" is the '
         "daemon's own forward in a bare loop: on the CPU the engine runs a lone row's decode step as one "
