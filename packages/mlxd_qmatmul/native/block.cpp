@@ -41,7 +41,7 @@ const float* dense(const mx::array& a, std::vector<float>& copy) {
 mx::array float_vector(const mx::array& a, int size, const char* what, const mx::Stream& stream) {
   check(a.ndim() == 1 && a.dtype() == mx::float32 && a.shape(0) == size,
         std::string(what) + " must be a float32 vector of " + std::to_string(size));
-  return mx::contiguous(a, false, stream);
+  return row_contiguous(a, stream);
 }
 
 // The packed weight's arrays as inputs, in the order eval_cpu reads them back (PackedLinear at `first`).
@@ -80,7 +80,7 @@ std::vector<mx::array> attention_input(const mx::array& x, const mx::array& norm
   check(offset.size() == 1 || static_cast<int>(offset.size()) == B, "offset must be a scalar or one per batch entry");
   const PackedLinear w = checked_packed(qkv, D, stream);
   std::vector<mx::array> inputs{x, float_vector(norm_weight, D, "the norm weight", stream),
-                                mx::contiguous(mx::astype(offset, mx::int32, stream), false, stream)};
+                                row_contiguous(mx::astype(offset, mx::int32, stream), stream)};
   push_weight(inputs, w);
   if (extras.bias.has_value()) {
     inputs.push_back(float_vector(*extras.bias, qkv.sizes[0] + 2 * qkv.sizes[1], "the q/k/v bias", stream));

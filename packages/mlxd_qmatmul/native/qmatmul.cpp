@@ -40,12 +40,6 @@ void check(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument("mlxd quantized_matmul: " + what);
 }
 
-// A weight array as the primitive reads it: as it is when already evaluated and row-contiguous (the
-// loaded weights), else through a Contiguous op. Every op in the graph is one more dispatch per step.
-mx::array row_contiguous(const mx::array& a, const mx::Stream& stream) {
-  if (a.is_available() && a.flags().row_contiguous) return a;
-  return mx::contiguous(a, false, stream);
-}
 
 // Copies a strided float array into dense row-major order (x reaches the primitive as it is; most
 // inputs are already dense, a transposed or sliced one is gathered here instead of by an extra op).
@@ -89,6 +83,11 @@ size_t scale_bytes(int scale_type) {
 }
 
 }  // namespace
+
+mx::array row_contiguous(const mx::array& a, const mx::Stream& stream) {
+  if (a.is_available() && a.flags().row_contiguous) return a;
+  return mx::contiguous(a, false, stream);
+}
 
 PackedLinear checked_packed(const PackedLinear& p, int K, const mx::Stream& stream) {
   check(p.bits == 4 || p.bits == 8, "bits must be 4 or 8, got " + std::to_string(p.bits));

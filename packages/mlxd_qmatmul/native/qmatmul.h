@@ -35,6 +35,10 @@ bool int8_available(int bits);
 std::string kernel_isa();
 int kernel_threads(int rows);
 
+// An input array as the primitives read it: itself when already evaluated and row-contiguous (the loaded
+// weights), else through a Contiguous op (every op in the graph is one more dispatch per step).
+mx::array row_contiguous(const mx::array& a, const mx::Stream& stream);
+
 // A packed quantized weight in MLX's affine format and the output sizes of its parts (q/k/v, gate/up; one
 // part for a plain layer).
 struct PackedLinear {
