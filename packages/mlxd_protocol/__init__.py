@@ -8,7 +8,7 @@ message type); ``codec`` frames it and imports it, never the other way round. ``
 process) speak the same messages.
 """
 
-from .async_client import AsyncClient
+from .async_client import AsyncClient, AsyncTickSubscription
 from .client import Client, TickSubscription
 from .client_common import DaemonError, DaemonTimeout, new_request_id
 from .codec import ProtocolError, decode, encode, error_reply
@@ -145,6 +145,7 @@ __all__ = [
     "socket_path",
     "trace_endpoint",
     "AsyncClient",
+    "AsyncTickSubscription",
     "Client",
     "DaemonClient",
     "DaemonError",

@@ -17,6 +17,8 @@ Contract:
       True from the drop until the connection is back, and ``wait_connected`` waits for it.
     * ``aclose()`` stops the reader, wakes every waiter with ``DaemonError("client_closed")``
       and closes the socket.
+    * ``subscribe_ticks()`` watches the daemon's tick trace as the blocking client's does (the same
+      socket and frames: ``client.connect_trace``, ``client.read_tick``), awaited instead of blocking.
 """
 
 import asyncio
@@ -33,14 +35,16 @@ from .client_common import (
     DaemonTimeout,
     ReplyT,
     connect_dealer,
+    connect_trace,
     needs_hello,
     new_request_id,
+    read_tick,
     resolve_auth_token,
     tokenize_request,
     unwrap_reply,
 )
 from .codec import ProtocolError, decode, encode
-from .endpoints import default_endpoint
+from .endpoints import default_endpoint, trace_endpoint
 from .messages import (
     CLIENT_CLOSED,
     DISCONNECTED,
@@ -61,6 +65,7 @@ from .messages import (
     Shutdown,
     Status,
     StatusRequest,
+    Tick,
     TokenizeResult,
 )
 
@@ -90,7 +95,8 @@ class AsyncClient:
         self.timeout_s = timeout_s
         self.auth_token = resolve_auth_token(auth_token)  # as in Client
         self._authenticated = False
-        self._socket = connect_dealer(context or zmq.asyncio.Context.instance(), self.endpoint)
+        self._context = context or zmq.asyncio.Context.instance()
+        self._socket = connect_dealer(self._context, self.endpoint)
         self._waiters: dict[str, asyncio.Queue] = {}
         self._reader: asyncio.Task | None = None
         self._failure: DaemonError | None = None
@@ -122,6 +128,14 @@ class AsyncClient:
         self._socket.disable_monitor()
         self._monitor.close(linger=0)
         self._socket.close(linger=CLOSE_LINGER_MS)
+
+    def subscribe_ticks(self) -> "AsyncTickSubscription":
+        """Watch the daemon's scheduler ticks as they happen (see ``Client.subscribe_ticks``).
+
+        Returns:
+            The subscription: ``await receive(timeout_s)`` for each tick; ``close()`` it to unsubscribe.
+        """
+        return AsyncTickSubscription(self._context, trace_endpoint(self.endpoint), self.auth_token)
 
     # ---- the connection --------------------------------------------------------------------
 
@@ -467,3 +481,38 @@ class AsyncClient:
             del self._waiters[request.id]
             if in_flight:
                 self._cancel_soon(request.id)
+
+
+class AsyncTickSubscription:
+    """The daemon's tick trace, as ``Tick`` messages, for asyncio (see ``AsyncClient.subscribe_ticks``).
+
+    Args:
+        context: A ``zmq.asyncio.Context``.
+        endpoint: The daemon's trace endpoint.
+        auth_token: The daemon's auth token, when it has one (as ``client.TickSubscription`` takes it).
+    """
+
+    def __init__(self, context: zmq.asyncio.Context, endpoint: str, auth_token: str | None = None) -> None:
+        self.endpoint = endpoint
+        self._socket = connect_trace(context, endpoint, auth_token)
+
+    async def receive(self, timeout_s: float | None = None) -> Tick | None:
+        """The next tick, or None when none came within ``timeout_s`` (None: wait on).
+
+        Raises:
+            DaemonError: A trace frame the protocol refuses (e.g. a daemon speaking another version).
+        """
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        while True:
+            wait_ms = None if deadline is None else max(0, int((deadline - loop.time()) * 1000))
+            if not await self._socket.poll(wait_ms):
+                return None
+            tick = read_tick(await self._socket.recv_multipart())
+            if tick is not None:
+                return tick
+
+    def close(self) -> None:
+        """Unsubscribe; safe to call twice."""
+        if not self._socket.closed:
+            self._socket.close()

@@ -371,6 +371,36 @@ class Client:
                 self._cancel_quietly(request_id)
 
 
+def connect_trace(context: zmq.Context[SocketT], endpoint: str, auth_token: str | None) -> SocketT:
+    """A SUB socket subscribed to the ticks of the trace endpoint ``endpoint`` (blocking or asyncio, as
+    ``context`` is); with ``auth_token`` it logs in with it (ZeroMQ PLAIN, user ``endpoints.TRACE_USER``)."""
+    socket = context.socket(zmq.SUB)
+    if auth_token:
+        socket.plain_username = TRACE_USER.encode()
+        socket.plain_password = auth_token.encode()
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.setsockopt(zmq.IPV6, 1)
+    socket.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+    socket.setsockopt(zmq.SUBSCRIBE, TICK_TOPIC)
+    socket.connect(endpoint)
+    return socket
+
+
+def read_tick(parts: list[bytes]) -> Tick | None:
+    """The Tick a trace message carries (None for anything else on the socket).
+
+    Raises:
+        DaemonError: A trace frame the protocol refuses (e.g. a daemon speaking another version).
+    """
+    if len(parts) != 2 or parts[0] != TICK_TOPIC:
+        return None
+    try:
+        message = decode(parts[1])
+    except ProtocolError as error:
+        raise DaemonError(error.code, f"unreadable tick from the daemon: {error.message}") from None
+    return message if isinstance(message, Tick) else None
+
+
 class TickSubscription:
     """The daemon's tick trace, as ``Tick`` messages (see ``Client.subscribe_ticks``).
 
@@ -389,15 +419,7 @@ class TickSubscription:
     ) -> None:
         self.endpoint = endpoint
         self.idle_timeout_s = idle_timeout_s
-        self._socket = context.socket(zmq.SUB)
-        if auth_token:
-            self._socket.plain_username = TRACE_USER.encode()
-            self._socket.plain_password = auth_token.encode()
-        self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.setsockopt(zmq.IPV6, 1)
-        self._socket.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
-        self._socket.setsockopt(zmq.SUBSCRIBE, TICK_TOPIC)
-        self._socket.connect(endpoint)
+        self._socket = connect_trace(context, endpoint, auth_token)
 
     def __iter__(self) -> "TickSubscription":
         return self
@@ -418,15 +440,9 @@ class TickSubscription:
                     raise DaemonTimeout(f"no tick from {self.endpoint} within {self.idle_timeout_s:g} s")
             if not self._socket.poll(max(1, wait_ms)):
                 continue
-            parts = self._socket.recv_multipart()
-            if len(parts) != 2 or parts[0] != TICK_TOPIC:
-                continue
-            try:
-                message = decode(parts[1])
-            except ProtocolError as error:
-                raise DaemonError(error.code, f"unreadable tick from the daemon: {error.message}") from None
-            if isinstance(message, Tick):
-                return message
+            tick = read_tick(self._socket.recv_multipart())
+            if tick is not None:
+                return tick
 
     def close(self) -> None:
         """Unsubscribe; safe to call twice."""

@@ -1,14 +1,17 @@
 """One client interface, two implementations: LocalClient (the daemon's core in this process) against the
-socket Client and a real mlxd on stories260K; the typed tick trace through Client.subscribe_ticks."""
+socket Client and a real mlxd on stories260K; the typed tick trace through Client.subscribe_ticks (and
+AsyncClient.subscribe_ticks)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
 
 from mlxd_protocol import (
     INVALID,
+    AsyncClient,
     Chunk,
     Client,
     DaemonClient,
@@ -114,6 +117,29 @@ def test_subscribe_ticks_yields_typed_ticks(stories_daemon):
     assert all(isinstance(tick, Tick) and all(isinstance(row, TickRow) for row in tick.rows) for tick in seen)
     actions = {row.action for tick in seen for row in tick.rows}
     assert actions & {"prefill", "first-token", "prime", "decode"}, actions
+
+
+def test_async_subscribe_ticks_awaits_typed_ticks(stories_daemon):
+    def generate_once() -> None:
+        with Client(stories_daemon, timeout_s=60) as client:
+            replies(client, request(max_tokens=16))
+
+    async def watch() -> tuple[Tick | None, list[Tick]]:
+        async with AsyncClient(stories_daemon, timeout_s=60) as client:
+            subscription = client.subscribe_ticks()
+            try:
+                idle = await subscription.receive(timeout_s=0.5)  # nothing runs: no tick, and no hang
+                generation = asyncio.create_task(asyncio.to_thread(generate_once))
+                seen = [await subscription.receive(timeout_s=30) for _ in range(3)]
+                await generation
+            finally:
+                subscription.close()
+                subscription.close()  # twice is fine
+        return idle, seen
+
+    idle, seen = asyncio.run(watch())
+    assert idle is None
+    assert all(isinstance(tick, Tick) and all(isinstance(row, TickRow) for row in tick.rows) for tick in seen)
 
 
 def test_a_repeated_chat_prefix_is_taken_from_the_prefix_cache(local):
