@@ -21,8 +21,8 @@ Mapped flags: --host (comma-separated: several addresses), --port, --model/-m, -
 --alias/-a (comma-separated: sorted, the first names the model), --tags, --api-key, --cors-origins /
 --cors-methods / --cors-headers / --(no-)cors-credentials (with llama-server's defaults, ``LLAMA_CORS``:
 any origin, echoed back, credentials allowed), --chat-template, --chat-template-file, --metrics,
---slots/--no-slots, --ui/--no-ui (and --webui/--no-webui: mlx-serve-http's home page at /, not a chat
-UI), --pooling, --reasoning on|off|auto, --spec-type ngram-* (prompt lookup), --cache-ram MiB (mlxd
+--slots/--no-slots, --ui/--no-ui (and --webui/--no-webui: mlx-serve-http's web UI, a chat page at /),
+--pooling, --reasoning on|off|auto, --spec-type ngram-* (prompt lookup), --cache-ram MiB (mlxd
 --prefix-cache-bytes; llama-server's 8192 MiB when not given), --verbose (debug logs, and mlx-serve-http
 --verbose-replies: llama-server's ``__verbose`` object on every OpenAI-style reply).
 

@@ -179,3 +179,57 @@ def embedded_gateway(embedded_endpoint):
 
 def pytest_collection_modifyitems(items):
     mark_directory(items, __file__, "integration")
+
+
+# ---- the web UI in a real browser: Debian's headless Chromium, driven by Selenium ------------------------------
+
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
+NO_BROWSER = (
+    "no headless Chromium here: the web UI's browser tests need Debian's chromium and chromium-driver "
+    "(apt-get install -y chromium chromium-driver) and the selenium package"
+)
+
+
+def find_browser() -> tuple[str, str] | None:
+    """The Chromium binary and its chromedriver on PATH, or None (nothing is ever downloaded)."""
+    binary = next((shutil.which(name) for name in CHROMIUM_NAMES if shutil.which(name)), None)
+    driver = shutil.which("chromedriver")
+    return (binary, driver) if binary and driver else None
+
+
+@pytest.fixture
+def browser(request, tmp_path):
+    """A headless Chromium page (Selenium); a failed test leaves its screenshot under its tmp_path."""
+    found = find_browser()
+    if found is None:
+        pytest.skip(NO_BROWSER)
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        pytest.skip(NO_BROWSER)
+    options = webdriver.ChromeOptions()
+    options.binary_location = found[0]
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
+        options.add_argument(argument)
+    options.add_argument("--window-size=1200,760")
+    driver = webdriver.Chrome(service=Service(found[1]), options=options)
+    driver.implicitly_wait(0)
+    yield driver
+    report = getattr(request.node, "report_call", None)
+    if report is not None and report.failed:
+        try:
+            driver.save_screenshot(str(tmp_path / "failure.png"))
+            (tmp_path / "failure.html").write_text(driver.page_source)
+        except Exception:  # noqa: BLE001 - the browser itself may be what failed
+            pass
+    driver.quit()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    """Keep the call phase's report on the test item (the ``browser`` fixture screenshots failures)."""
+    report = yield
+    if report.when == "call":
+        item.report_call = report
+    return report

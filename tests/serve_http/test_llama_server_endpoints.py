@@ -256,10 +256,10 @@ def test_aliases_and_tags_are_listed_with_the_model(llama_daemon):
         gateway.stop()
 
 
-def test_home_page_unless_no_ui(llama_gateway, llama_daemon):
+def test_chat_page_unless_no_ui(llama_gateway, llama_daemon):
     page = llama_gateway.client.get("/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
-    assert page.text.startswith("<!doctype html>") and "tinyllama-2" in page.text and "/docs" in page.text
+    assert page.text.startswith("<!doctype html>") and "/ui/assets/chat.js" in page.text and "/docs" in page.text
     gateway = Gateway([llama_daemon], "--no-ui")
     try:
         assert gateway.client.get("/").status_code == 404

@@ -10,7 +10,8 @@ from clients), ``errors``, ``metrics``, ``daemon_pool`` (the daemons: health, ch
 ``supervisor`` (restarting a daemon the gateway started), ``context`` (what a route may use),
 ``streaming`` (SSE and collecting answers), ``request_guard`` (Host, Origin, Content-Type),
 ``middleware``, ``http_timeouts`` (the header read timeout, in the server layer), the pieces of an answer
-the routes share (``openai_replies``, ``llama_answer``), the routes (``openai_routes``, ``llama_routes``:
+the routes share (``openai_replies``, ``llama_answer``), the routes (``openai_routes``, ``llama_routes``,
+``web_ui``: the web page and its live view's feed from ``tick_feed``;
 they import ``context`` and ``streaming``, never ``app``), then ``app`` and ``main``.
 """
 

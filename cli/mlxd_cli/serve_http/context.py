@@ -5,8 +5,9 @@ with ``gateway(request)``. It holds the settings, the daemon pool (to open gener
 and offers the two things routes used to do to the app's state by hand: ``count_generation(done)`` (the
 metrics of a finished generation), ``token_texts(entries)`` (the text of logprob tokens, cached per
 gateway: the vocabulary is finite) and ``model_name(handle)`` (the ``model`` of every reply: the
-``--alias``, else the last component of the daemon's model path, never a whole path). Routes never read
-or write ``app.state`` themselves.
+``--alias``, else the last component of the daemon's model path, never a whole path), and
+``tick_feed(handle)`` (the daemon's tick trace for the web UI's live view, one ``TickFeed`` per daemon).
+Routes never read or write ``app.state`` themselves.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from mlxd_protocol import Done
 from .daemon_pool import DaemonHandle, DaemonPool, call_daemon
 from .metrics import GatewayMetrics
 from .settings import Settings
+from .tick_feed import TickFeed
 
 
 @dataclass
@@ -30,6 +32,14 @@ class GatewayContext:
     pool: DaemonPool
     metrics: GatewayMetrics
     _token_texts: dict[int, str] = field(default_factory=dict, repr=False)  # token id -> text
+    _tick_feeds: dict[str, TickFeed] = field(default_factory=dict, repr=False)  # endpoint -> its feed
+
+    def tick_feed(self, handle: DaemonHandle) -> TickFeed:
+        """The tick trace of a daemon, shared by every viewer of the live view."""
+        feed = self._tick_feeds.get(handle.endpoint)
+        if feed is None:
+            feed = self._tick_feeds[handle.endpoint] = TickFeed(handle)
+        return feed
 
     def model_name(self, handle: DaemonHandle) -> str:
         """The model id replies carry for a daemon: the alias, else its checkpoint's name."""

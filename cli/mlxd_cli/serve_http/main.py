@@ -6,7 +6,8 @@
                    [--cors-headers H] [--cors-credentials/--no-cors-credentials]
                    [--draft-kind KIND] [--draft-block-size N] [--prompt-lookup-max-batch N] [--no-shared-drafts]
                    [--seed N] [--chat-template NAME|JINJA] [--chat-template-file FILE] [--reasoning on|off|auto]
-                   [--n-predict N] [--metrics/--no-metrics] [--slots/--no-slots] [--ui/--no-ui] [--verbose-replies]
+                   [--n-predict N] [--metrics/--no-metrics] [--slots/--no-slots] [--webui/--no-webui]
+                   [--verbose-replies]
                    [--max-concurrency N] [--max-body-bytes N] [--header-timeout S] [--body-timeout S]
 
 Without ``--daemon`` the default endpoint is used and mlxd is started there if none answers (with
@@ -30,7 +31,7 @@ from mlxd_protocol.serving_defaults import REASONING_MODES
 
 from .app import DEFAULT_MAX_BODY_BYTES, Settings, create_app
 from .http_timeouts import header_timeout_protocol
-from .request_guard import default_allowed_hosts
+from .request_guard import WILDCARD_ADDRESSES, default_allowed_hosts
 from .settings import DEFAULT_BODY_TIMEOUT_S, DEFAULT_CORS_HEADERS, DEFAULT_CORS_METHODS, DEFAULT_HEADER_TIMEOUT_S
 from .supervisor import DaemonSupervisor
 
@@ -203,10 +204,12 @@ def daemon_args(
 )
 @click.option("--slots/--no-slots", default=True, show_default=True, help="serve llama-server's /slots (off: 501)")
 @click.option(
+    "--webui/--no-webui",
     "--ui/--no-ui",
+    "ui",
     default=True,
     show_default=True,
-    help="serve a home page at / naming the model and linking the API docs (no chat UI; off: 404)",
+    help="serve the web UI: a chat page at /, the scheduler live at /ui/ticks (off: 404; llama-server's names)",
 )
 @click.option(
     "--verbose-replies/--no-verbose-replies",
@@ -356,6 +359,9 @@ def main(
     )
     urls = ", ".join(f"http://{f'[{host}]' if ':' in host else host}:{port}" for host in hosts)
     click.echo(f"mlx-serve-http on {urls} -> {', '.join(endpoints)}", err=True)
+    if ui:
+        page = f"http://{page_host(hosts[0])}:{port}/"
+        click.echo(f"mlx-serve-http: chat page at {page} (the scheduler live: {page}ui/ticks)", err=True)
     config = uvicorn.Config(
         create_app(settings, supervisor),
         host=hosts[0],
@@ -373,6 +379,14 @@ def main(
         click.echo(f"mlx-serve-http: cannot listen: {error}", err=True)
         sys.exit(1)
     uvicorn.Server(config).run(sockets=sockets)
+
+
+def page_host(host: str) -> str:
+    """The host of the web UI's address as a browser on this machine writes it (a wildcard: localhost)."""
+    host = host.strip()
+    if host in WILDCARD_ADDRESSES:
+        return "localhost"
+    return f"[{host}]" if ":" in host else host
 
 
 def split_names(value: str | None) -> tuple[str, ...]:

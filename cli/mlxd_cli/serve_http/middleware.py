@@ -4,7 +4,8 @@ Contract: ``GatewayMiddleware`` (pure ASGI, so streaming and disconnects pass th
 before any route, in this order: count the request in the metrics; refuse a Host header the gateway does
 not answer to (400) and a browser request from a foreign origin (403), as ``request_guard`` says; demand
 ``Authorization: Bearer KEY`` or ``x-api-key: KEY`` (Anthropic's header) when an API key is set (every
-path but /health; compared in constant time); refuse a body that is not JSON (415); refuse bodies over
+path but /health and the web UI's static files, ``settings.web_ui_open_path``; compared in constant
+time); refuse a body that is not JSON (415); refuse bodies over
 ``max_body_bytes`` with 413, by Content-Length and by counting the bytes that actually arrive; answer
 408 and close the connection when the body does not arrive within ``body_timeout_s``; refuse with 429 +
 Retry-After, at once, a request beyond ``max_concurrency`` in flight (no queue: the daemons already
@@ -21,10 +22,11 @@ import hmac
 from .errors import ApiError
 from .metrics import GatewayMetrics
 from .request_guard import content_type_problem, host_problem, origin_problem
-from .settings import Settings
+from .settings import Settings, web_ui_open_path
 
 # Paths that never take a concurrency slot: they must answer even when the gateway is saturated.
-UNLIMITED_PATHS = frozenset({"/health", "/metrics"})
+# (The live view's feed holds no daemon row and has its own bound on viewers, tick_feed.MAX_VIEWERS.)
+UNLIMITED_PATHS = frozenset({"/health", "/metrics", "/ui/ticks/stream"})
 OPEN_PATHS = frozenset({"/health"})  # reachable without the API key (load balancers probe it)
 CLIENT_CLOSED_STATUS = 499  # recorded when the client left before any response started
 
@@ -73,7 +75,7 @@ class GatewayMiddleware:
         if refused is not None:
             await _send_error(send, path, refused)
             return
-        if self._expected_auth is not None and path not in OPEN_PATHS and not self._authorized(scope):
+        if self._expected_auth is not None and not self._open(path) and not self._authorized(scope):
             await _send_error(
                 send,
                 path,
@@ -125,6 +127,10 @@ class GatewayMiddleware:
                 self._per_client[client] -= 1
                 if not self._per_client[client]:
                     del self._per_client[client]
+
+    def _open(self, path: str) -> bool:
+        """Whether ``path`` is answered without the API key: /health, and the web UI's files while it is on."""
+        return path in OPEN_PATHS or (self.settings.ui_enabled and web_ui_open_path(path))
 
     def _authorized(self, scope) -> bool:
         """The first Authorization header is ``Bearer KEY``, or the first x-api-key header is ``KEY``

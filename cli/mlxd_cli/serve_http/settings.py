@@ -16,6 +16,15 @@ LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 # What a CORS preflight allows unless --cors-methods / --cors-headers say otherwise.
 DEFAULT_CORS_METHODS = "GET, POST, DELETE"
 DEFAULT_CORS_HEADERS = "Authorization, Content-Type, x-api-key, anthropic-version, anthropic-beta"
+# The web UI's static files (web_ui.py): they hold nothing secret and a browser cannot send a key when it
+# opens a page, so they are served without the API key; what the pages then ask of the API carries it.
+WEB_UI_PAGES = frozenset({"/", "/ui/ticks"})
+WEB_UI_ASSETS = "/ui/assets/"
+
+
+def web_ui_open_path(path: str) -> bool:
+    """Whether ``path`` is one of the web UI's static files (a page or an asset), served without the key."""
+    return path in WEB_UI_PAGES or (path.startswith(WEB_UI_ASSETS) and "/" not in path[len(WEB_UI_ASSETS) :])
 
 
 @dataclass
@@ -47,7 +56,8 @@ class Settings:
             not a cap.
         metrics_enabled: Serve ``/metrics`` (False: 501, as llama-server without ``--metrics``).
         slots_enabled: Serve ``/slots`` (False: 501, as llama-server with ``--no-slots``).
-        ui_enabled: Serve the home page at ``/`` (False: 404, as llama-server with ``--no-ui``).
+        ui_enabled: Serve the web UI: the chat page at ``/``, the scheduler live at ``/ui/ticks`` (False: 404,
+            as llama-server with ``--no-webui``).
         verbose_replies: OpenAI-style replies carry llama-server's ``__verbose`` debug object unless the
             request sends ``verbose: false`` (llama-server with ``--verbose``).
     """
