@@ -30,18 +30,18 @@ from .client_common import (  # noqa: F401  (DaemonError, DaemonTimeout, new_req
     DaemonTimeout,
     ReplyT,
     connect_dealer,
+    connect_trace,
     needs_hello,
     new_request_id,
+    read_tick,
     resolve_auth_token,
     tokenize_request,
     unwrap_reply,
 )
 from .codec import ProtocolError, decode, encode
-from .endpoints import TRACE_USER, default_endpoint, trace_endpoint
+from .endpoints import default_endpoint, trace_endpoint
 from .messages import (
     DISCONNECTED,
-    MAX_FRAME_BYTES,
-    TICK_TOPIC,
     UNAUTHORIZED,
     Cancel,
     Chunk,
@@ -369,36 +369,6 @@ class Client:
         finally:
             if not finished:
                 self._cancel_quietly(request_id)
-
-
-def connect_trace(context: zmq.Context[SocketT], endpoint: str, auth_token: str | None) -> SocketT:
-    """A SUB socket subscribed to the ticks of the trace endpoint ``endpoint`` (blocking or asyncio, as
-    ``context`` is); with ``auth_token`` it logs in with it (ZeroMQ PLAIN, user ``endpoints.TRACE_USER``)."""
-    socket = context.socket(zmq.SUB)
-    if auth_token:
-        socket.plain_username = TRACE_USER.encode()
-        socket.plain_password = auth_token.encode()
-    socket.setsockopt(zmq.LINGER, 0)
-    socket.setsockopt(zmq.IPV6, 1)
-    socket.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
-    socket.setsockopt(zmq.SUBSCRIBE, TICK_TOPIC)
-    socket.connect(endpoint)
-    return socket
-
-
-def read_tick(parts: list[bytes]) -> Tick | None:
-    """The Tick a trace message carries (None for anything else on the socket).
-
-    Raises:
-        DaemonError: A trace frame the protocol refuses (e.g. a daemon speaking another version).
-    """
-    if len(parts) != 2 or parts[0] != TICK_TOPIC:
-        return None
-    try:
-        message = decode(parts[1])
-    except ProtocolError as error:
-        raise DaemonError(error.code, f"unreadable tick from the daemon: {error.message}") from None
-    return message if isinstance(message, Tick) else None
 
 
 class TickSubscription:

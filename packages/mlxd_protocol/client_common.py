@@ -11,8 +11,9 @@ from typing import TypeVar
 
 import zmq
 
-from .endpoints import parse_endpoint
-from .messages import AUTH_TOKEN_ENV, INTERNAL, MAX_FRAME_BYTES, Error, Hello, Message, Tokenize
+from .codec import ProtocolError, decode
+from .endpoints import TRACE_USER, parse_endpoint
+from .messages import AUTH_TOKEN_ENV, INTERNAL, MAX_FRAME_BYTES, TICK_TOPIC, Error, Hello, Message, Tick, Tokenize
 
 ReplyT = TypeVar("ReplyT", bound=Message)  # the reply type a request calls for
 SocketT = TypeVar("SocketT", bound=zmq.Socket)
@@ -131,3 +132,33 @@ def unwrap_reply(reply: Message, expected: type[ReplyT]) -> ReplyT:
     if isinstance(reply, Error):
         raise DaemonError(reply.code, reply.message)
     raise DaemonError(INTERNAL, f"expected a {expected.TYPE!r} reply, got {reply.TYPE!r}")
+
+
+def connect_trace(context: zmq.Context[SocketT], endpoint: str, auth_token: str | None) -> SocketT:
+    """A SUB socket subscribed to the ticks of the trace endpoint ``endpoint`` (blocking or asyncio, as
+    ``context`` is); with ``auth_token`` it logs in with it (ZeroMQ PLAIN, user ``endpoints.TRACE_USER``)."""
+    socket = context.socket(zmq.SUB)
+    if auth_token:
+        socket.plain_username = TRACE_USER.encode()
+        socket.plain_password = auth_token.encode()
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.setsockopt(zmq.IPV6, 1)
+    socket.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+    socket.setsockopt(zmq.SUBSCRIBE, TICK_TOPIC)
+    socket.connect(endpoint)
+    return socket
+
+
+def read_tick(parts: list[bytes]) -> Tick | None:
+    """The Tick a trace message carries (None for anything else on the socket).
+
+    Raises:
+        DaemonError: A trace frame the protocol refuses (e.g. a daemon speaking another version).
+    """
+    if len(parts) != 2 or parts[0] != TICK_TOPIC:
+        return None
+    try:
+        message = decode(parts[1])
+    except ProtocolError as error:
+        raise DaemonError(error.code, f"unreadable tick from the daemon: {error.message}") from None
+    return message if isinstance(message, Tick) else None
