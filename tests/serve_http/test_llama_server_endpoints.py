@@ -185,6 +185,21 @@ def test_chat_template_kwargs_are_checked_on_chat_completions(llama_gateway):
     assert response.status_code == 400 and "chat_template_kwargs" in response.text
 
 
+def test_a_continued_message_joins_its_text_parts_by_a_blank_line(llama_gateway):
+    # llama-server joins the parts of the message it continues by "\n\n" (render_content), and those of any
+    # other message by "\n" for a template of string contents (chatml here)
+    parts = [{"type": "text", "text": "Wh"}, {"type": "text", "text": "ill"}]
+    messages = [{"role": "user", "content": [{"type": "text", "text": "What is"}, {"type": "text", "text": "best"}]}]
+    for prefill, continued in (("Whill", "Whill"), (parts, "Wh\n\nill")):
+        body = {"messages": [*messages, {"role": "assistant", "content": prefill}], "max_tokens": 1, "verbose": True}
+        prompt = llama_gateway.client.post("/v1/chat/completions", json=body).json()["__verbose"]["prompt"]
+        assert prompt.endswith(f"<|im_start|>user\nWhat is\nbest<|im_end|>\n<|im_start|>assistant\n{continued}")
+    # a final assistant message that is not continued keeps the newline
+    body = {"messages": [*messages, {"role": "assistant", "content": parts}], "continue_final_message": False}
+    prompt = llama_gateway.client.post("/v1/chat/completions", json={**body, "max_tokens": 1, "verbose": True}).json()
+    assert "<|im_start|>assistant\nWh\nill<|im_end|>" in prompt["__verbose"]["prompt"]
+
+
 def test_chat_input_tokens_counts_the_prompt_of_a_chat_completion(llama_gateway):
     chat = {"messages": [{"role": "system", "content": "Book"}, {"role": "user", "content": "What is the best book"}]}
     for path in ("/chat/completions/input_tokens", "/v1/chat/completions/input_tokens"):

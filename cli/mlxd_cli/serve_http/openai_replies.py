@@ -190,7 +190,7 @@ def wants_verbose(body: OpenAIGenerationFields, request: Request) -> bool:
 
 async def chat_prompt_tokens(request: Request, body: ChatCompletionRequest) -> list[int]:
     """The prompt's tokens as the chat template makes them of the body (messages, tools, kwargs, prefill)."""
-    messages = [message.to_protocol() for message in body.messages]
+    messages = body.protocol_messages()
     tools = body.tool_fields().get("tools")
     try:
         return await call_daemon(

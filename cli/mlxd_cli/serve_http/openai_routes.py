@@ -120,7 +120,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, respon
     """Chat completion through the model's chat template (OpenAI's API)."""
     headers = ignored_fields_header(check_extra_fields(body, OPENAI_UNIMPLEMENTED, OPENAI_NO_EFFECT))
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    prompt_fields: dict = {"messages": [message.to_protocol() for message in body.messages]}
+    prompt_fields: dict = {"messages": body.protocol_messages()}
     if body.continues_final_message():
         prompt_fields["continue_final_message"] = True
     if body.chat_template_kwargs is not None:

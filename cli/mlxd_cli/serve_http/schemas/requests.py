@@ -222,11 +222,14 @@ class ChatMessage(StrictModel):
             raise ValueError("content is required (null only for an assistant message with tool_calls)")
         return self
 
-    def to_protocol(self) -> dict:
-        """``{"role", "content"}`` for the daemon's chat template (text parts joined by a newline, as
-        llama-server joins them), plus earlier tool calls (arguments as objects, as chat templates expect)
-        and a tool reply's ``tool_call_id``."""
-        content = self.content if isinstance(self.content, str) else "\n".join(part.text for part in self.content or ())
+    def to_protocol(self, part_separator: str = "\n") -> dict:
+        """``{"role", "content"}`` for the daemon's chat template (text parts joined by ``part_separator``: a
+        newline, as llama-server joins a message's parts for a template of string contents), plus earlier
+        tool calls (arguments as objects, as chat templates expect) and a tool reply's ``tool_call_id``."""
+        if isinstance(self.content, str):
+            content = self.content
+        else:
+            content = part_separator.join(part.text for part in self.content or ())
         # Chat templates know "system"; "developer" is OpenAI's newer name for it.
         message: dict = {"role": "system" if self.role == "developer" else self.role, "content": content}
         if self.tool_calls:
@@ -314,6 +317,15 @@ class ChatCompletionRequest(OpenAIGenerationFields):
                 "(the last one is continued; send continue_final_message: true to continue it anyway)"
             )
         return self
+
+    def protocol_messages(self) -> list[dict]:
+        """The messages for the daemon's chat template. The text parts of a continued final message (assistant
+        prefill) are joined by a blank line, as llama-server renders the message it continues
+        (``common_chat_msg::render_content``); every other message's by a newline."""
+        messages = [message.to_protocol() for message in self.messages]
+        if self.continues_final_message():
+            messages[-1] = self.messages[-1].to_protocol(part_separator="\n\n")
+        return messages
 
     def continues_final_message(self) -> bool:
         """Whether the last message is continued (assistant prefill) rather than followed by a new turn."""
