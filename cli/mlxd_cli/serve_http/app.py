@@ -1,8 +1,8 @@
 """The mlx-serve-http application: ``create_app(settings)``.
 
 Contract: ``create_app`` returns a FastAPI app serving the OpenAI routes (``openai_routes``), the
-llama-server routes (``llama_routes``) and, unless ``--no-webui``, the web UI (``web_ui``: the chat page at /), in
-front of a ``DaemonPool``, behind the ``GatewayMiddleware`` (``middleware``) and, only when
+llama-server routes (``llama_routes``, ``cors_proxy``) and, unless ``--no-webui``, the web UI (``web_ui``:
+the chat page at /), in front of a ``DaemonPool``, behind the ``GatewayMiddleware`` (``middleware``) and, only when
 ``Settings.cors_origins`` names origins, the CORS middleware (``cors``; outermost, so it answers
 preflights). The pool, and the ``DaemonSupervisor`` of a daemon the gateway
 started, run with the app (lifespan), so one process could host several apps. Routes reach the gateway only
@@ -17,7 +17,15 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from . import anthropic_routes, embeddings_routes, llama_routes, openai_routes, responses_routes, web_ui
+from . import (
+    anthropic_routes,
+    cors_proxy,
+    embeddings_routes,
+    llama_routes,
+    openai_routes,
+    responses_routes,
+    web_ui,
+)
 from .context import GatewayContext, install_context
 from .cors import CorsMiddleware
 from .daemon_pool import DaemonPool
@@ -76,6 +84,7 @@ def create_app(settings: Settings, supervisor: DaemonSupervisor | None = None) -
     app.include_router(responses_routes.responses_router())  # with its own store of responses
     if settings.ui_enabled:
         app.include_router(web_ui.router)
+    app.include_router(cors_proxy.router)  # 403 unless --ui-mcp-proxy
     app.add_middleware(GatewayMiddleware, settings=settings, metrics=metrics)
     if settings.cors_origins:
         app.add_middleware(CorsMiddleware, settings=settings)

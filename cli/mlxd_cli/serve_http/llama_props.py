@@ -91,6 +91,7 @@ async def props(request: Request) -> dict:
         "endpoint_metrics": context.settings.metrics_enabled,
         "webui": False,
         "is_sleeping": False,
+        "cors_proxy_enabled": context.settings.ui_mcp_proxy,
         "build_info": f"mlxd {handle.status.daemon_version}",
     }
 

@@ -6,7 +6,7 @@
                    [--cors-headers H] [--cors-credentials/--no-cors-credentials]
                    [--draft-kind KIND] [--draft-block-size N] [--prompt-lookup-max-batch N] [--no-shared-drafts]
                    [--seed N] [--chat-template NAME|JINJA] [--chat-template-file FILE] [--reasoning on|off|auto]
-                   [--n-predict N] [--metrics/--no-metrics] [--slots/--no-slots] [--webui/--no-webui]
+                   [--n-predict N] [--metrics/--no-metrics] [--slots/--no-slots] [--webui/--no-webui] [--ui-mcp-proxy]
                    [--verbose-replies]
                    [--max-concurrency N] [--max-body-bytes N] [--header-timeout S] [--body-timeout S]
 
@@ -212,6 +212,13 @@ def daemon_args(
     help="serve the web UI: a chat page at /, the scheduler live at /ui/ticks (off: 404; llama-server's names)",
 )
 @click.option(
+    "--ui-mcp-proxy/--no-ui-mcp-proxy",
+    default=False,
+    show_default=True,
+    help="serve llama-server's /cors-proxy?url=URL: a GET or POST forwarded to URL with only the headers named "
+    "x-llama-server-proxy-header-NAME (off: 403)",
+)
+@click.option(
     "--verbose-replies/--no-verbose-replies",
     default=False,
     show_default=True,
@@ -280,6 +287,7 @@ def main(
     metrics,
     slots,
     ui,
+    ui_mcp_proxy,
     verbose_replies,
     max_concurrency,
     max_requests_per_client,
@@ -349,6 +357,7 @@ def main(
         metrics_enabled=metrics,
         slots_enabled=slots,
         ui_enabled=ui,
+        ui_mcp_proxy=ui_mcp_proxy,
         verbose_replies=verbose_replies,
         cors_origins=tuple(origin.strip().rstrip("/") for origin in cors_origins.split(",") if origin.strip()),
         cors_methods=cors_methods,

@@ -58,6 +58,8 @@ class Settings:
         slots_enabled: Serve ``/slots`` (False: 501, as llama-server with ``--no-slots``).
         ui_enabled: Serve the web UI: the chat page at ``/``, the scheduler live at ``/ui/ticks`` (False: 404,
             as llama-server with ``--no-webui``).
+        ui_mcp_proxy: Serve llama-server's ``/cors-proxy`` (``cors_proxy``; False: 403, as llama-server
+            without ``--ui-mcp-proxy``).
         verbose_replies: OpenAI-style replies carry llama-server's ``__verbose`` debug object unless the
             request sends ``verbose: false`` (llama-server with ``--verbose``).
     """
@@ -82,4 +84,5 @@ class Settings:
     metrics_enabled: bool = True
     slots_enabled: bool = True
     ui_enabled: bool = True
+    ui_mcp_proxy: bool = False
     verbose_replies: bool = False
