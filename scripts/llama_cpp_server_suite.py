@@ -1,6 +1,6 @@
 """Run llama.cpp's own server test suite against mlx-serve-http + mlxd.
 
-    .venv/bin/python scripts/llama_cpp_server_suite.py [--files test_basic.py ...] [-k EXPR] [--list-deselected]
+    .venv/bin/python scripts/llama_cpp_server_suite.py [--files test_basic.py ...] [-k EXPR]
 
 Contract: at set-up time (nothing of llama.cpp is kept in this repository) it fetches the PyPI sdist of
 llama-cpp-python ``SDIST_VERSION`` with pip into ``<cache>/llama-cpp-suite/`` (``<cache>``: $MLXD_CACHE_DIR,
@@ -8,10 +8,10 @@ else $XDG_CACHE_HOME/mlxd, else ~/.cache/mlxd), extracts ``vendor/llama.cpp/tool
 the chat templates beside it (``vendor/llama.cpp/models/templates``, which the tests read by relative
 path), builds a virtual environment with the suite's own ``requirements.txt``, and runs pytest there on
 ``OFFLINE_FILES``, with ``LLAMA_SERVER_BIN_PATH`` pointing at ``scripts/llama_server_compat.py`` (through
-a small wrapper that runs it with this interpreter). Tests in ``DESELECTED`` are deselected, each for
-the reason given (llama.cpp's sampler RNG at temperature > 0, or a model / mode that cannot run
-offline). It prints the pass / fail / deselect counts and the deselected tests, and exits with pytest's
-status (non-zero when a test failed).
+a small wrapper that runs it with this interpreter, this checkout's packages first on its path). Tests in
+``DESELECTED`` are deselected, each for the reason given (llama.cpp's sampler RNG at temperature > 0, or a
+model / mode that cannot run offline). It prints the pass / fail / deselect counts and the deselected
+tests, and exits with pytest's status (non-zero when a test failed).
 
 Loaded by that pytest as a plugin (``-p llama_cpp_server_suite``), this module also makes the suite's
 session fixture ``ServerPreset.load_all`` (which starts every preset once, only to download its model)
@@ -153,15 +153,18 @@ def launcher_wrapper(cache: Path) -> Path:
     return wrapper
 
 
+def suite_env(environ: dict[str, str]) -> dict[str, str]:
+    """``environ`` with this checkout's packages first on PYTHONPATH (and this script's folder, the plugin's):
+    the interpreter's own install may be another checkout's (editable), and the servers must run this one."""
+    parts = [str(ROOT / part) for part in ("scripts", "packages", "daemon", "cli")]
+    return {**environ, "PYTHONPATH": os.pathsep.join([*parts, environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+
+
 def run_suite(files: list[str], keyword: str | None) -> int:
     cache = cache_dir()
     tests = extract_suite(cache, fetch_sdist(cache))
     python = suite_python(cache, tests)
-    env = {
-        **os.environ,
-        "LLAMA_SERVER_BIN_PATH": str(launcher_wrapper(cache)),
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "scripts"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-    }
+    env = {**suite_env(dict(os.environ)), "LLAMA_SERVER_BIN_PATH": str(launcher_wrapper(cache))}
     env.setdefault("PORT", "8089")  # the suite's port; not the 8080 a real server may hold
     command = [
         str(python),

@@ -59,6 +59,13 @@ def test_launcher_refuses_an_unknown_flag_and_maps_the_known_ones():
     assert "--ui" in named and "--no-ui" in compat.gateway_args(compat.parse_llama_args(["--no-webui"]), "ipc://x")
 
 
+def test_suite_runs_this_checkouts_packages():
+    # the interpreter's own install may be another checkout's: the suite's servers must import this one's
+    path = suite.suite_env({})["PYTHONPATH"].split(":")
+    assert path[:4] == [str(ROOT / part) for part in ("scripts", "packages", "daemon", "cli")]
+    assert suite.suite_env({"PYTHONPATH": "/elsewhere"})["PYTHONPATH"].endswith(":/elsewhere")
+
+
 @pytest.mark.slow
 def test_llama_cpp_server_suite_keeps_its_passing_tests():
     archive = suite.cache_dir() / f"{suite.SDIST_NAME}.tar.gz"
