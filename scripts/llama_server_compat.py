@@ -22,9 +22,10 @@ Mapped flags: --host (comma-separated: several addresses), --port, --model/-m, -
 --cors-methods / --cors-headers / --(no-)cors-credentials (with llama-server's defaults, ``LLAMA_CORS``:
 any origin, echoed back, credentials allowed), --chat-template, --chat-template-file, --metrics,
 --slots/--no-slots, --ui/--no-ui (and --webui/--no-webui: mlx-serve-http's web UI, a chat page at /),
---pooling, --reasoning on|off|auto, --spec-type ngram-* (prompt lookup), --cache-ram MiB (mlxd
---prefix-cache-bytes; llama-server's 8192 MiB when not given), --verbose (debug logs, and mlx-serve-http
---verbose-replies: llama-server's ``__verbose`` object on every OpenAI-style reply).
+--ui-mcp-proxy (mlx-serve-http's /cors-proxy), --pooling, --reasoning on|off|auto, --spec-type ngram-*
+(prompt lookup), --cache-ram MiB (mlxd --prefix-cache-bytes; llama-server's 8192 MiB when not given),
+--verbose (debug logs, and mlx-serve-http --verbose-replies: llama-server's ``__verbose`` object on every
+OpenAI-style reply).
 
 Ignored, because they mean nothing on an MLX server (``IGNORED_FLAGS``): --n-gpu-layers/-ngl and
 --threads/-t (MLX uses one device, and mlxd measures its own thread count), --ubatch-size/-ub (no
@@ -134,9 +135,12 @@ SWITCH_FLAGS = {
     "--no-cors-credentials",
     "--ui",
     "--no-ui",
+    "--ui-mcp-proxy",
 }
 # llama-server's CORS defaults (its common_params): mlx-serve-http's own are stricter (no CORS at all).
 LLAMA_CORS = {"--cors-origins": "*", "--cors-methods": "GET, POST, DELETE, OPTIONS", "--cors-headers": "*"}
+# llama-server's default sampler settings (common_params_sampling): mlxd's own sample the whole distribution
+LLAMA_SAMPLING = {"--temp": "0.8", "--top-k": "40", "--top-p": "0.95", "--min-p": "0.05"}
 LLAMA_DEFAULT_PARALLEL = 4  # llama-server's slot count when -np is not given
 LLAMA_DEFAULT_CACHE_RAM_MIB = 8192  # llama-server's --cache-ram default (its prompt cache's bound)
 
@@ -238,9 +242,9 @@ def daemon_command(args: LlamaArgs, model: Path, endpoint: str) -> list[str]:
         "1",
         "--stream-interval-ms",
         "0",
-        "--temp",
-        values.get("--temp", "0.8"),
     ]
+    for flag, default in LLAMA_SAMPLING.items():
+        command += [flag, values.get(flag, default)]
     if "--ctx-size" in values and int(values["--ctx-size"]) > 0:
         ctx = int(values["--ctx-size"])
         if "--kv-unified" in args.switches:  # every slot may use the whole pool
@@ -259,9 +263,6 @@ def daemon_command(args: LlamaArgs, model: Path, endpoint: str) -> list[str]:
     if int(values.get("--seed", -1)) >= 0:  # -1 (llama-server's default): a random seed, i.e. no default seed
         command += ["--seed", values["--seed"]]
     for flag, option in (
-        ("--top-k", "--top-k"),
-        ("--top-p", "--top-p"),
-        ("--min-p", "--min-p"),
         ("--batch-size", "--prefill-chunk"),
         ("--pooling", "--pooling"),
         ("--chat-template", "--chat-template"),
@@ -309,6 +310,8 @@ def gateway_args(args: LlamaArgs, endpoint: str) -> list[str]:
     gateway.append("--metrics" if "--metrics" in args.switches else "--no-metrics")
     gateway.append("--no-slots" if "--no-slots" in args.switches else "--slots")
     gateway.append("--no-ui" if "--no-ui" in args.switches else "--ui")
+    if "--ui-mcp-proxy" in args.switches:
+        gateway.append("--ui-mcp-proxy")
     if "--verbose" in args.switches:
         gateway.append("--verbose-replies")  # llama-server's --verbose: every reply carries __verbose
     return gateway

@@ -43,6 +43,16 @@ def test_launcher_refuses_an_unknown_flag_and_maps_the_known_ones():
     command = compat.daemon_command(args, compat.STORIES_260K, "ipc:///tmp/x.sock")
     assert command[command.index("--max-kv-size") + 1] == "256" and command[command.index("--max-batch") + 1] == "2"
     assert command[command.index("--seed") + 1] == "7" and "99" not in command
+    # llama-server's sampler defaults (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05), each overridable
+    assert [command[command.index(flag) + 1] for flag in ("--temp", "--top-k", "--top-p", "--min-p")] == [
+        "0.8",
+        "40",
+        "0.95",
+        "0.05",
+    ]
+    greedy = compat.daemon_command(compat.parse_llama_args(["--temp", "0", "--top-k", "1"]), compat.STORIES_260K, "x")
+    assert greedy[greedy.index("--temp") + 1] == "0" and greedy[greedy.index("--top-k") + 1] == "1"
+    assert greedy.count("--top-k") == 1
     gateway = compat.gateway_args(args, "ipc:///tmp/x.sock")
     assert "--metrics" in gateway
     # llama-server's CORS defaults: any origin, echoed back with credentials
@@ -57,6 +67,8 @@ def test_launcher_refuses_an_unknown_flag_and_maps_the_known_ones():
     named = compat.gateway_args(compat.parse_llama_args(["--alias", "tiny, fim,code", "--tags", "chat"]), "ipc://x")
     assert named[named.index("--alias") + 1] == "code,fim,tiny" and named[named.index("--tags") + 1] == "chat"
     assert "--ui" in named and "--no-ui" in compat.gateway_args(compat.parse_llama_args(["--no-webui"]), "ipc://x")
+    assert "--ui-mcp-proxy" not in named
+    assert "--ui-mcp-proxy" in compat.gateway_args(compat.parse_llama_args(["--ui-mcp-proxy"]), "ipc://x")
 
 
 def test_suite_runs_this_checkouts_packages():
