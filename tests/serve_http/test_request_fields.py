@@ -23,6 +23,17 @@ REFUSED = [
     ("/completion", LLAMA, "return_progress", True),
     ("/completion", LLAMA, "typical_p", 0.5),
     ("/completion", LLAMA, "image_data", [{"data": "xx", "id": 1}]),
+    ("/completion", LLAMA, "min_keep", 5),
+    ("/completion", LLAMA, "adaptive_target", 0.5),
+    # llama-server takes its own fields on the OpenAI endpoints too
+    ("/v1/chat/completions", CHAT, "mirostat", 2),
+    ("/v1/completions", COMPLETION, "typical_p", 0.5),
+    ("/v1/completions", COMPLETION, "dry_multiplier", 0.8),
+    ("/v1/chat/completions", CHAT, "samplers", ["top_k"]),
+    ("/v1/chat/completions", CHAT, "min_keep", 5),
+    ("/v1/chat/completions", CHAT, "n_probs", 3),
+    ("/v1/completions", COMPLETION, "post_sampling_probs", True),
+    ("/v1/completions", COMPLETION, "repeat_last_n", 16),
 ]
 
 NEUTRAL = [
@@ -55,6 +66,28 @@ NEUTRAL = [
             "id_slot": -1,
             "verbose": False,
             "backend_sampling": True,
+            "min_keep": 1,
+            "adaptive_target": -1,
+            "adaptive_decay": 0.9,
+            "n_cache_reuse": 256,
+        },
+    ),
+    (
+        "/v1/completions",
+        COMPLETION,
+        {
+            "mirostat": 0,
+            "mirostat_tau": 5.0,
+            "typical_p": 1.0,
+            "dry_multiplier": 0.0,
+            "dry_base": 1.75,
+            "min_keep": 0,
+            "n_probs": 0,
+            "n_keep": 4,
+            "id_slot": 1,
+            "return_tokens": True,
+            "response_fields": ["content"],
+            "post_sampling_probs": False,
         },
     ),
 ]
@@ -98,6 +131,28 @@ def test_streamed_answer_names_ignored_fields_too(stories_gateway):
         assert response.headers[IGNORED_FIELDS_HEADER] == "my_extension"
         events = sse_events(response.iter_lines())
     assert events[-1] == "[DONE]"
+
+
+def test_llama_server_fields_are_honoured_on_the_openai_endpoints(stories_gateway):
+    def completion(**fields) -> dict:
+        body = {"prompt": "Once upon a time", "max_tokens": 64, "temperature": 0, **fields}
+        response = stories_gateway.client.post("/v1/completions", json=body)
+        assert response.status_code == 200, response.text
+        assert IGNORED_FIELDS_HEADER not in response.headers
+        return response.json()
+
+    # ignore_eos: a reply pushed to end-of-sequence at once keeps going to its limit
+    eos_first = {"logit_bias": {"2": 100}, "max_tokens": 5}
+    assert completion(**eos_first)["choices"][0]["finish_reason"] == "stop"
+    ignoring = completion(**eos_first, ignore_eos=True)
+    assert ignoring["choices"][0]["finish_reason"] == "length" and ignoring["usage"]["completion_tokens"] == 5
+    # repeat_penalty is repetition_penalty's llama-server name
+    plain = completion()["choices"][0]["text"]
+    penalized = completion(repeat_penalty=3.0)["choices"][0]["text"]
+    assert penalized != plain and penalized == completion(repetition_penalty=3.0)["choices"][0]["text"]
+    both = {"prompt": "Once", "repeat_penalty": 1.2, "repetition_penalty": 1.3}
+    refused = stories_gateway.client.post("/v1/completions", json=both)
+    assert refused.status_code == 400 and "repeat_penalty" in refused.json()["error"]["message"]
 
 
 @pytest.mark.parametrize("prediction", [{"type": "image", "content": "x"}, {"type": "content"}, "x"])

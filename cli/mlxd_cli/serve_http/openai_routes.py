@@ -22,7 +22,11 @@ Contract:
       closing usage chunk carries ``timings`` as well (the first choice's, as the non-streamed reply has).
     * Structured output: OpenAI's ``response_format`` or llama-server's ``json_schema`` / ``grammar`` (GBNF)
       go to the daemon as its constraint; a schema or grammar it rejects is a 400 naming that field.
-    * Chat: text content parts are joined with a newline (as llama-server joins them). A final assistant
+    * llama-server's own fields are taken here as llama-server takes them: ``ignore_eos`` and
+      ``repeat_penalty`` (``repetition_penalty``'s other name) are honoured, the samplers mlxd lacks are
+      refused by name unless sent at their neutral value (``request_fields.OPENAI_LLAMA_UNIMPLEMENTED``).
+    * Chat: text content parts are joined with a newline (as llama-server joins them; the parts of a
+      continued message by a blank line, ``ChatCompletionRequest.protocol_messages``). A final assistant
       message is continued (assistant prefill: the template applied without a generation prompt, the reply
       being only the continuation), unless ``continue_final_message`` is false (vLLM's field).
     * ``POST /v1/chat/completions/input_tokens`` (and llama-server's ``/chat/completions/input_tokens``):
@@ -82,8 +86,8 @@ from .openai_replies import (
     wants_verbose,
 )
 from .request_fields import (
-    OPENAI_NO_EFFECT,
-    OPENAI_UNIMPLEMENTED,
+    OPENAI_LLAMA_NO_EFFECT,
+    OPENAI_LLAMA_UNIMPLEMENTED,
     check_extra_fields,
     ignored_fields_header,
     name_daemon_field,
@@ -118,7 +122,7 @@ STREAM_RESPONSES: dict[int | str, dict[str, Any]] = {
 @router.post("/chat/completions", include_in_schema=False)  # llama-server's name for it
 async def chat_completions(body: ChatCompletionRequest, request: Request, response: Response):
     """Chat completion through the model's chat template (OpenAI's API)."""
-    headers = ignored_fields_header(check_extra_fields(body, OPENAI_UNIMPLEMENTED, OPENAI_NO_EFFECT))
+    headers = ignored_fields_header(check_extra_fields(body, OPENAI_LLAMA_UNIMPLEMENTED, OPENAI_LLAMA_NO_EFFECT))
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     prompt_fields: dict = {"messages": body.protocol_messages()}
     if body.continues_final_message():
@@ -282,7 +286,7 @@ async def chat_input_tokens(body: ChatCompletionRequest, request: Request) -> di
 @router.post("/v1/completions", response_model=Completion, responses={**STREAM_RESPONSES, **ERROR_RESPONSES})
 async def completions(body: CompletionRequest, request: Request, response: Response):
     """Plain text completion, no chat template (OpenAI's legacy completions API)."""
-    headers = ignored_fields_header(check_extra_fields(body, OPENAI_UNIMPLEMENTED, OPENAI_NO_EFFECT))
+    headers = ignored_fields_header(check_extra_fields(body, OPENAI_LLAMA_UNIMPLEMENTED, OPENAI_LLAMA_NO_EFFECT))
     prompt_fields = {"prompt_tokens": body.prompt} if isinstance(body.prompt, list) else {"prompt": body.prompt}
     max_tokens = body.token_limit(gateway(request).settings.default_n_predict)
     builders = [

@@ -8,6 +8,8 @@ Contract:
       its default, and those must keep working.
     * A field defined there that cannot change the output (``service_tier``, ``metadata``,
       ``mirostat_tau`` beside ``mirostat`` 0, ...) is accepted silently.
+    * The OpenAI endpoints take llama-server's fields as llama-server does on them (``OPENAI_LLAMA_*``):
+      ``mirostat`` > 0 is refused on /v1/chat/completions as on /completion.
     * Any other field (a vendor extension nobody defines) is ignored, as llama-server and vLLM do, but
       logged once per name and listed in the ``X-Mlxd-Ignored-Fields`` response header (percent-encoded
       beyond printable ASCII, so any name fits in a header).
@@ -85,6 +87,8 @@ LLAMA_UNIMPLEMENTED: dict[str, tuple[Neutral, str]] = {
     "input_suffix": (_empty, "infill is not supported"),
     "t_max_predict_ms": (_equals(0), "t_max_predict_ms is not supported"),
     "n_indent": (_equals(0), "n_indent is not supported"),
+    "min_keep": (_equals(0, 1), "min_keep is not supported"),  # 0 and 1 alike: a sampler keeps one token anyway
+    "adaptive_target": (_equals(-1, -1.0), "adaptive-p sampling is not supported"),
 }
 LLAMA_NO_EFFECT = frozenset(
     {
@@ -96,15 +100,27 @@ LLAMA_NO_EFFECT = frozenset(
         "dry_penalty_last_n",
         "dry_sequence_breakers",
         "xtc_threshold",
-        "n_keep",
+        "adaptive_decay",
+        "n_keep",  # n_keep and n_discard shape a context shift, which mlxd never makes
         "id_slot",
-        "min_keep",
         "t_max_prompt_ms",
         "n_discard",
+        "n_cache_reuse",  # how much cached KV llama-server may reuse by shifting it: the text is the same
         "backend_sampling",  # where llama-server samples (CPU or its backend): mlxd always samples in MLX
         "verbose",  # llama-server's __verbose is its native answer on the OpenAI endpoints: /completion's already
     }
 )
+
+# The OpenAI endpoints: OpenAI's fields and llama-server's, which llama-server takes on those endpoints too.
+# There n_probs and post_sampling_probs are /completion's forms of logprobs / top_logprobs; return_tokens and
+# response_fields shape /completion's answer only, and llama-server's OpenAI replies carry neither.
+OPENAI_LLAMA_UNIMPLEMENTED: dict[str, tuple[Neutral, str]] = {
+    **LLAMA_UNIMPLEMENTED,
+    **OPENAI_UNIMPLEMENTED,
+    "n_probs": (_equals(0), "n_probs is /completion's: use logprobs and top_logprobs here"),
+    "post_sampling_probs": (_equals(False), "post_sampling_probs is /completion's: use logprobs and top_logprobs here"),
+}
+OPENAI_LLAMA_NO_EFFECT = OPENAI_NO_EFFECT | LLAMA_NO_EFFECT | {"return_tokens", "response_fields"}
 
 _logged: set[str] = set()
 MAX_LOGGED_NAMES = 1024  # random names from clients must not grow the set without bound

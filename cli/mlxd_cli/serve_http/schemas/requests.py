@@ -65,6 +65,8 @@ class OpenAIGenerationFields(RequestBody):
     top_k: int | None = Field(None, ge=0)
     min_p: FiniteFloat | None = Field(None, ge=0, le=1)
     repetition_penalty: FiniteFloat | None = Field(None, ge=0)
+    repeat_penalty: FiniteFloat | None = Field(None, ge=0)  # llama-server's name for repetition_penalty
+    ignore_eos: bool = False  # llama-server's, on every endpoint: keep generating past end-of-sequence tokens
     speculative: SpeculativeOptions | None = None
     response_format: ResponseFormat | None = None
     json_schema: dict | None = None  # llama-server's: the output follows this JSON schema ({}: any JSON)
@@ -122,6 +124,13 @@ class OpenAIGenerationFields(RequestBody):
             raise ValueError(f"give one of response_format, json_schema, grammar; got {' and '.join(given)}")
         return self
 
+    @model_validator(mode="after")
+    def _one_repetition_penalty(self):
+        both = (self.repetition_penalty, self.repeat_penalty)
+        if None not in both and both[0] != both[1]:
+            raise ValueError("repeat_penalty and repetition_penalty name the same setting: give one")
+        return self
+
     def constraint_field(self) -> str:
         """The request field the constraint came from (named in a refusal of it)."""
         return next(iter(self.constraint_fields_given()), "response_format")
@@ -167,7 +176,7 @@ class OpenAIGenerationFields(RequestBody):
             "top_p": self.top_p,
             "top_k": self.top_k,
             "min_p": self.min_p,
-            "repetition_penalty": self.repetition_penalty,
+            "repetition_penalty": self.repeat_penalty if self.repetition_penalty is None else self.repetition_penalty,
             "presence_penalty": self.presence_penalty,
             "frequency_penalty": self.frequency_penalty,
             "seed": self.seed,
