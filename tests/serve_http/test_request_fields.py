@@ -34,6 +34,12 @@ REFUSED = [
     ("/v1/chat/completions", CHAT, "n_probs", 3),
     ("/v1/completions", COMPLETION, "post_sampling_probs", True),
     ("/v1/completions", COMPLETION, "repeat_last_n", 16),
+    ("/completion", LLAMA, "echo", True),
+    ("/completion", LLAMA, "reasoning_format", "deepseek"),
+    ("/completion", LLAMA, "reasoning_budget_tokens", 64),
+    ("/v1/chat/completions", CHAT, "grammar_lazy", True),
+    ("/v1/chat/completions", CHAT, "reasoning_format", "auto"),
+    ("/v1/completions", COMPLETION, "parse_tool_calls", True),
 ]
 
 NEUTRAL = [
@@ -70,6 +76,14 @@ NEUTRAL = [
             "adaptive_target": -1,
             "adaptive_decay": 0.9,
             "n_cache_reuse": 256,
+            "echo": False,
+            "sse_ping_interval": 30,
+            "reasoning_format": "none",
+            "reasoning_budget_tokens": -1,
+            "reasoning_budget_message": "enough",
+            "grammar_lazy": False,
+            "grammar_triggers": [],
+            "chat_format": 0,
         },
     ),
     (
@@ -131,6 +145,24 @@ def test_streamed_answer_names_ignored_fields_too(stories_gateway):
         assert response.headers[IGNORED_FIELDS_HEADER] == "my_extension"
         events = sse_events(response.iter_lines())
     assert events[-1] == "[DONE]"
+
+
+def test_completion_takes_llama_servers_other_names_for_n_predict_and_n_probs(stories_gateway):
+    def complete(**fields) -> dict:
+        body = {"prompt": "Once upon a time", "temperature": 0, "ignore_eos": True, **fields}
+        response = stories_gateway.client.post("/completion", json=body)
+        assert response.status_code == 200, response.text
+        assert IGNORED_FIELDS_HEADER not in response.headers
+        return response.json()
+
+    assert complete(max_tokens=5)["tokens_predicted"] == 5
+    assert complete(max_tokens=5, max_completion_tokens=3)["tokens_predicted"] == 3
+    assert complete(max_tokens=5, max_completion_tokens=3, n_predict=4)["tokens_predicted"] == 4
+    probabilities = complete(n_predict=2, logprobs=3)["completion_probabilities"]
+    assert len(probabilities) == 2 and all(len(entry["top_logprobs"]) == 3 for entry in probabilities)
+    assert len(complete(n_predict=2, logprobs=3, n_probs=1)["completion_probabilities"][0]["top_logprobs"]) == 1
+    refused = stories_gateway.client.post("/completion", json={"prompt": "Once", "max_tokens": -5})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "n_predict"
 
 
 def test_llama_server_fields_are_honoured_on_the_openai_endpoints(stories_gateway):

@@ -89,6 +89,19 @@ LLAMA_UNIMPLEMENTED: dict[str, tuple[Neutral, str]] = {
     "n_indent": (_equals(0), "n_indent is not supported"),
     "min_keep": (_equals(0, 1), "min_keep is not supported"),  # 0 and 1 alike: a sampler keeps one token anyway
     "adaptive_target": (_equals(-1, -1.0), "adaptive-p sampling is not supported"),
+    "echo": (_equals(False), "echo is not supported"),
+    "input_extra": (_empty, "infill is not supported"),
+    "grammar_lazy": (_equals(False), "lazy grammars are not supported"),
+    "grammar_triggers": (_empty, "lazy grammars are not supported"),
+    "preserved_tokens": (_empty, "lazy grammars are not supported"),
+    # llama-server's parsing of the output into reasoning and tool calls: the text comes back as generated
+    "reasoning_format": (_equals("none"), "only reasoning_format none is supported: the reasoning stays in the text"),
+    "chat_format": (_equals(0), "output parsing by chat format is not supported"),
+    "chat_parser": (_empty, "output parsing by chat format is not supported"),
+    "generation_prompt": (_empty, "output parsing by chat format is not supported"),
+    "parse_tool_calls": (_equals(False), "tool calls are parsed on /v1/chat/completions only (send tools there)"),
+    "reasoning_budget_tokens": (_equals(-1), "a reasoning budget is not supported"),
+    "reasoning_control": (_equals(False), "a reasoning budget is not supported"),
 }
 LLAMA_NO_EFFECT = frozenset(
     {
@@ -106,6 +119,11 @@ LLAMA_NO_EFFECT = frozenset(
         "t_max_prompt_ms",
         "n_discard",
         "n_cache_reuse",  # how much cached KV llama-server may reuse by shifting it: the text is the same
+        "sse_ping_interval",  # SSE comment pings while a stream is silent: nothing a client reads
+        "reasoning_budget_message",  # these four shape a reasoning budget, refused above
+        "reasoning_budget_start_tag",
+        "reasoning_budget_end_tags",
+        "reasoning_budget_end_tag",
         "backend_sampling",  # where llama-server samples (CPU or its backend): mlxd always samples in MLX
         "verbose",  # llama-server's __verbose is its native answer on the OpenAI endpoints: /completion's already
     }

@@ -5,6 +5,8 @@ Contract:
       (``LlamaPrompt``): a string; a list of token ids; a list mixing token ids and strings (one prompt);
       ``{"prompt_string": ..., "multimodal_data": [...]}`` (refused when it carries media); or a list of
       such prompts (one answer each). Plus ``n_probs`` (and ``post_sampling_probs``), ``return_tokens``,
+      llama-server's other names for ``n_predict`` (``max_completion_tokens``, ``max_tokens``) and for
+      ``n_probs`` (``logprobs``),
       ``response_fields`` and llama-server's ``logit_bias``: ``[[token id or text, bias], ...]`` or
       ``{"token id or text": bias}``, a bias being a finite number or ``false`` (the token is never
       produced); text stands for each of its tokens (``llama_completion.resolve_logit_bias``). What
@@ -19,7 +21,7 @@ import math
 import re
 from typing import Any
 
-from pydantic import Field, PrivateAttr, field_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from mlxd_protocol.messages import MAX_LOGPROBS
 
@@ -102,6 +104,11 @@ class LlamaCompletionBody(LlamaCompletionRequest):
 
     prompt: Any
     n_probs: int = Field(0, ge=0, le=MAX_LOGPROBS)
+    # llama-server's other names: n_predict's (max_completion_tokens, then max_tokens) and n_probs' (logprobs),
+    # each read only when the field itself is not sent (``_aliases``)
+    max_completion_tokens: int | None = None
+    max_tokens: int | None = None
+    logprobs: int | None = None
     # the n_probs describe the distribution the sampler draws from (after top_k, top_p, min_p, temperature)
     post_sampling_probs: bool = False
     return_progress: StreamedProgress = False  # a stream sends prompt_progress events while the prompt is prefilled
@@ -111,6 +118,19 @@ class LlamaCompletionBody(LlamaCompletionRequest):
     logit_bias: list[Any] | dict[str, Any] | None = None
     # logit_bias with its texts tokenized (set by the route: tokenizing needs a daemon)
     _token_bias: dict[int, float] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _aliases(cls, data: Any) -> Any:
+        """``n_predict`` from ``max_completion_tokens`` or ``max_tokens``, ``n_probs`` from ``logprobs``, where
+        the body does not send the field itself (llama-server's aliases); checked as the field is."""
+        if not isinstance(data, dict):
+            return data
+        for field, aliases in (("n_predict", ("max_completion_tokens", "max_tokens")), ("n_probs", ("logprobs",))):
+            given = [data[alias] for alias in aliases if data.get(alias) is not None]
+            if field not in data and given:
+                data = {**data, field: given[0]}
+        return data
 
     @field_validator("logit_bias")
     @classmethod
