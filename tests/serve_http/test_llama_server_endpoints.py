@@ -45,6 +45,7 @@ def test_props_and_slots_describe_the_daemon(llama_gateway):
     props = llama_gateway.client.get("/props").json()
     assert props["total_slots"] == 2 and props["default_generation_settings"]["n_ctx"] == 256
     assert props["default_generation_settings"]["params"]["seed"] == 42
+    assert props["default_generation_settings"]["params"]["repeat_penalty"] == 1.0  # off, in llama-server's terms
     assert props["model_alias"] == "tinyllama-2" and "im_start" in props["chat_template"]
     assert llama_gateway.client.post("/props", json={}).status_code == 501
     slots = llama_gateway.client.get("/slots").json()
@@ -67,6 +68,7 @@ def test_completion_has_llama_server_fields_and_obeys_n_predict(llama_gateway):
     ).json()
     assert answer["tokens_predicted"] == 16 and len(answer["tokens"]) == 16  # --n-predict is the default
     assert answer["generation_settings"]["n_predict"] == 16 and answer["generation_settings"]["seed"] == 42
+    assert answer["generation_settings"]["repeat_penalty"] == 1.0
     assert answer["prompt"].startswith("<s>") and answer["id_slot"] == -1 and answer["index"] == 0
     assert answer["has_new_line"] == ("\n" in answer["content"])
     # a request's own n_predict overrides --n-predict (today's llama-server no longer caps it)

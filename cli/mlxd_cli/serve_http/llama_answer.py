@@ -92,7 +92,7 @@ def settings_of(
         "top_k": sampling.get("top_k", 0),
         "top_p": sampling.get("top_p", 1.0),
         "min_p": sampling.get("min_p", 0.0),
-        "repeat_penalty": sampling.get("repetition_penalty", 1.0),
+        "repeat_penalty": sampling.get("repetition_penalty") or 1.0,  # mlxd's off is 0, llama-server's 1
         "presence_penalty": sampling.get("presence_penalty", 0.0),
         "frequency_penalty": sampling.get("frequency_penalty", 0.0),
         "stop": stop,
