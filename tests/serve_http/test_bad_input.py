@@ -212,6 +212,7 @@ def test_api_key(keyed_gateway):
     assert_openai_error(http.get("/metrics"), 401)
     assert_openai_error(http.post("/completion", content=b"{bad", headers={"content-type": "application/json"}), 401)
     assert http.get("/health").status_code == 200  # open, for load balancers
+    assert http.get("/v1/health").json() == {"status": "ok"}  # llama-server's other name, open too
     good = {"Authorization": "Bearer s3cret-key"}
     assert http.post("/v1/completions", json=OK_COMPLETION, headers=good).status_code == 200
     assert http.get("/v1/models", headers=good).status_code == 200

@@ -10,8 +10,8 @@ Contract:
     * ``/tokenize``: ``{"tokens": [...]}``, with ``with_pieces`` ``{"tokens": [{"id", "piece"}, ...]}`` (a
       piece is the token's text; bytes that are not whole UTF-8 characters come as a list of byte values,
       as llama-server sends them).
-    * ``/health`` is 200 ``{"status": "ok"}`` when at least one daemon answers, else 503 with an
-      error body; ``/metrics`` is the Prometheus page (see ``metrics``), 501 with ``--no-metrics``.
+    * ``/health`` (and ``/v1/health``) is 200 ``{"status": "ok"}`` when at least one daemon answers, else
+      503 with an error body; ``/metrics`` is the Prometheus page (see ``metrics``), 501 with ``--no-metrics``.
 """
 
 from __future__ import annotations
@@ -84,6 +84,7 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeRes
 
 
 @router.get("/health", response_model=Health, responses={503: ERROR_RESPONSES[503]})
+@router.get("/v1/health", include_in_schema=False)  # llama-server's other name for it
 async def health(request: Request):
     """200 when at least one daemon answers; 503 while none does (starting, loading or down)."""
     pool: DaemonPool = gateway(request).pool

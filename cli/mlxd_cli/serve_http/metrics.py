@@ -56,6 +56,7 @@ KNOWN_ENDPOINTS = frozenset(
         "/tokenize",
         "/detokenize",
         "/health",
+        "/v1/health",
         "/metrics",
         "/openapi.json",
         "/docs",

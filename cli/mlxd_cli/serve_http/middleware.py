@@ -4,7 +4,7 @@ Contract: ``GatewayMiddleware`` (pure ASGI, so streaming and disconnects pass th
 before any route, in this order: count the request in the metrics; refuse a Host header the gateway does
 not answer to (400) and a browser request from a foreign origin (403), as ``request_guard`` says; demand
 ``Authorization: Bearer KEY`` or ``x-api-key: KEY`` (Anthropic's header) when an API key is set (every
-path but /health and the web UI's static files, ``settings.web_ui_open_path``; compared in constant
+path but /health, /v1/health and the web UI's static files, ``settings.web_ui_open_path``; compared in constant
 time); refuse a body that is not JSON (415); refuse bodies over
 ``max_body_bytes`` with 413, by Content-Length and by counting the bytes that actually arrive; answer
 408 and close the connection when the body does not arrive within ``body_timeout_s``; refuse with 429 +
@@ -26,8 +26,8 @@ from .settings import Settings, web_ui_open_path
 
 # Paths that never take a concurrency slot: they must answer even when the gateway is saturated.
 # (The live view's feed holds no daemon row and has its own bound on viewers, tick_feed.MAX_VIEWERS.)
-UNLIMITED_PATHS = frozenset({"/health", "/metrics", "/ui/ticks/stream"})
-OPEN_PATHS = frozenset({"/health"})  # reachable without the API key (load balancers probe it)
+UNLIMITED_PATHS = frozenset({"/health", "/v1/health", "/metrics", "/ui/ticks/stream"})
+OPEN_PATHS = frozenset({"/health", "/v1/health"})  # reachable without the API key (load balancers probe them)
 CLIENT_CLOSED_STATUS = 499  # recorded when the client left before any response started
 
 

@@ -33,7 +33,8 @@ class Settings:
 
     Attributes:
         daemons: Daemon endpoints to spread requests over (at least one).
-        api_key: When set, every endpoint but /health demands ``Authorization: Bearer <api_key>``.
+        api_key: When set, every endpoint but /health (and /v1/health, the home page's files) demands
+            ``Authorization: Bearer <api_key>``.
         max_concurrency: Most requests in flight at once (None: no limit).
         max_body_bytes: Largest request body accepted.
         max_requests_per_client: Most requests in flight from one client address (None: no limit).
