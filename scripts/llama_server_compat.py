@@ -17,14 +17,15 @@ fallback (``--chat-template chatml``), unless ``--chat-template(-file)`` is give
 Mapped flags: --host (comma-separated: several addresses), --port, --model/-m, --hf-repo/-hfr,
 --hf-file/-hff, --ctx-size/-c and --parallel/-np (each slot gets ctx/np tokens: mlxd --max-batch np
 --max-kv-size ctx/np; with --kv-unified the np slots share one pool of ctx tokens: paged storage),
---batch-size/-b (mlxd --prefill-chunk), --n-predict/-n, --temp, --top-k, --top-p, --min-p, --seed/-s,
---alias/-a (comma-separated: sorted, the first names the model), --tags, --api-key, --cors-origins /
---cors-methods / --cors-headers / --(no-)cors-credentials (with llama-server's defaults, ``LLAMA_CORS``:
-any origin, echoed back, credentials allowed), --chat-template, --chat-template-file, --metrics,
---slots/--no-slots, --ui/--no-ui (and --webui/--no-webui: mlx-serve-http's web UI, a chat page at /),
---ui-mcp-proxy (mlx-serve-http's /cors-proxy), --pooling, --reasoning on|off|auto, --spec-type ngram-*
-(prompt lookup), --cache-ram MiB (mlxd --prefix-cache-bytes; llama-server's 8192 MiB when not given),
---verbose (debug logs, and mlx-serve-http --verbose-replies: llama-server's ``__verbose`` object on every
+--batch-size/-b (mlxd --prefill-chunk), --n-predict/-n, --temp, --top-k, --top-p, --min-p (llama-server's
+0.8, 40, 0.95, 0.05 when not given, ``LLAMA_SAMPLING``), --seed/-s, --alias/-a (comma-separated: sorted,
+the first names the model), --tags, --api-key, --cors-origins / --cors-methods / --cors-headers /
+--(no-)cors-credentials (with llama-server's defaults, ``LLAMA_CORS``: any origin, echoed back,
+credentials allowed), --chat-template, --chat-template-file, --metrics, --slots/--no-slots, --ui/--no-ui
+(and --webui/--no-webui: mlx-serve-http's web UI, a chat page at /), --ui-mcp-proxy
+(mlx-serve-http's /cors-proxy), --pooling, --reasoning on|off|auto, --spec-type ngram-* (prompt
+lookup), --cache-ram MiB (mlxd --prefix-cache-bytes; llama-server's 8192 MiB when not given), --verbose
+(debug logs, and mlx-serve-http --verbose-replies: llama-server's ``__verbose`` object on every
 OpenAI-style reply).
 
 Ignored, because they mean nothing on an MLX server (``IGNORED_FLAGS``): --n-gpu-layers/-ngl and
