@@ -8,7 +8,8 @@ else $XDG_CACHE_HOME/mlxd, else ~/.cache/mlxd), extracts ``vendor/llama.cpp/tool
 the chat templates beside it (``vendor/llama.cpp/models/templates``, which the tests read by relative
 path), builds a virtual environment with the suite's own ``requirements.txt``, and runs pytest there on
 ``OFFLINE_FILES``, with ``LLAMA_SERVER_BIN_PATH`` pointing at ``scripts/llama_server_compat.py`` (through
-a small wrapper that runs it with this interpreter, this checkout's packages first on its path). Tests in
+a small wrapper of this checkout's that runs it with this interpreter, this checkout's packages first on
+its path; the servers listen on a free port, or on $PORT when set). Tests in
 ``DESELECTED`` are deselected, each for the reason given (llama.cpp's sampler RNG at temperature > 0, a
 model / mode that cannot run offline, the model file the launcher serves, a llama-server feature mlxd
 lacks). It prints the pass / fail / deselect counts and the deselected tests, and exits with pytest's
@@ -22,8 +23,10 @@ a no-op: the models are local, and presets of other models cannot start offline.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import re
+import socket
 import subprocess
 import sys
 import tarfile
@@ -149,9 +152,13 @@ def suite_python(cache: Path, tests: Path) -> Path:
 
 
 def launcher_wrapper(cache: Path) -> Path:
-    """An executable running the launcher with this interpreter (the suite executes the path it is given)."""
-    wrapper = cache / "llama-server"
-    text = f'#!/bin/sh\nexec "{sys.executable}" "{ROOT / "scripts" / "llama_server_compat.py"}" "$@"\n'
+    """An executable running the launcher with this interpreter (the suite executes the path it is given).
+
+    One per checkout and interpreter (named by their hash): the cache is shared, and a run from another
+    checkout rewriting a common wrapper would start that checkout's launcher in this run's tests."""
+    launcher = ROOT / "scripts" / "llama_server_compat.py"
+    text = f'#!/bin/sh\nexec "{sys.executable}" "{launcher}" "$@"\n'
+    wrapper = cache / f"llama-server-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
     if not wrapper.exists() or wrapper.read_text() != text:
         wrapper.write_text(text)
         wrapper.chmod(0o755)
@@ -165,12 +172,20 @@ def suite_env(environ: dict[str, str]) -> dict[str, str]:
     return {**environ, "PYTHONPATH": os.pathsep.join([*parts, environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
 
 
+def free_port() -> int:
+    """A TCP port nothing listens on now (the suite starts each of its servers on it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def run_suite(files: list[str], keyword: str | None) -> int:
     cache = cache_dir()
     tests = extract_suite(cache, fetch_sdist(cache))
     python = suite_python(cache, tests)
     env = {**suite_env(dict(os.environ)), "LLAMA_SERVER_BIN_PATH": str(launcher_wrapper(cache))}
-    env.setdefault("PORT", "8089")  # the suite's port; not the 8080 a real server may hold
+    env.setdefault("PORT", str(free_port()))  # the suite's port: not 8080, which a real server may hold, and not
+    # a fixed one, which a run from another checkout may hold at the same time
     command = [
         str(python),
         "-m",

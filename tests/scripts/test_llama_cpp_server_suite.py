@@ -71,6 +71,20 @@ def test_launcher_refuses_an_unknown_flag_and_maps_the_known_ones():
     assert "--ui-mcp-proxy" in compat.gateway_args(compat.parse_llama_args(["--ui-mcp-proxy"]), "ipc://x")
 
 
+def test_suite_runs_this_checkouts_launcher_on_a_free_port(tmp_path):
+    # the cache is shared by every checkout: each has its own wrapper, so concurrent runs cannot swap launchers
+    wrapper = suite.launcher_wrapper(tmp_path)
+    assert wrapper.name.startswith("llama-server-") and wrapper.name != "llama-server"
+    assert (
+        str(ROOT / "scripts" / "llama_server_compat.py") in wrapper.read_text()
+        and sys.executable in wrapper.read_text()
+    )
+    assert suite.launcher_wrapper(tmp_path) == wrapper and len(list(tmp_path.iterdir())) == 1
+    port = suite.free_port()
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", port))  # nothing held it
+
+
 def test_suite_runs_this_checkouts_packages():
     # the interpreter's own install may be another checkout's: the suite's servers must import this one's
     path = suite.suite_env({})["PYTHONPATH"].split(":")
