@@ -101,9 +101,13 @@ def test_no_webui_serves_none_of_it(embedded_endpoint):
     gateway = Gateway([embedded_endpoint], "--no-webui", "--api-key", "k")
     try:
         headers = {"Authorization": "Bearer k"}
-        for path in ("/", "/ui/ticks", "/ui/assets/chat.js"):
+        for path in ("/", "/ui/ticks", "/ui/assets/chat.js", "/manifest.webmanifest", "/_app/version.json"):
             assert gateway.client.get(path, headers=headers).status_code == 404, path
             assert gateway.client.get(path).status_code == 401, path  # and nothing is open without the key
+        # a browser that kept llama-server's UI worker gets one that removes itself, with the UI off too
+        worker = gateway.client.get("/sw.js")
+        assert worker.status_code == 200 and worker.headers["content-type"].startswith("text/javascript")
+        assert "registration.unregister()" in worker.text and "caches.delete" in worker.text
     finally:
         gateway.stop()
 
@@ -111,8 +115,11 @@ def test_no_webui_serves_none_of_it(embedded_endpoint):
 def test_the_files_are_open_but_the_api_needs_the_key(embedded_endpoint):
     gateway = Gateway([embedded_endpoint], "--api-key", "secret")
     try:
-        assert gateway.client.get("/").status_code == 200
-        assert gateway.client.get("/ui/assets/api.js").status_code == 200
+        # the files llama-server's UI assets are open too (llama.cpp's test_access_static_assets_without_api_key)
+        for path in ("/", "/ui/assets/api.js", "/sw.js", "/manifest.webmanifest", "/_app/version.json"):
+            assert gateway.client.get(path).status_code == 200, path
+        assert gateway.client.get("/manifest.webmanifest").json()["start_url"] == "/"
+        assert gateway.client.get("/_app/version.json").json()["version"].startswith("mlx-serve-http")
         assert gateway.client.get("/v1/models").status_code == 401
         assert gateway.client.get("/ui/assets/../v1/models").status_code == 401  # the client normalizes the path
     finally:

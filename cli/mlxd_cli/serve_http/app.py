@@ -84,6 +84,7 @@ def create_app(settings: Settings, supervisor: DaemonSupervisor | None = None) -
     app.include_router(responses_routes.responses_router())  # with its own store of responses
     if settings.ui_enabled:
         app.include_router(web_ui.router)
+    app.include_router(web_ui.worker_router)  # with or without the pages, as llama-server
     app.include_router(cors_proxy.router)  # 403 unless --ui-mcp-proxy
     app.add_middleware(GatewayMiddleware, settings=settings, metrics=metrics)
     if settings.cors_origins:

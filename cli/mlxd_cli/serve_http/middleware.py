@@ -22,12 +22,13 @@ import hmac
 from .errors import ApiError
 from .metrics import GatewayMetrics
 from .request_guard import content_type_problem, host_problem, origin_problem
-from .settings import Settings, web_ui_open_path
+from .settings import SERVICE_WORKER_PATH, Settings, web_ui_open_path
 
 # Paths that never take a concurrency slot: they must answer even when the gateway is saturated.
 # (The live view's feed holds no daemon row and has its own bound on viewers, tick_feed.MAX_VIEWERS.)
 UNLIMITED_PATHS = frozenset({"/health", "/v1/health", "/metrics", "/ui/ticks/stream"})
-OPEN_PATHS = frozenset({"/health", "/v1/health"})  # reachable without the API key (load balancers probe them)
+# reachable without the API key: the health checks (load balancers probe them) and llama-server's service worker
+OPEN_PATHS = frozenset({"/health", "/v1/health", SERVICE_WORKER_PATH})
 CLIENT_CLOSED_STATUS = 499  # recorded when the client left before any response started
 
 

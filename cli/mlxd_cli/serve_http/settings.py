@@ -18,7 +18,10 @@ DEFAULT_CORS_METHODS = "GET, POST, DELETE"
 DEFAULT_CORS_HEADERS = "Authorization, Content-Type, x-api-key, anthropic-version, anthropic-beta"
 # The web UI's static files (web_ui.py): they hold nothing secret and a browser cannot send a key when it
 # opens a page, so they are served without the API key; what the pages then ask of the API carries it.
-WEB_UI_PAGES = frozenset({"/", "/ui/ticks"})
+# Beside them, the files a browser that used llama-server's web UI at this address asks for (web_ui.py).
+WEB_UI_PAGES = frozenset({"/", "/ui/ticks", "/manifest.webmanifest", "/_app/version.json"})
+# llama-server's self-removing service worker: served with the UI off too, and never behind the key.
+SERVICE_WORKER_PATH = "/sw.js"
 WEB_UI_ASSETS = "/ui/assets/"
 
 

@@ -9,6 +9,11 @@ Content-Security-Policy that allows only this origin's scripts, styles and conne
 so text a model writes cannot run as script even if the page's renderer had a hole. With ``--no-webui``
 (also ``--no-ui``, llama-server's names) none of these paths is served (404).
 
+For a browser that used llama-server's web UI at this address: ``/manifest.webmanifest`` (this page as a web
+app) and ``/_app/version.json`` (a version that UI's update check sees change) beside the pages, and
+``/sw.js`` always (``worker_router``, with ``--no-webui`` too, as llama-server without its UI): a service
+worker that unregisters itself and empties its caches, so the browser stops showing a cached llama-server UI.
+
 ``GET /ui/ticks/stream`` (SSE; the API key like every API path) feeds the live view: one event per
 ``tick_feed.FEED_INTERVAL_S`` holding a daemon's ticks of that interval and its status figures
 (``tick_feed.feed_update``); ``?daemon=N`` picks the N-th ``--daemon`` (default the first). One trace
@@ -29,6 +34,7 @@ from .streaming import SSE_HEADERS, ClosingStreamingResponse, sse_event
 from .tick_feed import MAX_VIEWERS, ViewersFull
 
 router = APIRouter()
+worker_router = APIRouter()  # /sw.js, with or without the pages
 
 CONTENT_TYPES = {
     ".html": "text/html; charset=utf-8",
@@ -103,3 +109,34 @@ async def ticks_stream(request: Request, daemon: int = 0) -> Response:
             await feed.leave(viewer)
 
     return ClosingStreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+APP_VERSION = "mlx-serve-http web UI"  # not a build of llama-server's UI, whose update check then sees a change
+# llama-server's answer for a browser that kept its UI's service worker (server-http.cpp, without the UI)
+SELF_REMOVING_WORKER = """
+self.addEventListener('install', () => self.skipWaiting());
+self.addEventListener('activate', (e) => e.waitUntil((async () => {
+    await self.registration.unregister();
+    for (const key of await caches.keys()) await caches.delete(key);
+    for (const c of await self.clients.matchAll({ type: 'window' })) c.navigate(c.url);
+})()));
+"""
+
+
+@router.get("/manifest.webmanifest", include_in_schema=False)
+async def manifest() -> Response:
+    """The chat page as a web app (what a browser that installed llama-server's UI here re-reads)."""
+    body = {"name": "mlx-serve-http", "short_name": "mlx-serve-http", "start_url": "/", "display": "browser"}
+    return Response(json.dumps(body), media_type="application/manifest+json", headers=SECURITY_HEADERS)
+
+
+@router.get("/_app/version.json", include_in_schema=False)
+async def app_version() -> Response:
+    """The version llama-server's UI polls to learn that the page was replaced."""
+    return Response(json.dumps({"version": APP_VERSION}), media_type="application/json", headers=SECURITY_HEADERS)
+
+
+@worker_router.get("/sw.js", include_in_schema=False)
+async def service_worker() -> Response:
+    """A service worker that unregisters itself and empties its caches (see the module docstring)."""
+    return Response(SELF_REMOVING_WORKER, media_type="text/javascript; charset=utf-8", headers=SECURITY_HEADERS)
