@@ -5,9 +5,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 UNAME := $(shell uname -s)
 
-.PHONY: setup blas qmatmul default-model lint test test-fast test-unit demo bench clean
+.PHONY: setup blas browser qmatmul default-model lint test test-fast test-unit demo bench clean
 
-setup: $(STAMP) blas qmatmul default-model
+setup: $(STAMP) blas browser qmatmul default-model
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,20 @@ ifeq ($(UNAME),Linux)
 	  else echo "no OpenBLAS found; using MLX's bundled BLAS (slow): apt-get install libopenblas0-pthread"; fi; \
 	fi
 	@echo "BLAS preload: $$($(PY) -m mlxd_fast_blas || true)"
+endif
+
+# The web UI's browser tests drive Debian's headless Chromium (chromium + chromium-driver, never a downloaded
+# browser build). Install them when we can (root with apt-get); otherwise those tests skip, saying why.
+browser:
+ifeq ($(UNAME),Linux)
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing chromium and chromium-driver (the web UI's browser tests)"; \
+	    (apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1 || \
+	     (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1)) || \
+	    echo "could not install chromium: the web UI's browser tests will skip"; \
+	  else echo "no chromium: the web UI's browser tests will skip (apt-get install chromium chromium-driver)"; fi; \
+	fi
 endif
 
 # The CPU quantized-matmul kernel (packages/mlxd_qmatmul): an MLX extension built with cmake; a failed build
