@@ -213,7 +213,9 @@ def browser(request, tmp_path):
     for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
         options.add_argument(argument)
     options.add_argument("--window-size=1200,760")
-    driver = webdriver.Chrome(service=Service(found[1]), options=options)
+    # Not the OpenBLAS preload `make test` runs the suite with: Chromium started with it fails to open a session.
+    environment = {name: value for name, value in os.environ.items() if name != "LD_PRELOAD"}
+    driver = webdriver.Chrome(service=Service(found[1], env=environment), options=options)
     driver.implicitly_wait(0)
     yield driver
     report = getattr(request.node, "report_call", None)
