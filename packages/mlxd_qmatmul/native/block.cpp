@@ -19,25 +19,6 @@ void check(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument("mlxd fused layer: " + what);
 }
 
-// The array's elements in row-major order: its own buffer when dense, else gathered into `copy`.
-const float* dense(const mx::array& a, std::vector<float>& copy) {
-  if (a.flags().row_contiguous) return a.data<float>();
-  copy.resize(a.size());
-  const int nd = a.ndim();
-  std::vector<int> index(nd, 0);
-  const float* base = a.data<float>();
-  for (size_t i = 0; i < a.size(); ++i) {
-    int64_t at = 0;
-    for (int d = 0; d < nd; ++d) at += static_cast<int64_t>(index[d]) * a.strides()[d];
-    copy[i] = base[at];
-    for (int d = nd - 1; d >= 0; --d) {
-      if (++index[d] < a.shape(d)) break;
-      index[d] = 0;
-    }
-  }
-  return copy.data();
-}
-
 mx::array float_vector(const mx::array& a, int size, const char* what, const mx::Stream& stream) {
   check(a.ndim() == 1 && a.dtype() == mx::float32 && a.shape(0) == size,
         std::string(what) + " must be a float32 vector of " + std::to_string(size));
@@ -115,7 +96,7 @@ void CpuAttentionInput::eval_cpu(const std::vector<mx::array>& inputs, std::vect
     if (M == 0) return;
     thread_local std::vector<float> gathered, normed, projected;
     normed.resize(static_cast<size_t>(M) * D);
-    rms_norm_rows(dense(x, gathered), M, D, inputs[1].data<float>(), eps, normed.data());
+    rms_norm_rows(dense_floats(x, gathered), M, D, inputs[1].data<float>(), eps, normed.data());
     const int nq = w.sizes[0], nkv = w.sizes[1];
     projected.resize(static_cast<size_t>(M) * (nq + 2 * nkv));
     float* yq = projected.data();
@@ -234,7 +215,7 @@ void CpuBlockOutput::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
     attention_into(q, keys, values, mask, scale, causal, attn.data());
     projected.resize(size);
     product(attn.data(), M, attended, o, {projected.data()});
-    const float* xs = dense(x, gathered);
+    const float* xs = dense_floats(x, gathered);
     h.resize(size);
     for (int64_t i = 0; i < size; ++i) h[i] = xs[i] + projected[i];
     normed.resize(size);

@@ -84,6 +84,13 @@ size_t scale_bytes(int scale_type) {
 
 }  // namespace
 
+const float* dense_floats(const mx::array& a, std::vector<float>& copy) {
+  if (a.flags().row_contiguous) return a.data<float>();
+  copy.resize(a.size());
+  gather_dense(a, copy.data());
+  return copy.data();
+}
+
 mx::array row_contiguous(const mx::array& a, const mx::Stream& stream) {
   if (a.is_available() && a.flags().row_contiguous) return a;
   return mx::contiguous(a, false, stream);

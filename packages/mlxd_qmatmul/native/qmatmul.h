@@ -35,6 +35,10 @@ bool int8_available(int bits);
 std::string kernel_isa();
 int kernel_threads(int rows);
 
+// The float array's elements in row-major order: its own buffer when it is dense, else gathered into `copy`
+// (a transposed or broadcast view; what the ops are given is almost always dense).
+const float* dense_floats(const mx::array& a, std::vector<float>& copy);
+
 // An input array as the primitives read it: itself when already evaluated and row-contiguous (the loaded
 // weights), else through a Contiguous op (every op in the graph is one more dispatch per step).
 mx::array row_contiguous(const mx::array& a, const mx::Stream& stream);

@@ -6,6 +6,7 @@
 
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
+#include "qmatmul.h"
 #include "vector_math.h"
 
 namespace mlxd_qmm {
@@ -14,26 +15,6 @@ namespace {
 
 void check(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument("mlxd swiglu: " + what);
-}
-
-// The array's elements in row-major order: its own buffer when dense, else gathered into ``copy``
-// (a transposed or broadcast view; the projections' outputs are dense, so this is the rare path).
-const float* dense(const mx::array& a, std::vector<float>& copy) {
-  if (a.flags().row_contiguous) return a.data<float>();
-  copy.resize(a.size());
-  const int nd = a.ndim();
-  std::vector<int> index(nd, 0);
-  const float* base = a.data<float>();
-  for (size_t i = 0; i < a.size(); ++i) {
-    int64_t at = 0;
-    for (int d = 0; d < nd; ++d) at += static_cast<int64_t>(index[d]) * a.strides()[d];
-    copy[i] = base[at];
-    for (int d = nd - 1; d >= 0; --d) {
-      if (++index[d] < a.shape(d)) break;
-      index[d] = 0;
-    }
-  }
-  return copy.data();
 }
 
 }  // namespace
@@ -54,7 +35,7 @@ void CpuSwiglu::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   encoder.set_output_array(out);
   encoder.dispatch([gate = inputs[0], up = inputs[1], dst = out.data<float>(), n = static_cast<int64_t>(out.size())]() {
     std::vector<float> gate_copy, up_copy;
-    swiglu_rows(dense(gate, gate_copy), dense(up, up_copy), dst, n);
+    swiglu_rows(dense_floats(gate, gate_copy), dense_floats(up, up_copy), dst, n);
   });
 }
 
