@@ -18,7 +18,8 @@ Contract:
     * ``aclose()`` stops the reader, wakes every waiter with ``DaemonError("client_closed")``
       and closes the socket.
     * ``subscribe_ticks()`` watches the daemon's tick trace as the blocking client's does (the same
-      socket and frames: ``client.connect_trace``, ``client.read_tick``), awaited instead of blocking.
+      socket and frames: ``client_common.connect_trace``, ``read_tick``), awaited instead of blocking
+      (``async_ticks.AsyncTickSubscription``).
 """
 
 import asyncio
@@ -29,16 +30,15 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from .async_ticks import AsyncTickSubscription
 from .client_common import (
     CLOSE_LINGER_MS,
     DaemonError,
     DaemonTimeout,
     ReplyT,
     connect_dealer,
-    connect_trace,
     needs_hello,
     new_request_id,
-    read_tick,
     resolve_auth_token,
     tokenize_request,
     unwrap_reply,
@@ -65,7 +65,6 @@ from .messages import (
     Shutdown,
     Status,
     StatusRequest,
-    Tick,
     TokenizeResult,
 )
 
@@ -129,7 +128,7 @@ class AsyncClient:
         self._monitor.close(linger=0)
         self._socket.close(linger=CLOSE_LINGER_MS)
 
-    def subscribe_ticks(self) -> "AsyncTickSubscription":
+    def subscribe_ticks(self) -> AsyncTickSubscription:
         """Watch the daemon's scheduler ticks as they happen (see ``Client.subscribe_ticks``).
 
         Returns:
@@ -481,38 +480,3 @@ class AsyncClient:
             del self._waiters[request.id]
             if in_flight:
                 self._cancel_soon(request.id)
-
-
-class AsyncTickSubscription:
-    """The daemon's tick trace, as ``Tick`` messages, for asyncio (see ``AsyncClient.subscribe_ticks``).
-
-    Args:
-        context: A ``zmq.asyncio.Context``.
-        endpoint: The daemon's trace endpoint.
-        auth_token: The daemon's auth token, when it has one (as ``client.TickSubscription`` takes it).
-    """
-
-    def __init__(self, context: zmq.asyncio.Context, endpoint: str, auth_token: str | None = None) -> None:
-        self.endpoint = endpoint
-        self._socket = connect_trace(context, endpoint, auth_token)
-
-    async def receive(self, timeout_s: float | None = None) -> Tick | None:
-        """The next tick, or None when none came within ``timeout_s`` (None: wait on).
-
-        Raises:
-            DaemonError: A trace frame the protocol refuses (e.g. a daemon speaking another version).
-        """
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout_s is None else loop.time() + timeout_s
-        while True:
-            wait_ms = None if deadline is None else max(0, int((deadline - loop.time()) * 1000))
-            if not await self._socket.poll(wait_ms):
-                return None
-            tick = read_tick(await self._socket.recv_multipart())
-            if tick is not None:
-                return tick
-
-    def close(self) -> None:
-        """Unsubscribe; safe to call twice."""
-        if not self._socket.closed:
-            self._socket.close()
