@@ -21,7 +21,7 @@ from .context import gateway
 from .daemon_pool import DaemonHandle
 from .errors import ERROR_RESPONSES, ApiError, NoDaemonAvailable, from_daemon_failure
 from .json_body import JsonBodyRoute
-from .llama_answer import NEUTRAL_SAMPLERS
+from .llama_answer import settings_of
 
 router = APIRouter(route_class=JsonBodyRoute)
 
@@ -42,26 +42,18 @@ async def _serving_handle(request: Request) -> DaemonHandle:
 
 def default_params(request: Request, handle: DaemonHandle) -> dict:
     """The generation settings of a /completion that sends nothing."""
-    sampling = handle.sampling_defaults
     n_predict = gateway(request).settings.default_n_predict
-    return {
-        "n_predict": -1 if n_predict is None else n_predict,
-        "seed": sampling.get("seed") if sampling.get("seed") is not None else -1,
-        "temperature": sampling.get("temperature", 0.0),
-        "top_k": sampling.get("top_k", 0),
-        "top_p": sampling.get("top_p", 1.0),
-        "min_p": sampling.get("min_p", 0.0),
-        "repeat_penalty": sampling.get("repetition_penalty") or 1.0,  # mlxd's off is 0, llama-server's 1
-        "presence_penalty": sampling.get("presence_penalty", 0.0),
-        "frequency_penalty": sampling.get("frequency_penalty", 0.0),
-        "stop": [],
-        "ignore_eos": False,
-        "stream": False,
-        "cache_prompt": True,
-        "n_probs": 0,
-        "logit_bias": [],
-        **NEUTRAL_SAMPLERS,
-    }
+    return settings_of(
+        handle,
+        {},
+        n_predict=-1 if n_predict is None else n_predict,
+        stop=[],
+        ignore_eos=False,
+        stream=False,
+        cache_prompt=True,
+        n_probs=0,
+        token_bias={},
+    )
 
 
 @router.get("/props", responses=ERROR_RESPONSES)
