@@ -80,22 +80,28 @@ class _TracedView:
     """mlx-lm cache protocol inside the traced step: one layer's buffers, rows first..first+B-1."""
 
     def __init__(
-        self, keys: mx.array, values: mx.array, first: int, positions: mx.array, mask_axes: int | None, span: int
+        self,
+        keys: mx.array,
+        values: mx.array,
+        first: int,
+        positions: mx.array,
+        start: mx.array | None,
+        mask_axes: int | None,
+        span: int,
     ):
         self.keys, self.values = keys, values
         self.mask_axes = mask_axes
         self.span = span  # positions of each slot that attention reads (the rest are past every row's context)
         self.first, self.rows = first, positions.shape[0]
         self.offset = positions  # RoPE position of each row's new token
-        self.start: mx.array | None = None  # one row: (slot, position) of its slice update, shared by the layers
+        self.start = start  # one row: (slot, position) of its slice update, one op shared by every layer; else None
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         # keys: [B, kv_heads, T, k_dim]; the buffers: [slots, kv_heads, capacity, k_dim]
-        if self.rows == 1:
+        if self.start is not None:
             # one row: a slice update at (slot, position) writes all its new tokens (faster than a scatter)
-            start = self.start if self.start is not None else slice_start(self.first, self.offset)
-            self.keys = mx.slice_update(self.keys, keys, start, axes=(0, 2))
-            self.values = mx.slice_update(self.values, values, start, axes=(0, 2))
+            self.keys = mx.slice_update(self.keys, keys, self.start, axes=(0, 2))
+            self.values = mx.slice_update(self.values, values, self.start, axes=(0, 2))
         else:
             slots = mx.arange(self.first, self.first + self.rows)
             positions = self.offset[:, None] + mx.arange(keys.shape[2])[None, :]
@@ -151,13 +157,11 @@ class CompiledDecode:
         model, mask_axes = self.model, self.mask_axes
 
         def step(inputs: mx.array, positions: mx.array, *buffers: mx.array):
+            start = slice_start(first, positions) if batch == 1 else None
             views = [
-                _TracedView(buffers[2 * i], buffers[2 * i + 1], first, positions, mask_axes, span)
+                _TracedView(buffers[2 * i], buffers[2 * i + 1], first, positions, start, mask_axes, span)
                 for i in range(len(buffers) // 2)
             ]
-            start = slice_start(first, positions) if batch == 1 else None  # one op for every layer's update
-            for view in views:
-                view.start = start
             logits = model(inputs, cache=views)
             return (logits, *[array for view in views for array in (view.keys, view.values)])
 
