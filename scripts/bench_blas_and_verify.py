@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def child(model: str | None) -> dict:
     import mlx.core as mx
 
-    from mlxd_engine import Engine, load
+    from mlxd_engine import Engine, load, prefill_and_record, step_and_record
     from mlxd_fast_blas import blas_in_use
 
     result = {"blas": blas_in_use()}
@@ -40,7 +40,7 @@ def child(model: str | None) -> dict:
     loaded = load(model)
     engine = Engine(loaded, max_sequences=1)
     seq = engine.add_sequence(list(range(3, 259)), max_new_tokens=64)
-    engine.prefill(seq)
+    prefill_and_record(engine, seq)
     steps, verifies = [], []
     for _ in range(30):
         started = time.perf_counter()
@@ -48,7 +48,7 @@ def child(model: str | None) -> dict:
         verifies.append(time.perf_counter() - started)
         engine.unwind_appends(seq, 9)
         started = time.perf_counter()
-        engine.step([seq])
+        step_and_record(engine, [seq])
         steps.append(time.perf_counter() - started)
         seq.kv.committed -= 1
         seq.tokens.pop()

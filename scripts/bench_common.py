@@ -108,16 +108,23 @@ def serving_engine(model: str, rows: int = 8, max_kv: int = 4096):
     return loaded, engine
 
 
+def record_rounds(rows: list, outcomes: list) -> list:
+    """Each verify round's tokens recorded on its row (a script is its own update step). Returns ``outcomes``."""
+    for row, outcome in zip(rows, outcomes):
+        row.record(outcome.emitted)
+    return outcomes
+
+
 def prefilled_rows(engine, lengths: list[int], max_kv: int) -> list:
     """One prefilled sequence per length (row i's prompt: token ids (13 k + i) mod vocab), each with room to
     grow to ``max_kv`` tokens: the rows the in-process forward benchmarks time."""
-    from mlxd_engine import SamplingParams
+    from mlxd_engine import SamplingParams, prefill_and_record
 
     vocab = engine.loaded.vocab_size
     seqs = []
     for row, length in enumerate(lengths):
         seq = engine.add_sequence([(13 * i + row) % vocab for i in range(length)], SamplingParams(), max_kv - length)
-        while engine.prefill(seq) is None:
+        while prefill_and_record(engine, seq) is None:
             pass
         seqs.append(seq)
     return seqs

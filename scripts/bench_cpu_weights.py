@@ -36,17 +36,17 @@ STORED_CONTEXT = 16  # the stored form's quantized float16 prefill costs seconds
 def child(model: str, form: str, tokens: int) -> dict:
     import mlx.core as mx
 
-    from mlxd_engine import Engine, load
+    from mlxd_engine import Engine, load, prefill_and_record, step_and_record
 
     loaded = load(model)
     engine = Engine(loaded, max_sequences=1)
     context = STORED_CONTEXT if form == "stored" else CONTEXT
     seq = engine.add_sequence([(7 * i + 3) % loaded.vocab_size for i in range(context)], max_new_tokens=tokens + 32)
-    engine.prefill(seq)
+    prefill_and_record(engine, seq)
     reps = 2 if form == "stored" else 12
     steps, verifies = [], []
     if form != "stored":  # warm-up (compiles the step); the stored form's forwards take seconds anyway
-        engine.step([seq])
+        step_and_record(engine, [seq])
         mx.eval(engine.verify(seq, [seq.tokens[-1]] + [7] * 8))
         engine.unwind_appends(seq, 9)
     for _ in range(reps):
@@ -55,12 +55,12 @@ def child(model: str, form: str, tokens: int) -> dict:
         verifies.append(time.perf_counter() - started)
         engine.unwind_appends(seq, 9)
         started = time.perf_counter()
-        engine.step([seq])
+        step_and_record(engine, [seq])
         steps.append(time.perf_counter() - started)
     n = 3 if form == "stored" else tokens
     started = time.perf_counter()
     for _ in range(n):
-        engine.step([seq])
+        step_and_record(engine, [seq])
     decode = n / (time.perf_counter() - started)
     return {
         "weights": loaded.weights,

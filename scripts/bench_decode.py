@@ -61,11 +61,11 @@ def bare_loop(model, prompt: list[int], n: int) -> float:
 def engine_forward_loop(loaded, prompt: list[int], n: int) -> float:
     """The limit of the daemon's own step: the engine's forward (on the CPU its compiled one-token step over
     slot storage) in a bare loop, argmax, one step kept in flight; no sampler chain, no scheduler."""
-    from mlxd_engine import Engine
+    from mlxd_engine import Engine, prefill_and_record
 
     engine = Engine(loaded, max_sequences=1)
     seq = engine.add_sequence(prompt)
-    y = mx.array([engine.prefill(seq).token])
+    y = mx.array([prefill_and_record(engine, seq).token])
     started = time.perf_counter()
     for _ in range(n - 1):
         next_y = mx.argmax(engine._forward([seq], y[:, None])[:, -1], axis=-1)

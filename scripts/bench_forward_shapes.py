@@ -21,7 +21,7 @@ from mlxd_fast_blas import ensure_fast_blas  # noqa: E402
 
 ensure_fast_blas()
 
-from bench_common import machine_facts, prefilled_rows, serving_engine  # noqa: E402
+from bench_common import machine_facts, prefilled_rows, record_rounds, serving_engine  # noqa: E402
 from mlxd_engine import calibrate_forward_cost, verify_rows  # noqa: E402
 
 
@@ -57,7 +57,7 @@ def main() -> None:
         for _ in range(args.repeats + 1):  # the first warms the shape up
             drafts = [[(s.tokens[-1] + 1 + k) % vocab for k in range(width - 1)] for s in group]
             started = time.perf_counter()
-            verify_rows(engine, group, drafts, [4096] * rows)
+            record_rounds(group, verify_rows(engine, group, drafts, [4096] * rows))
             times.append((time.perf_counter() - started) * 1000.0)
         ms = statistics.median(times[1:])
         print(f"| {rows} x {width} | {ms:.1f} | {line[rows, width]:.1f} | {ms / line[rows, width]:.2f} |", flush=True)

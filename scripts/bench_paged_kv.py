@@ -26,7 +26,7 @@ ensure_fast_blas()
 import mlx.core as mx  # noqa: E402
 
 from bench_common import ROOT, command_line, machine_facts  # noqa: E402
-from mlxd_engine import Engine, load  # noqa: E402
+from mlxd_engine import Engine, load, prefill_and_record, read_and_record, step_and_record  # noqa: E402
 from mlxd_engine.engine import kv_bytes_per_token  # noqa: E402
 
 CONTEXTS = [1024, 2048, 4096, 8192]
@@ -42,14 +42,14 @@ def prepared(loaded, backend: str, context: int, rng: random.Random):
         kv_pool_tokens=context + 128,
     )
     seq = engine.add_sequence([rng.randrange(3, loaded.vocab_size) for _ in range(context)], max_new_tokens=32)
-    while engine.prefill(seq, 1024) is None:
+    while prefill_and_record(engine, seq, 1024) is None:
         pass
     return engine, seq
 
 
 def time_step(engine, seq) -> float:
     started = time.perf_counter()
-    engine.step([seq])
+    step_and_record(engine, [seq])
     elapsed = time.perf_counter() - started
     # keep the context length fixed: drop the token this step added
     seq.kv.committed -= 1
@@ -71,14 +71,14 @@ def time_verify(engine, seq, k: int = 8) -> float:
 def decode_rate(loaded, backend: str, n: int = 200) -> float:
     engine = Engine(loaded, max_sequences=1, storage=backend, kv_pool_tokens=4096)
     seq = engine.add_sequence(loaded.tokenizer.encode("The Python standard library"), max_new_tokens=n + 8)
-    engine.prefill(seq)
+    prefill_and_record(engine, seq)
     handle = engine.submit_step([seq])
     started = time.perf_counter()
     for _ in range(n):
         next_handle = engine.submit_step([seq], lookahead=handle)
-        engine.read_step(handle)
+        read_and_record(engine, handle)
         handle = next_handle
-    engine.read_step(handle)
+    read_and_record(engine, handle)
     return n / (time.perf_counter() - started)
 
 

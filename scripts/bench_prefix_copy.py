@@ -26,7 +26,7 @@ ensure_fast_blas()
 import mlx.core as mx  # noqa: E402
 
 from bench_common import machine_facts, serving_engine, spread  # noqa: E402
-from mlxd_engine import SamplingParams  # noqa: E402
+from mlxd_engine import SamplingParams, prefill_and_record  # noqa: E402
 
 
 def main() -> None:
@@ -45,7 +45,7 @@ def main() -> None:
             prompt = [(11 * i + 5) % vocab for i in range(n + 1)]
             seq = engine.add_sequence(prompt, SamplingParams(), 2, cache_prompt=False)
             started = time.perf_counter()
-            engine.prefill(seq, n)  # the prefix only: the chunk a hit does not forward
+            prefill_and_record(engine, seq, n)  # the prefix only: the chunk a hit does not forward
             mx.eval(storage.arrays())
             results[n]["prefill"].append((time.perf_counter() - started) * 1000.0)
             snapshot = storage.read_prefix(seq.kv, n)

@@ -38,14 +38,14 @@ def measure(name: str, reps: int) -> dict[str, float]:
     import mlx.core as mx
     from tests.engine.architectures import build, loaded, prompt
 
-    from mlxd_engine import Engine
+    from mlxd_engine import Engine, prefill_and_record, step_and_record
 
     engine = Engine(loaded(name, model=build(name, seed=3)), max_sequences=1)
     seq = engine.add_sequence(prompt(CONTEXT, 0), max_new_tokens=4096)
-    engine.prefill(seq)
+    prefill_and_record(engine, seq)
 
     def step():
-        engine.step([seq])
+        step_and_record(engine, [seq])
 
     def verify(accepted: int):
         def run():
@@ -53,7 +53,7 @@ def measure(name: str, reps: int) -> dict[str, float]:
             logits = engine.verify(seq, [seq.tokens[-1]] + drafts)
             mx.eval(logits)
             kept = drafts[:accepted]
-            seq.tokens.extend(kept + [drafts[accepted] if accepted < DRAFT else 1])
+            seq.record(kept + [drafts[accepted] if accepted < DRAFT else 1])
             engine.commit_appends(seq, accepted + 1)
             engine.unwind_appends(seq, DRAFT - accepted)
             mx.eval(engine.storage.arrays())
@@ -73,7 +73,7 @@ def measure(name: str, reps: int) -> dict[str, float]:
         if seq.kv.written > 3000:  # stay well inside the context
             engine.release(seq)
             seq = engine.add_sequence(prompt(CONTEXT, 0), max_new_tokens=4096)
-            engine.prefill(seq)
+            prefill_and_record(engine, seq)
     return {kind: statistics.median(values) * 1000 for kind, values in times.items()}
 
 

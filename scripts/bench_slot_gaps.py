@@ -27,6 +27,7 @@ from mlxd_fast_blas import ensure_fast_blas  # noqa: E402
 ensure_fast_blas()
 
 from bench_common import command_line, machine_facts, prefilled_rows, ratio_spread, serving_engine, spread  # noqa: E402
+from mlxd_engine import step_and_record  # noqa: E402
 from mlxd_engine.storage.kv_storage import RowPlan  # noqa: E402
 
 SHAPES = {
@@ -56,7 +57,7 @@ def main() -> None:
         times = []
         for _ in range(args.steps):
             started = time.perf_counter()
-            engine.step(rows)
+            step_and_record(engine, rows)
             times.append((time.perf_counter() - started) * 1000.0)
         return statistics.median(times)
 

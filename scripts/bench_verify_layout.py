@@ -24,8 +24,8 @@ from mlxd_fast_blas import ensure_fast_blas  # noqa: E402
 
 ensure_fast_blas()
 
-from bench_common import machine_facts, prefilled_rows, ratio_spread, serving_engine, spread  # noqa: E402
-from mlxd_engine import calibrate_forward_cost, verify_rows  # noqa: E402
+from bench_common import machine_facts, prefilled_rows, ratio_spread, record_rounds, serving_engine, spread  # noqa: E402
+from mlxd_engine import calibrate_forward_cost, step_and_record, verify_rows  # noqa: E402
 
 SHAPES = [(2, 1), (4, 1), (4, 2), (8, 1), (8, 4)]  # (rows, proposing rows)
 
@@ -50,15 +50,17 @@ def main() -> None:
     draft = [[(s.tokens[-1] + 1 + k) % vocab for k in range(args.draft)] for s in seqs]  # drafts that fail
 
     def plain(rows):
-        engine.step(seqs[:rows])
+        step_and_record(engine, seqs[:rows])
 
     def beside(rows, proposing):
-        verify_rows(engine, seqs[:proposing], draft[:proposing], [4096] * proposing)
+        record_rounds(seqs[:proposing], verify_rows(engine, seqs[:proposing], draft[:proposing], [4096] * proposing))
         if rows > proposing:
-            engine.step(seqs[proposing:rows])
+            step_and_record(engine, seqs[proposing:rows])
 
     def padded(rows, proposing):
-        verify_rows(engine, seqs[:rows], draft[:proposing] + [[]] * (rows - proposing), [4096] * rows)
+        record_rounds(
+            seqs[:rows], verify_rows(engine, seqs[:rows], draft[:proposing] + [[]] * (rows - proposing), [4096] * rows)
+        )
 
     results = {shape: {"plain": [], "beside": [], "padded": []} for shape in SHAPES}
     for shape in SHAPES:  # warm-up

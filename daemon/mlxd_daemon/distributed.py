@@ -9,7 +9,7 @@ tells the other ranks what to replay. A follower (``follow``) runs no scheduler:
 The plan travels as msgpack bytes broadcast by rank 0 with ``all_sum`` (the followers add zeros), one
 broadcast per forward (``prefill``, ``submit_step``, ``verify_rows``, an unwind that forwards recurrent state
 again) carrying the operations queued since the last one: admissions, releases, commits, unwinds, step
-reads, and the tokens rank 0 appended to each row since it last said. Every rank then runs the same
+reads, and the tokens rank 0 recorded for each row since it last said. Every rank then runs the same
 forward on its shard; the model's own collectives keep the ranks in step. Sampling happens once, on
 rank 0: a step's tokens are shared with one more ``all_sum`` inside the step's graph (so lookahead still
 pipelines), prefill and verify tokens reach the followers with the next plan. So every rank holds the
@@ -264,10 +264,11 @@ class Leader:
         if seq.kv.pending:
             self.unwind_appends(seq, seq.kv.pending)  # mirrored like any unwind
 
-    def unwind_appends(self, seq, n: int) -> None:
+    def unwind_appends(self, seq, n: int, kept=None) -> None:
         if self._replays_forward:  # recurrent state: the unwind forwards kept tokens again, on every rank
-            self._broadcast(["unwind", seq.seq_id, n])
-            return self._guarded(self.engine.unwind_appends, seq, n)
+            # ``kept``: the verify round's tokens, not recorded yet, so not among the rows' told tokens
+            self._broadcast(["unwind", seq.seq_id, n, list(kept or [])])
+            return self._guarded(self.engine.unwind_appends, seq, n, kept)
         self.engine.unwind_appends(seq, n)
         self._queued.append(["unwind", seq.seq_id, n])
 
@@ -376,11 +377,11 @@ class Follower:
     def _commit(self, seq_id, n):
         self.engine.commit_appends(self.rows[seq_id], n)
 
-    def _unwind(self, seq_id, n):
-        self.engine.unwind_appends(self.rows[seq_id], n)
+    def _unwind(self, seq_id, n, kept=None):
+        self.engine.unwind_appends(self.rows[seq_id], n, kept)
 
     def _tokens(self, seq_id, start, tail):
-        self.rows[seq_id].record(tail, start)  # rank 0's tokens replace whatever this rank appended
+        self.rows[seq_id].record(tail, start)  # rank 0's tokens: this rank's forwards record none
 
     def _read(self, handle_id):
         handle = self.handles.pop(handle_id, None)

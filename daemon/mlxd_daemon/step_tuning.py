@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from mlxd_engine import Engine
+from mlxd_engine import Engine, prefill_and_record, step_and_record
 from mlxd_fast_blas import blas_in_use, explicit_blas_threads, set_blas_threads
 
 MARGIN = 0.10
@@ -74,14 +74,14 @@ class ScratchSequence:
         if self.steps_left < 1:
             self.release()
             self.sequence = self.engine.add_sequence(self.prompt, max_new_tokens=self.room, cache_prompt=False)
-            while self.engine.prefill(self.sequence) is None:
+            while prefill_and_record(self.engine, self.sequence) is None:
                 pass
             self.steps_left = self.room
         self.steps_left -= 1
         return self.sequence
 
     def step(self) -> None:
-        self.engine.step([self.ready()])
+        step_and_record(self.engine, [self.ready()])
 
     def release(self) -> None:
         if self.sequence is not None:
@@ -95,7 +95,7 @@ def _best_step(scratch: ScratchSequence, steps: int) -> float:
     for _ in range(steps):
         sequence = scratch.ready()  # a restart (prefill) stays outside the timed step
         started = time.perf_counter()
-        scratch.engine.step([sequence])
+        step_and_record(scratch.engine, [sequence])
         best = min(best, time.perf_counter() - started)
     return best
 

@@ -19,6 +19,7 @@ from .sampling.chain import SamplerChain, SamplingParams
 from .sampling.grammar import GRAMMAR_KINDS, JSON_LAYOUT, Grammar, GrammarError, compile_grammar
 from .sampling.grammar_limits import GrammarLimits
 from .sequence import Emitted, Sequence, StepHandle
+from .standalone import prefill_and_record, read_and_record, step_and_record
 from .storage.kv_backend import STORAGE_BACKENDS, KVStorage, make_kv_storage
 from .storage.kv_bound import at_kv_bound, kv_room
 from .storage.kv_storage import SlotKVStorage
@@ -71,8 +72,11 @@ __all__ = [
     "load",
     "make_kv_storage",
     "memory_usage",
+    "prefill_and_record",
     "prompt_lookup_eligibility",
+    "read_and_record",
     "release_cached_memory",
+    "step_and_record",
     "verify_round",
     "verify_rows",
 ]

@@ -14,6 +14,8 @@ Operations:
 - ``verify(seq, tokens)``: k+1 tokens of one row in one forward; logits at every position.
 - ``commit_appends(seq, n)`` / ``unwind_appends(seq, n)``: settle pending appends (oldest first / newest
   first). A step's append is committed by ``read_step``; a verify's by the verify round.
+Forwards settle KV appends and return tokens; they never write ``seq.tokens``: the caller's update step
+records them (``Sequence.record``; ``standalone.py`` for loops that are their own update step).
 """
 
 from __future__ import annotations
@@ -331,7 +333,8 @@ class Engine:
         return self.model(inputs, cache=self.storage.views(states, inputs.shape[1]))
 
     def prefill(self, seq: Sequence, max_tokens: int | None = None) -> Emitted | None:
-        """Forward one chunk of the prompt. Returns the first output token once the prompt is in."""
+        """Forward one chunk of the prompt. Returns the first output token once the prompt is in (not
+        recorded: the caller's update step records it)."""
         start = seq.kv.written
         remaining = seq.prompt_length - start
         if remaining <= 0:
@@ -354,9 +357,7 @@ class Engine:
         chain = seq.chain
         processed = chain.process(logits, seq.history(seq.params.penalty_context)) if chain.processors else logits
         token = chain.draw(processed).astype(mx.int32)
-        emitted = self._emitted(seq, processed, token, 0)
-        seq.record([emitted.token])
-        return emitted
+        return self._emitted(seq, processed, token, 0)
 
     def submit_step(self, rows: list[Sequence], lookahead: StepHandle | None = None) -> StepHandle:
         """Submit one decode step for ``rows`` (async). See the module docstring for ``lookahead``."""
@@ -413,7 +414,8 @@ class Engine:
         return history
 
     def read_step(self, handle: StepHandle) -> list[Emitted]:
-        """Wait for a submitted step; commit its append and record its token on every row."""
+        """Wait for a submitted step and commit its append on every live row. Returns every row's token (a
+        released row's too, which callers drop); the caller records them before the row's next step."""
         if handle.read:
             raise ValueError("step already read")
         handle.read = True
@@ -429,12 +431,11 @@ class Engine:
                 emitted = self._logprob_record(int(token), handle.post_parts[i], 0, seq.params.logprobs or 0)
             elif handle.logprob_parts is not None and seq.params.logprobs is not None:
                 emitted = self._logprob_record(int(token), handle.logprob_parts, i, seq.params.logprobs)
-            seq.record([emitted.token])
             results.append(emitted)
         return results
 
     def step(self, rows: list[Sequence]) -> list[Emitted]:
-        """One synchronous decode step: a token for every row (timed into ``forward_cost``)."""
+        """One synchronous decode step: a token for every row, not recorded (timed into ``forward_cost``)."""
         started = time.perf_counter()
         emitted = self.read_step(self.submit_step(rows))
         self.forward_cost.observe(len(rows), 1, mean_context(rows), (time.perf_counter() - started) * 1000.0)
@@ -468,13 +469,15 @@ class Engine:
         if seq.kv.pending:
             self.unwind_appends(seq, seq.kv.pending)
 
-    def unwind_appends(self, seq: Sequence, n: int) -> None:
+    def unwind_appends(self, seq: Sequence, n: int, kept: list[int] | None = None) -> None:
         """Drop the newest ``n`` appends. Recurrent state is put back where it last settled and the kept
-        tokens after that point (already in ``seq.tokens``) are forwarded again (``storage/row_storage.py``)."""
+        tokens after that point are forwarded again (``storage/row_storage.py``), read from ``seq.tokens``
+        followed by ``kept``: the tokens the caller will record for the appends it kept (a verify round's)."""
         replay = self.storage.unwind(seq.kv, n)
         if replay:
             start = seq.kv.written
-            self._forward([seq], mx.array([seq.tokens[start : start + replay]]), compiled=False)
+            tokens = seq.tokens + kept if kept else seq.tokens
+            self._forward([seq], mx.array([tokens[start : start + replay]]), compiled=False)
             self.commit_appends(seq, replay)
 
     # -- log-probabilities -------------------------------------------------------------------

@@ -35,6 +35,7 @@ from collections import deque
 import numpy as np
 
 from .sampling.chain import SamplingParams
+from .standalone import prefill_and_record, step_and_record
 
 FORGET = 0.97  # weight kept by each online observation per newer one: about the last 30 count
 CALIBRATION_WEIGHT = 1.0  # each start-up point weighs as much as one fresh online observation
@@ -190,7 +191,7 @@ def calibrate_forward_cost(
             return None
         seq = engine.add_sequence(prompt, SamplingParams(), budget, cache_prompt=False)
         seqs.append(seq)
-        while engine.prefill(seq) is None:
+        while prefill_and_record(engine, seq) is None:
             pass
         return seq
 
@@ -199,7 +200,7 @@ def calibrate_forward_cost(
         for _ in range(repeats + 1):  # the first run warms up
             started = time.perf_counter()
             if w == 1:
-                engine.step(group)
+                step_and_record(engine, group)
             else:
                 mx.eval(engine.verify_rows(group, [[s.tokens[-1]] * w for s in group]))
                 for s in group:

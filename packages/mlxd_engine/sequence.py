@@ -2,7 +2,9 @@
 token a forward gives it, and ``StepHandle``, a batched step in flight.
 
 Contract: plain data the engine and the verify round read and the scheduler holds; ``Sequence.record`` is
-the one writer of a row's tokens after admission. No forward runs here.
+the one writer of a row's tokens after admission, called by update steps only (the scheduler's, the
+single-sequence loops', ``standalone.py``'s, a distributed follower's), never by a forward. No forward runs
+here.
 """
 
 from __future__ import annotations
@@ -52,8 +54,8 @@ class Sequence:
 
     def record(self, tokens: list[int], start: int | None = None) -> None:
         """The one writer of ``tokens`` after admission: append output tokens (a step's read, prefill's first
-        token, a verify round's), or with ``start`` replace every token from there (a distributed follower
-        takes rank 0's). In place: a grammar stage holds the list (``SamplerChain.follow``)."""
+        token, a verify round's emitted tokens), or with ``start`` replace every token from there (a
+        distributed follower takes rank 0's). In place: a grammar stage holds the list (``SamplerChain.follow``)."""
         if start is None:
             self.tokens.extend(tokens)
         else:

@@ -16,7 +16,8 @@ draft tokens, the round
 4. emits the accepted drafts plus the target's own token at the first disagreement (or after the last
    draft), cut short at the first EOS or at a token the caller's ``should_stop`` flags,
 5. commits the appends the emitted tokens need and unwinds the rest (recurrent state: the engine puts
-   the state back and forwards the kept tokens again, see ``storage/row_storage.py``),
+   the state back and forwards the kept tokens again, see ``storage/row_storage.py``); the emitted tokens
+   are returned, not recorded: the caller's update step records them (``Sequence.record``),
 6. gives the round's time to ``engine.forward_cost`` (the verify gate's cost model).
 
 Because acceptance is "the row's sampler picked exactly this token", the emitted tokens are the ones
@@ -47,7 +48,7 @@ ACCEPTED, TARGET = "accepted", "target"
 class RoundOutcome:
     """What one verify round produced."""
 
-    emitted: list[int]  # tokens appended to the sequence, in order
+    emitted: list[int]  # the round's tokens, in order (storage holds their appends; the caller records them)
     outcomes: list[str]  # per emitted token: "accepted" (a draft the target agreed with) or "target"
     drafted: int  # proposal tokens actually verified (after truncation)
     accepted: int  # drafts among the emitted tokens
@@ -71,7 +72,7 @@ def verify_round(
         should_stop: called with each emitted token in order; True ends the row at that token
             (stop strings, for instance). EOS ids of the model end the row too.
     Returns:
-        The round's outcome; the sequence's tokens and storage are already updated.
+        The round's outcome; storage is settled, the caller records ``outcome.emitted`` (``Sequence.record``).
     """
     return verify_rows(engine, [seq], [proposal], [max_new_tokens], [should_stop])[0]
 
@@ -154,9 +155,9 @@ def _settle(
     accepted = sum(o == ACCEPTED for o in outcomes)
     # storage needs [current] + every emitted token but the last (which is the next current token)
     keep = len(emitted)
-    seq.record(emitted)  # first: an unwind of recurrent state forwards the kept tokens again
     engine.commit_appends(seq, keep)
-    engine.unwind_appends(seq, fed - keep)  # rejected drafts and padding
+    # rejected drafts and padding; an unwind of recurrent state forwards the kept tokens again
+    engine.unwind_appends(seq, fed - keep, kept=emitted)
     if finish_reason is None and reaches_length(seq, len(emitted), max_new_tokens):
         finish_reason = "length"
     return RoundOutcome(emitted, outcomes, k, accepted, finish_reason)

@@ -1,7 +1,8 @@
 """Batched decode with lookahead pipelining.
 
 Contract: ``DecodeLoop.tick(rows)`` gives every decoding row one token per call (after the first call
-of a pipelined run, which only primes) and returns ``(state, Emitted)`` pairs to the finish step.
+of a pipelined run, which only primes) and returns ``(state, Emitted)`` pairs for the scheduler's update
+step, which records them on the rows and runs the finish step; the loop never writes a row's tokens.
 
 Lookahead (steady decode): step n+1 is submitted with ``mx.async_eval`` before step n is read, so the
 model runs while Python detokenizes, checks stops and streams step n's tokens. With ``steps`` > 1 a
@@ -21,7 +22,9 @@ that keep the in-flight steps right when the batch changes:
    appends and keeping their tokens) so every row again has exactly one token outside storage. Callers
    that need synchronous rows (a verify round, an error retry) tear down first.
 5. Errors: if a batched step fails, the in-flight work is abandoned, every row's pending appends are
-   unwound and each row is retried alone; a row that fails alone is reported failed, the others go on.
+   unwound and each row that got no token this tick is retried alone (one that did keeps its tokens and
+   steps next tick, once the update step has recorded them); a row that fails alone is reported failed,
+   the others go on.
 6. Rows whose sampler reads their history (penalties) see it through the newest in-flight step only,
    so a tick with such a row submits one step (the scheduler sees to it). A logit bias or a per-request
    seed needs no history: each chained step draws in order, as single steps would.
@@ -125,7 +128,8 @@ class DecodeLoop:
             return emitted, []
         except Exception as error:  # noqa: BLE001 - a failed forward must not take the daemon down
             log.warning("batched step failed (%s); retrying rows one by one", error)
-            recovered, failed = self._recover(rows)
+            got = {state for state, _ in emitted}  # their tokens are not recorded yet: no step may follow
+            recovered, failed = self._recover([s for s in rows if s not in got], rows)
             return emitted + recovered, failed
 
     def _measure_batch(self, rows: int, ms: float) -> None:
@@ -153,7 +157,7 @@ class DecodeLoop:
             return self._pairs(rows, self.engine.step([s.seq for s in rows])), []
         except Exception as error:  # noqa: BLE001
             log.warning("batched step failed (%s); retrying rows one by one", error)
-            return self._recover(rows)
+            return self._recover(rows, rows)
         finally:
             self.waited_ms += (time.perf_counter() - started) * 1000.0
 
@@ -181,13 +185,15 @@ class DecodeLoop:
     def _unwind_all(self, states: list[RequestState]) -> None:
         for state in {id(s): s for s in states}.values():
             seq = state.seq
-            # tokens are recorded only when a step is read, so dropping the unread appends leaves
-            # every row with exactly its last token outside storage again
+            # a read commits its append and the update step records its token, so dropping the unread
+            # appends leaves every row, once its read tokens are recorded, with exactly its last token
+            # outside storage again
             if not seq.released:
                 self.engine.unwind_pending(seq)
 
-    def _recover(self, rows: list[RequestState]):
-        states = rows + [s for _, in_flight_states in self.in_flight for s in in_flight_states]
+    def _recover(self, rows: list[RequestState], tick_rows: list[RequestState]):
+        """Unwind every pending append of ``tick_rows`` and the steps in flight; step each of ``rows`` alone."""
+        states = tick_rows + [s for _, in_flight_states in self.in_flight for s in in_flight_states]
         self.in_flight = []
         self._unwind_all(states)
         release_cached_memory()

@@ -101,6 +101,9 @@ class ArmPlan:
 class TickResult:
     """What one execute step produced, for the scheduler's update step to apply in order."""
 
+    # a prefilled row's first token, with its trace detail (a prefix cache hit)
+    first_tokens: list[tuple[RequestState, Emitted, str | None]] = field(default_factory=list)
+
     rounds: list[tuple[RequestState, RoundOutcome]] = field(default_factory=list)  # verify rounds
     emitted: list[tuple[RequestState, Emitted]] = field(default_factory=list)  # plain tokens, in order
     details: dict[RequestState, str] = field(default_factory=dict)  # trace detail of a plain row

@@ -7,11 +7,12 @@ Contract: no sockets and no threads. Callers ``submit`` requests (already tokeni
 2. admit waiting requests while slots and the batch limit allow,
 3. decode, as plan -> execute -> update: one batched step for every decoding row (lookahead-pipelined,
    see ``decode.py``), or the prompt-lookup arm's plan (``prompt_lookup_arm.py``) run on the engine;
-   what came back goes through ``_update``, the one step that changes the rows (each token through the
-   finish step, verify outcomes to the drafters, the verify gate's cost model fed); in plain steady
-   decode a tick may chain several steps (below),
+   what came back goes through ``_update``, the one step that changes the rows (each token recorded on
+   its sequence and through the finish step, verify outcomes to the drafters, the verify gate's cost
+   model fed); in plain steady decode a tick may chain several steps (below),
 4. prefill: one chunk of at most ``prefill_chunk`` prompt tokens for the oldest admitted request, so
-   a long prompt never stalls the decoding rows for more than a chunk.
+   a long prompt never stalls the decoding rows for more than a chunk; the first token it gives goes
+   through ``_update`` too.
 
 Every tick that did work leaves a ``TickRecord`` for the trace sink.
 
@@ -39,7 +40,7 @@ from mlxd_drafters import (
     SharedDraftStores,
     SharedStoreConfig,
 )
-from mlxd_engine import Engine, KVStorageFull, kv_room, prompt_lookup_eligibility
+from mlxd_engine import Emitted, Engine, KVStorageFull, kv_room, prompt_lookup_eligibility
 from mlxd_protocol import serving_defaults
 
 from .decode import DecodeLoop, runs_by_row
@@ -272,10 +273,11 @@ class BatchScheduler:
     # -- update: the one step that changes the rows ------------------------------------------------
     def _update(self, result: TickResult, record: TickRecord) -> list[RequestState]:
         """Apply one execute step's result: the cost model's share of the plan, each verify round's outcome
-        to its drafter, timings and trace, then every row's tokens through the finish step (verify rounds'
-        runs, plain tokens), then failures. For a tick that read its lookahead step (``result.carried``),
-        the proposals made before that read are settled against the tokens it gave; returns the rows whose
-        proposals it agreed with throughout (they propose again, ``PromptLookupArm.plan_after_read``)."""
+        to its drafter, timings and trace, then every row's tokens recorded and through the finish step
+        (prefill's first tokens, verify rounds' runs, plain tokens), then failures. For a tick that read its
+        lookahead step (``result.carried``), the proposals made before that read are settled against the
+        tokens it gave; returns the rows whose proposals it agreed with throughout (they propose again,
+        ``PromptLookupArm.plan_after_read``)."""
         cost_model = self.prompt_lookup.cost_model
         cost_model.spent_exploring(result.explore_ms)
         cost_model.declined(result.declined)
@@ -289,6 +291,8 @@ class BatchScheduler:
             record.add(
                 state.request_id, RowKind.VERIFY, drafted=outcome.drafted, accepted=outcome.accepted, detail=source
             )
+        for state, first, detail in result.first_tokens:
+            self._take_first_token(state, first, record, detail)
         for state, outcome in result.rounds:
             self._emit_run(state, outcome.emitted, record, None, "")  # the trace shows them as the verify
         self._emit_decoded(result.emitted, record, result.details)
@@ -333,10 +337,12 @@ class BatchScheduler:
         logprobs: list | None,
         action: str = RowKind.DECODE,
     ) -> None:
-        """A decoding row's tokens of one tick, in order: one finish-step call and one event for them.
-        ``action``: "decode", a decline detail for the trace, or "" for tokens the trace shows otherwise."""
+        """A decoding row's tokens of one tick, in order: recorded on its sequence, then one finish-step call
+        and one event for them. ``action``: "decode", a decline detail for the trace, or "" for tokens the
+        trace shows otherwise."""
         if state.phase != Phase.DECODE:
             return
+        state.seq.record(tokens)  # all of them: storage holds their appends (the finish step may end the row)
         judged, _, reason = self.finisher.accept_run(state, tokens, logprobs)
         if action:
             record.add_decode(state.request_id, detail=action if action != RowKind.DECODE else None, count=judged)
@@ -391,6 +397,8 @@ class BatchScheduler:
             )
 
     def _prefill(self, record: TickRecord) -> None:
+        """Execute one prompt chunk of the oldest admitted request; ``_update`` applies a failure or the
+        first token."""
         if not self.prefilling:
             return
         state = self.prefilling[0]
@@ -398,19 +406,24 @@ class BatchScheduler:
         try:
             first = self.engine.prefill(state.seq, self.options.prefill_chunk)
         except Exception as error:  # noqa: BLE001 - one bad prompt must not stop the others
-            self.prefilling.pop(0)
-            self._finish(state, "error", record, f"{type(error).__name__}: {error}")
+            self._update(TickResult(failed=[(state, f"{type(error).__name__}: {error}")]), record)
             return
         record.prefill_tokens = state.seq.kv.written - before
         hit = f"prefix cache hit: {state.seq.cached_tokens} tokens" if before == state.seq.cached_tokens > 0 else None
         if first is None:
             record.add(state.request_id, RowKind.PREFILL, detail=hit)
             return
-        self.prefilling.pop(0)
+        self._update(TickResult(first_tokens=[(state, first, hit)]), record)
+
+    def _take_first_token(self, state: RequestState, first: Emitted, record: TickRecord, hit: str | None) -> None:
+        """A prefilled row's first token: the row starts decoding, the token is recorded and goes through the
+        finish step, and an eligible row gets its drafter (``hit``: the prefix cache's trace detail)."""
+        self.prefilling.remove(state)
         record.add(state.request_id, RowKind.FIRST_TOKEN, detail=hit)
         first_token_action = record.rows[-1]
         state.phase = Phase.DECODE
         self.decoding.append(state)
+        state.seq.record([first.token])
         logprobs = (
             {"token": first.token, "logprob": first.logprob, "top": first.top_logprobs}
             if first.logprob is not None

@@ -1,9 +1,10 @@
 """One sequence from prompt to finish: plain decode, or decode with the prompt-lookup verify round.
 
 Contract: both loops start from the same prefill and stop on the same conditions (EOS, max_tokens,
-KV bound), so their greedy outputs are comparable token for token. The prompt-lookup loop asks the
-drafter for a proposal each round; with a proposal it runs the engine's shared verify round, without
-one it takes a plain step. These loops are the reference for the batched scheduler and the engine demo.
+KV bound: ``finish_rule``), so their greedy outputs are comparable token for token. The prompt-lookup loop
+asks the drafter for a proposal each round; with a proposal it runs the engine's shared verify round,
+without one it takes a plain step. Each loop is its own update step: it records what every forward gave
+(``Sequence.record``). These loops are the reference for the batched scheduler and the engine demo.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from mlxd_drafters import PromptLookupConfig, PromptLookupDrafter
-from mlxd_engine import Engine, SamplingParams, finish_reason, verify_round
+from mlxd_engine import Engine, SamplingParams, finish_reason, prefill_and_record, step_and_record, verify_round
 
 
 @dataclass
@@ -29,7 +30,7 @@ class GenerationResult:
 
 def _start(engine: Engine, prompt: list[int], params: SamplingParams | None):
     seq = engine.add_sequence(prompt, params)
-    first = engine.prefill(seq)
+    first = prefill_and_record(engine, seq)
     assert first is not None  # the whole prompt in one call
     return seq, first.token
 
@@ -54,7 +55,7 @@ def generate_plain(
     try:
         reason = _finished(engine, seq, token, 1, max_tokens)
         while reason is None:
-            token = engine.step([seq])[0].token
+            token = step_and_record(engine, [seq])[0].token
             steps += 1
             reason = _finished(engine, seq, token, len(seq.output), max_tokens)
         return GenerationResult(_output(engine, seq), reason, time.perf_counter() - started, steps=steps)
@@ -81,12 +82,13 @@ def generate_with_prompt_lookup(
             remaining = max_tokens - len(seq.output)
             proposal = drafter.draft_block()
             if not proposal:
-                token = engine.step([seq])[0].token
+                token = step_and_record(engine, [seq])[0].token
                 result.steps += 1
                 drafter.observe([token])
                 reason = _finished(engine, seq, token, len(seq.output), max_tokens)
                 continue
             outcome = verify_round(engine, seq, proposal, remaining)
+            seq.record(outcome.emitted)
             drafter.accept_verified_tokens(outcome.drafted, outcome.accepted)
             drafter.observe(outcome.emitted)
             result.verify_rounds += 1

@@ -12,6 +12,8 @@ from __future__ import annotations
 import importlib
 import random
 
+from mlxd_engine import prefill_and_record, step_and_record
+
 VOCAB = 128
 WINDOW = 16
 
@@ -421,9 +423,9 @@ def batched(engine, prompts: list[list[int]], n: int) -> list[list[int]]:
     positions when the prompts differ in length)."""
     rows = [engine.add_sequence(p) for p in prompts]
     for row in rows:
-        engine.prefill(row)
+        prefill_and_record(engine, row)
     for _ in range(n - 1):
-        engine.step(rows)
+        step_and_record(engine, rows)
     outputs = [list(row.output) for row in rows]
     for row in rows:
         engine.release(row)

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import pytest
 
+from mlxd_engine import prefill_and_record, step_and_record
+
 from .architectures import ARCHITECTURES, LOOKUP_CASES, alone, available, batched, build, loaded, mlx_lm_greedy, prompt
 
 pytestmark = pytest.mark.integration  # every mlx-lm architecture end to end through the engine
@@ -117,7 +119,7 @@ def test_recurrent_architecture(name, storage):
     assert looked_up.accepted > 0, (looked_up.verify_rounds, looked_up.drafted)
     # a partial accept: the state goes back to before the verify and the kept tokens are forwarded again
     seq = engine.add_sequence(prompts[2])
-    engine.prefill(seq)
+    prefill_and_record(engine, seq)
     plain = alone(engine, prompts[2], 6)
     engine.verify(
         seq, [seq.tokens[-1], plain[1], (plain[2] + 1) % engine.loaded.vocab_size, 7]
@@ -127,7 +129,7 @@ def test_recurrent_architecture(name, storage):
     engine.unwind_appends(seq, 2)
     assert seq.kv.written == len(seq.tokens) - 1 and seq.kv.pending == 0
     for _ in range(3):
-        engine.step([seq])
+        step_and_record(engine, [seq])
     assert seq.output == plain, f"{name}: decode after a partial accept differs from plain decode"
     engine.release(seq)
 
@@ -187,9 +189,9 @@ def test_sliding_window_memory_is_bounded_by_the_window():
     usage = {}
     for context in (1024, 4000):
         seq = engine.add_sequence(prompt(context, 5))
-        engine.prefill(seq)
+        prefill_and_record(engine, seq)
         for _ in range(3):
-            engine.step([seq])
+            step_and_record(engine, [seq])
         usage[context] = engine.storage.usage()
         rings = list(engine.storage.rings.values())
         assert rings and all(

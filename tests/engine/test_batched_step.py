@@ -7,7 +7,7 @@ import random
 import mlx.core as mx
 import pytest
 
-from mlxd_engine import Engine, KVStorageFull
+from mlxd_engine import Engine, KVStorageFull, prefill_and_record, read_and_record, step_and_record
 
 
 def _prompt(rng: random.Random, length: int, vocab: int) -> list[int]:
@@ -18,13 +18,13 @@ def _last_logits_alone(loaded, prompt: list[int], extra: list[int]) -> mx.array:
     """Logits after feeding prompt + extra through a fresh single-row engine, one step at a time."""
     engine = Engine(loaded, max_sequences=1)
     seq = engine.add_sequence(prompt)
-    engine.prefill(seq)
+    prefill_and_record(engine, seq)
     seq.tokens[-1] = extra[0]  # force the step inputs, whatever was sampled
     handle = None
     for token in extra:
         seq.tokens[-1] = token
         handle = engine.submit_step([seq])
-        engine.read_step(handle)
+        read_and_record(engine, handle)
     return handle.logits[0]
 
 
@@ -48,14 +48,14 @@ def test_rows_at_different_positions_match_rows_alone(tiny_random_model, slots_o
         seqs, prompts = seqs[::-1], prompts[::-1]
         assert engine.storage.read_order([s.kv for s in seqs]) == [2, 1, 0]
     for seq in seqs:
-        engine.prefill(seq)
+        prefill_and_record(engine, seq)
     steps = [[rng.randrange(1, vocab) for _ in range(3)] for _ in seqs]
     handle = None
     for i in range(3):
         for seq, forced in zip(seqs, steps):
             seq.tokens[-1] = forced[i]
         handle = engine.submit_step(seqs)
-        engine.read_step(handle)
+        read_and_record(engine, handle)
     batched = handle.logits
     for row, (prompt, forced) in enumerate(zip(prompts, steps)):
         alone = _last_logits_alone(tiny_random_model, prompt, forced)
@@ -67,16 +67,16 @@ def test_unwind_then_step_equals_never_appending(tiny_random_model):
     prompt = _prompt(rng, 23, tiny_random_model.vocab_size)
     engine = Engine(tiny_random_model, max_sequences=2)
     a, b = engine.add_sequence(prompt), engine.add_sequence(prompt)
-    engine.prefill(a)
-    engine.prefill(b)
+    prefill_and_record(engine, a)
+    prefill_and_record(engine, b)
     b.tokens[-1] = a.tokens[-1]
     # a: a speculative forward of 5 tokens, all unwound, leaves garbage in the slot
     engine.verify(a, [a.tokens[-1], 11, 12, 13, 14])
     engine.unwind_appends(a, 5)
     assert a.kv.pending == 0 and a.kv.committed == len(prompt)
     ha, hb = engine.submit_step([a]), engine.submit_step([b])
-    engine.read_step(ha)
-    engine.read_step(hb)
+    read_and_record(engine, ha)
+    read_and_record(engine, hb)
     assert mx.allclose(ha.logits, hb.logits, atol=1e-5).item()
     assert a.tokens == b.tokens
 
@@ -89,17 +89,17 @@ def test_lookahead_step_equals_synchronous_steps(tiny_random_model):
         engine = Engine(tiny_random_model, max_sequences=2)
         seqs = [engine.add_sequence(p) for p in prompts]
         for seq in seqs:
-            engine.prefill(seq)
+            prefill_and_record(engine, seq)
         if not pipelined:
             for _ in range(12):
-                engine.step(seqs)
+                step_and_record(engine, seqs)
             return [s.output for s in seqs]
         in_flight = engine.submit_step(seqs)
         for _ in range(11):
             next_handle = engine.submit_step(seqs, lookahead=in_flight)  # n+1 before reading n
-            engine.read_step(in_flight)
+            read_and_record(engine, in_flight)
             in_flight = next_handle
-        engine.read_step(in_flight)
+        read_and_record(engine, in_flight)
         return [s.output for s in seqs]
 
     assert run(pipelined=True) == run(pipelined=False)

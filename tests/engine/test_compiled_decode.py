@@ -8,7 +8,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
-from mlxd_engine import Engine
+from mlxd_engine import Engine, prefill_and_record, read_and_record, step_and_record
 from mlxd_engine.storage.kv_storage import GROW_CHUNK
 
 
@@ -24,13 +24,13 @@ def _run(loaded, compiled: bool, prompts: list[list[int]], forced: list[list[int
     seqs = [engine.add_sequence(p) for p in prompts]
     assert [s.kv.slot for s in seqs] == list(range(first_slot, first_slot + len(seqs)))
     for seq in seqs:
-        engine.prefill(seq)
+        prefill_and_record(engine, seq)
     logits = []
     for i in range(len(forced[0])):
         for seq, tokens in zip(seqs, forced):
             seq.tokens[-1] = tokens[i]
         handle = engine.submit_step(seqs)
-        engine.read_step(handle)
+        read_and_record(engine, handle)
         logits.append(handle.logits)
     return logits, engine
 
@@ -58,10 +58,10 @@ def test_batches_take_the_ordinary_forward_by_default(tiny_random_model):
     engine = Engine(tiny_random_model, max_sequences=4, compile_decode=True)
     a, b = engine.add_sequence([3, 4, 5]), engine.add_sequence([6, 7])
     for seq in (a, b):
-        engine.prefill(seq)
-    engine.step([a, b])
+        prefill_and_record(engine, seq)
+    step_and_record(engine, [a, b])
     assert engine.compiled_decode.steps == 0
-    engine.step([b])
+    step_and_record(engine, [b])
     assert engine.compiled_decode.steps == 1
 
 
@@ -71,10 +71,10 @@ def test_rows_in_separate_slots_take_the_ordinary_forward(tiny_random_model):
     a, gap, b = (engine.add_sequence([3, 4, 5]) for _ in range(3))
     engine.release(gap)
     for seq in (a, b):
-        engine.prefill(seq)
-    engine.step([a, b])  # slots 0 and 2: not adjacent
+        prefill_and_record(engine, seq)
+    step_and_record(engine, [a, b])  # slots 0 and 2: not adjacent
     assert engine.compiled_decode.steps == 0
-    engine.step([a])
+    step_and_record(engine, [a])
     assert engine.compiled_decode.steps == 1
 
 
@@ -96,12 +96,12 @@ def test_unwound_appends_are_masked_out(tiny_random_model):
     expected, _ = _run(tiny_random_model, True, prompts, [[forced[0][0]]])
     engine = Engine(tiny_random_model, max_sequences=2, compile_decode=True)
     seq = engine.add_sequence(prompts[0])
-    engine.prefill(seq)
+    prefill_and_record(engine, seq)
     engine.verify(seq, [seq.tokens[-1]] + forced[0][1:])  # three speculative appends...
     engine.unwind_appends(seq, 3)  # ...dropped again
     seq.tokens[-1] = forced[0][0]
     handle = engine.submit_step([seq])
-    engine.read_step(handle)
+    read_and_record(engine, handle)
     assert engine.compiled_decode.steps == 2  # the verify forward and the step
     assert mx.allclose(handle.logits, expected[0], atol=1e-4, rtol=1e-4).item()
 
@@ -117,13 +117,13 @@ def test_compiled_verify_forward_matches(tiny_random_model, first_slot):
         for _ in range(first_slot):
             engine.add_sequence([1, 2])
         seq = engine.add_sequence(prompts[0])
-        engine.prefill(seq)
+        prefill_and_record(engine, seq)
         verified = engine.verify(seq, [seq.tokens[-1]] + forced[0][:5])
         engine.commit_appends(seq, 3)
         engine.unwind_appends(seq, 3)
         seq.tokens += forced[0][:3]
         handle = engine.submit_step([seq])
-        engine.read_step(handle)
+        read_and_record(engine, handle)
         results[compiled] = (verified, handle.logits)
         if compiled:
             assert engine.compiled_decode.steps == 2
@@ -153,11 +153,11 @@ def test_a_model_the_trace_cannot_follow_runs_uncompiled(tiny_random_model, monk
     monkeypatch.setattr(engine, "model", _PythonOffsetModel(tiny_random_model.model))
     engine.compiled_decode.__init__(engine.model)
     seq = engine.add_sequence(prompts[0])
-    engine.prefill(seq)
+    prefill_and_record(engine, seq)
     for i, token in enumerate(forced[0]):
         seq.tokens[-1] = token
         handle = engine.submit_step([seq])
-        engine.read_step(handle)
+        read_and_record(engine, handle)
         assert mx.allclose(handle.logits, expected[i], atol=1e-4, rtol=1e-4).item()
     assert not engine.compiled_decode.enabled
 
@@ -178,11 +178,11 @@ def test_one_engine_steps_rows_in_different_slots(tiny_random_model):
         a, gap, b = (engine.add_sequence(p) for p in ([3, 4, 5], [6, 7], [8, 9, 10, 11]))
         engine.release(gap)
         for seq in (a, b):
-            engine.prefill(seq)
+            prefill_and_record(engine, seq)
         logits[compiled] = []
         for rows in ([a], [b], [a], [b]):
             handle = engine.submit_step(rows)
-            engine.read_step(handle)
+            read_and_record(engine, handle)
             logits[compiled].append(handle.logits)
         assert not compiled or engine.compiled_decode.steps == 4
     for plain, fast in zip(logits[False], logits[True]):
@@ -196,9 +196,9 @@ def test_least_recently_used_traces_are_dropped(tiny_random_model):
     engine.compiled_decode.max_rows = 4
     seqs = [engine.add_sequence(p) for p in prompts]
     for seq in seqs:
-        engine.prefill(seq)
+        prefill_and_record(engine, seq)
     for rows in ([seqs[0]], [seqs[1]], [seqs[0]], seqs):  # (0, 1), (1, 1), (0, 1) again, (0, 3)
-        engine.step(rows)
+        step_and_record(engine, rows)
     assert engine.compiled_decode.steps == 4
     capacity = engine.storage.capacity
     assert list(engine.compiled_decode._traces) == [(0, 1, 1, capacity, capacity), (0, 3, 1, capacity, capacity)]
@@ -212,16 +212,16 @@ def test_a_short_row_reads_a_span_of_its_context_not_the_grown_capacity(tiny_ran
     for compiled in (False, True):
         engine = Engine(tiny_random_model, max_sequences=2, compile_decode=compiled)
         long = engine.add_sequence(list(range(3, 3 + 3 * GROW_CHUNK)))
-        while engine.prefill(long) is None:
+        while prefill_and_record(engine, long) is None:
             pass
         assert engine.storage.capacity > 2 * GROW_CHUNK
         seq = engine.add_sequence(prompts[0])
-        engine.prefill(seq)
+        prefill_and_record(engine, seq)
         logits = []
         for token in forced[0]:
             seq.tokens[-1] = token
             handle = engine.submit_step([seq])
-            engine.read_step(handle)
+            read_and_record(engine, handle)
             logits.append(handle.logits)
         results[compiled] = logits, engine
     plain, (compiled, engine) = results[False][0], results[True]
@@ -235,11 +235,11 @@ def test_long_contexts_take_the_ordinary_forward(tiny_random_model):
     engine = Engine(tiny_random_model, max_sequences=2, compile_decode=True)
     engine.compiled_decode.max_capacity = GROW_CHUNK
     seq = engine.add_sequence(list(range(3, 3 + GROW_CHUNK - 2)))
-    engine.prefill(seq)
-    engine.step([seq])
-    engine.step([seq])  # positions GROW_CHUNK - 2 and - 1: capacity GROW_CHUNK, compiled
+    prefill_and_record(engine, seq)
+    step_and_record(engine, [seq])
+    step_and_record(engine, [seq])  # positions GROW_CHUNK - 2 and - 1: capacity GROW_CHUNK, compiled
     assert engine.compiled_decode.steps == 2
-    engine.step([seq])  # the storage grows past max_capacity: op by op from here on
-    engine.step([seq])
+    step_and_record(engine, [seq])  # the storage grows past max_capacity: op by op from here on
+    step_and_record(engine, [seq])
     assert engine.storage.capacity == 2 * GROW_CHUNK
     assert engine.compiled_decode.steps == 2

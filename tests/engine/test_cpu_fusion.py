@@ -7,7 +7,7 @@ import mlx.nn as nn
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
-from mlxd_engine import Engine, load
+from mlxd_engine import Engine, load, prefill_and_record, read_and_record
 from mlxd_engine.cpu_fusion import MAX_FUSED_ROPE_TOKENS, FusedRMSNorm, FusedRoPE, fuse_cpu_layers, fusion_wanted
 
 
@@ -61,9 +61,9 @@ def test_batched_rows_at_different_positions_are_bit_identical(stock_and_fused):
         assert (engine.fused_layers > 0) == fuse
         seqs = [engine.add_sequence(p) for p in prompts]
         for seq in seqs:
-            engine.prefill(seq)
+            prefill_and_record(engine, seq)
         handle = engine.submit_step(seqs)  # three rows, three offsets: RoPE gets an offset array
-        engine.read_step(handle)
+        read_and_record(engine, handle)
         verify = engine.verify(seqs[0], [seqs[0].tokens[-1], 5, 6, 7])  # a 4-token verify forward
         results.append((handle.logits, verify))
     assert mx.array_equal(results[0][0], results[1][0]).item()

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import mlxd_qmatmul
+from mlxd_engine import prefill_and_record
 
 from . import architectures
 
@@ -144,7 +145,7 @@ def test_greedy_decode_is_the_same_with_and_without_fused_layers(name, storage, 
         alone = architectures.alone(engine, prompts[1], 12)
         rows = architectures.batched(engine, prompts, 10)
         seq = engine.add_sequence(prompts[0])
-        engine.prefill(seq)
+        prefill_and_record(engine, seq)
         logits = engine.verify(seq, [seq.tokens[-1], 5, 6, 7, 8])
         results.append((alone, rows, np.array(logits)))
     (alone0, rows0, verify0), (alone1, rows1, verify1) = results

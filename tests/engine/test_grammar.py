@@ -8,7 +8,7 @@ import json
 import jsonschema
 import pytest
 
-from mlxd_engine import Engine, SamplingParams, prompt_lookup_eligibility, verify_round
+from mlxd_engine import Engine, SamplingParams, prefill_and_record, prompt_lookup_eligibility, verify_round
 from mlxd_engine.sampling.grammar import GrammarError, compile_grammar
 from mlxd_scheduler.single_sequence import generate_plain, generate_with_prompt_lookup
 
@@ -125,12 +125,13 @@ def test_verify_round_cuts_the_draft_at_the_first_forbidden_token(embedded_model
     allowed = tokenizer.encode("yes", add_special_tokens=False)
     seq = engine.add_sequence(tokenizer.encode("Answer: "), SamplingParams(grammar=grammar))
     try:
-        engine.prefill(seq)
+        prefill_and_record(engine, seq)
         forbidden = tokenizer.encode("x", add_special_tokens=False)
         proposal = [t for t in allowed + forbidden + allowed][:8]
         cut = seq.chain.grammar.allowed_prefix(proposal)
         assert len(cut) < len(proposal)
         outcome = verify_round(engine, seq, proposal, 16)
+        seq.record(outcome.emitted)  # the caller's update step
         assert outcome.drafted == len(cut)  # only tokens the grammar allows were verified
         assert set(tokenizer.decode(seq.output)) <= set("yesno")
     finally:

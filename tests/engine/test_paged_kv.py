@@ -8,7 +8,7 @@ import mlx.core as mx
 import pytest
 
 from mlxd_drafters import PromptLookupConfig
-from mlxd_engine import Engine, KVStorageFull
+from mlxd_engine import Engine, KVStorageFull, prefill_and_record, read_and_record
 from mlxd_scheduler import (
     BatchScheduler,
     Request,
@@ -40,7 +40,7 @@ def test_paged_equals_contiguous_plain_and_prompt_lookup(stories_model, text):
 def test_unwind_across_a_block_boundary_frees_the_block(tiny_random_model):
     engine = paged(tiny_random_model, block=4, pool=64, max_sequences=2)
     seq = engine.add_sequence([1, 2, 3, 4, 5, 6], max_new_tokens=10)  # 6 tokens: blocks 0-1 (second half full)
-    engine.prefill(seq)
+    prefill_and_record(engine, seq)
     assert len(seq.kv.blocks) == 2
     free_before = engine.storage.free_blocks
     engine.verify(seq, [seq.tokens[-1], 9, 9, 9, 9])  # positions 6..10: a third block
@@ -49,11 +49,11 @@ def test_unwind_across_a_block_boundary_frees_the_block(tiny_random_model):
     assert len(seq.kv.blocks) == 2 and engine.storage.free_blocks == free_before
     # a step after the unwind equals a fresh sequence's step
     other = engine.add_sequence([1, 2, 3, 4, 5, 6], max_new_tokens=10)
-    engine.prefill(other)
+    prefill_and_record(engine, other)
     other.tokens[-1] = seq.tokens[-1]
     a, b = engine.submit_step([seq]), engine.submit_step([other])
-    engine.read_step(a)
-    engine.read_step(b)
+    read_and_record(engine, a)
+    read_and_record(engine, b)
     assert mx.allclose(a.logits, b.logits, atol=1e-5).item()
 
 
@@ -63,16 +63,16 @@ def test_batched_paged_rows_match_rows_alone(tiny_random_model):
     engine = paged(tiny_random_model, block=4, pool=256, max_sequences=4)
     seqs = [engine.add_sequence(p, max_new_tokens=8) for p in prompts]
     for seq in seqs:
-        engine.prefill(seq)
+        prefill_and_record(engine, seq)
     batched = engine.submit_step(seqs)
-    engine.read_step(batched)
+    read_and_record(engine, batched)
     for row, prompt in enumerate(prompts):
         alone = Engine(tiny_random_model, max_sequences=1)
         seq = alone.add_sequence(prompt)
-        alone.prefill(seq)
+        prefill_and_record(alone, seq)
         seq.tokens[-1] = seqs[row].tokens[-2]
         handle = alone.submit_step([seq])
-        alone.read_step(handle)
+        read_and_record(alone, handle)
         assert mx.allclose(batched.logits[row], handle.logits[0], atol=1e-4).item()
 
 

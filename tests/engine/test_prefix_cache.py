@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from mlxd_engine import Engine
+from mlxd_engine import Engine, prefill_and_record, read_and_record
 from mlxd_engine.storage.prefix_cache import PrefixCache
 from mlxd_scheduler.single_sequence import generate_plain, generate_with_prompt_lookup
 
@@ -96,12 +96,12 @@ def test_pipelined_release_of_a_recurrent_row_keeps_a_valid_prefix():
     cold = Engine(model, max_sequences=2)
     first = prompt(90, 4)
     seq = cached.add_sequence(first)
-    cached.prefill(seq)
+    prefill_and_record(cached, seq)
     handle = None
     for _ in range(6):
         submitted = cached.submit_step([seq], lookahead=handle)
         if handle is not None:
-            cached.read_step(handle)
+            read_and_record(cached, handle)
         handle = submitted
     assert seq.kv.pending == 1
     cached.release(seq)  # the last step is in flight

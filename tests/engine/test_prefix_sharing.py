@@ -14,7 +14,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlxd_engine import Engine, KVStorageFull
+from mlxd_engine import Engine, KVStorageFull, prefill_and_record, step_and_record
 from mlxd_engine.storage.paged_kv_storage import SharedPrefix
 from mlxd_scheduler.single_sequence import generate_plain, generate_with_prompt_lookup
 
@@ -77,9 +77,9 @@ def test_an_entry_references_the_finished_sequences_blocks_without_copying(embed
     engine = _paged(embedded_model)
     storage = engine.storage
     seq = engine.add_sequence(FIRST, max_new_tokens=8)
-    engine.prefill(seq)
+    prefill_and_record(engine, seq)
     for _ in range(3):
-        engine.step([seq])
+        step_and_record(engine, [seq])
     table, end = list(seq.kv.blocks), seq.kv.committed  # 43 tokens in storage
     before = _blocks_kv(storage, table)
     engine.release(seq)
@@ -120,7 +120,7 @@ def test_a_hit_shares_whole_blocks_and_copies_a_partly_reused_last_block(embedde
         assert len(seq.kv.blocks) == 2 and storage.free_blocks == free_before
     assert storage.usage()["blocks_shared"] == 2
     _check_counts(engine)
-    engine.prefill(seq)
+    prefill_and_record(engine, seq)
     assert seq.kv.blocks[:2] == list(shared) and len(set(seq.kv.blocks)) == len(seq.kv.blocks)
     _check_counts(engine)
     engine.release(seq, keep_prefix=False)
@@ -135,9 +135,9 @@ def test_appends_verify_and_unwind_after_a_shared_prefix_never_write_a_shared_bl
     before = _blocks_kv(storage, entry.snapshot.blocks)
     prompt = FIRST[:35] + [9, 8, 7]  # shares blocks 0-1, copies block 2
     seq = engine.add_sequence(prompt, max_new_tokens=40)
-    engine.prefill(seq)
+    prefill_and_record(engine, seq)
     for _ in range(3):
-        engine.step([seq])
+        step_and_record(engine, [seq])
         engine.verify(seq, [seq.tokens[-1]] + [5] * 20)  # past two block boundaries
         engine.unwind_appends(seq, 21)
     engine.verify(seq, [seq.tokens[-1], 4, 4])
@@ -162,12 +162,12 @@ def test_appending_into_a_block_someone_else_holds_is_refused(embedded_model):
     append a write into a shared block, which ``reserve`` refuses."""
     engine = _paged(embedded_model)
     seq = engine.add_sequence(FIRST, max_new_tokens=8)
-    engine.prefill(seq)
+    prefill_and_record(engine, seq)
     snapshot = engine.storage.read_prefix(seq.kv, seq.kv.committed)  # 40 tokens: block 2 partly filled
     with pytest.raises(ValueError, match="shared"):
-        engine.step([seq])
+        step_and_record(engine, [seq])
     engine.storage.release_prefix(snapshot)
-    engine.step([seq])  # its own block again
+    step_and_record(engine, [seq])  # its own block again
     engine.release(seq, keep_prefix=False)
 
 
@@ -202,7 +202,7 @@ def test_eviction_frees_a_block_only_when_its_last_reference_goes(embedded_model
     engine.prefix_cache.clear()  # the entry goes: the running sequence keeps blocks 0-1
     assert entry.snapshot.released and _refs(storage, blocks) == [1, 1, 0]
     assert blocks[2] in storage._free and blocks[0] not in storage._free and blocks[1] not in storage._free
-    engine.prefill(seq)
+    prefill_and_record(engine, seq)
     engine.release(seq, keep_prefix=False)
     assert storage.free_blocks == storage.n_blocks and not storage._refs.any()
     assert sorted(storage._free) == list(range(storage.n_blocks))
@@ -259,9 +259,9 @@ def test_an_admission_that_needs_the_caches_blocks_evicts_least_recently_used_fi
         embedded_model, max_sequences=1, storage="paged", kv_block_size=BLOCK, kv_pool_tokens=256, max_kv_size=256
     )
     reference = generate_plain(cold, prompts[2] + [1999, 1998], 10).tokens
-    engine.prefill(hit)
+    prefill_and_record(engine, hit)
     while len(hit.output) < 10:
-        engine.step([hit])
+        step_and_record(engine, [hit])
     assert hit.output[:10] == reference
     for s in (seq, hit):
         engine.release(s, keep_prefix=False)
@@ -293,9 +293,9 @@ def test_the_entry_hit_may_itself_be_evicted_for_room_its_reused_blocks_stay(emb
         embedded_model, max_sequences=1, storage="paged", kv_block_size=BLOCK, kv_pool_tokens=256, max_kv_size=256
     )
     reference = generate_plain(cold, prompt, 8).tokens
-    engine.prefill(seq)
+    prefill_and_record(engine, seq)
     while len(seq.output) < 8:
-        engine.step([seq])
+        step_and_record(engine, [seq])
     assert seq.output[:8] == reference
     engine.release(seq, keep_prefix=False)
     assert storage.free_blocks == storage.n_blocks and not storage._refs.any()

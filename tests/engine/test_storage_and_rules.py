@@ -6,7 +6,17 @@ import dataclasses
 
 import pytest
 
-from mlxd_engine import STORAGE_BACKENDS, Engine, KVStorage, SamplingParams, at_kv_bound, kv_room, make_kv_storage
+from mlxd_engine import (
+    STORAGE_BACKENDS,
+    Engine,
+    KVStorage,
+    SamplingParams,
+    at_kv_bound,
+    kv_room,
+    make_kv_storage,
+    prefill_and_record,
+    step_and_record,
+)
 from mlxd_protocol import Sampling
 from mlxd_protocol.sampling_rules import GREEDY, sampling_problem
 
@@ -31,12 +41,12 @@ def test_an_unknown_backend_names_the_known_ones():
 def test_the_kv_bound_ends_a_sequence_when_its_current_token_cannot_be_stored(tiny_random_model):
     engine = Engine(tiny_random_model, max_sequences=1, max_kv_size=8)
     seq = engine.add_sequence([1, 2, 3, 4, 5])
-    engine.prefill(seq)  # committed 5, the first output token is outside storage
+    prefill_and_record(engine, seq)  # committed 5, the first output token is outside storage
     assert kv_room(seq) == 3 and not at_kv_bound(seq)
-    engine.step([seq])
-    engine.step([seq])  # committed 7: the current token still fits
+    step_and_record(engine, [seq])
+    step_and_record(engine, [seq])  # committed 7: the current token still fits
     assert kv_room(seq) == 1 and not at_kv_bound(seq)
-    engine.step([seq])  # committed 8: storage is full
+    step_and_record(engine, [seq])  # committed 8: storage is full
     assert kv_room(seq) == 0 and at_kv_bound(seq)
 
 

@@ -8,7 +8,7 @@ import mlx.core as mx
 import pytest
 
 from mlxd_drafters import PromptLookupConfig
-from mlxd_engine import Engine, SamplingParams, verify_round
+from mlxd_engine import Engine, SamplingParams, prefill_and_record, step_and_record, verify_round
 from mlxd_scheduler import generate_plain, generate_with_prompt_lookup
 
 STORY_PROMPTS = ["Once upon a time", "Lily and Ben went to the park.", "The little dog was sad because"]
@@ -71,7 +71,7 @@ def _greedy_continuation(loaded, prompt, n):
 def _decoding_sequence(loaded, prompt, **engine_kwargs):
     engine = Engine(loaded, max_sequences=1, **engine_kwargs)
     seq = engine.add_sequence(prompt)
-    engine.prefill(seq)
+    prefill_and_record(engine, seq)
     return engine, seq
 
 
@@ -80,6 +80,7 @@ def test_correct_proposal_is_accepted_in_one_forward(stories_model):
     truth = _greedy_continuation(stories_model, prompt, 12)
     engine, seq = _decoding_sequence(stories_model, prompt)
     outcome = verify_round(engine, seq, truth[1:9], max_new_tokens=50)
+    seq.record(outcome.emitted)  # the caller's update step
     assert outcome.accepted == 8 and outcome.drafted == 8
     assert outcome.emitted == truth[1:10]
     assert outcome.outcomes == ["accepted"] * 8 + ["target"]
@@ -93,10 +94,11 @@ def test_wrong_draft_is_unwound(stories_model):
     engine, seq = _decoding_sequence(stories_model, prompt)
     wrong = (truth[3] + 1) % 512
     outcome = verify_round(engine, seq, [truth[1], truth[2], wrong, 7, 8], max_new_tokens=50)
+    seq.record(outcome.emitted)  # the caller's update step
     assert outcome.accepted == 2 and outcome.emitted == truth[1:4]
     assert seq.kv.committed == len(prompt) + 3 and seq.kv.pending == 0
     # decoding on from here equals the plain continuation
-    assert [engine.step([seq])[0].token for _ in range(5)] == truth[4:9]
+    assert [step_and_record(engine, [seq])[0].token for _ in range(5)] == truth[4:9]
 
 
 def test_proposal_truncated_at_max_tokens(stories_model):
@@ -104,6 +106,7 @@ def test_proposal_truncated_at_max_tokens(stories_model):
     truth = _greedy_continuation(stories_model, prompt, 12)
     engine, seq = _decoding_sequence(stories_model, prompt)
     outcome = verify_round(engine, seq, truth[1:9], max_new_tokens=3)
+    seq.record(outcome.emitted)  # the caller's update step
     assert outcome.drafted == 2
     assert outcome.emitted == truth[1:4]
     assert outcome.finish_reason == "length"
@@ -114,6 +117,7 @@ def test_stop_inside_accepted_block_ends_row_there(stories_model):
     truth = _greedy_continuation(stories_model, prompt, 12)
     engine, seq = _decoding_sequence(stories_model, prompt)
     outcome = verify_round(engine, seq, truth[1:9], max_new_tokens=50, should_stop=lambda t: t == truth[4])
+    seq.record(outcome.emitted)  # the caller's update step
     assert outcome.emitted == truth[1:5] and outcome.finish_reason == "stop"
     assert seq.kv.committed == len(prompt) + 4 and seq.kv.pending == 0
 
@@ -124,6 +128,7 @@ def test_eos_inside_accepted_block_ends_row_there(stories_model):
     eos_at_six = dataclasses.replace(stories_model, eos_token_ids=frozenset({truth[6]}))
     engine, seq = _decoding_sequence(eos_at_six, prompt)
     outcome = verify_round(engine, seq, truth[1:9], max_new_tokens=50)
+    seq.record(outcome.emitted)  # the caller's update step
     assert outcome.emitted == truth[1:7] and outcome.finish_reason == "stop"
     assert seq.kv.pending == 0
 
@@ -133,6 +138,7 @@ def test_context_bound_truncates_and_finishes(stories_model):
     truth = _greedy_continuation(stories_model, prompt, 12)
     engine, seq = _decoding_sequence(stories_model, prompt, max_kv_size=len(prompt) + 4)
     outcome = verify_round(engine, seq, truth[1:9], max_new_tokens=50)
+    seq.record(outcome.emitted)  # the caller's update step
     assert outcome.drafted == 3  # [current] + 3 drafts fill the 4 free positions
     assert outcome.emitted == truth[1:5]
     assert outcome.finish_reason == "length"

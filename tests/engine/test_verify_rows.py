@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from mlxd_engine import Engine, verify_rows
+from mlxd_engine import Engine, prefill_and_record, verify_rows
 from mlxd_scheduler.single_sequence import generate_plain
 
 from ..model_paths import SMOLLM2
@@ -32,13 +32,15 @@ def _check(engine, prompts, vocab):
     references = [generate_plain(engine, p, NEW_TOKENS).tokens for p in prompts]
     rows = [engine.add_sequence(p) for p in prompts]
     for row in rows:
-        engine.prefill(row)
+        prefill_and_record(engine, row)
     active = list(range(len(rows)))
     round_number = 0
     while active:
         proposals = [_proposal(i + round_number, references[i], len(rows[i].output) - 1, vocab) for i in active]
         remaining = [NEW_TOKENS - len(rows[i].output) for i in active]
         outcomes = verify_rows(engine, [rows[i] for i in active], proposals, remaining)
+        for i, outcome in zip(active, outcomes):
+            rows[i].record(outcome.emitted)  # the caller's update step
         ended = set()
         for i, outcome in zip(active, outcomes):
             output = rows[i].output
@@ -105,10 +107,12 @@ def test_a_stop_or_eos_inside_an_accepted_block_ends_only_its_row(stories_model)
     engine = Engine(model, max_sequences=4)
     rows = [engine.add_sequence(p) for p in prompts]
     for row in rows:
-        engine.prefill(row)
+        prefill_and_record(engine, row)
     drafts = [reference[1:9] for reference in references]  # all correct: the whole block would be accepted
     stops = [lambda t: t == stop_token, None, None]
     outcomes = verify_rows(engine, rows, drafts, [12, 12, 12], stops)
+    for row, outcome in zip(rows, outcomes):
+        row.record(outcome.emitted)  # the caller's update step
     assert outcomes[0].finish_reason == "stop" and rows[0].output == references[0][: stop_at + 1]
     assert outcomes[1].finish_reason == "stop" and rows[1].output == references[1][: eos_at + 1]
     assert outcomes[2].finish_reason is None and rows[2].output == references[2][:10]  # 1 + 8 accepted + its own

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mlxd_drafters import PromptLookupConfig
-from mlxd_engine import Engine
+from mlxd_engine import Engine, prefill_and_record
 from mlxd_scheduler import BatchScheduler, FinishEvent, Request, SchedulerOptions, SpeculativeRequest
 
 from .test_batch_scheduler import Collector
@@ -109,7 +109,7 @@ def test_a_failed_request_leaves_nothing_in_the_cache(embedded_model):
     state_ids.append(len(engine.prefix_cache))
     engine.prefix_cache.clear()
     seq = engine.add_sequence(SYSTEM + [3])
-    engine.prefill(seq)
+    prefill_and_record(engine, seq)
     engine.release(seq, keep_prefix=False)  # the finish step passes this for an "error" finish
     assert state_ids == [1] and len(engine.prefix_cache) == 0
 
