@@ -25,7 +25,8 @@ from .conftest import Gateway
 
 PAGE_WEIGHT_LIMIT = 300 * 1024
 LONG_PROMPT = "Tell me a story about **code**:"  # the embedded model answers it with thousands of tokens
-# MLXD_WEBUI_SCREENSHOTS=docs/images: the browser tests leave a screenshot of each page there (the README's)
+# MLXD_WEBUI_SCREENSHOTS=docs/images: the browser tests leave a screenshot of each page there (the README's):
+# the live view's here, the chat page's from test_web_ui_smollm2.py (a real model's answer)
 SCREENSHOTS = Path(os.environ.get("MLXD_WEBUI_SCREENSHOTS", "/nonexistent"))
 
 
@@ -179,8 +180,6 @@ def test_a_streamed_reply_appears_and_the_conversation_survives_a_reload(browser
     assert titles == ["Write hello world in Python"]
     assert replies(browser) == [reply]
     assert browser.find_element(By.ID, "max_tokens").get_attribute("value") == "24"  # kept with the conversation
-    if SCREENSHOTS.is_dir():
-        browser.save_screenshot(str(SCREENSHOTS / "webui-chat.png"))
 
 
 def test_stop_ends_a_reply_mid_stream(browser, embedded_gateway):
