@@ -45,7 +45,7 @@ def printed_address(gateway: Gateway) -> str:
 
 
 def test_a_new_user_opens_the_printed_address_and_chats_with_smollm2(browser):
-    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.by import By  # here: selenium is only there where `browser` did not skip
 
     endpoint = private_endpoint("w")  # the "default" endpoint of this gateway, through $MLXD_ENDPOINT
     gateway = None
