@@ -82,6 +82,11 @@ inline float bfloat16_to_float(uint16_t h) {
   return value;
 }
 
+// How far ahead of its reads a kernel asks for packed weights (and, as far in weights, their scales and
+// biases): the hardware prefetchers alone leave a thread reading packed weights well below the memory's
+// speed (code_notes.md#weight-prefetch).
+constexpr int kPrefetchBytes = 2048;
+
 using KernelFn = void (*)(const Problem&, int n0, int n1);
 
 struct Isa {
