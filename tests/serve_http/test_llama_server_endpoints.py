@@ -47,6 +47,7 @@ def test_props_and_slots_describe_the_daemon(llama_gateway):
     assert props["default_generation_settings"]["params"]["seed"] == 42
     assert props["default_generation_settings"]["params"]["repeat_penalty"] == 1.0  # off, in llama-server's terms
     assert props["model_alias"] == "tinyllama-2" and "im_start" in props["chat_template"]
+    assert props["webui"] is True  # the web page is on unless --no-webui
     assert llama_gateway.client.post("/props", json={}).status_code == 501
     slots = llama_gateway.client.get("/slots").json()
     assert [slot["id"] for slot in slots] == [0, 1] and not any(slot["is_processing"] for slot in slots)

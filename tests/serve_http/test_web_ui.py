@@ -105,6 +105,7 @@ def test_no_webui_serves_none_of_it(embedded_endpoint):
         for path in ("/", "/ui/ticks", "/ui/assets/chat.js", "/manifest.webmanifest", "/_app/version.json"):
             assert gateway.client.get(path, headers=headers).status_code == 404, path
             assert gateway.client.get(path).status_code == 401, path  # and nothing is open without the key
+        assert gateway.client.get("/props", headers=headers).json()["webui"] is False  # llama-server's UI check
         # a browser that kept llama-server's UI worker gets one that removes itself, with the UI off too
         worker = gateway.client.get("/sw.js")
         assert worker.status_code == 200 and worker.headers["content-type"].startswith("text/javascript")

@@ -6,8 +6,8 @@ Contract:
       sending nothing runs with), ``total_slots`` (rows the daemon decodes together), ``model_alias``,
       ``model_path`` (the daemon's model as it reports it), ``n_ctx_train``, ``chat_template`` (the
       ``--chat-template`` text when one was given), ``modalities`` (text only), and which optional
-      endpoints are on. ``POST /props`` is 501, as llama-server started without ``--props``: no global
-      property can be changed.
+      endpoints are on (``webui``: the web page, false with ``--no-webui``). ``POST /props`` is 501, as
+      llama-server started without ``--props``: no global property can be changed.
     * ``GET /slots`` (501 with ``--no-slots``): one entry per row of that daemon: ``id``, ``n_ctx``,
       ``is_processing`` (the first ``active`` rows of its Status), ``id_task`` -1, ``speculative`` and an
       idle ``next_token``. mlxd keeps no fixed slot per request, so a busy entry names no request.
@@ -81,7 +81,7 @@ async def props(request: Request) -> dict:
         "endpoint_slots": context.settings.slots_enabled,
         "endpoint_props": False,
         "endpoint_metrics": context.settings.metrics_enabled,
-        "webui": False,
+        "webui": context.settings.ui_enabled,
         "is_sleeping": False,
         "cors_proxy_enabled": context.settings.ui_mcp_proxy,
         "build_info": f"mlxd {handle.status.daemon_version}",
