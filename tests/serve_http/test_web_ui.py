@@ -90,6 +90,7 @@ def test_pages_and_assets_are_served_with_a_strict_policy(embedded_gateway):
     page = embedded_gateway.client.get("/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert "script-src 'self'" in page.headers["content-security-policy"]
+    assert '<meta name="mlxd-api-key" content="optional">' in page.text  # no --api-key: the page asks for none
     assert page.headers["x-content-type-options"] == "nosniff"
     script = embedded_gateway.client.get("/ui/assets/chat.js")
     assert script.status_code == 200 and script.headers["content-type"].startswith("text/javascript")
@@ -120,6 +121,9 @@ def test_the_files_are_open_but_the_api_needs_the_key(embedded_endpoint):
         # the files llama-server's UI assets are open too (llama.cpp's test_access_static_assets_without_api_key)
         for path in ("/", "/ui/assets/api.js", "/sw.js", "/manifest.webmanifest", "/_app/version.json"):
             assert gateway.client.get(path).status_code == 200, path
+        for path in ("/", "/ui/ticks"):  # the pages say a key is needed (so they ask before any request), never which
+            page = gateway.client.get(path).text
+            assert '<meta name="mlxd-api-key" content="required">' in page and "secret" not in page, path
         assert gateway.client.get("/manifest.webmanifest").json()["start_url"] == "/"
         assert gateway.client.get("/_app/version.json").json()["version"].startswith("mlx-serve-http")
         assert gateway.client.get("/v1/models").status_code == 401
@@ -224,14 +228,29 @@ def test_conversations_are_created_renamed_and_deleted(browser, embedded_gateway
     assert names == ["New chat"]
 
 
+def fetched(browser) -> list[list]:
+    """Every finished ``fetch()`` of the page, as ``[path, HTTP status]`` (the browser's Resource Timing)."""
+    return browser.execute_script(
+        "return performance.getEntriesByType('resource').filter(e => e.initiatorType === 'fetch')"
+        ".map(e => [new URL(e.name).pathname, e.responseStatus])"
+    )
+
+
+def asked_for_key(browser) -> list[list]:
+    """Wait for the page to ask for the API key; the page's requests so far (``fetched``)."""
+    from selenium.webdriver.common.by import By
+
+    wait_for(lambda: browser.find_element(By.ID, "key-dialog").is_displayed(), what="the page to ask for the key")
+    return fetched(browser)
+
+
 def test_the_api_key_is_asked_once_and_sent_with_every_request(browser, embedded_endpoint):
     from selenium.webdriver.common.by import By
 
     gateway = Gateway([embedded_endpoint], "--api-key", "s3cret")
     try:
         browser.get(gateway.url)
-        dialog = wait_for(lambda: browser.find_element(By.ID, "key-dialog").is_displayed() or None, what="the ask")
-        assert dialog
+        assert asked_for_key(browser) == []  # asked before the page's first request: none left without the key
         browser.find_element(By.ID, "key-input").send_keys("s3cret\n")
         wait_for(lambda: browser.execute_script("return document.body.dataset.ready"), what="the model list")
         assert browser.find_element(By.ID, "model").text == "mlxd-qwen3-tiny"
@@ -240,6 +259,20 @@ def test_the_api_key_is_asked_once_and_sent_with_every_request(browser, embedded
         send(browser, "Hi")
         wait_for(lambda: "tok/s" in replies(browser)[0]["stats"], what="the reply")
         assert not browser.find_element(By.ID, "key-dialog").is_displayed()  # asked once
+        requests = wait_for(lambda: len(fetched(browser)) >= 2 and fetched(browser), what="the reply's request")
+        assert requests == [["/v1/models", 200], ["/v1/chat/completions", 200]]  # no 401: each carried the key
+
+        # the live view, in a tab that has no key yet: asked before the feed is opened; a wrong key is asked again
+        browser.get(gateway.url + "/ui/ticks")
+        browser.execute_script("sessionStorage.clear()")
+        browser.refresh()
+        assert asked_for_key(browser) == []
+        browser.find_element(By.ID, "key-input").send_keys("wrong\n")
+        wait_for(lambda: fetched(browser), what="the wrong key's answer")
+        assert asked_for_key(browser) == [["/ui/ticks/stream", 401]]  # refused, asked again
+        browser.find_element(By.ID, "key-input").send_keys("s3cret\n")
+        wait_for(lambda: browser.execute_script("return document.body.dataset.updates"), what="the first update")
+        assert fetched(browser) == [["/ui/ticks/stream", 401]]  # the wrong key's refusal, the only one
     finally:
         gateway.stop()
 

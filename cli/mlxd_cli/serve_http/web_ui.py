@@ -3,8 +3,10 @@
 Contract: the pages are static files shipped in this package (``webui/``: plain HTML, JavaScript and CSS,
 no build step, nothing fetched from elsewhere), read once at import and served from memory under ``/``,
 ``/ui/ticks`` and ``/ui/assets/<name>``; any other asset name is a 404. The files hold nothing secret, so
-they are served without the API key (``settings.web_ui_open_path``): with ``--api-key`` the page asks the
-user for the key and sends it on every API request it makes (``api.js``). Every answer carries a
+they are served without the API key (``settings.web_ui_open_path``). Each page says whether the API needs a
+key, never which (``<meta name="mlxd-api-key" content="required">`` with ``--api-key``, ``"optional"``
+without): ``api.js`` then asks the user for the key before the page's first request and sends it on every
+request. Every answer carries a
 Content-Security-Policy that allows only this origin's scripts, styles and connections (no inline script),
 so text a model writes cannot run as script even if the page's renderer had a hole. With ``--no-webui``
 (also ``--no-ui``, llama-server's names) none of these paths is served (404).
@@ -57,25 +59,34 @@ def _read_files() -> dict[str, bytes]:
 
 
 FILES = _read_files()
+# What a page says of the API key (never the key itself), as shipped and as served with --api-key
+KEY_OPTIONAL = b'<meta name="mlxd-api-key" content="optional">'
+KEY_REQUIRED = b'<meta name="mlxd-api-key" content="required">'
+KEYED_PAGES = {name: FILES[name].replace(KEY_OPTIONAL, KEY_REQUIRED) for name in ("index.html", "ticks.html")}
 
 
-def _file(name: str) -> Response:
+def _file(name: str, content: bytes | None = None) -> Response:
     if name not in FILES:
         raise ApiError(404, "no such web UI file", code="not_found")
     content_type = CONTENT_TYPES[name[name.rindex(".") :]]
-    return Response(FILES[name], media_type=content_type, headers=SECURITY_HEADERS)
+    return Response(FILES[name] if content is None else content, media_type=content_type, headers=SECURITY_HEADERS)
+
+
+def _page(request: Request, name: str) -> Response:
+    """A page, saying whether the API needs a key (so that it asks before its first request)."""
+    return _file(name, KEYED_PAGES[name] if gateway(request).settings.api_key else FILES[name])
 
 
 @router.get("/", include_in_schema=False)
-async def chat_page() -> Response:
+async def chat_page(request: Request) -> Response:
     """The chat page."""
-    return _file("index.html")
+    return _page(request, "index.html")
 
 
 @router.get("/ui/ticks", include_in_schema=False)
-async def ticks_page() -> Response:
+async def ticks_page(request: Request) -> Response:
     """The scheduler's ticks, live."""
-    return _file("ticks.html")
+    return _page(request, "ticks.html")
 
 
 @router.get("/ui/assets/{name}", include_in_schema=False)

@@ -1,10 +1,13 @@
 // mlx-serve-http web UI: requests to this server (the API key, SSE reading), shared by both pages.
-// With --api-key the server answers 401 until the key is sent: the page then asks for it once and keeps it
-// in sessionStorage (gone when the tab closes); every request carries it.
+// With --api-key the server serves the page with <meta name="mlxd-api-key" content="required">: the page
+// asks for the key before its first request and keeps it in sessionStorage (gone when the tab closes);
+// every request carries it. A refused key (401) is asked for again.
 "use strict";
 const mlxdApi = (() => {
   const KEY = "mlxd-api-key";
-  let asking = null; // one dialog at a time, however many requests were refused
+  const meta = document.querySelector('meta[name="mlxd-api-key"]');
+  const keyRequired = meta !== null && meta.content === "required";
+  let asking = null; // one dialog at a time, however many requests wait for it
 
   function askForKey() {
     if (asking) return asking;
@@ -23,8 +26,10 @@ const mlxdApi = (() => {
     return asking;
   }
 
-  // fetch() with the API key; a 401 asks for the key and tries again (until a key is accepted).
+  // fetch() with the API key: asked for first when the server needs one and the tab has none; a 401 (a
+  // wrong key, or a server restarted with --api-key under an open page) asks again and tries again.
   async function request(path, options = {}) {
+    while (keyRequired && !sessionStorage.getItem(KEY)) await askForKey();
     for (;;) {
       const headers = Object.assign({}, options.headers || {});
       const key = sessionStorage.getItem(KEY);
