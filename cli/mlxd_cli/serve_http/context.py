@@ -1,11 +1,11 @@
 """What a route may use of the gateway: a narrow context object, not the app's internals.
 
 Contract: ``create_app`` stores one ``GatewayContext`` on the app (``install_context``); a route gets it
-with ``gateway(request)``. It holds the settings, the daemon pool (to open generations and make calls)
-and offers the two things routes used to do to the app's state by hand: ``count_generation(done)`` (the
+with ``gateway(request)``. It holds the settings and the daemon pool (to open generations and make
+calls), and is the only way a route reaches state the app keeps: ``count_generation(done)`` (the
 metrics of a finished generation), ``token_texts(entries)`` (the text of logprob tokens, cached per
-gateway: the vocabulary is finite) and ``model_name(handle)`` (the ``model`` of every reply: the
-``--alias``, else the last component of the daemon's model path, never a whole path), and
+gateway: the vocabulary is finite), ``model_name(handle)`` (the ``model`` of every reply: the
+``--alias``, else the last component of the daemon's model path, never a whole path) and
 ``tick_feed(handle)`` (the daemon's tick trace for the web UI's live view, one ``TickFeed`` per daemon).
 Routes never read or write ``app.state`` themselves.
 """
