@@ -10,6 +10,7 @@ from .engine import Engine, kv_bytes_per_token
 from .errors import GGUFError, KVStorageFull, ModelLoadError, PromptTooLong
 from .finish_rule import ends_on, finish_reason, reaches_length
 from .forward_cost import ForwardCost, calibrate_forward_cost
+from .forward_sample import ForwardSample, timed_step
 from .loading.cpu_weights import WeightForm, apply_cpu_weight_rule, default_budget_bytes
 from .loading.default_model import EMBEDDED_ALIASES, resolve_default_model
 from .loading.gguf_import import cached_conversion, convert_gguf
@@ -23,11 +24,12 @@ from .standalone import prefill_and_record, read_and_record, step_and_record
 from .storage.kv_backend import STORAGE_BACKENDS, KVStorage, make_kv_storage
 from .storage.kv_bound import at_kv_bound, kv_room
 from .storage.kv_storage import SlotKVStorage
-from .verify_round import RoundOutcome, verify_round, verify_rows
+from .verify_round import RoundOutcome, verify_round, verify_rows, verify_rows_timed
 
 __all__ = [
     "EMBEDDED_ALIASES",
     "ForwardCost",
+    "ForwardSample",
     "GGUFError",
     "calibrate_forward_cost",
     "WeightForm",
@@ -77,6 +79,8 @@ __all__ = [
     "read_and_record",
     "release_cached_memory",
     "step_and_record",
+    "timed_step",
     "verify_round",
     "verify_rows",
+    "verify_rows_timed",
 ]

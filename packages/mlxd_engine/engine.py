@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import time
 from typing import cast
 
 import mlx.core as mx
@@ -37,7 +36,7 @@ from .forward_cost import ForwardCost
 from .fused_blocks import blocks_wanted, fuse_blocks
 from .loading.loader import LoadedModel
 from .sampling.chain import SamplerChain, SamplingParams, post_sampling_logprobs, sample_rows, token_logprobs
-from .sequence import Emitted, Sequence, StepHandle, mean_context
+from .sequence import Emitted, Sequence, StepHandle
 from .storage.kv_backend import make_kv_storage
 from .storage.kv_storage import SlotState
 from .storage.paged_kv_storage import DEFAULT_BLOCK_SIZE, SharedPrefix
@@ -135,8 +134,8 @@ class Engine:
                 "; recurrent state unwinds by restore and replay" if self.layout.unwinds_by_replay else "",
             )
         self._ids = itertools.count()
-        # what a forward costs by rows, query tokens and context: timed while serving (steps here, verify
-        # rounds in verify_round.py), calibrated at start-up by the daemon (forward_cost.py)
+        # what a forward costs by rows, query tokens and context: fed by the update steps with the forwards
+        # execute steps timed (forward_sample.py), calibrated at start-up by the daemon (forward_cost.py)
         self.forward_cost = ForwardCost()
         # finished sequences' prefixes, reused by later prompts that start the same way (off at 0 bytes)
         # (paged storage: entries hold block references, given back through release_prefix when they go)
@@ -435,11 +434,9 @@ class Engine:
         return results
 
     def step(self, rows: list[Sequence]) -> list[Emitted]:
-        """One synchronous decode step: a token for every row, not recorded (timed into ``forward_cost``)."""
-        started = time.perf_counter()
-        emitted = self.read_step(self.submit_step(rows))
-        self.forward_cost.observe(len(rows), 1, mean_context(rows), (time.perf_counter() - started) * 1000.0)
-        return emitted
+        """One synchronous decode step: a token for every row, neither recorded nor timed (``timed_step``
+        times it for the caller's update step)."""
+        return self.read_step(self.submit_step(rows))
 
     def verify(self, seq: Sequence, tokens: list[int]) -> mx.array:
         """Forward ``tokens`` (the current token + a proposal) of one row. Returns logits [k+1, V].

@@ -13,7 +13,8 @@ Contract:
   its attention work (query tokens x ``context / 1024``: every query token reads the row's context),
   fitted by weighted least squares.
 - ``calibrate(points)`` sets measured points (start-up: ``Engine.calibrate_forward_cost``) that keep a
-  constant weight; ``observe(...)`` adds a forward timed while serving, with a weight that decays
+  constant weight; ``observe(...)`` adds a forward timed while serving (``observe_samples``: the
+  ``ForwardSample`` values an execute step returned, given by its update step), with a weight that decays
   (``FORGET`` per observation) so the fit follows the machine's present load; the first forward of each
   (rows, width) shape is not counted (one-off costs); the fit is redone every ``REFIT_EVERY``
   observations. A small ridge keeps the fit
@@ -31,9 +32,11 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
+from collections.abc import Iterable
 
 import numpy as np
 
+from .forward_sample import ForwardSample
 from .sampling.chain import SamplingParams
 from .standalone import prefill_and_record, step_and_record
 
@@ -118,6 +121,11 @@ class ForwardCost:
         self._timings.setdefault((rows, width), ShapeTimings()).add(ms, context, self.observations)
         if self._theta is None or self.observations % REFIT_EVERY == 0:
             self._theta = None  # refitted on the next estimate
+
+    def observe_samples(self, samples: Iterable[ForwardSample]) -> None:
+        """``observe`` each sample, in order (the forwards an execute step timed)."""
+        for sample in samples:
+            self.observe(sample.rows, sample.width, sample.context, sample.ms)
 
     def coefficients(self) -> np.ndarray | None:
         """(fixed ms, ms per query token, ms per query token and 1024 context tokens), or None before ``ready``."""

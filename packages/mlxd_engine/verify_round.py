@@ -1,8 +1,9 @@
 """The shared verify round: check a proposal with one multi-token forward, keep what the target agrees with.
 
 Contract: every caller that speculates (the scheduler's prompt-lookup arm, the single-sequence reference
-loop) runs this one implementation, ``verify_rows`` (``verify_round`` is its one-row form); there is no
-second copy. ``verify_rows`` checks several rows' proposals, each its own length, in one forward.
+loop) runs this one implementation, ``verify_rows_timed`` (``verify_rows`` and its one-row form
+``verify_round`` add step 6); there is no second copy. It checks several rows' proposals, each its own
+length, in one forward.
 Given a sequence whose current token (its last) is not yet in storage and a proposal of
 draft tokens, the round
 
@@ -18,7 +19,10 @@ draft tokens, the round
 5. commits the appends the emitted tokens need and unwinds the rest (recurrent state: the engine puts
    the state back and forwards the kept tokens again, see ``storage/row_storage.py``); the emitted tokens
    are returned, not recorded: the caller's update step records them (``Sequence.record``),
-6. gives the round's time to ``engine.forward_cost`` (the verify gate's cost model).
+6. times the round's forwards: ``verify_rows_timed`` returns them as ``ForwardSample`` values for the
+   caller's update step (the scheduler's arm, an execute step, writes no cost model); ``verify_rows`` and
+   ``verify_round``, for loops that are their own update step, give them to ``engine.forward_cost`` (the
+   verify gate's cost model).
 
 Because acceptance is "the row's sampler picked exactly this token", the emitted tokens are the ones
 plain decode would produce: greedy output is identical, and a seeded chain splits its key once per
@@ -38,6 +42,7 @@ import mlx.core as mx
 
 from .engine import Engine
 from .finish_rule import ends_on, reaches_length
+from .forward_sample import ForwardSample
 from .sequence import Sequence, mean_context
 from .storage.kv_bound import kv_room
 
@@ -72,7 +77,8 @@ def verify_round(
         should_stop: called with each emitted token in order; True ends the row at that token
             (stop strings, for instance). EOS ids of the model end the row too.
     Returns:
-        The round's outcome; storage is settled, the caller records ``outcome.emitted`` (``Sequence.record``).
+        The round's outcome; storage is settled and the round's time given to ``engine.forward_cost``; the
+        caller records ``outcome.emitted`` (``Sequence.record``).
     """
     return verify_rows(engine, [seq], [proposal], [max_new_tokens], [should_stop])[0]
 
@@ -84,12 +90,26 @@ def verify_rows(
     max_new_tokens: list[int],
     should_stop: list[Callable[[int], bool] | None] | None = None,
 ) -> list[RoundOutcome]:
+    """``verify_rows_timed``, its forwards' times given to ``engine.forward_cost``. Returns the outcomes."""
+    outcomes, samples = verify_rows_timed(engine, rows, proposals, max_new_tokens, should_stop)
+    engine.forward_cost.observe_samples(samples)
+    return outcomes
+
+
+def verify_rows_timed(
+    engine: Engine,
+    rows: list[Sequence],
+    proposals: list[list[int]],
+    max_new_tokens: list[int],
+    should_stop: list[Callable[[int], bool] | None] | None = None,
+) -> tuple[list[RoundOutcome], list[ForwardSample]]:
     """One verify round for every row in one forward: each row's current token and its own proposal
     (any length, 0 included), the shorter ones padded after their real tokens (a causal mask keeps every
     real position from seeing the padding, and the padding's appends are unwound with the rejected
     drafts). Each row is accepted through its own sampler chain and settled by its own amount.
 
-    Args are per row, as ``verify_round``'s. Returns the rows' outcomes in order."""
+    Args are per row, as ``verify_round``'s. Returns the rows' outcomes in order and the forwards' samples
+    (one; one per row where a row near its KV bound cannot take the padding), which nothing has observed."""
     if any(n < 1 for n in max_new_tokens):
         raise ValueError("max_new_tokens must be >= 1")
     stops = should_stop or [None] * len(rows)
@@ -97,10 +117,12 @@ def verify_rows(
     width = 1 + max(len(p) for p in proposals)
     if len(rows) > 1 and any(kv_room(seq) < width for seq in rows):
         # a row near its KV bound cannot take the padding: every row gets its own forward
-        return [
-            verify_rows(engine, [seq], [p], [n], [stop])[0]
-            for seq, p, n, stop in zip(rows, proposals, max_new_tokens, stops)
-        ]
+        outcomes, samples = [], []
+        for seq, p, n, stop in zip(rows, proposals, max_new_tokens, stops):
+            row_outcomes, row_samples = verify_rows_timed(engine, [seq], [p], [n], [stop])
+            outcomes += row_outcomes
+            samples += row_samples
+        return outcomes, samples
     started, context = time.perf_counter(), mean_context(rows)
     logits = engine.verify_rows(rows, [[seq.tokens[-1]] + proposal for seq, proposal in zip(rows, proposals)])
     greedy = [seq.chain.params.is_greedy and not seq.chain.processors for seq in rows]
@@ -113,8 +135,7 @@ def verify_rows(
         sampled = argmax[i][: k + 1] if greedy[i] else _sample_positions(seq, logits[i, : k + 1], proposal)
         outcomes.append(_settle(engine, seq, proposal, sampled, width, max_new_tokens[i], stops[i]))
     # the round's whole cost (a recurrent row's replay included) is what the verify gate weighs
-    engine.forward_cost.observe(len(rows), width, context, (time.perf_counter() - started) * 1000.0)
-    return outcomes
+    return outcomes, [ForwardSample(len(rows), width, context, (time.perf_counter() - started) * 1000.0)]
 
 
 def _fit(engine: Engine, seq: Sequence, proposal: list[int], max_new_tokens: int) -> list[int]:

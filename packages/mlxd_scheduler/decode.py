@@ -1,8 +1,10 @@
 """Batched decode with lookahead pipelining.
 
 Contract: ``DecodeLoop.tick(rows)`` gives every decoding row one token per call (after the first call
-of a pipelined run, which only primes) and returns ``(state, Emitted)`` pairs for the scheduler's update
-step, which records them on the rows and runs the finish step; the loop never writes a row's tokens.
+of a pipelined run, which only primes) and returns a ``TickResult`` of ``(state, Emitted)`` pairs and
+what its forwards took for the scheduler's update step, which records the tokens on the rows, runs the
+finish step and gives the times to the figures (``learn``; ``engine.forward_cost``): the loop never
+writes a row's tokens nor a figure while it runs; it keeps only the steps it has in flight.
 
 Lookahead (steady decode): step n+1 is submitted with ``mx.async_eval`` before step n is read, so the
 model runs while Python detokenizes, checks stops and streams step n's tokens. With ``steps`` > 1 a
@@ -40,10 +42,11 @@ from __future__ import annotations
 import logging
 import time
 
-from mlxd_engine import Emitted, Engine, StepHandle, release_cached_memory
+from mlxd_engine import Emitted, Engine, StepHandle, release_cached_memory, timed_step
 
 from .recent_timings import RecentTimings
 from .request import RequestState
+from .tick_result import TickResult
 
 log = logging.getLogger("mlxd.scheduler")
 STEP_SAMPLES = 9  # steady ticks a batch size's plain step is the median of
@@ -82,6 +85,7 @@ class DecodeLoop:
         # time spent waiting on forwards outside pipelined ticks (synchronous steps, teardowns), summed: what
         # the verify gate's tick overheads leave out (prompt_lookup_arm.TickOverheads)
         self.waited_ms = 0.0
+        # step_ms, last_step_ms, step_ms_by_rows and waited_ms are written by ``learn`` only (the update step)
 
     @property
     def pipelined(self) -> bool:
@@ -91,17 +95,17 @@ class DecodeLoop:
         """The scheduler's decode tick starts; ``prefilling``: a prompt is prefilled beside it."""
         self.steady_batch = not prefilling
 
-    def tick(
-        self, rows: list[RequestState], steps: int = 1
-    ) -> tuple[list[tuple[RequestState, Emitted]], list[tuple[RequestState, str]]]:
-        """One decode tick of ``steps`` chained steps. Returns (emitted tokens in order, failed rows)."""
+    def tick(self, rows: list[RequestState], steps: int = 1) -> TickResult:
+        """One decode tick of ``steps`` chained steps. Returns the emitted tokens in order, the failed rows
+        and what the forwards took (a pipelined tick's time per step; a synchronous step's sample)."""
         if not rows:
-            return self.teardown(), []
-        emitted = []  # tokens of steps read (and committed) before any failure are still reported
+            return self.teardown()
+        result = TickResult()  # tokens of steps read (and committed) before any failure are still reported
         try:
             if not self.lookahead or any(s.seq.chain.grammar is not None for s in rows):
                 assert not self.in_flight, "tear down the in-flight steps before a synchronous step (rule 7)"
-                return self._pairs(rows, self.engine.step([s.seq for s in rows])), []
+                emitted, sample = timed_step(self.engine, [s.seq for s in rows])
+                return TickResult(emitted=self._pairs(rows, emitted), forwards=[sample])
             started = time.perf_counter()
             states = list(rows)  # the chained steps share it: their rows are the same
             seqs = [s.seq for s in states]
@@ -112,25 +116,36 @@ class DecodeLoop:
                 submitted.append((previous, states))
             unread, self.in_flight = self.in_flight, submitted
             for handle, states in unread:
-                emitted.extend(self._pairs(states, self.engine.read_step(handle)))
+                result.emitted.extend(self._pairs(states, self.engine.read_step(handle)))
             if unread:
                 # each submission waits while MLX works off the queue, so a pipelined tick lasts about as
                 # long as the most steps it submitted or read
-                ms = (time.perf_counter() - started) * 1000.0 / max(len(submitted), len(unread))
-                self._measure(ms)
-                self.last_step_ms = ms
+                result.pipelined_step_ms = (time.perf_counter() - started) * 1000.0 / max(len(submitted), len(unread))
                 if (
                     self.steady_batch
                     and len(unread) == len(submitted)
                     and all(len(read) == len(seqs) for _, read in unread)
                 ):
-                    self._measure_batch(len(seqs), ms)
-            return emitted, []
+                    result.steady_rows = len(seqs)
+            return result
         except Exception as error:  # noqa: BLE001 - a failed forward must not take the daemon down
             log.warning("batched step failed (%s); retrying rows one by one", error)
-            got = {state for state, _ in emitted}  # their tokens are not recorded yet: no step may follow
-            recovered, failed = self._recover([s for s in rows if s not in got], rows)
-            return emitted + recovered, failed
+            got = {state for state, _ in result.emitted}  # their tokens are not recorded yet: no step may follow
+            recovered = self._recover([s for s in rows if s not in got], rows)
+            recovered.emitted[:0] = result.emitted
+            return recovered
+
+    def learn(self, result: TickResult) -> None:
+        """The update step's share of a result: its waits and its pipelined step time into the figures the
+        plan reads (``step_ms``, ``last_step_ms``, ``step_ms_by_rows``, ``waited_ms``)."""
+        self.waited_ms += result.waited_ms
+        ms = result.pipelined_step_ms
+        if ms is None:
+            return
+        self._measure(ms)
+        self.last_step_ms = ms
+        if result.steady_rows:
+            self._measure_batch(result.steady_rows, ms)
 
     def _measure_batch(self, rows: int, ms: float) -> None:
         """A steady tick's step time (as many steps read as submitted, of this batch): the gate's plain step
@@ -149,35 +164,36 @@ class DecodeLoop:
     def _measure(self, ms: float) -> None:
         self.step_ms = ms if self.step_ms is None else (1 - STEP_MS_WEIGHT) * self.step_ms + STEP_MS_WEIGHT * ms
 
-    def step_synchronously(self, rows: list[RequestState]):
-        """One unpipelined batched step (nothing may be in flight). Returns (emitted, failed)."""
+    def step_synchronously(self, rows: list[RequestState]) -> TickResult:
+        """One unpipelined batched step (nothing may be in flight): its tokens, failures, sample and wait."""
         assert not self.in_flight, "tear down the in-flight steps first"
         started = time.perf_counter()
         try:
-            return self._pairs(rows, self.engine.step([s.seq for s in rows])), []
+            emitted, sample = timed_step(self.engine, [s.seq for s in rows])
+            result = TickResult(emitted=self._pairs(rows, emitted), forwards=[sample])
         except Exception as error:  # noqa: BLE001
             log.warning("batched step failed (%s); retrying rows one by one", error)
-            return self._recover(rows, rows)
-        finally:
-            self.waited_ms += (time.perf_counter() - started) * 1000.0
+            result = self._recover(rows, rows)
+        result.waited_ms = (time.perf_counter() - started) * 1000.0
+        return result
 
     def drop_in_flight(self) -> None:
         """Forget the in-flight steps unread (the engine can compute no more: ``BatchScheduler.fail_all``)."""
         self.in_flight = []
 
-    def teardown(self) -> list[tuple[RequestState, Emitted]]:
-        """Read the in-flight steps, if any, so no step is left in flight."""
+    def teardown(self) -> TickResult:
+        """Read the in-flight steps, if any, so no step is left in flight: their tokens and the wait."""
         unread, self.in_flight = self.in_flight, []
-        emitted = []
+        result = TickResult()
         started = time.perf_counter()
         try:
             for handle, states in unread:
-                emitted.extend(self._pairs(states, self.engine.read_step(handle)))
+                result.emitted.extend(self._pairs(states, self.engine.read_step(handle)))
         except Exception as error:  # noqa: BLE001
             log.warning("in-flight step failed at teardown (%s)", error)
             self._unwind_all([s for _, states in unread for s in states])
-        self.waited_ms += (time.perf_counter() - started) * 1000.0
-        return emitted
+        result.waited_ms = (time.perf_counter() - started) * 1000.0
+        return result
 
     def _pairs(self, states: list[RequestState], emitted: list[Emitted]) -> list[tuple[RequestState, Emitted]]:
         return [(s, e) for s, e in zip(states, emitted) if not s.seq.released]
@@ -191,17 +207,20 @@ class DecodeLoop:
             if not seq.released:
                 self.engine.unwind_pending(seq)
 
-    def _recover(self, rows: list[RequestState], tick_rows: list[RequestState]):
+    def _recover(self, rows: list[RequestState], tick_rows: list[RequestState]) -> TickResult:
         """Unwind every pending append of ``tick_rows`` and the steps in flight; step each of ``rows`` alone."""
         states = tick_rows + [s for _, in_flight_states in self.in_flight for s in in_flight_states]
         self.in_flight = []
         self._unwind_all(states)
         release_cached_memory()
-        emitted, failed = [], []
+        result = TickResult()
         for state in rows:
             try:
-                emitted.extend(self._pairs([state], self.engine.step([state.seq])))
+                emitted, sample = timed_step(self.engine, [state.seq])
             except Exception as error:  # noqa: BLE001
                 self._unwind_all([state])
-                failed.append((state, f"{type(error).__name__}: {error}"))
-        return emitted, failed
+                result.failed.append((state, f"{type(error).__name__}: {error}"))
+                continue
+            result.emitted.extend(self._pairs([state], emitted))
+            result.forwards.append(sample)
+        return result

@@ -8,12 +8,13 @@ execute and the scheduler's own update (``BatchScheduler._update``, the one step
   the tick's plan (pipelined with n chained steps, read the lookahead step, or synchronous with the rows
   to verify and the layout). The plan talks to the drafters only: declined proposals are retracted (no
   miss) and the drafters' ``pacing`` learns the tick. Returns an ``ArmPlan``.
-- execute (``execute(plan, record)``): the engine runs it (``DecodeLoop`` steps, ``verify_rows``) and a
-  ``TickResult`` comes back: verify rounds' outcomes, plain tokens, failures, what the plan cost the
-  cost model. No request state changes here.
-- update (the scheduler): the cost model is fed, the drafters learn the rounds' outcomes, the tokens go
-  through the finish step. A tick that read its lookahead step returns ``carried`` proposals: the update
-  settles them against the tokens read, and ``plan_after_read`` plans the synchronous rest of the tick.
+- execute (``execute(plan, record)``): the engine runs it (``DecodeLoop`` steps, ``verify_rows_timed``)
+  and a ``TickResult`` comes back: verify rounds' outcomes, plain tokens, failures, what the plan cost
+  the cost model, what the forwards took. No request state and no figure changes here.
+- update (the scheduler): the cost model and the forward times are fed, the drafters learn the rounds'
+  outcomes, the tokens go through the finish step. A tick that read its lookahead step returns
+  ``carried`` proposals: the update settles them against the tokens read, and ``plan_after_read`` plans
+  the synchronous rest of the tick.
 
 The rules, in the order they apply:
 1. Bound: when ``max_batch`` is set and the active batch (decoding rows plus rows still in prefill,
@@ -59,13 +60,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from mlxd_engine import Emitted, Engine, RoundOutcome, kv_room, verify_round, verify_rows
+from mlxd_engine import Emitted, Engine, ForwardSample, RoundOutcome, kv_room, verify_rows_timed
 
 from .decode import DecodeLoop
 from .kinds import PlanMode, VerifyLayout
 from .recent_timings import RecentTimings
 from .request import RequestState
 from .tick_plan import Costs, RowView, TickPlan, lookahead_steps, plan_tick
+from .tick_result import TickResult
 from .trace import TickRecord
 
 log = logging.getLogger("mlxd.scheduler")
@@ -95,25 +97,6 @@ class ArmPlan:
     declined: int = 0  # proposals the gate declined
     drafts_from: dict[RequestState, int] = field(default_factory=dict)  # rule 4: the token count a draft follows
     steps: int = 1  # the most chained steps the scheduler allowed this tick
-
-
-@dataclass
-class TickResult:
-    """What one execute step produced, for the scheduler's update step to apply in order."""
-
-    # a prefilled row's first token, with its trace detail (a prefix cache hit)
-    first_tokens: list[tuple[RequestState, Emitted, str | None]] = field(default_factory=list)
-
-    rounds: list[tuple[RequestState, RoundOutcome]] = field(default_factory=list)  # verify rounds
-    emitted: list[tuple[RequestState, Emitted]] = field(default_factory=list)  # plain tokens, in order
-    details: dict[RequestState, str] = field(default_factory=dict)  # trace detail of a plain row
-    failed: list[tuple[RequestState, str]] = field(default_factory=list)
-    explore_ms: float = 0.0  # what the plan's exploring rows are estimated to lose (the cost model's budget)
-    declined: int = 0  # proposals the gate declined (the cost model's tick overheads)
-    carried: dict[RequestState, list[int]] | None = None  # rule 4: proposals to settle after the read
-    carried_forced: set[RequestState] = field(default_factory=set)  # carried proposals verified whatever they cost
-    carried_from: dict[RequestState, int] = field(default_factory=dict)  # the row's token count its draft follows
-    carried_steps: int = 1  # the most chained steps the scheduler allowed this tick
 
 
 class TickOverheads:
@@ -252,6 +235,13 @@ class PromptLookupArm:
             "declined_cost": 0,
             "padded_forwards": 0,
         }
+
+    def learn(self, result: TickResult) -> None:
+        """The update step's share of a result: the plan's exploration and declines to the cost model, the
+        verify rounds counted."""
+        self.cost_model.spent_exploring(result.explore_ms)
+        self.cost_model.declined(result.declined)
+        self.counters["verify_rounds"] += len(result.rounds)
 
     # -- plan --------------------------------------------------------------------------------------
     def plan(self, rows: list[RequestState], prefilling: int = 0, steps: int = 1) -> ArmPlan:
@@ -407,41 +397,40 @@ class PromptLookupArm:
     def execute(self, arm_plan: ArmPlan, record: TickRecord) -> TickResult:
         """Run the plan on the engine: the steps in flight read (rule 4), a pipelined plain tick (rule 3),
         or the verify rounds beside one batched step or padded into one forward with it (rule 5). Changes
-        no request state: what the forwards gave goes back to the update step."""
+        no request state and no figure: what the forwards gave and took goes back to the update step."""
         plan, rows, verify = arm_plan.plan, arm_plan.rows, arm_plan.verify
-        result = TickResult(details=arm_plan.details, explore_ms=plan.explore_ms, declined=arm_plan.declined)
         if plan.mode == PlanMode.READ:  # rule 4: read the steps in flight instead of priming; settle the drafts after
-            result.emitted = self.decode_loop.teardown()
+            result = self.decode_loop.teardown()
             result.carried = verify
             result.carried_forced = arm_plan.forced
             result.carried_from = arm_plan.drafts_from
             result.carried_steps = arm_plan.steps
-            return result
-        if plan.mode == PlanMode.PIPELINED:
+        elif plan.mode == PlanMode.PIPELINED:
             record.steps = plan.steps
-            result.emitted, result.failed = self.decode_loop.tick(rows, plan.steps)
-            return result
-        rest = [s for s in rows if s not in verify]
-        if verify and plan.layout == VerifyLayout.PADDED:
-            self._verify_all({**verify, **{s: [] for s in rest}}, result)
-            return result
-        if verify:
-            self._verify_all(verify, result)
-        if rest:
-            emitted, failed = self.decode_loop.step_synchronously(rest)
-            result.emitted.extend(emitted)
-            result.failed.extend(failed)
+            result = self.decode_loop.tick(rows, plan.steps)
+        else:
+            result = TickResult()
+            rest = [s for s in rows if s not in verify]
+            if verify and plan.layout == VerifyLayout.PADDED:
+                self._verify_all({**verify, **{s: [] for s in rest}}, result)
+            else:
+                if verify:
+                    self._verify_all(verify, result)
+                if rest:
+                    result.merge(self.decode_loop.step_synchronously(rest))
+        result.details, result.explore_ms, result.declined = arm_plan.details, plan.explore_ms, arm_plan.declined
         return result
 
     def _verify_all(self, drafts: dict[RequestState, list[int]], result: TickResult) -> None:
-        """The rows' verify rounds in one forward (``verify_rows``; rows with an empty draft take their one
-        token in it); if that forward fails, each row is retried alone, so a failure fails only its row."""
+        """The rows' verify rounds in one forward (``verify_rows_timed``; rows with an empty draft take their
+        one token in it); if that forward fails, each row is retried alone, so a failure fails only its row."""
         states = list(drafts)
         outcomes: list[RoundOutcome] | list[RoundOutcome | None]  # None: that row's retry failed
+        samples: list[ForwardSample]
         try:
             # EOS, max_tokens and the KV bound are cut inside the round; a stop string is found by the
             # finish step, which ends the row at that token (the row's slot is then released)
-            outcomes = verify_rows(
+            outcomes, samples = verify_rows_timed(
                 self.engine,
                 [s.seq for s in states],
                 [drafts[s] for s in states],
@@ -456,24 +445,26 @@ class PromptLookupArm:
             for state in states:
                 self.engine.unwind_pending(state.seq)
             retried: list[RoundOutcome | None] = []
+            samples = []
             for state in states:
                 try:
-                    retried.append(
-                        verify_round(
-                            self.engine, state.seq, drafts[state], max(state.request.max_tokens - state.emitted, 1)
-                        )
+                    row_outcomes, row_samples = verify_rows_timed(
+                        self.engine, [state.seq], [drafts[state]], [max(state.request.max_tokens - state.emitted, 1)]
                     )
                 except Exception as row_error:  # noqa: BLE001 - a failed verify fails only this row
                     self._verify_failed(state, row_error, result)
                     retried.append(None)
+                    continue
+                retried.append(row_outcomes[0])
+                samples.extend(row_samples)
             outcomes = retried
+        result.forwards.extend(samples)
         for state, outcome in zip(states, outcomes):
             if outcome is None:
                 continue
             if not drafts[state]:  # a plain row of a padded forward: its one token, as a step gives it
                 result.emitted.append((state, Emitted(outcome.emitted[0])))
                 continue
-            self.counters["verify_rounds"] += 1
             result.rounds.append((state, outcome))
 
     def _verify_failed(self, state: RequestState, error: Exception, result: TickResult) -> None:

@@ -7,9 +7,10 @@ Contract: no sockets and no threads. Callers ``submit`` requests (already tokeni
 2. admit waiting requests while slots and the batch limit allow,
 3. decode, as plan -> execute -> update: one batched step for every decoding row (lookahead-pipelined,
    see ``decode.py``), or the prompt-lookup arm's plan (``prompt_lookup_arm.py``) run on the engine;
-   what came back goes through ``_update``, the one step that changes the rows (each token recorded on
-   its sequence and through the finish step, verify outcomes to the drafters, the verify gate's cost
-   model fed); in plain steady decode a tick may chain several steps (below),
+   what came back (a ``TickResult``) goes through ``_update``, the one step that changes the rows (each
+   token recorded on its sequence and through the finish step, verify outcomes to the drafters) and the
+   figures the plan reads (the forwards' times to ``engine.forward_cost`` and the decode loop's step
+   times, the verify gate's cost model fed); in plain steady decode a tick may chain several steps (below),
 4. prefill: one chunk of at most ``prefill_chunk`` prompt tokens for the oldest admitted request, so
    a long prompt never stalls the decoding rows for more than a chunk; the first token it gives goes
    through ``_update`` too.
@@ -46,8 +47,9 @@ from mlxd_protocol import serving_defaults
 from .decode import DecodeLoop, runs_by_row
 from .finishing import Finisher
 from .kinds import Phase, RowKind
-from .prompt_lookup_arm import ArmPlan, PromptLookupArm, TickResult
+from .prompt_lookup_arm import ArmPlan, PromptLookupArm
 from .request import EventSink, Request, RequestState
+from .tick_result import TickResult
 from .trace import TickRecord
 
 log = logging.getLogger("mlxd.scheduler")
@@ -210,7 +212,7 @@ class BatchScheduler:
         if self.decode_loop.pipelined and any(s.seq.chain.grammar is not None for s in rows):
             # a grammar row's mask needs its last token read: settle the steps in flight first; while such
             # a row decodes, the decode loop steps synchronously (decode.py, rule 7)
-            self._update(TickResult(emitted=self.decode_loop.teardown()), record)
+            self._update(self.decode_loop.teardown(), record)
             rows = [s for s in rows if s.phase == Phase.DECODE]
         was_pipelined = self.decode_loop.pipelined
         self.decode_loop.begin_tick(prefilling=bool(self.prefilling))  # a prefill beside the steps skews their time
@@ -239,8 +241,7 @@ class BatchScheduler:
             record.pipelined = record.pipelined and self.decode_loop.pipelined
         else:
             record.steps = self._steps_this_tick(rows)
-            emitted, failed = self.decode_loop.tick(rows, record.steps)
-            self._update(TickResult(emitted=emitted, failed=failed), record)
+            self._update(self.decode_loop.tick(rows, record.steps), record)
         if self.decode_loop.pipelined and not was_pipelined:
             for state in rows:  # a lookahead step was submitted and nothing read: show it in the trace
                 record.add(state.request_id, RowKind.PRIME)
@@ -272,15 +273,16 @@ class BatchScheduler:
 
     # -- update: the one step that changes the rows ------------------------------------------------
     def _update(self, result: TickResult, record: TickRecord) -> list[RequestState]:
-        """Apply one execute step's result: the cost model's share of the plan, each verify round's outcome
-        to its drafter, timings and trace, then every row's tokens recorded and through the finish step
-        (prefill's first tokens, verify rounds' runs, plain tokens), then failures. For a tick that read its
-        lookahead step (``result.carried``), the proposals made before that read are settled against the
-        tokens it gave; returns the rows whose proposals it agreed with throughout (they propose again,
-        ``PromptLookupArm.plan_after_read``)."""
-        cost_model = self.prompt_lookup.cost_model
-        cost_model.spent_exploring(result.explore_ms)
-        cost_model.declined(result.declined)
+        """Apply one execute step's result: what its forwards took to the figures the next plans read (the
+        forward cost model, the decode loop's step times), the cost model's share of the plan, each verify
+        round's outcome to its drafter, timings and trace, then every row's tokens recorded and through the
+        finish step (prefill's first tokens, verify rounds' runs, plain tokens), then failures. For a tick
+        that read its lookahead step (``result.carried``), the proposals made before that read are settled
+        against the tokens it gave; returns the rows whose proposals it agreed with throughout (they propose
+        again, ``PromptLookupArm.plan_after_read``)."""
+        self.engine.forward_cost.observe_samples(result.forwards)
+        self.decode_loop.learn(result)
+        self.prompt_lookup.learn(result)
         for state, outcome in result.rounds:
             source = state.drafter.outstanding_source
             state.timings.count_source(source, outcome.drafted, outcome.accepted)

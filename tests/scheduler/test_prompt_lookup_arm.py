@@ -476,8 +476,9 @@ def test_the_exploration_budget_is_a_share_of_wall_time_saved_up_to_a_bound():
 
 def test_only_the_update_step_changes_the_rows():
     """The tick is plan -> execute -> update: ``execute`` runs the engine and hands back a ``TickResult``; the
-    rows' reported tokens, phase and timings, and the verify outcomes their drafters learn, change only when
-    ``BatchScheduler._update`` applies it. Output equals plain decode."""
+    rows' reported tokens, phase and timings, the verify outcomes their drafters learn, the forward cost
+    model and the decode loop's step figures change only when ``BatchScheduler._update`` applies it (the
+    forwards' times come back in the result). Output equals plain decode."""
     loaded = stub_loaded(period=6, copy_from=12)  # copies only after a while: some drafts meet a lookahead read
     scheduler, _ = make(loaded)
     out = Collector()
@@ -497,14 +498,30 @@ def test_only_the_update_step_changes_the_rows():
             state.drafter.stats.accepted_tokens,
         )
 
+    def figures():
+        cost, loop = scheduler.engine.forward_cost, scheduler.decode_loop
+        return (
+            cost.spent_ms,
+            cost.observations,
+            cost.summary(),
+            loop.step_ms,
+            loop.last_step_ms,
+            dict(loop.step_ms_by_rows),
+            loop.waited_ms,
+            dict(arm.counters),
+        )
+
     def execute(plan, record):
-        before = [row_state(s) for s in plan.rows]
+        before = [row_state(s) for s in plan.rows], figures()
         result = run_plan(plan, record)
-        executed.append((before == [row_state(s) for s in plan.rows], bool(result.rounds), result.carried is not None))
+        after = [row_state(s) for s in plan.rows], figures()
+        executed.append((before == after, bool(result.rounds), result.carried is not None, bool(result.forwards)))
         return result
 
     arm.execute = execute
     scheduler.run_until_idle()
-    assert executed and all(unchanged for unchanged, _, _ in executed)
-    assert any(rounds for _, rounds, _ in executed) and any(read for _, _, read in executed)
+    assert executed and all(unchanged for unchanged, _, _, _ in executed)
+    assert any(rounds for _, rounds, _, _ in executed) and any(read for _, _, read, _ in executed)
+    assert any(timed for _, _, _, timed in executed)  # verify rounds and synchronous steps were timed ...
+    assert scheduler.engine.forward_cost.spent_ms > 0  # ... and the update steps gave them to the cost model
     assert out.done("r").tokens == run_one(loaded, REPEATING, 60, enabled=False)[0].tokens
