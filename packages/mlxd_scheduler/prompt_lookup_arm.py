@@ -6,13 +6,17 @@ execute and the scheduler's own update (``BatchScheduler._update``, the one step
   (once more after a read, rule 4, for a row the steps read agreed with throughout); the proposals and
   what the rows' governors expect of them go to the pure policy ``tick_plan.plan_tick``, which returns
   the tick's plan (pipelined with n chained steps, read the lookahead step, or synchronous with the rows
-  to verify and the layout). The plan talks to the drafters only: declined proposals are retracted (no
-  miss) and the drafters' ``pacing`` learns the tick. Returns an ``ArmPlan``.
+  to verify and the layout). The plan talks to the drafters only to ask for proposals (``draft_block``,
+  withdrawn at once where the grammar forbids the first token or one token is left); its verdicts
+  (declined proposals to retract, the pacing of each row) go in the ``ArmPlan``'s ``DraftVerdicts`` for
+  the update step. Returns an ``ArmPlan``.
 - execute (``execute(plan, record)``): the engine runs it (``DecodeLoop`` steps, ``verify_rows_timed``)
   and a ``TickResult`` comes back: verify rounds' outcomes, plain tokens, failures, what the plan cost
   the cost model, what the forwards took. No request state and no figure changes here.
-- update (the scheduler): the cost model and the forward times are fed, the drafters learn the rounds'
-  outcomes, the tokens go through the finish step. A tick that read its lookahead step returns
+- update (the scheduler): the plan's verdicts are applied to the drafters (declined drafts retracted
+  before the row's next tokens are observed, so each is scored against them, as a retraction in the plan
+  was: execute never touches a drafter), the cost model and the forward times are fed, the drafters
+  learn the rounds' outcomes, the tokens go through the finish step. A tick that read its lookahead step returns
   ``carried`` proposals: the update settles them against the tokens read, and ``plan_after_read`` plans
   the synchronous rest of the tick.
 
@@ -67,7 +71,7 @@ from .kinds import PlanMode, VerifyLayout
 from .recent_timings import RecentTimings
 from .request import RequestState
 from .tick_plan import Costs, RowView, TickPlan, lookahead_steps, plan_tick
-from .tick_result import TickResult
+from .tick_result import DraftVerdicts, TickResult
 from .trace import TickRecord
 
 log = logging.getLogger("mlxd.scheduler")
@@ -97,6 +101,7 @@ class ArmPlan:
     declined: int = 0  # proposals the gate declined
     drafts_from: dict[RequestState, int] = field(default_factory=dict)  # rule 4: the token count a draft follows
     steps: int = 1  # the most chained steps the scheduler allowed this tick
+    verdicts: DraftVerdicts = field(default_factory=DraftVerdicts)  # for the update step (retractions, pacing)
 
 
 class TickOverheads:
@@ -237,8 +242,9 @@ class PromptLookupArm:
         }
 
     def learn(self, result: TickResult) -> None:
-        """The update step's share of a result: the plan's exploration and declines to the cost model, the
-        verify rounds counted."""
+        """The update step's share of a result, before its tokens: the plan's verdicts to the drafters
+        (``DraftVerdicts.apply``), its exploration and declines to the cost model, the verify rounds counted."""
+        result.verdicts.apply()
         self.cost_model.spent_exploring(result.explore_ms)
         self.cost_model.declined(result.declined)
         self.counters["verify_rounds"] += len(result.rounds)
@@ -364,31 +370,29 @@ class PromptLookupArm:
         held: dict[RequestState, str],
         steps: int = 1,
     ) -> ArmPlan:
-        """The policy's plan as the arm runs it: the declined proposals are retracted (rule 5: no miss) and
-        their rows paused, the verified ones cut to the plan's width; the drafters' pacing learns the tick."""
+        """The policy's plan as the arm runs it: the verified proposals cut to the plan's width, and the
+        verdicts the update step applies to the drafters (``DraftVerdicts``): the declined proposals
+        retracted (rule 5: no miss) and their rows paused, the drafters' pacing told the tick."""
         arm_plan = ArmPlan(plan, rows, dict(held), forced=forced, steps=steps)
+        verdicts = arm_plan.verdicts
         declined = set(plan.declined)
         for state, proposal in proposals.items():
-            drafter = state.drafter
             if state in declined:  # rule 5: not worth its forward this tick; no miss
-                long_match = drafter.last_match_is_long  # of the proposal being retracted
-                drafter.retract_draft()
-                drafter.pacing.declined(state.emitted, long_match)
+                verdicts.declined.append((state, state.emitted, state.drafter.last_match_is_long))
                 arm_plan.details[state] = "declined-cost"
                 self.counters["declined_cost"] += 1
             else:
                 # the plan may cut long drafts to a narrower forward (tick_plan.py); the rest is not verified
                 arm_plan.verify[state] = proposal if plan.width is None else proposal[: plan.width - 1]
-                drafter.pacing.verified()
+                verdicts.verified.append(state)
         arm_plan.declined = len(declined)
         if plan.mode == PlanMode.READ:
             for state in arm_plan.verify:
-                state.drafter.pacing.proposed()
+                verdicts.proposed.append(state)
                 arm_plan.drafts_from[state] = len(state.seq.tokens)  # the drafts start here
         elif plan.mode == PlanMode.PIPELINED and self.decode_loop.pipelined:
-            for state in rows:  # rule 3: one more pipelined tick without a proposal
-                if state.drafter is not None:
-                    state.drafter.pacing.quiet_tick()
+            # rule 3: one more pipelined tick without a proposal
+            verdicts.quiet.extend(state for state in rows if state.drafter is not None)
         elif plan.mode == PlanMode.SYNCHRONOUS and arm_plan.verify and plan.layout == VerifyLayout.PADDED:
             self.counters["padded_forwards"] += 1
         return arm_plan
@@ -419,6 +423,7 @@ class PromptLookupArm:
                 if rest:
                     result.merge(self.decode_loop.step_synchronously(rest))
         result.details, result.explore_ms, result.declined = arm_plan.details, plan.explore_ms, arm_plan.declined
+        result.verdicts = arm_plan.verdicts
         return result
 
     def _verify_all(self, drafts: dict[RequestState, list[int]], result: TickResult) -> None:

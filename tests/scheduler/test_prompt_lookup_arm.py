@@ -525,3 +525,39 @@ def test_only_the_update_step_changes_the_rows():
     assert any(timed for _, _, _, timed in executed)  # verify rounds and synchronous steps were timed ...
     assert scheduler.engine.forward_cost.spent_ms > 0  # ... and the update steps gave them to the cost model
     assert out.done("r").tokens == run_one(loaded, REPEATING, 60, enabled=False)[0].tokens
+
+
+def test_the_plan_leaves_the_drafters_pacing_to_the_update_step():
+    """The plan asks for proposals; its verdicts (declined drafts retracted, rows paused, quiet ticks) reach
+    the drafters only through the update step (``DraftVerdicts``), before the row's next tokens are observed.
+    The gate declines every draft here, so rows pause and retract; output equals plain decode."""
+    loaded = stub_loaded(period=6)
+    engine = Engine(loaded, max_sequences=8)
+    scheduler = BatchScheduler(engine, SchedulerOptions(prompt_lookup=DEFAULT_CONFIG))
+    scheduler.prompt_lookup.cost_model = StubCost(fixed=0.0, per_token=1.0)
+    arm = scheduler.prompt_lookup
+    out = Collector()
+    for name, prompt in (("a", REPEATING), ("b", REPEATING[2:] + REPEATING)):
+        scheduler.submit(Request(name, prompt, max_tokens=40), out.sink(name))
+    planned = []
+
+    def pacing(plan):
+        return [dataclasses.astuple(s.drafter.pacing) for s in plan.rows if s.drafter is not None]
+
+    def watch(plan_call):
+        def planning(*args, **kwargs):
+            rows = args[0]
+            before = [dataclasses.astuple(s.drafter.pacing) for s in rows if s.drafter is not None]
+            plan = plan_call(*args, **kwargs)
+            planned.append((before == pacing(plan), plan.verdicts))
+            return plan
+
+        return planning
+
+    arm.plan, arm.plan_after_read = watch(arm.plan), watch(arm.plan_after_read)
+    scheduler.run_until_idle()
+    assert planned and all(unchanged for unchanged, _ in planned)
+    assert any(verdicts.declined for _, verdicts in planned) and any(verdicts.quiet for _, verdicts in planned)
+    assert arm.counters["declined_cost"] > 0 and arm.counters["verify_rounds"] == 0
+    for name, prompt in (("a", REPEATING), ("b", REPEATING[2:] + REPEATING)):
+        assert out.done(name).tokens == run_one(loaded, prompt, 40, enabled=False)[0].tokens
