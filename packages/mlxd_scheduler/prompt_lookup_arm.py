@@ -13,10 +13,10 @@ execute and the scheduler's own update (``BatchScheduler._update``, the one step
 - execute (``execute(plan, record)``): the engine runs it (``DecodeLoop`` steps, ``verify_rows_timed``)
   and a ``TickResult`` comes back: verify rounds' outcomes, plain tokens, failures, what the plan cost
   the cost model, what the forwards took. No request state and no figure changes here.
-- update (the scheduler): the plan's verdicts are applied to the drafters (declined drafts retracted
-  before the row's next tokens are observed, so each is scored against them, as a retraction in the plan
-  was: execute never touches a drafter), the cost model and the forward times are fed, the drafters
-  learn the rounds' outcomes, the tokens go through the finish step. A tick that read its lookahead step returns
+- update (the scheduler): the plan's verdicts are applied to the drafters (a declined draft is retracted
+  before the row's next tokens are observed, so it is scored against them; execute never touches a
+  drafter), the cost model and the forward times are fed, the drafters learn the rounds' outcomes, the
+  tokens go through the finish step. A tick that read its lookahead step returns
   ``carried`` proposals: the update settles them against the tokens read, and ``plan_after_read`` plans
   the synchronous rest of the tick.
 
