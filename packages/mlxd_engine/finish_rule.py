@@ -4,8 +4,9 @@ single-sequence loops all ask it instead of writing the comparisons themselves.
 Contract:
 - ``ends_on(eos_token_ids, token, should_stop=None)``: the token ends the row with "stop" (an end-of-
   sequence token, or one the caller's ``should_stop`` names).
-- ``reaches_length(seq, emitted, max_tokens)``: the row has given ``max_tokens`` tokens or its storage
-  is full (``at_kv_bound``): it ends with "length".
+- ``reaches_length(seq, emitted, max_tokens, later=0)``: the row has given ``max_tokens`` tokens or its
+  storage is full (``at_kv_bound``; ``later``: the token judged is that many before the row's newest, read
+  in the same run): it ends with "length".
 - ``finish_reason(eos_token_ids, seq, token, emitted, max_tokens, should_stop=None)``: both, in that
   order, for the row's newest token (``emitted`` counts it): "stop", "length" or None.
 The scheduler's finish step also honours ``ignore_eos`` and stop strings on the text, which only it sees.
@@ -22,8 +23,8 @@ def ends_on(eos_token_ids: Collection[int], token: int, should_stop: Callable[[i
     return token in eos_token_ids or (should_stop is not None and should_stop(token))
 
 
-def reaches_length(seq, emitted: int, max_tokens: int) -> bool:
-    return emitted >= max_tokens or (seq is not None and at_kv_bound(seq))
+def reaches_length(seq, emitted: int, max_tokens: int, later: int = 0) -> bool:
+    return emitted >= max_tokens or (seq is not None and at_kv_bound(seq, later))
 
 
 def finish_reason(

@@ -18,7 +18,9 @@ that keep the in-flight steps right when the batch changes:
    that were in the in-flight steps take their still-unread tokens. No teardown is needed.
 2. Completion: a row found finished when a step is read is already inside the later in-flight steps.
    Its slot is released at once (MLX orders those steps' writes before any later forward's) and its
-   later tokens are dropped when those steps are read (a released row's tokens are never reported).
+   later tokens are dropped when those steps are read (a released sequence's tokens are never reported;
+   a row rebuilt by a context shift has a new sequence, and the steps in flight for its old one are
+   dropped alike).
 3. Cancellation: as completion, at the next tick boundary.
 4. Teardown: ``teardown()`` reads and discards nothing: it reads the in-flight steps (committing their
    appends and keeping their tokens) so every row again has exactly one token outside storage. Callers
@@ -42,7 +44,7 @@ from __future__ import annotations
 import logging
 import time
 
-from mlxd_engine import Emitted, Engine, StepHandle, release_cached_memory, timed_step
+from mlxd_engine import Emitted, Engine, StepHandle, kv_room, release_cached_memory, timed_step
 
 from .recent_timings import RecentTimings
 from .request import RequestState
@@ -98,7 +100,8 @@ class DecodeLoop:
     def tick(self, rows: list[RequestState], steps: int = 1) -> TickResult:
         """One decode tick of ``steps`` chained steps. Returns the emitted tokens in order, the failed rows
         and what the forwards took (a pipelined tick's time per step; a synchronous step's sample)."""
-        if not rows:
+        if not rows or (self.in_flight and any(kv_room(s.seq) < 1 for s in rows)):
+            # (or: the steps in flight fill a row's storage; one more would pass its bound) read, submit nothing
             return self.teardown()
         result = TickResult()  # tokens of steps read (and committed) before any failure are still reported
         try:
@@ -116,7 +119,7 @@ class DecodeLoop:
                 submitted.append((previous, states))
             unread, self.in_flight = self.in_flight, submitted
             for handle, states in unread:
-                result.emitted.extend(self._pairs(states, self.engine.read_step(handle)))
+                result.emitted.extend(self._read(handle, states))
             if unread:
                 # each submission waits while MLX works off the queue, so a pipelined tick lasts about as
                 # long as the most steps it submitted or read
@@ -188,7 +191,7 @@ class DecodeLoop:
         started = time.perf_counter()
         try:
             for handle, states in unread:
-                result.emitted.extend(self._pairs(states, self.engine.read_step(handle)))
+                result.emitted.extend(self._read(handle, states))
         except Exception as error:  # noqa: BLE001
             log.warning("in-flight step failed at teardown (%s)", error)
             self._unwind_all([s for _, states in unread for s in states])
@@ -197,6 +200,12 @@ class DecodeLoop:
 
     def _pairs(self, states: list[RequestState], emitted: list[Emitted]) -> list[tuple[RequestState, Emitted]]:
         return [(s, e) for s, e in zip(states, emitted) if not s.seq.released]
+
+    def _read(self, handle: StepHandle, states: list[RequestState]) -> list[tuple[RequestState, Emitted]]:
+        """Read a step in flight: its rows' tokens, none of a sequence released since it was submitted
+        (finished, or rebuilt by a context shift: the row's ``seq`` is then another sequence)."""
+        emitted = self.engine.read_step(handle)
+        return [(s, e) for s, seq, e in zip(states, handle.rows, emitted) if not seq.released and s.seq is seq]
 
     def _unwind_all(self, states: list[RequestState]) -> None:
         for state in {id(s): s for s in states}.values():

@@ -46,7 +46,7 @@ class Finisher:
         request, seq, text_stream = state.request, state.seq, state.request.text
         eos = () if request.ignore_eos else self.eos
         judged, taken, parts, reason = 0, 0, [], None
-        for token in tokens:
+        for index, token in enumerate(tokens):
             judged += 1
             if ends_on(eos, token):
                 reason = "stop"
@@ -59,7 +59,8 @@ class Finisher:
                 if stopped:
                     reason = "stop"
                     break
-            if reaches_length(seq, state.emitted, request.max_tokens):
+            # the run's tokens were read at once: storage held fewer tokens when this one was emitted
+            if reaches_length(seq, state.emitted, request.max_tokens, later=len(tokens) - 1 - index):
                 reason = "length"
                 break
         if taken:
@@ -71,7 +72,7 @@ class Finisher:
         """End a request: release its sequence, flush its text and report the FinishEvent. The scheduler
         calls it once per request (its ``_finish`` moves the request to "finished" first)."""
         seq = state.seq
-        tokens = list(seq.output)[: state.emitted] if seq is not None else []
+        tokens = state.output_tokens()  # across context shifts (context_shift.py)
         if seq is not None:
             self.engine.release(seq, keep_prefix=reason != "error")  # a failed row's storage is not trusted
         tail = state.request.text.finish() if state.request.text is not None and reason != "error" else ""
@@ -94,4 +95,5 @@ class Finisher:
         timings = state.timings.report(prompt_n - cached, len(tokens), cached)
         if reason == "error":
             log.warning("request %s failed: %s", state.request_id, error)
-        state.sink(FinishEvent(state.request_id, reason, tokens, text, usage, timings, error))
+        truncated = state.context_shifts > 0
+        state.sink(FinishEvent(state.request_id, reason, tokens, text, usage, timings, error, truncated))

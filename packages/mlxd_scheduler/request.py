@@ -44,6 +44,10 @@ class Request:
     # draft from the shared store of earlier requests' tokens, and add this one's when done (False: neither)
     shared_drafts: bool = True
     draft_key: str | None = None  # whose shared store: an API key's id (None: the store of a server without keys)
+    # context shift (context_shift.py, when the scheduler runs with it): how many leading tokens a shift
+    # keeps and how many after them it drops (0: half)
+    context_keep: int = 0
+    context_discard: int = 0
 
 
 @dataclass
@@ -63,6 +67,7 @@ class FinishEvent:
     usage: dict[str, int]
     timings: dict[str, Any]
     error: str | None = None
+    truncated: bool = False  # the row's context was shifted at least once (context_shift.py)
 
 
 Event = TokenEvent | FinishEvent
@@ -138,6 +143,15 @@ class RequestState:
     cancel_requested: bool = False
     finish_reason: str | None = None
     emitted: int = 0  # output tokens reported so far
+    # context shift (context_shift.py): output given before the latest shift, which ``seq`` no longer holds
+    # as output, and how many shifts the row made
+    shifted_output: list[int] = field(default_factory=list)
+    context_shifts: int = 0
+
+    def output_tokens(self) -> list[int]:
+        """Every output token reported so far, across context shifts."""
+        own = list(self.seq.output) if self.seq is not None else []
+        return (self.shifted_output + own)[: self.emitted]
 
     @property
     def request_id(self) -> str:

@@ -44,6 +44,7 @@ from mlxd_drafters import (
 from mlxd_engine import Emitted, Engine, KVStorageFull, kv_room, prompt_lookup_eligibility
 from mlxd_protocol import serving_defaults
 
+from .context_shift import can_shift, shift_row
 from .decode import DecodeLoop, runs_by_row
 from .finishing import Finisher
 from .kinds import Phase, RowKind
@@ -76,6 +77,9 @@ class SchedulerOptions:
     # the shared draft store (mlxd_drafters.shared_store): finished requests' tokens, one store per key,
     # a prompt-lookup source for later requests; None: off
     shared_drafts: SharedStoreConfig | None = field(default_factory=SharedStoreConfig)
+    # llama-server's --context-shift: a row whose context fills drops part of it and goes on
+    # (context_shift.py); off: it ends with "length"
+    context_shift: bool = False
 
 
 class QueueFull(RuntimeError):
@@ -350,8 +354,23 @@ class BatchScheduler:
             record.add_decode(state.request_id, detail=action if action != RowKind.DECODE else None, count=judged)
         if state.drafter is not None:
             state.drafter.observe(tokens[:judged])
-        if reason is not None:
+        if reason == "length" and self.options.context_shift and can_shift(state):
+            self._shift_context(state, record)
+        elif reason is not None:
             self._finish(state, reason, record)
+
+    def _shift_context(self, state: RequestState, record: TickRecord) -> None:
+        """The row's context is full: rebuild it from the tokens a shift keeps and prefill it again, first
+        in line (``context_shift.py``); its next token comes from that prefill."""
+        self.decoding.remove(state)
+        try:
+            kept, dropped = shift_row(self.engine, state)
+        except (KVStorageFull, ValueError) as error:
+            self._fail(state, f"context shift: {error}", record)
+            return
+        log.debug("request %s: context shift kept %d tokens, dropped %d", state.request_id, kept, dropped)
+        state.phase = Phase.PREFILL
+        self.prefilling.insert(0, state)
 
     def _fail(self, state: RequestState, error: str, record: TickRecord) -> None:
         self._finish(state, "error", record, error)
@@ -394,9 +413,7 @@ class BatchScheduler:
         store = self._shared_store(state)
         if store is not None:
             assert self.shared_drafts is not None  # a store came from it
-            self.shared_drafts.add(
-                state.request.draft_key, state.request.prompt, list(state.seq.output)[: state.emitted]
-            )
+            self.shared_drafts.add(state.request.draft_key, state.request.prompt, state.output_tokens())
 
     def _prefill(self, record: TickRecord) -> None:
         """Execute one prompt chunk of the oldest admitted request; ``_update`` applies a failure or the

@@ -18,6 +18,10 @@ def kv_room(seq) -> int:
     return seq.max_kv - seq.kv.written
 
 
-def at_kv_bound(seq) -> bool:
-    """True when storage is full: the sequence's current (last) token can never be appended."""
-    return seq.kv.committed >= seq.max_kv
+def at_kv_bound(seq, later: int = 0) -> bool:
+    """True when storage is full: the sequence's current (last) token can never be appended.
+
+    ``later``: judge an earlier token instead, the one ``later`` tokens before the newest, whose successors'
+    appends are already committed (a run of chained steps or a verify round read at once: storage held
+    ``later`` tokens fewer when it was emitted)."""
+    return seq.kv.committed - later >= seq.max_kv
