@@ -87,9 +87,6 @@ DESELECTED: dict[str, str] = {
     "test_basic.py::test_server_props": "asserts that model_path names a .gguf file: llama-server reports the GGUF "
     "it downloaded, the launcher serves the hub model's local copy, a safetensors checkpoint directory (the rest of "
     "/props is held by tests/serve_http/test_llama_server_endpoints.py)",
-    "test_ctx_shift.py::test_ctx_shift_enabled": "--context-shift (when a row's context fills, drop half of what "
-    "follows n_keep from its KV cache and shift the rest's positions) is not implemented by mlxd, so the launcher "
-    "refuses the flag; without it a row that fills its context ends with truncated: true, as llama-server's does",
 }
 
 

@@ -24,7 +24,8 @@ the first names the model), --tags, --api-key, --cors-origins / --cors-methods /
 credentials allowed), --chat-template, --chat-template-file, --metrics, --slots/--no-slots, --ui/--no-ui
 (and --webui/--no-webui: mlx-serve-http's web UI, a chat page at /), --ui-mcp-proxy
 (mlx-serve-http's /cors-proxy), --pooling, --reasoning on|off|auto, --spec-type ngram-* (prompt
-lookup), --cache-ram MiB (mlxd --prefix-cache-bytes; llama-server's 8192 MiB when not given), --verbose
+lookup), --context-shift / --no-context-shift (mlxd's; off by default, as in llama-server), --cache-ram
+MiB (mlxd --prefix-cache-bytes; llama-server's 8192 MiB when not given), --verbose
 (debug logs, and mlx-serve-http --verbose-replies: llama-server's ``__verbose`` object on every
 OpenAI-style reply).
 
@@ -137,6 +138,8 @@ SWITCH_FLAGS = {
     "--ui",
     "--no-ui",
     "--ui-mcp-proxy",
+    "--context-shift",
+    "--no-context-shift",
 }
 # llama-server's CORS defaults (its common_params): mlx-serve-http's own are stricter (no CORS at all).
 LLAMA_CORS = {"--cors-origins": "*", "--cors-methods": "GET, POST, DELETE, OPTIONS", "--cors-headers": "*"}
@@ -281,6 +284,8 @@ def daemon_command(args: LlamaArgs, model: Path, endpoint: str) -> list[str]:
         if not spec.startswith("ngram"):
             raise UsageError(f"--spec-type {spec}: only the ngram kinds (prompt lookup) are supported")
         command += ["--draft-kind", "prompt-lookup"]
+    if "--context-shift" in args.switches and "--no-context-shift" not in args.switches:
+        command.append("--context-shift")
     if "--verbose" in args.switches:
         command += ["--log-level", "debug"]
     return command

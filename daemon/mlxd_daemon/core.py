@@ -87,6 +87,7 @@ def build_scheduler(
         )
         if options.shared_drafts
         else None,
+        context_shift=options.context_shift,
     )
     if options.prompt_lookup_max_batch is not None:
         scheduler_options.prompt_lookup_max_batch = options.prompt_lookup_max_batch

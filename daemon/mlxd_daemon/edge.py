@@ -284,7 +284,17 @@ def to_request(
         prediction=prediction,
         shared_drafts=message.shared_drafts,
         draft_key=message.draft_key,
+        context_keep=context_keep(loaded, message, tokens),
+        context_discard=message.n_discard,
     )
+
+
+def context_keep(loaded: LoadedModel, message: Generate, tokens: list[int]) -> int:
+    """The leading tokens a context shift keeps, as llama-server counts them: ``n_keep`` (-1: the whole
+    prompt), plus one when the prompt starts with the BOS token (llama-server adds one for its BOS)."""
+    keep = len(tokens) if message.n_keep < 0 else message.n_keep
+    bos = getattr(loaded.tokenizer, "bos_token_id", None)
+    return keep + (1 if bos is not None and tokens and tokens[0] == bos else 0)
 
 
 def tool_call_splitter(loaded: LoadedModel, message: Generate) -> ToolCallSplitter | None:
@@ -316,6 +326,7 @@ def to_reply(event, client_id: str, stream: bool, splitter: ToolCallSplitter | N
         usage=event.usage,
         timings=event.timings,
         tool_calls=tool_calls,
+        truncated=event.truncated,
     )
 
 

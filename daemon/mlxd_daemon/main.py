@@ -126,6 +126,13 @@ DEFAULTS = DaemonOptions()  # the one home of mlxd's defaults: its options read 
     "(default: no bound; each draft is verified when its expected gain pays its measured cost)",
 )
 @click.option(
+    "--context-shift/--no-context-shift",
+    default=DEFAULTS.context_shift,
+    show_default=True,
+    help="llama-server's context shift: a request whose context fills keeps its first n_keep tokens, drops "
+    "half of the rest (or its n_discard) and goes on (off: it ends with finish reason length)",
+)
+@click.option(
     "--shared-drafts/--no-shared-drafts",
     default=DEFAULTS.shared_drafts,
     show_default=True,
@@ -319,6 +326,7 @@ def cli(
     draft_model,
     draft_block_size,
     prompt_lookup_max_batch,
+    context_shift,
     shared_drafts,
     shared_draft_tokens,
     shared_draft_prompts,
@@ -365,6 +373,7 @@ def cli(
         draft_model=draft_model,
         draft_block_size=draft_block_size,
         prompt_lookup_max_batch=prompt_lookup_max_batch,
+        context_shift=context_shift,
         shared_drafts=shared_drafts,
         shared_draft_tokens=shared_draft_tokens,
         shared_draft_prompts=shared_draft_prompts,

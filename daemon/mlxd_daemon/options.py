@@ -31,6 +31,7 @@ class DaemonOptions:
     draft_model: str | None = None
     draft_block_size: int | None = None
     prompt_lookup_max_batch: int | None = None  # None: the scheduler's default (no bound: the verify gate decides)
+    context_shift: bool = False  # llama-server's --context-shift (mlxd_scheduler/context_shift.py)
     # the shared draft store: prompt lookup also drafts from earlier requests' tokens (one store per API key)
     shared_drafts: bool = True
     shared_draft_tokens: int = 32768  # tokens all keys' stores keep together (oldest requests evicted first)

@@ -141,9 +141,15 @@ class Generate(Message):
     return_progress: bool = False
     # streaming only: every Chunk carries the request's timings so far (llama-server's timings_per_token)
     timings_per_token: bool = False
+    # llama-server's context shift (a daemon with --context-shift): when the row's context fills, the first
+    # n_keep prompt tokens stay (-1: the whole prompt; a BOS the tokenizer adds counts on top) and n_discard
+    # of the tokens after them are dropped (0: half of them); without --context-shift the row ends there
+    n_keep: int = 0
+    n_discard: int = 0
 
     def validate(self) -> None:
         _exactly_one(self, ("prompt", "prompt_tokens", "messages"))
+        _require(self.n_keep >= -1 and self.n_discard >= 0, "n_keep: must be >= -1; n_discard: must be >= 0")
         _require(
             self.draft_key is None or 0 < len(self.draft_key) <= MAX_DRAFT_KEY_CHARS,
             f"draft_key: 1 to {MAX_DRAFT_KEY_CHARS} characters, or nil",
@@ -351,6 +357,7 @@ class Done(Message):
     # the tool calls the model made (a Generate with tools), each {"name": str, "arguments": JSON text};
     # then ``text`` is the content without them
     tool_calls: list[dict] | None = None
+    truncated: bool = False  # the row's context was shifted: tokens were dropped from it (llama-server's name)
 
     def validate(self) -> None:
         _require(self.finish_reason in FINISH_REASONS, f"finish_reason: must be one of {sorted(FINISH_REASONS)}")

@@ -37,10 +37,13 @@ def _pypi_reachable() -> bool:
 
 
 def test_launcher_refuses_an_unknown_flag_and_maps_the_known_ones():
-    with pytest.raises(compat.UsageError, match="--context-shift"):
-        compat.parse_llama_args(["--port", "1", "--context-shift"])
+    with pytest.raises(compat.UsageError, match="--lora"):
+        compat.parse_llama_args(["--port", "1", "--lora", "x.gguf"])
+    shifting = compat.parse_llama_args(["--context-shift"])
+    assert "--context-shift" in compat.daemon_command(shifting, compat.STORIES_260K, "ipc:///tmp/x.sock")
     args = compat.parse_llama_args(["-c", "512", "-np", "2", "--seed=7", "-ngl", "99", "--jinja", "--metrics"])
     command = compat.daemon_command(args, compat.STORIES_260K, "ipc:///tmp/x.sock")
+    assert "--context-shift" not in command  # off unless asked for, as llama-server's
     assert command[command.index("--max-kv-size") + 1] == "256" and command[command.index("--max-batch") + 1] == "2"
     assert command[command.index("--seed") + 1] == "7" and "99" not in command
     # llama-server's sampler defaults (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05), each overridable

@@ -89,6 +89,11 @@ class DaemonHandle:
         """Most tokens (prompt + output) one sequence may hold on this daemon."""
         return self.status.options.get("max_kv_size") if self.status else None
 
+    @property
+    def shifts_context(self) -> bool:
+        """Whether this daemon shifts a full context instead of ending the generation (``--context-shift``)."""
+        return bool(self.status.options.get("context_shift")) if self.status else False
+
 
 @dataclass
 class GenerationStream:

@@ -63,6 +63,8 @@ def generation_settings(body: LlamaCompletionBody, handle: DaemonHandle, n_predi
         cache_prompt=body.cache_prompt,
         n_probs=body.n_probs,
         token_bias=body.token_bias(),
+        n_keep=body.n_keep,
+        n_discard=body.n_discard,
     )
 
 
@@ -77,6 +79,8 @@ def settings_of(
     cache_prompt: bool,
     n_probs: int,
     token_bias: dict[int, float],
+    n_keep: int = 0,
+    n_discard: int = 0,
 ) -> dict:
     """``generation_settings`` of any generation: the request's sampling ``overrides`` (protocol names)
     over the daemon's defaults, and the other settings it ran with."""
@@ -101,6 +105,8 @@ def settings_of(
         "cache_prompt": cache_prompt,
         "n_probs": n_probs,
         "logit_bias": bias,
+        "n_keep": n_keep,
+        "n_discard": n_discard,
         **NEUTRAL_SAMPLERS,
     }
 
@@ -231,7 +237,9 @@ async def native_answer(
     stop_type, word = await stop_reason(context.pool, done, output_tokens, stop)
     prompt_n, predicted_n = int(done.usage.get("prompt_tokens", 0)), int(done.usage.get("completion_tokens", 0))
     bound = handle.context_bound
-    truncated = stop_type == "limit" and bound is not None and prompt_n + predicted_n >= bound
+    # a context shift dropped tokens, or (a daemon that does not shift) the context bound ended the generation
+    at_bound = stop_type == "limit" and bound is not None and prompt_n + predicted_n >= bound
+    truncated = done.truncated or (at_bound and not handle.shifts_context)
     return {
         "index": index,
         "content": content,

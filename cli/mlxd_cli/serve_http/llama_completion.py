@@ -145,7 +145,9 @@ def request_builder(body: LlamaCompletionBody, fields: dict, n_predict: int):
 
     def make_request(handle: DaemonHandle) -> Generate:
         context = min(handle.context_bound or FALLBACK_CONTEXT, MAX_TOKENS_LIMIT)
-        if n_predict == -1:  # until the context is full: the prompt and its output fill it, as llama-server's
+        if handle.shifts_context:  # a full context is shifted, never the end (llama-server's --context-shift)
+            max_tokens = MAX_TOKENS_LIMIT if n_predict == -1 else n_predict
+        elif n_predict == -1:  # until the context is full: the prompt and its output fill it, as llama-server's
             max_tokens = context - prompt_length if 0 < prompt_length < context else context
         else:
             max_tokens = min(n_predict, context)
@@ -164,6 +166,8 @@ def request_builder(body: LlamaCompletionBody, fields: dict, n_predict: int):
             cache_prompt=body.cache_prompt,
             return_progress=body.return_progress,
             timings_per_token=body.timings_per_token and body.stream,
+            n_keep=body.n_keep,
+            n_discard=body.n_discard,
         )
 
     return make_request

@@ -45,6 +45,7 @@ def daemon_args(
     chat_template_file: str | None = None,
     reasoning: str | None = None,
     shared_drafts: bool | None = None,
+    context_shift: bool | None = None,
 ) -> list[str]:
     """The ``mlxd`` options for a daemon this command starts.
 
@@ -57,6 +58,7 @@ def daemon_args(
         chat_template_file: ``--chat-template-file``, or None.
         reasoning: ``--reasoning`` (on, off or auto), or None.
         shared_drafts: ``--shared-drafts`` / ``--no-shared-drafts``, or None (the daemon's default).
+        context_shift: ``--context-shift`` / ``--no-context-shift``, or None (the daemon's default: off).
 
     Returns:
         The argument list (empty when all are None).
@@ -75,6 +77,8 @@ def daemon_args(
             args += [flag, str(value)]
     if shared_drafts is not None:
         args.append("--shared-drafts" if shared_drafts else "--no-shared-drafts")
+    if context_shift is not None:
+        args.append("--context-shift" if context_shift else "--no-context-shift")
     return args
 
 
@@ -158,6 +162,12 @@ def daemon_args(
     default=None,
     type=click.IntRange(0),
     help="verify gate of a daemon started here: no verify rounds above this many rows",
+)
+@click.option(
+    "--context-shift/--no-context-shift",
+    default=None,
+    help="llama-server's context shift for a daemon started here: a request whose context fills keeps its "
+    "first n_keep tokens, drops half of the rest (or n_discard) and goes on (default: off, it ends there)",
 )
 @click.option(
     "--shared-drafts/--no-shared-drafts",
@@ -278,6 +288,7 @@ def main(
     draft_kind,
     draft_block_size,
     prompt_lookup_max_batch,
+    context_shift,
     shared_drafts,
     seed,
     chat_template,
@@ -311,6 +322,7 @@ def main(
         chat_template_file,
         reasoning,
         shared_drafts,
+        context_shift,
     )
     hosts = list(dict.fromkeys(name.strip() for value in hosts for name in value.split(",") if name.strip()))
     aliases = split_names(alias)

@@ -143,6 +143,8 @@ def request_builder(
             ignore_eos=body.ignore_eos,
             return_progress=body.return_progress,
             timings_per_token=body.timings_per_token and body.stream,
+            n_keep=body.n_keep,
+            n_discard=body.n_discard,
             **(tool_fields or {}),
         )
 
@@ -227,6 +229,8 @@ async def verbose_debug(
         cache_prompt=body.cache_prompt,
         n_probs=n_probs or 0,
         token_bias={int(token): bias for token, bias in (body.logit_bias or {}).items()},
+        n_keep=body.n_keep,
+        n_discard=body.n_discard,
     )
     return await native_answer(
         gateway(request),

@@ -114,10 +114,8 @@ LLAMA_NO_EFFECT = frozenset(
         "dry_sequence_breakers",
         "xtc_threshold",
         "adaptive_decay",
-        "n_keep",  # n_keep and n_discard shape a context shift, which mlxd never makes
         "id_slot",
         "t_max_prompt_ms",
-        "n_discard",
         "n_cache_reuse",  # how much cached KV llama-server may reuse by shifting it: the text is the same
         "sse_ping_interval",  # SSE comment pings while a stream is silent: nothing a client reads
         "reasoning_budget_message",  # these four shape a reasoning budget, refused above

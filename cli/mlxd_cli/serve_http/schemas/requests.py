@@ -81,6 +81,10 @@ class OpenAIGenerationFields(RequestBody):
     return_progress: StreamedProgress = False
     # llama-server's: every streamed chunk carries the timings so far (a whole reply always has them)
     timings_per_token: bool = False
+    # llama-server's context shift (a daemon with --context-shift): prompt tokens kept (-1: all), and how
+    # many after them go (0: half)
+    n_keep: int = Field(0, ge=-1)
+    n_discard: int = Field(0, ge=0)
 
     def prediction_text(self) -> str | None:
         return None if self.prediction is None else self.prediction.text()
@@ -425,6 +429,8 @@ class LlamaCompletionRequest(RequestBody):
     speculative: SpeculativeOptions | None = None
     json_schema: dict | None = None  # llama-server: the output follows this JSON schema ({} : any JSON)
     grammar: str | None = None  # llama-server: a GBNF grammar the output follows
+    n_keep: int = Field(0, ge=-1)  # a context shift (daemon --context-shift) keeps these prompt tokens (-1: all)
+    n_discard: int = Field(0, ge=0)  # ... and drops this many after them (0: half)
 
     @field_validator("prompt")
     @classmethod
