@@ -10,8 +10,9 @@ stays in the foreground like llama-server and, on SIGTERM or SIGINT, stops the g
 ``/health`` with 503 until the daemon has loaded, as llama-server does while loading.
 
 Models: ``--model PATH`` is served as given (a checkpoint directory or a ``.gguf`` file). The hub names
-the suite downloads are mapped to local copies (``HUB_MODELS``); any other hub model is refused with a
-message, since nothing is downloaded here. A model without a chat template gets llama-server's chatml
+the suite downloads are mapped to local copies (``HUB_MODELS``), served as GGUF files written once from
+them (``gguf_copy``), as llama-server serves the GGUF it downloaded; any other hub model is refused with
+a message, since nothing is downloaded here. A model without a chat template gets llama-server's chatml
 fallback (``--chat-template chatml``), unless ``--chat-template(-file)`` is given.
 
 Mapped flags: --host (comma-separated: several addresses), --port, --model/-m, --hf-repo/-hfr,
@@ -41,6 +42,7 @@ an ignored one given a value it cannot honour, ends this command with status 2 a
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -57,6 +59,7 @@ HUB_MODELS = {
     ("ggml-org/test-model-stories260K", None): STORIES_260K,
     ("ggml-org/models", "tinyllamas/stories260K.gguf"): STORIES_260K,
 }
+GGUF_SOURCE_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 # flag -> takes a value (True) or is a switch (False)
 IGNORED_FLAGS = {
     "--n-gpu-layers": True,
@@ -197,10 +200,11 @@ def parse_llama_args(argv: list[str]) -> LlamaArgs:
     return parsed
 
 
-def resolve_model(args: LlamaArgs) -> Path:
-    """The local model to serve: ``--model``, or the local copy of a known hub model."""
+def resolve_model(args: LlamaArgs) -> tuple[Path, Path]:
+    """(the model to serve, the checkpoint it comes from): ``--model`` as given, or the GGUF copy of a known
+    hub model's local checkpoint (``gguf_copy``), as llama-server serves (and reports) a GGUF file."""
     if "--model" in args.values:
-        return Path(args.values["--model"])
+        return Path(args.values["--model"]), Path(args.values["--model"])
     repo = args.values.get("--hf-repo")
     if repo is None:
         raise UsageError("no model: give --model PATH or --hf-repo (router mode is not supported)")
@@ -213,7 +217,22 @@ def resolve_model(args: LlamaArgs) -> Path:
     path = HUB_MODELS[key]
     if not path.exists():
         raise UsageError(f"{repo}: its local copy {path} is not present")
-    return path
+    return gguf_copy(path), path
+
+
+def gguf_copy(checkpoint: Path) -> Path:
+    """The GGUF copy of a checkpoint directory: ``<cache>/gguf-copies/<hash of its files>/<name>.gguf``
+    (``<cache>``: $MLXD_CACHE_DIR, else $XDG_CACHE_HOME/mlxd, else ~/.cache/mlxd, as mlxd's), written the
+    first time by ``write_stories_gguf.py`` (in a child process: this one, the gateway, stays without MLX)."""
+    digest = hashlib.sha256()
+    for name in GGUF_SOURCE_FILES:
+        digest.update((checkpoint / name).read_bytes())
+    base = os.environ.get("MLXD_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mlxd"
+    out = Path(base).expanduser() / "gguf-copies" / digest.hexdigest()[:16] / f"{checkpoint.name}.gguf"
+    if not out.is_file():
+        writer = Path(__file__).resolve().parent / "write_stories_gguf.py"
+        subprocess.run([sys.executable, str(writer), str(checkpoint), str(out)], check=True, stdout=subprocess.DEVNULL)
+    return out
 
 
 def has_chat_template(model: Path) -> bool:
@@ -228,8 +247,9 @@ def has_chat_template(model: Path) -> bool:
         return False
 
 
-def daemon_command(args: LlamaArgs, model: Path, endpoint: str) -> list[str]:
-    """The ``mlxd`` command line for the llama-server flags."""
+def daemon_command(args: LlamaArgs, model: Path, endpoint: str, checkpoint: Path | None = None) -> list[str]:
+    """The ``mlxd`` command line for the llama-server flags (``checkpoint``: the directory ``model`` was
+    written from, whose chat template counts; default ``model`` itself)."""
     values = args.values
     parallel = int(values.get("--parallel", LLAMA_DEFAULT_PARALLEL))
     command = [
@@ -275,7 +295,8 @@ def daemon_command(args: LlamaArgs, model: Path, endpoint: str) -> list[str]:
     ):
         if flag in values:
             command += [option, values[flag]]
-    if "--chat-template" not in values and "--chat-template-file" not in values and not has_chat_template(model):
+    templated = "--chat-template" in values or "--chat-template-file" in values
+    if not templated and not has_chat_template(checkpoint or model):
         command += ["--chat-template", "chatml"]  # llama-server's fallback for a model without one
     mib = int(values.get("--cache-ram", LLAMA_DEFAULT_CACHE_RAM_MIB))
     command += ["--prefix-cache-bytes", str(max(mib, 0) * 1024 * 1024)]  # -1 (no limit): not expressible
@@ -335,12 +356,12 @@ def _die_with_parent() -> None:
 def main(argv: list[str]) -> int:
     try:
         args = parse_llama_args(argv)
-        model = resolve_model(args)
+        model, checkpoint = resolve_model(args)
         socket_dir = Path(tempfile.mkdtemp(prefix="mlxd-llama-"))
         endpoint = f"ipc://{socket_dir}/mlxd.sock"
-        command = daemon_command(args, model, endpoint)
+        command = daemon_command(args, model, endpoint, checkpoint)
         gateway = gateway_args(args, endpoint)
-    except (UsageError, ValueError) as error:
+    except (UsageError, ValueError, OSError, subprocess.CalledProcessError) as error:
         print(f"llama_server_compat: {error}", file=sys.stderr)
         return 2
     print(f"llama_server_compat: mlxd {' '.join(command[3:])}", file=sys.stderr, flush=True)

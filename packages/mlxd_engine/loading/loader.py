@@ -45,7 +45,7 @@ def embedded_model_path() -> Path:
 class LoadedModel:
     model: Any  # mlx-lm nn.Module: model(inputs [B, T], cache=list of per-layer caches) -> logits [B, T, V]
     tokenizer: Any  # mlx_lm TokenizerWrapper
-    path: str
+    path: str  # what was loaded: the checkpoint directory, hub id or .gguf file (not its converted directory)
     model_type: str
     n_layers: int
     vocab_size: int
@@ -78,7 +78,8 @@ def load(
     """Load an mlx-lm checkpoint and apply the CPU weight rule (``cpu_weights.py``) to it.
 
     Args:
-        model: a local directory or a hub id ("org/name"); None means the embedded model.
+        model: a local directory, a .gguf file (converted once, ``gguf_import.cached_conversion``) or a hub id
+            ("org/name"); None means the embedded model.
         cpu_weight_budget: bytes the float32 weights may take on the CPU before quantized layers stay
             quantized (None: a share of the machine's memory).
         distributed: (mode, group): load lazily and keep only this rank's part (``sharding.py``).
@@ -92,7 +93,9 @@ def load(
 
     name = str(model) if model is not None else str(embedded_model_path())
     path = Path(name).expanduser()
-    if name.lower().endswith(".gguf") and path.is_file():  # a GGUF file: served from its converted directory
+    gguf_file = None  # a GGUF file: served from its converted directory, reported as itself
+    if name.lower().endswith(".gguf") and path.is_file():
+        gguf_file = str(path)
         path = cached_conversion(path)
         name = str(path)
     if _looks_like_local_path(name) or name.lower().endswith(".gguf"):
@@ -155,7 +158,7 @@ def load(
     return LoadedModel(
         model=module,
         tokenizer=tokenizer,
-        path=name,
+        path=gguf_file or name,
         model_type=model_type,
         n_layers=n_layers,
         vocab_size=int(vocab),
