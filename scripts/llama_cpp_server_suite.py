@@ -9,11 +9,11 @@ the chat templates beside it (``vendor/llama.cpp/models/templates``, which the t
 path), builds a virtual environment with the suite's own ``requirements.txt``, and runs pytest there on
 ``OFFLINE_FILES``, with ``LLAMA_SERVER_BIN_PATH`` pointing at ``scripts/llama_server_compat.py`` (through
 a small wrapper of this checkout's that runs it with this interpreter, this checkout's packages first on
-its path; the servers listen on a free port, or on $PORT when set). Tests in
-``DESELECTED`` are deselected, each for the reason given (llama.cpp's sampler RNG at temperature > 0, a
-model / mode that cannot run offline, the model file the launcher serves, a llama-server feature mlxd
-lacks). It prints the pass / fail / deselect counts and the deselected tests, and exits with pytest's
-status (non-zero when a test failed).
+its path; the servers listen on a free port, or on $PORT when set). Tests in ``DESELECTED`` are
+deselected, each for the reason given (a model or a mode that cannot run offline). Text sampled at
+temperature > 0 is compared as the suite wrote it: the launcher has mlxd draw seeded requests as
+llama.cpp's sampler does (``mlxd --sampler-rng llama.cpp``). It prints the pass / fail / deselect counts
+and the deselected tests, and exits with pytest's status (non-zero when a test failed).
 
 Loaded by that pytest as a plugin (``-p llama_cpp_server_suite``), this module also makes the suite's
 session fixture ``ServerPreset.load_all`` (which starts every preset once, only to download its model)
@@ -49,7 +49,6 @@ OFFLINE_FILES = [
     "test_metrics.py",
     "test_template.py",
 ]
-_RNG = "compares text sampled at temperature > 0 with llama.cpp's sampler RNG (mt19937 + its sampler chain)"
 _OFFLINE = "needs a hub model other than stories260K, which cannot be had offline"
 _ROUTER = "router mode (a server without a model, loading models on demand), which mlxd does not have"
 DESELECTED: dict[str, str] = {
@@ -60,33 +59,6 @@ DESELECTED: dict[str, str] = {
     "test_security.py::test_cors_origins_localhost_reflects": _ROUTER,
     "test_security.py::test_cors_origins_localhost_rejects": _ROUTER,
     "test_security.py::test_cors_origins_defaults_to_localhost_with_tools_enabled": _ROUTER,
-    "test_completion.py::test_completion[I believe the meaning of life is-8-(going|bed)+-18-8-False-False]": _RNG,
-    "test_completion.py::test_completion[Write a joke about AI from a very long prompt which will not be "
-    "truncated-64-(princesses|everyone|kids|Anna|forest)+-46-64-False-True]": _RNG,
-    "test_completion.py::test_completion_stream[I believe the meaning of life is-8-(going|bed)+-18-8-False]": _RNG,
-    "test_completion.py::test_completion_stream[Write a joke about AI from a very long prompt which will not be "
-    "truncated-64-(princesses|everyone|kids|Anna|forest)+-46-64-False]": _RNG,
-    "test_completion.py::test_completion_with_openai_library": _RNG,
-    "test_completion.py::test_completion_stream_with_openai_library": _RNG,
-    "test_chat_completion.py::test_chat_completion_with_openai_library": _RNG,
-    # the tinyllama2 preset starts the server with --temp 0.8 --seed 42 and these requests set no temperature
-    # (their prompt_tokens, checked before the text, match llama-server's)
-    "test_chat_completion.py::test_chat_completion[None-Book-Hey-8-But she couldn't-69-8-length-False-None]": _RNG,
-    "test_chat_completion.py::test_chat_completion[None-Book-Hey-8-But she couldn't-69-8-length-True-None]": _RNG,
-    'test_chat_completion.py::test_chat_completion[None-Book-What is the best book-8-(Suddenly)+|\\\\{ " Sarax.'
-    "-77-8-length-False-None]": _RNG,
-    'test_chat_completion.py::test_chat_completion[None-Book-What is the best book-8-(Suddenly)+|\\\\{ " Sarax.'
-    "-77-8-length-True-None]": _RNG,
-    'test_chat_completion.py::test_chat_completion[None-Book-What is the best book-8-(Suddenly)+|\\\\{ " Sarax.'
-    "-77-8-length-True-chatml]": _RNG,
-    "test_chat_completion.py::test_chat_completion[None-Book-What is the best book-8-^ blue-23-8-length-True-"
-    "This is not a chat template, it is]": _RNG,
-    "test_chat_completion.py::test_chat_completion[None-Book-user_prompt8-8-Whillicter-79-8-length-False-None]": _RNG,
-    "test_chat_completion.py::test_chat_completion[None-Book-user_prompt9-8-Whillicter-79-8-length-True-None]": _RNG,
-    "test_chat_completion.py::test_chat_completion_stream[Book-What is the best book-8-(Suddenly)+-77-8-length]": _RNG,
-    "test_basic.py::test_server_props": "asserts that model_path names a .gguf file: llama-server reports the GGUF "
-    "it downloaded, the launcher serves the hub model's local copy, a safetensors checkpoint directory (the rest of "
-    "/props is held by tests/serve_http/test_llama_server_endpoints.py)",
 }
 
 

@@ -19,7 +19,8 @@ Mapped flags: --host (comma-separated: several addresses), --port, --model/-m, -
 --hf-file/-hff, --ctx-size/-c and --parallel/-np (each slot gets ctx/np tokens: mlxd --max-batch np
 --max-kv-size ctx/np; with --kv-unified the np slots share one pool of ctx tokens: paged storage),
 --batch-size/-b (mlxd --prefill-chunk), --n-predict/-n, --temp, --top-k, --top-p, --min-p (llama-server's
-0.8, 40, 0.95, 0.05 when not given, ``LLAMA_SAMPLING``), --seed/-s, --alias/-a (comma-separated: sorted,
+0.8, 40, 0.95, 0.05 when not given, ``LLAMA_SAMPLING``; seeded requests draw as llama-server's do: mlxd
+--sampler-rng llama.cpp), --seed/-s, --alias/-a (comma-separated: sorted,
 the first names the model), --tags, --api-key, --cors-origins / --cors-methods / --cors-headers /
 --(no-)cors-credentials (with llama-server's defaults, ``LLAMA_CORS``: any origin, echoed back,
 credentials allowed), --chat-template, --chat-template-file, --metrics, --slots/--no-slots, --ui/--no-ui
@@ -269,6 +270,7 @@ def daemon_command(args: LlamaArgs, model: Path, endpoint: str, checkpoint: Path
     ]
     for flag, default in LLAMA_SAMPLING.items():
         command += [flag, values.get(flag, default)]
+    command += ["--sampler-rng", "llama.cpp"]  # seeded draws as llama-server's: its sampler chain and generator
     if "--ctx-size" in values and int(values["--ctx-size"]) > 0:
         ctx = int(values["--ctx-size"])
         if "--kv-unified" in args.switches:  # every slot may use the whole pool

@@ -210,6 +210,7 @@ def sampling_params(message: Generate, defaults: Sampling) -> SamplingParams:
         seed=sampling.seed,
         logprobs=sampling.logprobs,
         post_sampling=sampling.post_sampling,
+        rng=sampling.rng,
     )
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from mlxd_drafters import PromptLookupConfig
+from mlxd_protocol.sampling_rules import RNG_KINDS
 from mlxd_protocol.serving_defaults import REASONING_MODES
 
 from .chat_templates import resolve_chat_template
@@ -96,6 +97,14 @@ DEFAULTS = DaemonOptions()  # the one home of mlxd's defaults: its options read 
     default=DEFAULTS.sampling.seed,
     type=click.IntRange(0, 2**63 - 1),
     help="default sampling seed: a request that sends none is sampled reproducibly (default: none)",
+)
+@click.option(
+    "--sampler-rng",
+    default=DEFAULTS.sampling.rng,
+    show_default=True,
+    type=click.Choice(sorted(RNG_KINDS)),
+    help="how a seeded request draws: mlx (MLX's keys), or llama.cpp (llama.cpp's sampler chain and "
+    "std::mt19937: llama-server's sampled text for the same seed and logits; the draw runs on the host)",
 )
 @click.option(
     "--chat-template",
@@ -320,6 +329,7 @@ def cli(
     top_k,
     min_p,
     seed,
+    sampler_rng,
     chat_template,
     chat_template_file,
     draft_kind,
@@ -367,7 +377,7 @@ def cli(
         max_queue=max_queue,
         allow_public=allow_public,
         log_level=log_level,
-        sampling=SamplingDefaults(temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed),
+        sampling=SamplingDefaults(temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed, rng=sampler_rng),
         chat_template=_chat_template_option(chat_template, chat_template_file),
         draft_kind=draft_kind,
         draft_model=draft_model,

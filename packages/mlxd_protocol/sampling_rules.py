@@ -30,6 +30,7 @@ GREEDY: dict[str, Any] = {  # temperature and the rest are floats, top_k an int
 }
 
 GREEDY_TEMPERATURE_FLOOR = 1e-5  # vLLM's sampling epsilon
+RNG_KINDS = frozenset({"mlx", "llama.cpp"})  # a seeded draw's generator (``Sampling.rng``)
 
 
 def is_greedy_temperature(temperature: float) -> bool:
@@ -78,6 +79,7 @@ def sampling_problem(settings: Any, vocab_size: int | None = None) -> str | None
             not getattr(settings, "post_sampling", False) or settings.logprobs is not None,
             "post_sampling: describes logprobs, so it needs logprobs",
         ),
+        (getattr(settings, "rng", "mlx") in RNG_KINDS, f"rng: must be one of {sorted(RNG_KINDS)}"),
     )
     for holds, message in rules:
         if not holds:

@@ -45,6 +45,9 @@ class Sampling(Message):
     # the logprobs describe the distribution the sampler draws from (after top_k, top_p, min_p and the
     # temperature; tokens they filter out are left out) instead of the model's (llama-server's post_sampling_probs)
     post_sampling: bool = False
+    # the random generator of a seeded draw: "mlx" (MLX's keys), or "llama.cpp" (llama.cpp's sampler chain
+    # and std::mt19937: the same sampled text as llama-server for a seed, on the same logits)
+    rng: str = "mlx"
 
     def validate(self) -> None:
         problem = sampling_problem(self)  # the vocabulary-bound rules are checked where the model is known

@@ -23,7 +23,14 @@ RENAMED = {
     "drain_timeout": ("drain_timeout_s", float),
     "stream_interval_ms": ("stream_interval_s", lambda ms: ms / 1000.0),
 }
-SAMPLING = {"temp": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed"}
+SAMPLING = {
+    "temp": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "seed": "seed",
+    "sampler_rng": "rng",
+}
 NOT_OPTIONS = {"--auth-token-file", "--chat-template-file"}  # files read into auth_token, chat_template
 LIMITS = {
     "max_messages",

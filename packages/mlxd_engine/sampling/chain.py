@@ -4,7 +4,9 @@ Contract: a ``SamplerChain`` turns one row's logits into a token, given that row
 chain is the same for plain steps and for every position of a verify round, which is what makes the
 verify round's output equal to plain decode: position i of a round sees history + proposal[:i], exactly
 the history plain decode would have had. A seeded chain owns a PRNG key and splits it once per emitted
-token, so seeded sampling is reproducible whether a token came from a step or from a verify round.
+token, so seeded sampling is reproducible whether a token came from a step or from a verify round. With
+``rng="llama.cpp"`` a seeded chain draws as llama.cpp's sampler does instead (``llama_cpp_draw.py``: its
+generator, once per emitted token too).
 
 A row with a grammar (``grammar.py``: a JSON schema, GBNF, ...) runs one more stage after the processors:
 tokens the grammar forbids are masked out. The stage reads the row's own token list (``follow``, bound by
@@ -26,6 +28,8 @@ import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors
 
 from mlxd_protocol.sampling_rules import GREEDY, is_greedy_temperature, sampling_problem
+
+from .llama_cpp_draw import LlamaCppDraw
 
 if TYPE_CHECKING:
     from .grammar import Grammar
@@ -55,6 +59,7 @@ class SamplingParams:
     seed: int | None = None
     logprobs: int | None = None
     post_sampling: bool = False  # logprobs of the distribution drawn from (``post_sampling_logprobs``)
+    rng: str = "mlx"  # "llama.cpp": a seeded row draws as llama.cpp's sampler does (``llama_cpp_draw.py``)
     custom_processors: tuple[LogitsProcessor, ...] = field(default=(), compare=False)
     grammar: Grammar | None = field(default=None, compare=False)
 
@@ -93,6 +98,8 @@ class SamplerChain:
         if self.grammar is not None:
             self.processors.append(self.grammar)  # last: penalties first, then forbid what the grammar does
         self.key = mx.random.key(params.seed) if params.seed is not None else None
+        seeded_llama = params.rng == "llama.cpp" and params.seed is not None
+        self.llama_draw = LlamaCppDraw(params.seed) if seeded_llama else None  # type: ignore[arg-type]
         # a processor reads the row's past tokens (penalties, caller-given processors); a logit bias does not
         # (a grammar reads the row's whole output: its steps must not run ahead of the tokens read)
         self.needs_history = bool(
@@ -136,6 +143,9 @@ class SamplerChain:
         """Pick one token per row of ``logits`` [N, V] (already processed). Returns [N] int32."""
         if self.params.is_greedy:
             return mx.argmax(logits, axis=-1)
+        p = self.params
+        if self.llama_draw is not None:
+            return self.llama_draw.draw(logits, p.temperature, p.top_k, p.top_p, p.min_p)
         scaled = self.filtered_logprobs(logits) * (1.0 / self.params.temperature)
         if self.key is None:
             return mx.random.categorical(scaled)
