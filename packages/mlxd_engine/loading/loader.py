@@ -64,8 +64,15 @@ class LoadedModel:
         return self.cache_layout
 
     def new_detokenizer(self):
-        """A fresh streaming detokenizer (one per sequence): mlx-lm hands out a reset copy per call."""
-        return self.tokenizer.detokenizer
+        """A fresh streaming detokenizer (one per sequence): mlx-lm hands out a reset copy per call.
+
+        Output continues the prompt, so a SentencePiece token's leading space stays, as llama-server and
+        vLLM send it ("it is" + " blue"); mlx-lm's SentencePiece detokenizer drops the first token's
+        (``trim_space``), which is right only for text that starts a document."""
+        detokenizer = self.tokenizer.detokenizer
+        if hasattr(detokenizer, "trim_space"):
+            detokenizer.trim_space = False
+        return detokenizer
 
 
 def _looks_like_local_path(name: str) -> bool:
