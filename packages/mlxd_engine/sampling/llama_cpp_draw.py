@@ -85,10 +85,10 @@ class LlamaCppDraw:
             return int(order[0])  # one candidate: llama.cpp still draws once, to keep its generator aligned
         probs = np.exp(values - np.max(values), dtype=np.float32).tolist()  # float32 values, summed in double
         target *= sum(probs)  # in order, as llama.cpp's loop
-        running = 0.0
+        reached = 0.0
         for i, p in enumerate(probs):
-            running += p
-            if running >= target:
+            reached += p
+            if reached >= target:
                 return int(order[i])
         return int(order[-1])
 
