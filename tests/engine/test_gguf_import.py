@@ -415,10 +415,11 @@ def test_load_reuses_the_cache(tiny_llama_gguf, tmp_path, monkeypatch):
     first = load(str(path))
     second = load(str(path))
     assert len(conversions) == 1
-    assert Path(first.path) == Path(second.path) == tmp_path / "cache" / "gguf" / gguf_import.file_sha256(path)
+    assert first.path == second.path == str(path)  # reported as the file given, not its converted directory
+    converted = tmp_path / "cache" / "gguf" / gguf_import.file_sha256(path)
     assert first.model_type == "llama" and first.vocab_size == 2048 and 2 in first.eos_token_ids
-    assert cached_conversion(path) == Path(first.path) and len(conversions) == 1
-    assert [p.name for p in (tmp_path / "cache" / "gguf").iterdir()] == [Path(first.path).name]  # no partial dirs left
+    assert cached_conversion(path) == converted and len(conversions) == 1
+    assert [p.name for p in (tmp_path / "cache" / "gguf").iterdir()] == [converted.name]  # no partial dirs left
 
 
 # ---- files that must be refused ----
