@@ -87,6 +87,18 @@ inline float bfloat16_to_float(uint16_t h) {
 // speed (code_notes.md#weight-prefetch).
 constexpr int kPrefetchBytes = 2048;
 
+// How many weight groups kPrefetchBytes of packed weights hold: how far ahead scales and biases are asked for.
+constexpr int64_t prefetch_groups_ahead(int group_size, int bits) {
+  return static_cast<int64_t>(kPrefetchBytes) * 8 / (group_size * bits);
+}
+
+// Asks for the scale and bias of group `group` (an index into the problem's scale and bias arrays).
+inline void prefetch_scales(const Problem& p, int64_t group) {
+  const int64_t at = group * (p.scale_type == kScaleFloat32 ? 4 : 2);
+  __builtin_prefetch(static_cast<const char*>(p.scales) + at);
+  __builtin_prefetch(static_cast<const char*>(p.biases) + at);
+}
+
 using KernelFn = void (*)(const Problem&, int n0, int n1);
 
 struct Isa {

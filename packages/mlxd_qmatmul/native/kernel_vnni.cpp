@@ -17,7 +17,8 @@ namespace {
 using mlxd_qmm::Int8Rows;
 using mlxd_qmm::Problem;
 using mlxd_qmm::kPrefetchBytes;
-using mlxd_qmm::kScaleFloat32;
+using mlxd_qmm::prefetch_groups_ahead;
+using mlxd_qmm::prefetch_scales;
 
 // n (at most 16) consecutive scale or bias values from element i, as float32 lanes (the rest zero).
 inline __m512 load_values(int type, const void* base, int64_t i, int n) {
@@ -75,13 +76,6 @@ inline void finish(const Problem& p, int m0, int n0, const int64_t* first_group,
     for (int c = 0; c < C; ++c) p.y[static_cast<int64_t>(m0 + r) * p.N + n0 + c] = _mm512_reduce_add_ps(acc[r][c]);
 }
 
-// Asks for the scale and bias of group `group` ahead of its use.
-inline void prefetch_scales(const Problem& p, int64_t group) {
-  const int64_t at = group * (p.scale_type == kScaleFloat32 ? 4 : 2);
-  __builtin_prefetch(static_cast<const char*>(p.scales) + at);
-  __builtin_prefetch(static_cast<const char*>(p.biases) + at);
-}
-
 template <int R, int C, int GS>
 inline void tile8(const Problem& p, int m0, int n0) {
   const Int8Rows& x = *p.int8;
@@ -109,7 +103,7 @@ inline void tile8(const Problem& p, int m0, int n0) {
     for (int c = 0; c < C; ++c) {
       __builtin_prefetch(w[c] + k0 + kPrefetchBytes);
       __builtin_prefetch(w[c] + k0 + 64 + kPrefetchBytes);
-      prefetch_scales(p, first_group[c] + g0 + kPrefetchBytes / GS);
+      prefetch_scales(p, first_group[c] + g0 + prefetch_groups_ahead(GS, 8));
       w0[c] = _mm512_maskz_loadu_epi8(bytes0, w[c] + k0);
       w1[c] = _mm512_maskz_loadu_epi8(bytes1, w[c] + k0 + 64);
       const __m512 group_scales = load_values(p.scale_type, p.scales, first_group[c] + g0, chunk_groups);
@@ -159,7 +153,7 @@ inline void tile4(const Problem& p, int m0, int n0) {
     __m512 scale[C];
     for (int c = 0; c < C; ++c) {
       __builtin_prefetch(w[c] + k0 / 2 + kPrefetchBytes);
-      prefetch_scales(p, first_group[c] + g0 + 2 * kPrefetchBytes / GS);
+      prefetch_scales(p, first_group[c] + g0 + prefetch_groups_ahead(GS, 4));
       const __m512i packed = _mm512_maskz_loadu_epi8(bytes, w[c] + k0 / 2);
       lo[c] = _mm512_and_si512(packed, low4);
       hi[c] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low4);
