@@ -25,21 +25,13 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from mlxd_engine.loading import gguf_import
 from mlxd_engine.loading.gguf_tokenizer import spm_merges
 
 NORMAL, UNKNOWN, CONTROL, BYTE = 1, 2, 3, 6  # llama.cpp's token types
-GLOBAL_TENSORS = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
-BLOCK_TENSORS = {
-    "input_layernorm": "attn_norm",
-    "post_attention_layernorm": "ffn_norm",
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-}
+# mlx-lm's module names -> llama.cpp's tensor stems: the inverse of what the import reads
+GLOBAL_TENSORS = {module: stem for stem, module in gguf_import.GLOBAL_TENSORS.items()}
+BLOCK_TENSORS = {module: stem for stem, module in gguf_import.BLOCK_TENSORS.items()}
 
 
 def gguf_name(name: str) -> str:

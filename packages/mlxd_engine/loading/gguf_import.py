@@ -43,8 +43,9 @@ SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 GROUP_SIZE = 32  # MLX's GGUF reader packs Q4_0 / Q4_1 / Q8_0 blocks as groups of 32
 HASH_CHUNK_BYTES = 1 << 20
 
-_GLOBAL_TENSORS = {"token_embd": "model.embed_tokens", "output": "lm_head", "output_norm": "model.norm"}
-_BLOCK_TENSORS = {
+# llama.cpp's tensor stems -> mlx-lm's module names (scripts/write_stories_gguf.py writes by their inverse)
+GLOBAL_TENSORS = {"token_embd": "model.embed_tokens", "output": "lm_head", "output_norm": "model.norm"}
+BLOCK_TENSORS = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
     "attn_q": "self_attn.q_proj",
@@ -103,11 +104,11 @@ def hf_tensor_name(gguf_name: str) -> str:
         GGUFError: a name outside the llama / qwen2 layout.
     """
     stem, _, suffix = gguf_name.rpartition(".")
-    if suffix in _SUFFIXES and stem in _GLOBAL_TENSORS:
-        return f"{_GLOBAL_TENSORS[stem]}.{suffix}"
+    if suffix in _SUFFIXES and stem in GLOBAL_TENSORS:
+        return f"{GLOBAL_TENSORS[stem]}.{suffix}"
     match = _BLOCK_NAME.fullmatch(gguf_name)
-    if match and match.group(2) in _BLOCK_TENSORS and match.group(3) in _SUFFIXES:
-        return f"model.layers.{match.group(1)}.{_BLOCK_TENSORS[match.group(2)]}.{match.group(3)}"
+    if match and match.group(2) in BLOCK_TENSORS and match.group(3) in _SUFFIXES:
+        return f"model.layers.{match.group(1)}.{BLOCK_TENSORS[match.group(2)]}.{match.group(3)}"
     raise GGUFError(
         f"GGUF tensor {gguf_name!r} has no counterpart in the supported architectures {SUPPORTED_ARCHITECTURES}"
     )
@@ -165,7 +166,7 @@ def _required(arch: str, n_layers: int) -> list[str]:
     """Tensors (mlx-lm names, without the output layer) a llama / qwen2 checkpoint must have."""
     names = ["model.embed_tokens.weight", "model.norm.weight"]
     for i in range(n_layers):
-        names += [f"model.layers.{i}.{module}.weight" for module in _BLOCK_TENSORS.values()]
+        names += [f"model.layers.{i}.{module}.weight" for module in BLOCK_TENSORS.values()]
         if arch == "qwen2":
             names += [f"model.layers.{i}.self_attn.{p}_proj.bias" for p in "qkv"]
     return names
