@@ -27,6 +27,9 @@ Contract:
 - ``quantized_matmul_split(..., sizes)``: the product of a weight packed from several layers' rows, one
   output per layer, each equal to that layer's own ``quantized_matmul`` (one op for q/k/v or gate/up).
 - ``supports(bits, group_size, mode)`` says whether a layer's format is one the kernel takes.
+- ``amx_available()``: products of 6 rows or more (a verify, a batch, a prompt chunk) run on Intel AMX's
+  tile units where the CPU and OS have them, still within float32 rounding (x split into three exact
+  bfloat16 pieces; native/kernel_amx.cpp); ``MLXD_QMM_AMX=0`` turns that off.
 - ``kernel_isa()`` / ``kernel_threads()``: what it runs with here. ``MLXD_QMM_ISA`` (avx512, avx2, sse2,
   neon) forces a narrower instruction set, ``MLXD_QMM_THREADS`` the thread count (default: every core, for
   decode's few rows too: one thread does not reach the memory bandwidth), ``MLXD_QMM_SPIN_US`` how long an
@@ -226,6 +229,12 @@ def block_output(
         gu_int8,
         d_int8,
     )
+
+
+def amx_available() -> bool:
+    """Whether products of several rows (6 or more) run on the AMX kernel here: an Intel CPU with AMX, the
+    OS granting its tile state, and ``MLXD_QMM_AMX`` not ``0``."""
+    return _ext is not None and _ext.amx_available()
 
 
 def kernel_isa() -> str:

@@ -83,7 +83,9 @@ def test_half_precision_scales_are_read_as_stored(dtype, bits):
 
 @pytest.mark.integration  # starts a process
 def test_every_instruction_set_agrees(tmp_path):
-    """The narrower paths (forced with MLXD_QMM_ISA) give the same results as the chosen one."""
+    """The narrower paths (forced with MLXD_QMM_ISA, the AMX kernel turned off with MLXD_QMM_AMX=0) give
+    the same results as the chosen one; 11 rows take the AMX kernel where the CPU has it, 70 columns its
+    16-column tiles and a tail on AVX-512."""
     import subprocess
     import sys
 
@@ -94,20 +96,22 @@ def test_every_instruction_set_agrees(tmp_path):
         "for bits in (4, 8):\n"
         "    wq, s, b = mx.quantize(w, group_size=128, bits=bits)\n"
         "    out.append(np.array(q.quantized_matmul(x, wq, s, b, 128, bits)))\n"
-        "print(q.kernel_isa()); np.save(sys.argv[1], np.stack(out))\n"
+        "print(q.kernel_isa() + ('+amx' if q.amx_available() else '')); np.save(sys.argv[1], np.stack(out))\n"
     )
     results = {}
-    for isa in ("avx512", "avx2", "sse2", "neon"):
-        path = tmp_path / f"{isa}.npy"
+    for isa, amx in (("avx512", "1"), ("avx512", "0"), ("avx2", "1"), ("sse2", "1"), ("neon", "1")):
+        path = tmp_path / f"{isa}-{amx}.npy"
         done = subprocess.run(
             [sys.executable, "-c", "import sys\n" + script, str(path)],
             capture_output=True,
             text=True,
-            env={**__import__("os").environ, "MLXD_QMM_ISA": isa},
+            env={**os.environ, "MLXD_QMM_ISA": isa, "MLXD_QMM_AMX": amx},
             check=True,
         )
         results[done.stdout.strip()] = np.load(path)
     assert len(results) >= 2  # the chosen path and the portable one at least
+    if mlxd_qmatmul.amx_available():
+        assert {"avx512+amx", "avx512"} <= set(results)
     first = next(iter(results.values()))
     for isa, got in results.items():
         np.testing.assert_allclose(got, first, rtol=1e-5, atol=1e-4, err_msg=isa)

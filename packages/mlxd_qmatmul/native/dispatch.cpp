@@ -13,6 +13,11 @@
 
 #if defined(__linux__)
 #include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+#if defined(__x86_64__) || defined(_M_X64)
+#include <cpuid.h>
 #endif
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -81,6 +86,35 @@ KernelFn int8_kernel() {
   return nullptr;
 #endif
 }
+
+#if defined(MLXD_HAVE_AMX) && defined(__linux__)
+namespace {
+
+// AMX-TILE and AMX-BF16 in CPUID leaf 7, and Linux's grant of the tile state to this process (it may
+// refuse: an old kernel, a hypervisor that hides the state, a signal stack too small for it).
+bool amx_runs_here() {
+  const char* wanted = std::getenv("MLXD_QMM_AMX");
+  if (wanted != nullptr && std::strcmp(wanted, "0") == 0) return false;
+  if (std::strcmp(select_isa().name, "avx512") != 0) return false;  // the AMX kernel's own vector code
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  const bool amx_bf16 = edx & (1u << 22), amx_tile = edx & (1u << 24);
+  if (!amx_bf16 || !amx_tile) return false;
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+
+}  // namespace
+
+KernelFn amx_kernel() {
+  static const KernelFn chosen = amx_runs_here() ? kernel_amx : nullptr;
+  return chosen;
+}
+#else
+KernelFn amx_kernel() {
+  return nullptr;
+}
+#endif
 
 void quantize_rows_int8(const float* x, int M, int K, int group_size, bool split, int8_t* q, float* lane_scales,
                         float* group_sums) {
@@ -305,7 +339,8 @@ void run_problems(const std::vector<Problem>& problems, const Isa& isa) {
     return;
   }
   const int wanted = (columns_in_all + threads * kTasksPerThread - 1) / (threads * kTasksPerThread);
-  const int columns = (std::max(wanted, kMinTaskColumns) + 7) / 8 * 8;
+  const int unit = problems.front().amx != nullptr ? 32 : 8;  // whole tiles: AMX takes 2 x 16 columns at once
+  const int columns = (std::max(wanted, kMinTaskColumns) + unit - 1) / unit * unit;
   struct Task {
     int problem, n0, n1;
   };

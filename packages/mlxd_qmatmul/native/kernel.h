@@ -38,6 +38,18 @@ struct Int8Rows {
   int Kpad, Gpad;
 };
 
+// x prepared for the AMX kernel (amx_prepare): per row tile of 16 x rows and chunk of 32 elements, three
+// B tiles (x's hi, mid and lo bfloat16 pieces; row `pair` holds the pair of elements at A positions
+// 2 pair and 2 pair + 1, one 32-bit column per x row), and per weight group the exact-order float sums of x.
+constexpr int kAmxChunkWords = 3 * 16 * 16;  // uint32 words of one chunk's three B tiles
+inline int amx_row_tiles(int M) { return (M + 15) / 16; }
+
+struct AmxRows {
+  const uint32_t* pieces;  // [row_tiles][K / 32][kAmxChunkWords]
+  const float* sums;  // [row_tiles][K / group_size][16]
+  int row_tiles, chunks, groups;
+};
+
 struct Problem {
   const float* x;  // [M, K], row-major; for 4 bits in split order with block `split_block`
   const uint8_t* w;  // [N, K * bits / 8] bytes
@@ -47,6 +59,7 @@ struct Problem {
   int M, N, K, group_size, bits;
   int scale_type;  // ScaleType
   const Int8Rows* int8 = nullptr;  // set: the int8-activation kernel runs (x unused)
+  const AmxRows* amx = nullptr;  // set: the AMX kernel runs (x, in split order, still serves its last columns)
 };
 
 // IEEE half to float32 (exact: every half value is a float32 value), for builds without F16C.
@@ -115,6 +128,15 @@ void kernel_avx2(const Problem& p, int n0, int n1);
 void kernel_avx512(const Problem& p, int n0, int n1);
 void kernel_vnni_int8(const Problem& p, int n0, int n1);
 #endif
+
+// The AMX kernel (whole tiles of 16 columns; the rest through kernel_avx512) and its preparation of x,
+// built where the compiler takes AMX; amx_kernel() is null unless this CPU and OS run it (and
+// MLXD_QMM_AMX is not "0").
+void kernel_amx(const Problem& p, int n0, int n1);
+void amx_prepare(const float* x, int M, int K, int group_size, int bits, uint32_t* pieces, float* sums);
+KernelFn amx_kernel();
+// Fewer rows than this stay on the vector kernel: one row tile of AMX costs about as much at any row count.
+constexpr int kAmxMinRows = 6;
 
 // The int8-activation kernel for 4-bit and 8-bit weights (AVX-512 VNNI), where this build and CPU have it,
 // else null.

@@ -61,6 +61,19 @@ void gather_dense(const mx::array& a, float* out) {
   }
 }
 
+// Splits x (dense) into this thread's AMX buffers and runs the AMX kernel on each problem.
+void run_amx(const float* x, std::vector<Problem>& problems, const Isa& isa) {
+  thread_local AlignedFloats piece_buffer, sum_buffer;
+  const Problem& first = problems.front();
+  const int row_tiles = amx_row_tiles(first.M), chunks = first.K / 32, groups = first.K / first.group_size;
+  auto* pieces = reinterpret_cast<uint32_t*>(piece_buffer.reserve(static_cast<size_t>(row_tiles) * chunks * kAmxChunkWords));
+  float* sums = sum_buffer.reserve(static_cast<size_t>(row_tiles) * groups * 16);
+  amx_prepare(x, first.M, first.K, first.group_size, first.bits, pieces, sums);
+  const AmxRows rows{pieces, sums, row_tiles, chunks, groups};
+  for (Problem& problem : problems) problem.amx = &rows;
+  run_problems(problems, Isa{"amx", isa.lanes, amx_kernel()});
+}
+
 // Quantizes x (dense) into this thread's int8 buffers and runs the int8-activation kernel on each problem.
 void run_int8(std::vector<Problem> problems) {
   thread_local AlignedFloats q_buffer, lane_buffer, sum_buffer;
@@ -162,6 +175,10 @@ std::string kernel_isa() {
   return select_isa().name;
 }
 
+bool amx_available() {
+  return amx_kernel() != nullptr;
+}
+
 bool int8_available(int bits) {
   return (bits == 4 || bits == 8) && int8_kernel() != nullptr;
 }
@@ -210,6 +227,10 @@ void run_products(const float* x, std::vector<Problem> problems, bool int8) {
     std::memcpy(rows, x, sizeof(float) * first.M * first.K);
   }
   for (Problem& problem : problems) problem.x = rows;
+  if (first.M >= kAmxMinRows && amx_kernel() != nullptr) {
+    run_amx(x, problems, isa);
+    return;
+  }
   run_problems(problems, isa);
 }
 

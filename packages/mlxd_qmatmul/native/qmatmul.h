@@ -33,6 +33,9 @@ bool int8_available(int bits);
 // The instruction set the kernels run with here and the number of threads they use (the same for every
 // row count).
 std::string kernel_isa();
+
+// Whether products of kAmxMinRows rows or more run on the AMX kernel here.
+bool amx_available();
 int kernel_threads(int rows);
 
 // The float array's elements in row-major order: its own buffer when it is dense, else gathered into `copy`
