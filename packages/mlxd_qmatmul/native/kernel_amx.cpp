@@ -55,6 +55,7 @@ void decode_rows(const uint8_t* w, int64_t row_bytes, int k, uint16_t* out) {
   const __m512i table = _mm512_load_si512(kNibbleValues);
   for (int i = 0; i < 16; ++i) {
     const uint8_t* src = w + i * row_bytes;
+    __builtin_prefetch(src + k * BITS / 8 + kPrefetchBytes);  // as the vector kernels do (kernel.h)
     if constexpr (BITS == 4) {
       const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k / 2)));
       const __m256i low = _mm256_and_si256(bytes, _mm256_set1_epi16(0x0f));
@@ -112,6 +113,7 @@ void column_tiles(const Problem& p, int t, int n, int cols) {
     const int gj = g % 16;
     if (gj == 0) {
       for (int u = 0; u < T; ++u) {
+        for (int i = 0; i < 16; ++i) prefetch_scales(p, static_cast<int64_t>(n + 16 * u + i) * groups + g + 16);
         widen16(p, p.scales, n + 16 * u, groups, g, std::min(16, groups - g), scales[u]);
         widen16(p, p.biases, n + 16 * u, groups, g, std::min(16, groups - g), biases[u]);
       }
