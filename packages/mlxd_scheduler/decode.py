@@ -168,7 +168,9 @@ class DecodeLoop:
         self.step_ms = ms if self.step_ms is None else (1 - STEP_MS_WEIGHT) * self.step_ms + STEP_MS_WEIGHT * ms
 
     def step_synchronously(self, rows: list[RequestState]) -> TickResult:
-        """One unpipelined batched step (nothing may be in flight): its tokens, failures, sample and wait."""
+        """One unpipelined batched step (nothing may be in flight): its tokens, failures, samples and the
+        wait beside them (``waited_ms`` holds only what no sample times: a step's time goes to the cost model
+        once, through ``forwards``)."""
         assert not self.in_flight, "tear down the in-flight steps first"
         started = time.perf_counter()
         try:
@@ -177,7 +179,8 @@ class DecodeLoop:
         except Exception as error:  # noqa: BLE001
             log.warning("batched step failed (%s); retrying rows one by one", error)
             result = self._recover(rows, rows)
-        result.waited_ms = (time.perf_counter() - started) * 1000.0
+        elapsed = (time.perf_counter() - started) * 1000.0
+        result.waited_ms = max(0.0, elapsed - sum(sample.ms for sample in result.forwards))
         return result
 
     def drop_in_flight(self) -> None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 
 from mlxd_drafters import PromptLookupConfig
 from mlxd_engine import Engine
 from mlxd_scheduler import BatchScheduler, Request, SchedulerOptions, SpeculativeRequest
+from mlxd_scheduler.trace import TickRecord
 
 from .stub_model import VERIFY_PAYS, FastStepCost, StubCost, stub_loaded
 from .test_batch_scheduler import Collector
@@ -525,6 +527,27 @@ def test_only_the_update_step_changes_the_rows():
     assert any(timed for _, _, _, timed in executed)  # verify rounds and synchronous steps were timed ...
     assert scheduler.engine.forward_cost.spent_ms > 0  # ... and the update steps gave them to the cost model
     assert out.done("r").tokens == run_one(loaded, REPEATING, 60, enabled=False)[0].tokens
+
+
+def test_a_synchronous_step_counts_once_in_the_ticks_forward_time():
+    """The verify gate's tick overhead is the tick's wall minus its forwards (``_forward_ms_so_far``): a
+    synchronous step's time is in the cost model's ``spent_ms`` (its sample) and not again in the decode
+    loop's ``waited_ms``, so forwards never add up to more than the wall they ran in."""
+    loaded = stub_loaded(period=6)
+    scheduler, _ = make(loaded)
+    scheduler.submit(Request("r", REPEATING, max_tokens=40), Collector().sink("r"))
+    for _ in range(3):
+        scheduler.tick()
+    record = TickRecord(tick=0, batch=1, pipelined=False)
+    scheduler._update(scheduler.decode_loop.teardown(), record)  # nothing left in flight
+    rows = list(scheduler.decoding)
+    before = scheduler._forward_ms_so_far()
+    started = time.perf_counter()
+    result = scheduler.decode_loop.step_synchronously(rows)
+    wall = (time.perf_counter() - started) * 1000.0
+    scheduler._update(result, record)
+    assert result.forwards and result.waited_ms < result.forwards[0].ms
+    assert scheduler._forward_ms_so_far() - before <= wall + 1e-6
 
 
 def test_the_plan_leaves_the_drafters_pacing_to_the_update_step():
