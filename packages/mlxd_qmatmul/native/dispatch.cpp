@@ -18,8 +18,6 @@
 #endif
 #if defined(__x86_64__) || defined(_M_X64)
 #include <cpuid.h>
-#endif
-#if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 #endif
 
