@@ -251,8 +251,9 @@ class BatchScheduler:
                 record.add(state.request_id, RowKind.PRIME)
 
     def _forward_ms_so_far(self) -> float:
-        """Milliseconds of forwards timed so far: verify forwards (``engine.forward_cost``), synchronous steps
-        and teardowns (``decode_loop.waited_ms``); a tick's overhead for the verify gate is its wall minus them."""
+        """Milliseconds of forwards timed so far: verify forwards and synchronous steps (their samples, in
+        ``engine.forward_cost``) and the waits no sample times, teardowns' reads (``decode_loop.waited_ms``); a
+        tick's overhead for the verify gate is its wall minus them."""
         return self.engine.forward_cost.spent_ms + self.decode_loop.waited_ms
 
     def _steps_this_tick(self, rows: list[RequestState]) -> int:

@@ -62,7 +62,7 @@ class TickResult:
 
     # what the forwards cost, measured by the execute step and applied by the update step:
     forwards: list[ForwardSample] = field(default_factory=list)  # synchronous steps, verify rounds, in order
-    waited_ms: float = 0.0  # waits on forwards outside pipelined ticks (synchronous steps, teardowns)
+    waited_ms: float = 0.0  # waits on forwards no sample times (teardowns' reads, a failed step's recovery)
     pipelined_step_ms: float | None = None  # a pipelined tick's time per step (None: no step was read)
     steady_rows: int = 0  # > 0: that time is also a plain step of this many rows (the verify gate's price)
 
