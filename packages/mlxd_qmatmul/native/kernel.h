@@ -59,7 +59,7 @@ struct Problem {
   int M, N, K, group_size, bits;
   int scale_type;  // ScaleType
   const Int8Rows* int8 = nullptr;  // set: the int8-activation kernel runs (x unused)
-  const AmxRows* amx = nullptr;  // set: the AMX kernel runs (x, in split order, still serves its last columns)
+  const AmxRows* amx = nullptr;  // set: the AMX kernel runs (x, in split order, serves columns past its tiles)
 };
 
 // IEEE half to float32 (exact: every half value is a float32 value), for builds without F16C.

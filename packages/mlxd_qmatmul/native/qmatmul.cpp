@@ -216,18 +216,26 @@ void run_products(const float* x, std::vector<Problem> problems, bool int8) {
     return;
   }
   const Isa& isa = select_isa();
-  // x goes into a 64-byte aligned copy (split order for 4 bits): every vector load then stays within
-  // one cache line.
-  thread_local AlignedFloats copy;
   const Problem& first = problems.front();
-  float* rows = copy.reserve(static_cast<size_t>(first.M) * first.K);
-  if (first.bits == 4) {
-    split_rows(x, rows, first.M, first.K, 2 * isa.lanes);
-  } else {
-    std::memcpy(rows, x, sizeof(float) * first.M * first.K);
+  const bool amx = first.M >= kAmxMinRows && amx_kernel() != nullptr;
+  // the vector kernels' copy of x: all of a product's columns, or on AMX the columns past its last whole
+  // tile of 16 (none when every part's width is a multiple of 16)
+  const bool vector_columns = !amx || std::any_of(problems.begin(), problems.end(), [](const Problem& p) {
+    return p.N % 16 != 0;
+  });
+  if (vector_columns) {
+    // x goes into a 64-byte aligned copy (split order for 4 bits): every vector load then stays within
+    // one cache line.
+    thread_local AlignedFloats copy;
+    float* rows = copy.reserve(static_cast<size_t>(first.M) * first.K);
+    if (first.bits == 4) {
+      split_rows(x, rows, first.M, first.K, 2 * isa.lanes);
+    } else {
+      std::memcpy(rows, x, sizeof(float) * first.M * first.K);
+    }
+    for (Problem& problem : problems) problem.x = rows;
   }
-  for (Problem& problem : problems) problem.x = rows;
-  if (first.M >= kAmxMinRows && amx_kernel() != nullptr) {
+  if (amx) {
     run_amx(x, problems, isa);
     return;
   }
