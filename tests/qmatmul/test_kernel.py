@@ -38,7 +38,7 @@ def test_matches_mlx_over_random_shapes_and_rows(bits, group_size):
         K = group_size * int(rng.integers(1, 12))
         w = mx.array(rng.normal(size=(N, K)).astype(np.float32))
         wq, s, b = mx.quantize(w, group_size=group_size, bits=bits)
-        # float32 scales, and float16 ones (on AMX, 4-bit weights with half scales take their own tiles)
+        # float32 scales, and float16 ones (the kernels widen each kind in their own code)
         for scales, biases in ((s, b), (s.astype(mx.float16), b.astype(mx.float16))):
             for rows in (1, 2, 3, 5, 8, 9, 16, 17, 72):
                 x = mx.array(rng.normal(size=(rows, K)).astype(np.float32))
@@ -70,7 +70,7 @@ def test_half_precision_scales_are_read_as_stored(dtype, bits):
     """Scales and biases in float16 or bfloat16 are widened in the kernel (no float32 copy): the result is
     the product with the same values in float32, over normal, subnormal, zero and negative scales."""
     rng = np.random.default_rng(bits)
-    w = mx.array(rng.normal(size=(88, 256)).astype(np.float32))  # AMX: 2 + 1 column tiles and 8 past them
+    w = mx.array(rng.normal(size=(88, 256)).astype(np.float32))  # AMX: a pair of column tiles, one alone, 8 columns past them
     wq, s, b = mx.quantize(w, group_size=32, bits=bits)
     magnitudes = np.array([1.0, 1e-3, 3e-6, 6e-8, 0.0, -2.5, -1e-5, 7.0], dtype=np.float32)
     s = s * mx.array(np.resize(magnitudes, s.shape).astype(np.float32))
