@@ -107,7 +107,7 @@ class KernelTiming:
     shape: tuple[int, int]  # (output, input) of the layer timed
     kernel_ms: dict  # rows -> ms
     float32_ms: dict  # rows -> ms with float32 weights
-    dequantize_ms: dict  # rows -> ms dequantizing for the call, then BLAS
+    dequantize_ms: dict  # rows -> ms dequantizing for the call, then BLAS (timed apart, added)
     max_rows: int  # the most rows the kernel takes (beyond: dequantize, then BLAS)
     int8_activations: bool = False  # the kernel's products were timed with x rounded to int8
 
@@ -158,6 +158,11 @@ def measure(
     dense = [mx.dequantize(pw, _wide(ps), _wide(pb), group_size=gs, bits=bits) for pw, ps, pb in packed[:2]]
     mx.eval(packed, dense)
     out_dims, in_dims = dense[0].shape
+    # dequantizing costs the same whatever the rows: timed once, the dequantize-then-BLAS path at n rows is
+    # that plus the float32 product of n rows (timing the pair at every row count took most of a load:
+    # code_notes.md#load-timing)
+    pw, ps, pb = packed[-1]
+    dequantize_once = best_ms(lambda: mx.dequantize(pw, _wide(ps), _wide(pb), group_size=gs, bits=bits), 1)
     kernel, float32, dequant = {}, {}, {}
     for n in rows:
         x = mx.random.normal((n, in_dims), key=mx.random.key(n))
@@ -170,15 +175,7 @@ def measure(
             / copies
         )
         float32[n] = best_ms(lambda x=x: [x @ d.T for d in dense], repeats) / len(dense)
-        dequant[n] = (
-            best_ms(
-                lambda x=x: [
-                    x @ mx.dequantize(pw, _wide(ps), _wide(pb), group_size=gs, bits=bits).T for pw, ps, pb in packed[:2]
-                ],
-                repeats,
-            )
-            / 2
-        )
+        dequant[n] = dequantize_once + float32[n]
     return KernelTiming((int(out_dims), int(in_dims)), kernel, float32, dequant, crossover_rows(kernel, dequant), int8)
 
 
