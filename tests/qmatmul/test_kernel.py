@@ -70,7 +70,8 @@ def test_half_precision_scales_are_read_as_stored(dtype, bits):
     """Scales and biases in float16 or bfloat16 are widened in the kernel (no float32 copy): the result is
     the product with the same values in float32, over normal, subnormal, zero and negative scales."""
     rng = np.random.default_rng(bits)
-    w = mx.array(rng.normal(size=(88, 256)).astype(np.float32))  # AMX: a pair of column tiles, one alone, 8 columns past them
+    # 88 columns: on AMX a pair of column tiles, one alone, then 8 columns past them
+    w = mx.array(rng.normal(size=(88, 256)).astype(np.float32))
     wq, s, b = mx.quantize(w, group_size=32, bits=bits)
     magnitudes = np.array([1.0, 1e-3, 3e-6, 6e-8, 0.0, -2.5, -1e-5, 7.0], dtype=np.float32)
     s = s * mx.array(np.resize(magnitudes, s.shape).astype(np.float32))
