@@ -49,11 +49,11 @@ def test_generate_local_equals_daemon(stories_daemon):  # noqa: F811 (the fixtur
 def test_generate_ignore_eos_runs_to_max_tokens():
     """The embedded model ends a copy with end-of-sequence; --ignore-eos keeps going to --max-tokens."""
     prompt = "Repeat the following sentence exactly: The cat sat on the mat."
-    plain = generate("--local", "--max-tokens", "24", "--json", prompt)
+    plain = generate("--local", "-m", "embedded", "--max-tokens", "24", "--json", prompt)
     assert plain.returncode == 0, plain.stderr
     plain_reply = json.loads(plain.stdout)
     assert plain_reply["finish_reason"] == "stop" and len(plain_reply["tokens"]) < 24
-    forced = generate("--local", "--max-tokens", "24", "--ignore-eos", "--json", prompt)
+    forced = generate("--local", "-m", "embedded", "--max-tokens", "24", "--ignore-eos", "--json", prompt)
     assert forced.returncode == 0, forced.stderr
     forced_reply = json.loads(forced.stdout)
     assert forced_reply["finish_reason"] == "length" and len(forced_reply["tokens"]) == 24
