@@ -143,11 +143,117 @@ void run_attention_pairs(const AttentionJob& job, int pair0, int pair1) {
   }
 }
 
+// Keys a block of the grouped path: K's and V's rows of one block (2 x 64 keys x 64 floats, 32 KB) stay in L1
+// while every query of the group reads them.
+constexpr int kKeyBlock = 64;
+
+// Query rows [r0, r1) of one (batch, key head) group with dense keys and values: row r is query head
+// kvh * repeats + r / L at query position r % L, every query head that reads this key head. The same sums
+// as run_attention_pairs, to the bit (each query's scores eight keys at a time from key 0, its softmax, its
+// weighted sum key by key), but the keys and values are read a block at a time for all the rows at once
+// instead of once per query from L2.
+void run_attention_group(const AttentionJob& job, int group, int r0, int r1) {
+  const auto &q = job.q, &k = job.k, &v = job.v;
+  const int Hq = q.shape(1), L = q.shape(2), D = q.shape(3);
+  const int Hkv = k.shape(1), S = k.shape(2), Dv = v.shape(3);
+  const int repeats = Hq / Hkv;
+  const auto &qs = q.strides(), &ks = k.strides(), &vs = v.strides();
+  const int b = group / Hkv, kvh = group % Hkv;
+  const float* k_head = k.data<float>() + b * ks[0] + kvh * ks[1];
+  const float* v_head = v.data<float>() + b * vs[0] + kvh * vs[1];
+  const bool has_mask = job.mask.has_value();
+  const bool bool_mask = has_mask && job.mask->dtype() == mx::bool_;
+  std::array<int64_t, 4> ms{0, 0, 0, 0};
+  if (has_mask) ms = mask_strides(*job.mask);
+  const bool* mask_bool = bool_mask ? job.mask->data<bool>() : nullptr;
+  const float* mask_float = has_mask && !bool_mask ? job.mask->data<float>() : nullptr;
+  const float lowest = std::numeric_limits<float>::lowest();
+  const int rows = r1 - r0;
+  std::vector<float> queries(static_cast<size_t>(rows) * D), scores(static_cast<size_t>(rows) * S);
+  std::vector<float> accs(static_cast<size_t>(rows) * Dv, 0.0f);
+  std::vector<int> visible(rows);
+  int most = 0;
+  for (int i = 0; i < rows; ++i) {
+    const int h = kvh * repeats + (r0 + i) / L, l = (r0 + i) % L;
+    const float* q_row = q.data<float>() + b * qs[0] + h * qs[1] + l * qs[2];
+    for (int d = 0; d < D; ++d) queries[static_cast<size_t>(i) * D + d] = job.scale * q_row[d * qs[3]];
+    int seen = job.causal ? std::min(S, l + 1 + (S - L)) : S;
+    if (bool_mask) seen = visible_by_mask(mask_bool + b * ms[0] + h * ms[1] + l * ms[2], ms[3], seen);
+    visible[i] = seen;
+    most = std::max(most, seen);
+  }
+  // scores, a block of keys at a time for every row (blocks start at multiples of eight, as dots' groups)
+  for (int s0 = 0; s0 < most; s0 += kKeyBlock) {
+    for (int i = 0; i < rows; ++i) {
+      const int count = std::min(kKeyBlock, visible[i] - s0);
+      if (count > 0) {
+        dots(queries.data() + static_cast<size_t>(i) * D, k_head + s0 * ks[2], ks[2], count, D,
+             scores.data() + static_cast<size_t>(i) * S + s0);
+      }
+    }
+  }
+  std::vector<float> totals(rows);
+  for (int i = 0; i < rows; ++i) {
+    const int h = kvh * repeats + (r0 + i) / L, l = (r0 + i) % L;
+    float* row = scores.data() + static_cast<size_t>(i) * S;
+    float top = lowest;
+    for (int s = 0; s < visible[i]; ++s) {
+      if (has_mask) {
+        const int64_t at = b * ms[0] + h * ms[1] + l * ms[2] + s * ms[3];
+        if (bool_mask) {
+          if (!mask_bool[at]) row[s] = lowest;
+        } else {
+          row[s] += mask_float[at];
+        }
+      }
+      top = std::max(top, row[s]);
+    }
+    totals[i] = exp_shifted_sum(row, visible[i], top);
+  }
+  // weighted values, a block of keys at a time for every row, each row's sums continued key by key
+  for (int s0 = 0; s0 < most; s0 += kKeyBlock) {
+    for (int i = 0; i < rows; ++i) {
+      const int count = std::min(kKeyBlock, visible[i] - s0);
+      if (count > 0) {
+        weighted_sum_add(scores.data() + static_cast<size_t>(i) * S + s0, v_head + s0 * vs[2], vs[2], count, Dv,
+                         accs.data() + static_cast<size_t>(i) * Dv);
+      }
+    }
+  }
+  for (int i = 0; i < rows; ++i) {
+    const int h = kvh * repeats + (r0 + i) / L, l = (r0 + i) % L;
+    float* dst = job.out + (job.token_major ? (static_cast<int64_t>(b) * L + l) * Hq + h
+                                            : (static_cast<int64_t>(b) * Hq + h) * L + l) * Dv;
+    const float inverse = 1.0f / totals[i];
+    const float* acc = accs.data() + static_cast<size_t>(i) * Dv;
+    for (int d = 0; d < Dv; ++d) dst[d] = acc[d] * inverse;
+  }
+}
+
 // Pairs of (batch, head) shared over the kernel pool's threads where the work pays for waking them.
 void run_attention(const AttentionJob& job) {
   const int pairs = job.q.shape(0) * job.q.shape(1);
   const int64_t work = static_cast<int64_t>(pairs) * job.q.shape(2) * job.k.shape(2) * job.q.shape(3);
-  if (work < kParallelAttentionWork || pool_threads() == 1) {
+  const bool parallel = work >= kParallelAttentionWork && pool_threads() > 1;
+  if (job.k.strides()[3] == 1 && job.v.strides()[3] == 1) {
+    // dense keys and values: the grouped path, each group's rows split in pieces enough to keep every
+    // thread busy (a group's rows are its query heads' queries)
+    const int groups = job.q.shape(0) * job.k.shape(1);
+    const int rows = (job.q.shape(1) / job.k.shape(1)) * job.q.shape(2);
+    const int pieces = parallel ? std::max(1, std::min(rows, (2 * pool_threads() + groups - 1) / groups)) : 1;
+    const int per_piece = (rows + pieces - 1) / pieces;
+    auto piece = [&](int task) {
+      const int group = task / pieces, r0 = (task % pieces) * per_piece;
+      if (r0 < rows) run_attention_group(job, group, r0, std::min(rows, r0 + per_piece));
+    };
+    if (!parallel) {
+      for (int task = 0; task < groups * pieces; ++task) piece(task);
+    } else {
+      run_tasks(groups * pieces, piece);
+    }
+    return;
+  }
+  if (!parallel) {
     run_attention_pairs(job, 0, pairs);
     return;
   }

@@ -28,9 +28,14 @@ void dots(const float* q, const float* k, int64_t k_stride, int64_t S, int64_t n
 // acc[d] = sum over s < S of p[s] * v[s * v_stride + d], for d < n (attention's weighted values).
 void weighted_sum(const float* p, const float* v, int64_t v_stride, int64_t S, int64_t n, float* acc);
 
+// acc[d] += the same, continuing weighted_sum's sums key by key: keys [0, S) taken in pieces, each added to
+// what the pieces before left in acc (starting from zeros), give weighted_sum's result to the bit.
+void weighted_sum_add(const float* p, const float* v, int64_t v_stride, int64_t S, int64_t n, float* acc);
+
 namespace detail {
 void dots_avx2(const float* q, const float* k, int64_t k_stride, int64_t S, int64_t n, float* out);
 void weighted_sum_avx2(const float* p, const float* v, int64_t v_stride, int64_t S, int64_t n, float* acc);
+void weighted_sum_add_avx2(const float* p, const float* v, int64_t v_stride, int64_t S, int64_t n, float* acc);
 float dot_avx2(const float* a, const float* b, int64_t n);
 void axpy_avx2(float a, const float* x, float* y, int64_t n);
 float exp_shifted_sum_avx2(float* x, int64_t n, float shift);

@@ -137,10 +137,16 @@ void dots_avx2(const float* q, const float* k, int64_t k_stride, int64_t S, int6
 }
 
 void weighted_sum_avx2(const float* p, const float* v, int64_t v_stride, int64_t S, int64_t n, float* acc) {
+  for (int64_t d = 0; d < n; ++d) acc[d] = 0.0f;
+  weighted_sum_add_avx2(p, v, v_stride, S, n, acc);
+}
+
+void weighted_sum_add_avx2(const float* p, const float* v, int64_t v_stride, int64_t S, int64_t n, float* acc) {
   int64_t d = 0;
   // four blocks of eight columns at a time, the keys' weights broadcast once per key
   for (; d + 32 <= n; d += 32) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    __m256 a0 = _mm256_loadu_ps(acc + d), a1 = _mm256_loadu_ps(acc + d + 8);
+    __m256 a2 = _mm256_loadu_ps(acc + d + 16), a3 = _mm256_loadu_ps(acc + d + 24);
     for (int64_t s = 0; s < S; ++s) {
       const __m256 w = _mm256_set1_ps(p[s]);
       const float* row = v + s * v_stride + d;
@@ -155,12 +161,12 @@ void weighted_sum_avx2(const float* p, const float* v, int64_t v_stride, int64_t
     _mm256_storeu_ps(acc + d + 24, a3);
   }
   for (; d + 8 <= n; d += 8) {
-    __m256 a = _mm256_setzero_ps();
+    __m256 a = _mm256_loadu_ps(acc + d);
     for (int64_t s = 0; s < S; ++s) a = _mm256_fmadd_ps(_mm256_set1_ps(p[s]), _mm256_loadu_ps(v + s * v_stride + d), a);
     _mm256_storeu_ps(acc + d, a);
   }
   for (; d < n; ++d) {
-    float a = 0.0f;
+    float a = acc[d];
     for (int64_t s = 0; s < S; ++s) a += p[s] * v[s * v_stride + d];
     acc[d] = a;
   }
