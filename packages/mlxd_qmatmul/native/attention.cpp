@@ -146,13 +146,17 @@ void run_attention_pairs(const AttentionJob& job, int pair0, int pair1) {
 // Keys a block of the grouped path: K's and V's rows of one block (2 x 64 keys x 64 floats, 32 KB) stay in L1
 // while every query of the group reads them.
 constexpr int kKeyBlock = 64;
+// Scores the grouped path holds at once (rows x keys, 1 MB): a prompt chunk over a long context takes its
+// rows a few at a time.
+constexpr int64_t kGroupScores = 1 << 18;
 
-// Query rows [r0, r1) of one (batch, key head) group with dense keys and values: row r is query head
+// Query rows [r0, r1) of one (batch, key head) group with dense keys and values (run_attention_group: at
+// most kGroupScores / keys of them at once): row r is query head
 // kvh * repeats + r / L at query position r % L, every query head that reads this key head. The same sums
 // as run_attention_pairs, to the bit (each query's scores eight keys at a time from key 0, its softmax, its
 // weighted sum key by key), but the keys and values are read a block at a time for all the rows at once
 // instead of once per query from L2.
-void run_attention_group(const AttentionJob& job, int group, int r0, int r1) {
+void run_attention_rows(const AttentionJob& job, int group, int r0, int r1) {
   const auto &q = job.q, &k = job.k, &v = job.v;
   const int Hq = q.shape(1), L = q.shape(2), D = q.shape(3);
   const int Hkv = k.shape(1), S = k.shape(2), Dv = v.shape(3);
@@ -228,6 +232,11 @@ void run_attention_group(const AttentionJob& job, int group, int r0, int r1) {
     const float* acc = accs.data() + static_cast<size_t>(i) * Dv;
     for (int d = 0; d < Dv; ++d) dst[d] = acc[d] * inverse;
   }
+}
+
+void run_attention_group(const AttentionJob& job, int group, int r0, int r1) {
+  const int step = static_cast<int>(std::max<int64_t>(1, kGroupScores / std::max(1, job.k.shape(2))));
+  for (int r = r0; r < r1; r += step) run_attention_rows(job, group, r, std::min(r1, r + step));
 }
 
 // Pairs of (batch, head) shared over the kernel pool's threads where the work pays for waking them.
