@@ -72,6 +72,23 @@ int visible_by_mask(const bool* row, int64_t stride, int visible) {
   return last < 0 ? visible : std::min(visible, (last + 8) / 8 * 8);
 }
 
+// Softmax's numerators of one query's first `visible` scores, in place: the mask applied (a hidden key's score
+// set to the lowest float where `bool_row` hides it, `float_row` added: the mask's entries for this query,
+// `step` apart; neither: no mask), then exp(score - max). Returns their sum.
+float masked_softmax_numerators(float* scores, int visible, const bool* bool_row, const float* float_row,
+                                int64_t step) {
+  float top = std::numeric_limits<float>::lowest();
+  for (int s = 0; s < visible; ++s) {
+    if (bool_row != nullptr) {
+      if (!bool_row[s * step]) scores[s] = std::numeric_limits<float>::lowest();
+    } else if (float_row != nullptr) {
+      scores[s] += float_row[s * step];
+    }
+    top = std::max(top, scores[s]);
+  }
+  return exp_shifted_sum(scores, visible, top);
+}
+
 // The rows of (batch, head) pairs [pair0, pair1).
 void run_attention_pairs(const AttentionJob& job, int pair0, int pair1) {
   const auto &q = job.q, &k = job.k, &v = job.v;
@@ -95,7 +112,6 @@ void run_attention_pairs(const AttentionJob& job, int pair0, int pair1) {
       mask_float = job.mask->data<float>();
     }
   }
-  const float lowest = std::numeric_limits<float>::lowest();
   std::vector<float> query(D), scores(S), acc(Dv);
   for (int pair = pair0; pair < pair1; ++pair) {
     const int b = pair / Hq, h = pair % Hq;
@@ -113,19 +129,9 @@ void run_attention_pairs(const AttentionJob& job, int pair0, int pair1) {
       } else {
         for (int s = 0; s < visible; ++s) scores[s] = strided_dot(query.data(), k_head + s * ks[2], ks[3], D);
       }
-      float top = lowest;
-      for (int s = 0; s < visible; ++s) {
-        if (has_mask) {
-          const int64_t at = b * ms[0] + h * ms[1] + l * ms[2] + s * ms[3];
-          if (bool_mask) {
-            if (!mask_bool[at]) scores[s] = lowest;
-          } else {
-            scores[s] += mask_float[at];
-          }
-        }
-        top = std::max(top, scores[s]);
-      }
-      const float total = exp_shifted_sum(scores.data(), visible, top);
+      const int64_t at = b * ms[0] + h * ms[1] + l * ms[2];
+      const float total = masked_softmax_numerators(scores.data(), visible, mask_bool ? mask_bool + at : nullptr,
+                                                    mask_float ? mask_float + at : nullptr, ms[3]);
       if (vs[3] == 1) {
         weighted_sum(scores.data(), v_head, vs[2], visible, Dv, acc.data());
       } else {
@@ -171,7 +177,6 @@ void run_attention_rows(const AttentionJob& job, int group, int r0, int r1) {
   if (has_mask) ms = mask_strides(*job.mask);
   const bool* mask_bool = bool_mask ? job.mask->data<bool>() : nullptr;
   const float* mask_float = has_mask && !bool_mask ? job.mask->data<float>() : nullptr;
-  const float lowest = std::numeric_limits<float>::lowest();
   const int rows = r1 - r0;
   std::vector<float> queries(static_cast<size_t>(rows) * D), scores(static_cast<size_t>(rows) * S);
   std::vector<float> accs(static_cast<size_t>(rows) * Dv, 0.0f);
@@ -199,20 +204,10 @@ void run_attention_rows(const AttentionJob& job, int group, int r0, int r1) {
   std::vector<float> totals(rows);
   for (int i = 0; i < rows; ++i) {
     const int h = kvh * repeats + (r0 + i) / L, l = (r0 + i) % L;
-    float* row = scores.data() + static_cast<size_t>(i) * S;
-    float top = lowest;
-    for (int s = 0; s < visible[i]; ++s) {
-      if (has_mask) {
-        const int64_t at = b * ms[0] + h * ms[1] + l * ms[2] + s * ms[3];
-        if (bool_mask) {
-          if (!mask_bool[at]) row[s] = lowest;
-        } else {
-          row[s] += mask_float[at];
-        }
-      }
-      top = std::max(top, row[s]);
-    }
-    totals[i] = exp_shifted_sum(row, visible[i], top);
+    const int64_t at = b * ms[0] + h * ms[1] + l * ms[2];
+    totals[i] = masked_softmax_numerators(scores.data() + static_cast<size_t>(i) * S, visible[i],
+                                          mask_bool ? mask_bool + at : nullptr, mask_float ? mask_float + at : nullptr,
+                                          ms[3]);
   }
   // weighted values, a block of keys at a time for every row, each row's sums continued key by key
   for (int s0 = 0; s0 < most; s0 += kKeyBlock) {
