@@ -95,9 +95,6 @@ void dots(const float* q, const float* k, int64_t k_stride, int64_t S, int64_t n
 }
 
 void weighted_sum(const float* p, const float* v, int64_t v_stride, int64_t S, int64_t n, float* acc) {
-#if defined(__x86_64__) || defined(_M_X64)
-  if (use_avx2()) return detail::weighted_sum_avx2(p, v, v_stride, S, n, acc);
-#endif
   for (int64_t d = 0; d < n; ++d) acc[d] = 0.0f;
   weighted_sum_add(p, v, v_stride, S, n, acc);
 }

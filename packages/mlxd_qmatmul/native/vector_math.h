@@ -34,7 +34,6 @@ void weighted_sum_add(const float* p, const float* v, int64_t v_stride, int64_t 
 
 namespace detail {
 void dots_avx2(const float* q, const float* k, int64_t k_stride, int64_t S, int64_t n, float* out);
-void weighted_sum_avx2(const float* p, const float* v, int64_t v_stride, int64_t S, int64_t n, float* acc);
 void weighted_sum_add_avx2(const float* p, const float* v, int64_t v_stride, int64_t S, int64_t n, float* acc);
 float dot_avx2(const float* a, const float* b, int64_t n);
 void axpy_avx2(float a, const float* x, float* y, int64_t n);

@@ -136,11 +136,6 @@ void dots_avx2(const float* q, const float* k, int64_t k_stride, int64_t S, int6
   for (; s < S; ++s) out[s] = dot_avx2(q, k + s * k_stride, n);
 }
 
-void weighted_sum_avx2(const float* p, const float* v, int64_t v_stride, int64_t S, int64_t n, float* acc) {
-  for (int64_t d = 0; d < n; ++d) acc[d] = 0.0f;
-  weighted_sum_add_avx2(p, v, v_stride, S, n, acc);
-}
-
 void weighted_sum_add_avx2(const float* p, const float* v, int64_t v_stride, int64_t S, int64_t n, float* acc) {
   int64_t d = 0;
   // four blocks of eight columns at a time, the keys' weights broadcast once per key
