@@ -54,6 +54,27 @@ std::array<int64_t, 4> mask_strides(const mx::array& mask) {
   return strides;
 }
 
+// A job's mask as the loops read it: one query's row of a boolean mask (hidden keys false) or of an additive
+// one, its entries `strides[3]` apart; both rows null without a mask.
+struct MaskRows {
+  std::array<int64_t, 4> strides{0, 0, 0, 0};
+  const bool* hidden = nullptr;
+  const float* added = nullptr;
+
+  explicit MaskRows(const std::optional<mx::array>& mask) {
+    if (!mask.has_value()) return;
+    strides = mask_strides(*mask);
+    if (mask->dtype() == mx::bool_) {
+      hidden = mask->data<bool>();
+    } else {
+      added = mask->data<float>();
+    }
+  }
+  int64_t at(int b, int h, int l) const { return b * strides[0] + h * strides[1] + l * strides[2]; }
+  const bool* bool_row(int b, int h, int l) const { return hidden ? hidden + at(b, h, l) : nullptr; }
+  const float* float_row(int b, int h, int l) const { return added ? added + at(b, h, l) : nullptr; }
+};
+
 // How many of a query's first `visible` keys to score under a boolean mask row: up to its last visible key,
 // rounded up to a whole block of eight (keys past it are masked: their weights are zero, and a block of
 // zeros adds nothing to the eight-lane sums, so the result is the same to the bit); all of them when the
@@ -99,19 +120,7 @@ void run_attention_pairs(const AttentionJob& job, int pair0, int pair1) {
   const float* q_data = q.data<float>();
   const float* k_data = k.data<float>();
   const float* v_data = v.data<float>();
-  const bool has_mask = job.mask.has_value();
-  const bool bool_mask = has_mask && job.mask->dtype() == mx::bool_;
-  std::array<int64_t, 4> ms{0, 0, 0, 0};
-  const bool* mask_bool = nullptr;
-  const float* mask_float = nullptr;
-  if (has_mask) {
-    ms = mask_strides(*job.mask);
-    if (bool_mask) {
-      mask_bool = job.mask->data<bool>();
-    } else {
-      mask_float = job.mask->data<float>();
-    }
-  }
+  const MaskRows mask(job.mask);
   std::vector<float> query(D), scores(S), acc(Dv);
   for (int pair = pair0; pair < pair1; ++pair) {
     const int b = pair / Hq, h = pair % Hq;
@@ -122,16 +131,15 @@ void run_attention_pairs(const AttentionJob& job, int pair0, int pair1) {
       const float* q_row = q_data + b * qs[0] + h * qs[1] + l * qs[2];
       for (int d = 0; d < D; ++d) query[d] = job.scale * q_row[d * qs[3]];
       int visible = job.causal ? std::min(S, l + 1 + (S - L)) : S;
-      if (bool_mask) visible = visible_by_mask(mask_bool + b * ms[0] + h * ms[1] + l * ms[2], ms[3], visible);
+      if (mask.hidden) visible = visible_by_mask(mask.bool_row(b, h, l), mask.strides[3], visible);
       // scores of the visible keys (dense keys eight at a time), masked, then softmax's exponentials
       if (ks[3] == 1) {
         dots(query.data(), k_head, ks[2], visible, D, scores.data());
       } else {
         for (int s = 0; s < visible; ++s) scores[s] = strided_dot(query.data(), k_head + s * ks[2], ks[3], D);
       }
-      const int64_t at = b * ms[0] + h * ms[1] + l * ms[2];
-      const float total = masked_softmax_numerators(scores.data(), visible, mask_bool ? mask_bool + at : nullptr,
-                                                    mask_float ? mask_float + at : nullptr, ms[3]);
+      const float total = masked_softmax_numerators(scores.data(), visible, mask.bool_row(b, h, l),
+                                                    mask.float_row(b, h, l), mask.strides[3]);
       if (vs[3] == 1) {
         weighted_sum(scores.data(), v_head, vs[2], visible, Dv, acc.data());
       } else {
@@ -171,12 +179,7 @@ void run_attention_rows(const AttentionJob& job, int group, int r0, int r1) {
   const int b = group / Hkv, kvh = group % Hkv;
   const float* k_head = k.data<float>() + b * ks[0] + kvh * ks[1];
   const float* v_head = v.data<float>() + b * vs[0] + kvh * vs[1];
-  const bool has_mask = job.mask.has_value();
-  const bool bool_mask = has_mask && job.mask->dtype() == mx::bool_;
-  std::array<int64_t, 4> ms{0, 0, 0, 0};
-  if (has_mask) ms = mask_strides(*job.mask);
-  const bool* mask_bool = bool_mask ? job.mask->data<bool>() : nullptr;
-  const float* mask_float = has_mask && !bool_mask ? job.mask->data<float>() : nullptr;
+  const MaskRows mask(job.mask);
   const int rows = r1 - r0;
   std::vector<float> queries(static_cast<size_t>(rows) * D), scores(static_cast<size_t>(rows) * S);
   std::vector<float> accs(static_cast<size_t>(rows) * Dv, 0.0f);
@@ -187,7 +190,7 @@ void run_attention_rows(const AttentionJob& job, int group, int r0, int r1) {
     const float* q_row = q.data<float>() + b * qs[0] + h * qs[1] + l * qs[2];
     for (int d = 0; d < D; ++d) queries[static_cast<size_t>(i) * D + d] = job.scale * q_row[d * qs[3]];
     int seen = job.causal ? std::min(S, l + 1 + (S - L)) : S;
-    if (bool_mask) seen = visible_by_mask(mask_bool + b * ms[0] + h * ms[1] + l * ms[2], ms[3], seen);
+    if (mask.hidden) seen = visible_by_mask(mask.bool_row(b, h, l), mask.strides[3], seen);
     visible[i] = seen;
     most = std::max(most, seen);
   }
@@ -204,10 +207,8 @@ void run_attention_rows(const AttentionJob& job, int group, int r0, int r1) {
   std::vector<float> totals(rows);
   for (int i = 0; i < rows; ++i) {
     const int h = kvh * repeats + (r0 + i) / L, l = (r0 + i) % L;
-    const int64_t at = b * ms[0] + h * ms[1] + l * ms[2];
     totals[i] = masked_softmax_numerators(scores.data() + static_cast<size_t>(i) * S, visible[i],
-                                          mask_bool ? mask_bool + at : nullptr, mask_float ? mask_float + at : nullptr,
-                                          ms[3]);
+                                          mask.bool_row(b, h, l), mask.float_row(b, h, l), mask.strides[3]);
   }
   // weighted values, a block of keys at a time for every row, each row's sums continued key by key
   for (int s0 = 0; s0 < most; s0 += kKeyBlock) {
