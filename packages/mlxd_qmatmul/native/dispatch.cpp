@@ -88,16 +88,17 @@ KernelFn int8_kernel() {
 #if defined(MLXD_HAVE_AMX) && defined(__linux__)
 namespace {
 
-// AMX-TILE and AMX-BF16 in CPUID leaf 7, and Linux's grant of the tile state to this process (it may
-// refuse: an old kernel, a hypervisor that hides the state, a signal stack too small for it).
+// AMX-TILE, AMX-BF16, AVX512-VBMI and AVX512-BF16 in CPUID leaf 7, and Linux's grant of the tile state to
+// this process (it may refuse: an old kernel, a hypervisor that hides the state, a signal stack too small).
 bool amx_runs_here() {
   const char* wanted = std::getenv("MLXD_QMM_AMX");
   if (wanted != nullptr && std::strcmp(wanted, "0") == 0) return false;
   if (std::strcmp(select_isa().name, "avx512") != 0) return false;  // the AMX kernel's own vector code
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
-  const bool amx_bf16 = edx & (1u << 22), amx_tile = edx & (1u << 24);
-  if (!amx_bf16 || !amx_tile) return false;
+  const bool amx_bf16 = edx & (1u << 22), amx_tile = edx & (1u << 24), avx512_vbmi = ecx & (1u << 1);
+  if (!amx_bf16 || !amx_tile || !avx512_vbmi) return false;
+  if (!__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) || !(eax & (1u << 5))) return false;  // AVX512-BF16
   constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
   return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
 }

@@ -39,9 +39,9 @@ struct Int8Rows {
 };
 
 // x prepared for the AMX kernel (amx_prepare): per row tile of 16 x rows and chunk of 32 elements, three
-// B tiles (x's hi, mid and lo bfloat16 pieces; row `pair` holds the pair of elements at A positions
-// 2 pair and 2 pair + 1, one 32-bit column per x row), and per weight group the exact-order float sums of x.
-constexpr int kAmxChunkWords = 3 * 16 * 16;  // uint32 words of one chunk's three B tiles
+// A tiles (x's hi, mid and lo bfloat16 pieces: row j holds x row j's 32 elements in order; rows past x's
+// are zero), and per weight group the exact-order float sums of x.
+constexpr int kAmxChunkWords = 3 * 16 * 16;  // uint32 words of one chunk's three A tiles
 inline int amx_row_tiles(int M) { return (M + 15) / 16; }
 
 struct AmxRows {
@@ -133,7 +133,7 @@ void kernel_vnni_int8(const Problem& p, int n0, int n1);
 // built where the compiler takes AMX; amx_kernel() is null unless this CPU and OS run it (and
 // MLXD_QMM_AMX is not "0").
 void kernel_amx(const Problem& p, int n0, int n1);
-void amx_prepare(const float* x, int M, int K, int group_size, int bits, uint32_t* pieces, float* sums);
+void amx_prepare(const float* x, int M, int K, int group_size, uint32_t* pieces, float* sums);
 KernelFn amx_kernel();
 // Fewer rows than this stay on the vector kernel: one row tile of AMX costs about as much at any row count.
 constexpr int kAmxMinRows = 6;

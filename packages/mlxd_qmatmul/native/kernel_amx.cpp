@@ -1,18 +1,24 @@
-// The many-rows kernel on Intel AMX (tile multiply units, bfloat16): batched verify and prompt chunks.
-// This file alone is compiled with -mamx-tile -mamx-bf16 and AVX-512 (CMakeLists.txt, when the compiler
-// takes them); the dispatcher runs it only where the CPU has AMX and the OS grants its tile state.
+// The many-rows kernel on Intel AMX (tile multiply units, bfloat16): batched verify, batches of 6 rows or
+// more and prompt chunks. This file alone is compiled with -mamx-tile -mamx-bf16 and AVX-512 (F, BW, VL,
+// VBMI, BF16; CMakeLists.txt, when the compiler takes them); the dispatcher runs it only where the CPU has
+// all of those and the OS grants its tile state.
 //
 // Exact in float32 terms: each x value is split into three bfloat16 pieces whose sum is the value
 // (hi + mid + lo, 8 significant bits each), every 4-bit or 8-bit weight is a bfloat16 integer, so each
-// tile product q * piece is exact and the tiles accumulate in float32. Per weight group:
-//   y[m, n] += scale[n, g] * sum_k q[n, k] x[m, k] + bias[n, g] * sum_k x[m, k]
-// with the first sum from the tiles (16 weight rows x up to 16 x rows a tile) and the second from
-// AmxRows.sums. Tile roles: A = 16 weight rows x 32 weights (decoded here), B = x's pieces laid out as
-// pairs (amx_prepare, once a product), C = float32 sums [weight row][x row].
+// tile product piece * q is exact and the tiles accumulate in float32. Per weight group:
+//   y[m, n] += scale[n, g] * sum_k x[m, k] q[n, k] + bias[n, g] * sum_k x[m, k]
+// with the first sum from the tiles and the second from AmxRows.sums. Tile roles: A = x's pieces (the x
+// rows of a row tile x 32 elements, amx_prepare, once a product), B = 16 weight rows' 32 weights decoded
+// here into pairs (B row r, column i: elements 2r and 2r + 1 of weight row i), C = float32 sums
+// [x row][weight row]. A tile product costs in proportion to A's rows, so a 9-row verify pays 9 of 16
+// (code_notes.md#amx-tiles), and each C row is one x row's 16 outputs: the per-group scale and bias are
+// vectors over the weight rows and the results go out as whole vectors.
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 
 #include "kernel.h"
 
@@ -27,148 +33,29 @@ struct alignas(64) TileConfig {
   uint8_t rows[16];
 };
 
-// Tiles 0 and 1: C of two column tiles; 2-4: x's pieces (B); 5 and 6: decoded weights (A). `cols`: the
-// x rows of this row tile (C's and B's width).
-void configure(int cols) {
+// Tiles 0 and 1: C of two column tiles (`rows` x rows x 16 floats); 2-4: x's pieces (A, `rows` x 32
+// bfloat16); 5 and 6: decoded weights (B, 16 pair rows x 16 columns).
+void configure(int rows) {
   thread_local int configured = -1;
-  if (configured == cols) return;
+  if (configured == rows) return;
   TileConfig cfg{};
   cfg.palette = 1;
   for (int t = 0; t < 5; ++t) {
-    cfg.rows[t] = 16;
-    cfg.colsb[t] = static_cast<uint16_t>(4 * cols);
+    cfg.rows[t] = static_cast<uint8_t>(rows);
+    cfg.colsb[t] = 64;
   }
   for (int t = 5; t < 7; ++t) {
     cfg.rows[t] = 16;
     cfg.colsb[t] = 64;
   }
   _tile_loadconfig(&cfg);
-  configured = cols;
+  configured = rows;
 }
 
-// 16 weight rows' 32 weights from element k, as bfloat16, into out [16][32].
-template <int BITS>
-void decode_rows(const uint8_t* w, int64_t row_bytes, int k, uint16_t* out) {
-  alignas(64) static const uint16_t kNibbleValues[32] = {0x0000, 0x3f80, 0x4000, 0x4040, 0x4080, 0x40a0,
-                                                         0x40c0, 0x40e0, 0x4100, 0x4110, 0x4120, 0x4130,
-                                                         0x4140, 0x4150, 0x4160, 0x4170};  // bfloat16 of 0..15
-  const __m512i table = _mm512_load_si512(kNibbleValues);
-  for (int i = 0; i < 16; ++i) {
-    const uint8_t* src = w + i * row_bytes;
-    __builtin_prefetch(src + k * BITS / 8 + kPrefetchBytes);  // as the vector kernels do (kernel.h)
-    if constexpr (BITS == 4) {
-      const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k / 2)));
-      const __m256i low = _mm256_and_si256(bytes, _mm256_set1_epi16(0x0f));
-      const __m256i high = _mm256_srli_epi16(bytes, 4);
-      const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1);
-      _mm512_store_si512(out + 32 * i, _mm512_permutexvar_epi16(q, table));
-    } else {  // 0..255 as float32, whose top 16 bits are then exact bfloat16
-      const __m512 a = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k))));
-      const __m512 b =
-          _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k + 16))));
-      const __m256i ha = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(a), 16));
-      const __m256i hb = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(b), 16));
-      _mm512_store_si512(out + 32 * i, _mm512_inserti64x4(_mm512_castsi256_si512(ha), hb, 1));
-    }
-  }
-}
-
-// The scales (or biases) of weight rows n .. n + 15 for groups [g, g + count), as float32: out[i][j].
-void widen16(const Problem& p, const void* base, int n, int groups, int g, int count, float out[16][16]) {
-  for (int i = 0; i < 16; ++i) {
-    const int64_t at = static_cast<int64_t>(n + i) * groups + g;
-    if (p.scale_type == kScaleFloat16 && count == 16) {
-      const auto* src = reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(base) + at);
-      _mm512_store_ps(out[i], _mm512_cvtph_ps(_mm256_loadu_si256(src)));
-      continue;
-    }
-    for (int j = 0; j < count; ++j) {
-      if (p.scale_type == kScaleFloat16) {
-        out[i][j] = _cvtsh_ss(static_cast<const uint16_t*>(base)[at + j]);
-      } else if (p.scale_type == kScaleBFloat16) {
-        out[i][j] = bfloat16_to_float(static_cast<const uint16_t*>(base)[at + j]);
-      } else {
-        out[i][j] = static_cast<const float*>(base)[at + j];
-      }
-    }
-  }
-}
-
-// T column tiles of 16 weight rows from n (T = 1 or 2: two run side by side, sharing x's tiles) against
-// row tile t of x (`cols` rows).
-template <int T, int GS, int BITS>
-void column_tiles(const Problem& p, int t, int n, int cols) {
-  const AmxRows& rows = *p.amx;
-  const int groups = p.K / GS;
-  const int64_t row_bytes = static_cast<int64_t>(p.K) * BITS / 8;
-  const uint32_t* pieces = rows.pieces + static_cast<int64_t>(t) * rows.chunks * kAmxChunkWords;
-  const float* sums = rows.sums + static_cast<int64_t>(t) * rows.groups * 16;
-  alignas(64) uint16_t decoded[T][16 * 32];
-  alignas(64) float products[T][16 * 16] = {};  // lanes past the x rows stay zero (the tiles store `cols`)
-  alignas(64) float scales[T][16][16], biases[T][16][16];
-  __m512 acc[T][16];  // acc[u][i]: weight row n + 16u + i, one lane per x row
-  for (int u = 0; u < T; ++u)
-    for (int i = 0; i < 16; ++i) acc[u][i] = _mm512_setzero_ps();
-  for (int g = 0; g < groups; ++g) {
-    const int gj = g % 16;
-    if (gj == 0) {
-      for (int u = 0; u < T; ++u) {
-        for (int i = 0; i < 16; ++i) prefetch_scales(p, static_cast<int64_t>(n + 16 * u + i) * groups + g + 16);
-        widen16(p, p.scales, n + 16 * u, groups, g, std::min(16, groups - g), scales[u]);
-        widen16(p, p.biases, n + 16 * u, groups, g, std::min(16, groups - g), biases[u]);
-      }
-    }
-    _tile_zero(0);
-    if constexpr (T == 2) _tile_zero(1);
-    for (int kc = 0; kc < GS; kc += 32) {
-      const int k = g * GS + kc;
-      const uint32_t* b = pieces + static_cast<int64_t>(k / 32) * kAmxChunkWords;
-      decode_rows<BITS>(p.w + n * row_bytes, row_bytes, k, decoded[0]);
-      _tile_loadd(5, decoded[0], 64);
-      if constexpr (T == 2) {
-        decode_rows<BITS>(p.w + (n + 16) * row_bytes, row_bytes, k, decoded[1]);
-        _tile_loadd(6, decoded[1], 64);
-      }
-      _tile_loadd(2, b, 64);
-      _tile_dpbf16ps(0, 5, 2);
-      if constexpr (T == 2) _tile_dpbf16ps(1, 6, 2);
-      _tile_loadd(3, b + 256, 64);
-      _tile_dpbf16ps(0, 5, 3);
-      if constexpr (T == 2) _tile_dpbf16ps(1, 6, 3);
-      _tile_loadd(4, b + 512, 64);
-      _tile_dpbf16ps(0, 5, 4);
-      if constexpr (T == 2) _tile_dpbf16ps(1, 6, 4);
-    }
-    _tile_stored(0, products[0], 64);
-    if constexpr (T == 2) _tile_stored(1, products[1], 64);
-    const __m512 group_sums = _mm512_loadu_ps(sums + g * 16);
-    for (int u = 0; u < T; ++u) {
-      for (int i = 0; i < 16; ++i) {
-        acc[u][i] = _mm512_fmadd_ps(_mm512_set1_ps(scales[u][i][gj]), _mm512_load_ps(products[u] + 16 * i), acc[u][i]);
-        acc[u][i] = _mm512_fmadd_ps(_mm512_set1_ps(biases[u][i][gj]), group_sums, acc[u][i]);
-      }
-    }
-  }
-  for (int u = 0; u < T; ++u) {
-    alignas(64) float out[16][16];
-    for (int i = 0; i < 16; ++i) _mm512_store_ps(out[i], acc[u][i]);
-    for (int j = 0; j < cols; ++j) {
-      float* y = p.y + static_cast<int64_t>(16 * t + j) * p.N + n + 16 * u;
-      for (int i = 0; i < 16; ++i) y[i] = out[i][j];
-    }
-  }
-}
-
-template <int GS, int BITS>
-void amx_columns(const Problem& p, int n0, int n1) {
-  for (int t = 0; t < p.amx->row_tiles; ++t) {
-    const int cols = std::min(16, p.M - 16 * t);
-    configure(cols);
-    int n = n0;
-    for (; n + 32 <= n1; n += 32) column_tiles<2, GS, BITS>(p, t, n, cols);
-    for (; n + 16 <= n1; n += 16) column_tiles<1, GS, BITS>(p, t, n, cols);
-  }
-}
+// Decoded weights run this many 32-element chunks ahead of the tile products that read them.
+constexpr int kDecodeAhead = 2;
+// The weights' rows one column pair on (the next 32 columns a thread takes), asked for as a chunk is decoded.
+constexpr int kPrefetchRows = 32;
 
 // Transposes a 16 x 16 matrix of 32-bit words held one row a register.
 void transpose16(__m512i r[16]) {
@@ -195,34 +82,275 @@ void transpose16(__m512i r[16]) {
   }
 }
 
+// The byte and word permutations that turn 16 weight rows' 32 weights into B's pair layout.
+//
+// 4 bits: a row's 16 bytes are its pairs (low nibble: element 2r, high: 2r + 1), so B row r is byte r of
+// every row: a 16 x 16 byte transpose. Registers z[q] hold rows 4q .. 4q + 3 (16 bytes each). Stage one
+// merges z[0], z[1] (and z[2], z[3]) into rows 0-7 (8-15) x bytes 8h .. 8h + 7, at [byte][row]; stage two
+// merges those into B rows 4j .. 4j + 3 of each half, at [B row][column]. Then each B row's bytes spread
+// to one 32-bit word a column, the low nibble in its low half and the high nibble in its high half, and a
+// table gives their bfloat16 values.
+//
+// 8 bits: a pair is two bytes of a row, so B row r is word r of every row: a 16 x 16 word transpose in
+// three stages of halving (registers z[q] hold rows 2q, 2q + 1 as 16 words each), then each B row's 32
+// bytes become float32 and then bfloat16 (exact for 0 .. 255).
+struct PairLayout {
+  alignas(64) uint8_t bytes_stage1[2][64];
+  alignas(64) uint8_t bytes_stage2[2][64];
+  alignas(64) uint8_t nibble_spread[4][64];  // byte 16 s + i -> bytes 0 and 2 of word i
+  alignas(64) uint16_t nibble_shifts[32];  // the high half of each word takes the high nibble
+  alignas(64) uint16_t words[3][2][32];  // 8 bits: the word transpose's stages, by output half
+  alignas(64) uint8_t byte_spread[4][64];  // 8 bits: byte 16 l + i -> word i
+  PairLayout() {
+    for (int h = 0; h < 2; ++h)
+      for (int b = 0; b < 8; ++b)
+        for (int row = 0; row < 8; ++row)
+          bytes_stage1[h][8 * b + row] = static_cast<uint8_t>((row < 4 ? 0 : 64) + 16 * (row % 4) + 8 * h + b);
+    for (int j = 0; j < 2; ++j)
+      for (int r = 0; r < 4; ++r)
+        for (int i = 0; i < 16; ++i)
+          bytes_stage2[j][16 * r + i] = static_cast<uint8_t>((i < 8 ? 0 : 64) + 8 * (4 * j + r) + i % 8);
+    for (int s = 0; s < 4; ++s)
+      for (int i = 0; i < 16; ++i) {
+        nibble_spread[s][4 * i] = nibble_spread[s][4 * i + 2] = static_cast<uint8_t>(16 * s + i);
+        nibble_spread[s][4 * i + 1] = nibble_spread[s][4 * i + 3] = 0;
+      }
+    for (int i = 0; i < 32; ++i) nibble_shifts[i] = (i % 2) ? 4 : 0;
+    // stage one: rows 4m .. 4m + 3 x pairs 8h .. 8h + 7 at [row][pair]; stage two: rows 8b .. 8b + 7 x
+    // pairs 4h .. 4h + 3 of those at [row][pair]; stage three: all 16 rows x pairs 2h, 2h + 1 at [pair][row]
+    for (int h = 0; h < 2; ++h) {
+      for (int row = 0; row < 4; ++row)
+        for (int r = 0; r < 8; ++r)
+          words[0][h][8 * row + r] = static_cast<uint16_t>((row < 2 ? 0 : 32) + 16 * (row % 2) + 8 * h + r);
+      for (int row = 0; row < 8; ++row)
+        for (int r = 0; r < 4; ++r)
+          words[1][h][4 * row + r] = static_cast<uint16_t>((row < 4 ? 0 : 32) + 8 * (row % 4) + 4 * h + r);
+      for (int e = 0; e < 2; ++e)
+        for (int row = 0; row < 16; ++row)
+          words[2][h][16 * e + row] = static_cast<uint16_t>((row < 8 ? 0 : 32) + 4 * (row % 8) + 2 * h + e);
+    }
+    for (int l = 0; l < 4; ++l)
+      for (int i = 0; i < 16; ++i) {
+        byte_spread[l][4 * i] = static_cast<uint8_t>(16 * l + i);
+        byte_spread[l][4 * i + 1] = byte_spread[l][4 * i + 2] = byte_spread[l][4 * i + 3] = 0;
+      }
+  }
+};
+const PairLayout kPairs;
+
+// 16 weight rows' 32 weights from element k, in B's pair layout: out[r][i] (32 bits) = the bfloat16 pair
+// (element k + 2r, element k + 2r + 1) of weight row i (PairLayout). Asks for the same chunk of the rows
+// kPrefetchRows on.
+template <int BITS>
+inline void decode_pairs(const uint8_t* w, int64_t row_bytes, int k, uint16_t* out) {
+  if constexpr (BITS == 4) {
+    alignas(64) static const uint16_t kNibbleValues[32] = {0x0000, 0x3f80, 0x4000, 0x4040, 0x4080, 0x40a0,
+                                                           0x40c0, 0x40e0, 0x4100, 0x4110, 0x4120, 0x4130,
+                                                           0x4140, 0x4150, 0x4160, 0x4170};  // bfloat16 of 0..15
+    const __m512i table = _mm512_load_si512(kNibbleValues);
+    __m512i z[4];
+    for (int q = 0; q < 4; ++q) {
+      const uint8_t* src = w + (4 * q) * row_bytes + k / 2;
+      for (int i = 0; i < 4; ++i) __builtin_prefetch(src + (kPrefetchRows + i) * row_bytes);
+      __m512i v = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+      for (int i = 1; i < 4; ++i) {
+        v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i * row_bytes)), i);
+      }
+      z[q] = v;
+    }
+    const __m512i shifts = _mm512_load_si512(kPairs.nibble_shifts);
+    const __m512i nibble = _mm512_set1_epi16(0x0f);
+    for (int h = 0; h < 2; ++h) {
+      const __m512i stage1 = _mm512_load_si512(kPairs.bytes_stage1[h]);
+      const __m512i top = _mm512_permutex2var_epi8(z[0], stage1, z[1]);
+      const __m512i bottom = _mm512_permutex2var_epi8(z[2], stage1, z[3]);
+      for (int j = 0; j < 2; ++j) {
+        const __m512i rows = _mm512_permutex2var_epi8(top, _mm512_load_si512(kPairs.bytes_stage2[j]), bottom);
+        for (int s = 0; s < 4; ++s) {
+          __m512i v = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, _mm512_load_si512(kPairs.nibble_spread[s]), rows);
+          v = _mm512_and_si512(_mm512_srlv_epi16(v, shifts), nibble);
+          _mm512_store_si512(out + 32 * (8 * h + 4 * j + s), _mm512_permutexvar_epi16(v, table));
+        }
+      }
+    }
+  } else {
+    __m512i z[8];
+    for (int q = 0; q < 8; ++q) {
+      const uint8_t* src = w + (2 * q) * row_bytes + k;
+      __builtin_prefetch(src + kPrefetchRows * row_bytes);
+      __builtin_prefetch(src + (kPrefetchRows + 1) * row_bytes);
+      z[q] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src))),
+                                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + row_bytes)), 1);
+    }
+    __m512i s1[4][2], s2[2][2][2];  // s1[m][h]: rows 4m .. 4m + 3; s2[b][h][h2]: rows 8b .. 8b + 7
+    for (int h = 0; h < 2; ++h) {
+      const __m512i stage = _mm512_load_si512(kPairs.words[0][h]);
+      for (int m = 0; m < 4; ++m) s1[m][h] = _mm512_permutex2var_epi16(z[2 * m], stage, z[2 * m + 1]);
+    }
+    for (int h2 = 0; h2 < 2; ++h2) {
+      const __m512i stage = _mm512_load_si512(kPairs.words[1][h2]);
+      for (int b = 0; b < 2; ++b)
+        for (int h = 0; h < 2; ++h) s2[b][h][h2] = _mm512_permutex2var_epi16(s1[2 * b][h], stage, s1[2 * b + 1][h]);
+    }
+    for (int h3 = 0; h3 < 2; ++h3) {
+      const __m512i stage = _mm512_load_si512(kPairs.words[2][h3]);
+      for (int h = 0; h < 2; ++h)
+        for (int h2 = 0; h2 < 2; ++h2) {
+          const __m512i rows = _mm512_permutex2var_epi16(s2[0][h][h2], stage, s2[1][h][h2]);  // B rows r, r + 1
+          __m512 f[4];
+          for (int l = 0; l < 4; ++l) {
+            const __m512i spread = _mm512_load_si512(kPairs.byte_spread[l]);
+            f[l] = _mm512_cvtepi32_ps(_mm512_maskz_permutexvar_epi8(0x1111111111111111ull, spread, rows));
+          }
+          const int r = 8 * h + 4 * h2 + 2 * h3;
+          _mm512_store_si512(out + 32 * r, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(f[1], f[0])));
+          _mm512_store_si512(out + 32 * (r + 1), reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(f[3], f[2])));
+        }
+    }
+  }
+}
+
+// The scales (or biases) of weight rows n .. n + 15 for groups [g, g + count), as float32: out[group][row],
+// so that a group's values over the rows are one vector (the lanes past `count` are zero).
+void widen_columns(const Problem& p, const void* base, int n, int groups, int g, int count, float out[16][16]) {
+  const __mmask16 mask = static_cast<__mmask16>((1u << count) - 1);
+  __m512i rows[16];
+  for (int i = 0; i < 16; ++i) {
+    const int64_t at = static_cast<int64_t>(n + i) * groups + g;
+    const auto* half = static_cast<const uint16_t*>(base) + at;
+    if (p.scale_type == kScaleFloat16) {
+      rows[i] = _mm512_castps_si512(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, half)));
+    } else if (p.scale_type == kScaleBFloat16) {
+      rows[i] = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, half)), 16);
+    } else {
+      rows[i] = _mm512_castps_si512(_mm512_maskz_loadu_ps(mask, static_cast<const float*>(base) + at));
+    }
+  }
+  transpose16(rows);
+  for (int j = 0; j < 16; ++j) _mm512_store_si512(out[j], rows[j]);
+}
+
+// T column tiles of 16 weight rows from n (T = 1 or 2: two side by side share x's tiles) against every row
+// tile of x. The first row tile decodes the weights, kDecodeAhead chunks ahead of their products, into
+// `decoded` (a ring of `ring` chunks: one row tile needs kDecodeAhead + 1 of them, more row tiles all of
+// K's, which the later row tiles read again). Each weight group's C tiles go to one of two buffers and are
+// scaled into the sums while the next group's tile products run.
+template <int T, int GS, int BITS>
+void column_tiles(const Problem& p, int n, uint16_t* decoded, int ring) {
+  constexpr int kChunksPerGroup = GS / 32;
+  constexpr int kChunkValues = 16 * 32;  // bfloat16 values of one decoded B tile
+  const AmxRows& x = *p.amx;
+  const int groups = p.K / GS, chunks = p.K / 32;
+  const int64_t row_bytes = static_cast<int64_t>(p.K) * BITS / 8;
+  alignas(64) float products[2][T][16 * 16];  // [group % 2][column tile][x row][weight row]
+  alignas(64) float scales[T][16][16], biases[T][16][16];  // [column tile][group % 16][weight row]
+  alignas(64) float sums[T][16][16];  // [column tile][x row][weight row]
+  auto decode = [&](int c) {
+    for (int u = 0; u < T; ++u) {
+      uint16_t* out = decoded + (static_cast<int64_t>(c % ring) * T + u) * kChunkValues;
+      decode_pairs<BITS>(p.w + (n + 16 * u) * row_bytes, row_bytes, 32 * c, out);
+    }
+  };
+  for (int t = 0; t < x.row_tiles; ++t) {
+    const int rows = std::min(16, p.M - 16 * t);
+    const uint32_t* pieces = x.pieces + static_cast<int64_t>(t) * x.chunks * kAmxChunkWords;
+    const float* x_sums = x.sums + static_cast<int64_t>(t) * x.groups * 16;
+    std::memset(sums, 0, sizeof(sums));
+    auto add_group = [&](int g) {  // sums += scale * (the group's tile sums) + bias * (x's group sums)
+      for (int u = 0; u < T; ++u) {
+        const __m512 scale = _mm512_load_ps(scales[u][g % 16]), bias = _mm512_load_ps(biases[u][g % 16]);
+        const float* group = products[g % 2][u];
+        for (int j = 0; j < rows; ++j) {
+          __m512 sum = _mm512_fmadd_ps(scale, _mm512_load_ps(group + 16 * j), _mm512_load_ps(sums[u][j]));
+          sum = _mm512_fmadd_ps(bias, _mm512_set1_ps(x_sums[g * 16 + j]), sum);
+          _mm512_store_ps(sums[u][j], sum);
+        }
+      }
+    };
+    if (t == 0) {
+      for (int c = 0; c < kDecodeAhead && c < chunks; ++c) decode(c);
+    }
+    for (int g = 0; g < groups; ++g) {
+      if (g % 16 == 0) {
+        if (g > 0) add_group(g - 1);  // before its scales are replaced
+        for (int u = 0; u < T; ++u) {
+          if (t == 0) {
+            for (int i = 0; i < 16; ++i) prefetch_scales(p, static_cast<int64_t>(n + 16 * u + i) * groups + g + 16);
+          }
+          widen_columns(p, p.scales, n + 16 * u, groups, g, std::min(16, groups - g), scales[u]);
+          widen_columns(p, p.biases, n + 16 * u, groups, g, std::min(16, groups - g), biases[u]);
+        }
+      }
+      _tile_zero(0);
+      if constexpr (T == 2) _tile_zero(1);
+      for (int kc = 0; kc < kChunksPerGroup; ++kc) {
+        const int c = g * kChunksPerGroup + kc;
+        if (t == 0 && c + kDecodeAhead < chunks) decode(c + kDecodeAhead);
+        const uint16_t* weights = decoded + static_cast<int64_t>(c % ring) * T * kChunkValues;
+        const uint32_t* a = pieces + static_cast<int64_t>(c) * kAmxChunkWords;
+        _tile_loadd(5, weights, 64);
+        if constexpr (T == 2) _tile_loadd(6, weights + kChunkValues, 64);
+        _tile_loadd(2, a, 64);
+        _tile_dpbf16ps(0, 2, 5);
+        if constexpr (T == 2) _tile_dpbf16ps(1, 2, 6);
+        _tile_loadd(3, a + 256, 64);
+        _tile_dpbf16ps(0, 3, 5);
+        if constexpr (T == 2) _tile_dpbf16ps(1, 3, 6);
+        _tile_loadd(4, a + 512, 64);
+        _tile_dpbf16ps(0, 4, 5);
+        if constexpr (T == 2) _tile_dpbf16ps(1, 4, 6);
+      }
+      _tile_stored(0, products[g % 2][0], 64);
+      if constexpr (T == 2) _tile_stored(1, products[g % 2][1], 64);
+      if (g % 16 != 0) add_group(g - 1);
+    }
+    add_group(groups - 1);
+    for (int u = 0; u < T; ++u) {
+      for (int j = 0; j < rows; ++j) {
+        _mm512_storeu_ps(p.y + static_cast<int64_t>(16 * t + j) * p.N + n + 16 * u, _mm512_load_ps(sums[u][j]));
+      }
+    }
+  }
+}
+
+template <int GS, int BITS>
+void amx_columns(const Problem& p, int n0, int n1) {
+  // one row tile: A and C as tall as x; more: 16 rows each (amx_prepare zeroes the last tile's spare rows)
+  configure(p.amx->row_tiles == 1 ? p.M : 16);
+  const int ring = p.amx->row_tiles == 1 ? kDecodeAhead + 1 : std::max(p.K / 32, kDecodeAhead + 1);
+  thread_local uint16_t* decoded = nullptr;
+  thread_local size_t capacity = 0;  // bfloat16 values
+  const size_t need = static_cast<size_t>(ring) * 2 * 16 * 32;
+  if (need > capacity) {
+    std::free(decoded);
+    decoded = static_cast<uint16_t*>(std::aligned_alloc(64, need * sizeof(uint16_t)));
+    if (decoded == nullptr) throw std::bad_alloc();
+    capacity = need;
+  }
+  int n = n0;
+  for (; n + 32 <= n1; n += 32) column_tiles<2, GS, BITS>(p, n, decoded, ring);
+  for (; n + 16 <= n1; n += 16) column_tiles<1, GS, BITS>(p, n, decoded, ring);
+}
+
 }  // namespace
 
-void amx_prepare(const float* x, int M, int K, int group_size, int bits, uint32_t* pieces, float* sums) {
+void amx_prepare(const float* x, int M, int K, int group_size, uint32_t* pieces, float* sums) {
   const int row_tiles = amx_row_tiles(M), chunks = K / 32, groups = K / group_size;
-  // The sums' lanes past a row tile's x rows are read into lanes whose results are dropped: zeros keep
-  // them ordinary numbers. (B columns past them are never loaded: the tiles' width is the row count.)
+  // Spare rows of the last row tile are zero (a tile taller than x reads them; their results are dropped),
+  // and so are their group sums.
   std::memset(sums, 0, sizeof(float) * row_tiles * groups * 16);
-  // A position p of 4-bit weights holds the chunk's even elements (p < 16), then its odd ones: the order
-  // of the bytes' low, then high nibbles (decode_rows)
-  const __m512i evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  const __m512i odds = _mm512_add_epi32(evens, _mm512_set1_epi32(1));
   const __m512i high_half = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
   for (int t = 0; t < row_tiles; ++t) {
     const int rows = std::min(16, M - 16 * t);
     for (int c = 0; c < chunks; ++c) {
-      __m512i pairs[3][16];  // [piece][x row]: the row's 32 values in A positions, as 16 pairs
-      for (int j = 0; j < 16; ++j) {
+      auto* out = reinterpret_cast<uint16_t*>(pieces + (static_cast<int64_t>(t) * chunks + c) * kAmxChunkWords);
+      for (int j = 0; j < 16; ++j) {  // A row j of each piece: x row 16 t + j's 32 elements from 32 c
         if (j >= rows) {
-          for (int s = 0; s < 3; ++s) pairs[s][j] = _mm512_setzero_si512();
+          for (int s = 0; s < 3; ++s) _mm512_store_si512(out + s * 512 + 32 * j, _mm512_setzero_si512());
           continue;
         }
         const float* src = x + static_cast<int64_t>(16 * t + j) * K + 32 * c;
-        const __m512 a = _mm512_loadu_ps(src), b = _mm512_loadu_ps(src + 16);
-        __m512 first = a, second = b;  // positions 0-15 and 16-31
-        if (bits == 4) {
-          first = _mm512_permutex2var_ps(a, evens, b);
-          second = _mm512_permutex2var_ps(a, odds, b);
-        }
+        __m512 first = _mm512_loadu_ps(src), second = _mm512_loadu_ps(src + 16);
         for (int s = 0; s < 3; ++s) {  // hi, mid, lo: each the top 16 bits of what is left (exact: each
           // subtraction leaves at most 16, then 8 significant bits)
           const __m512i top_first = _mm512_and_si512(_mm512_castps_si512(first), high_half);
@@ -231,13 +359,9 @@ void amx_prepare(const float* x, int M, int K, int group_size, int bits, uint32_
           second = _mm512_sub_ps(second, _mm512_castsi512_ps(top_second));
           const __m256i words_first = _mm512_cvtepi32_epi16(_mm512_srli_epi32(top_first, 16));
           const __m256i words_second = _mm512_cvtepi32_epi16(_mm512_srli_epi32(top_second, 16));
-          pairs[s][j] = _mm512_inserti64x4(_mm512_castsi256_si512(words_first), words_second, 1);
+          _mm512_store_si512(out + s * 512 + 32 * j,
+                             _mm512_inserti64x4(_mm512_castsi256_si512(words_first), words_second, 1));
         }
-      }
-      uint32_t* out = pieces + (static_cast<int64_t>(t) * chunks + c) * kAmxChunkWords;
-      for (int s = 0; s < 3; ++s) {  // B row r, column j = pair r of x row j
-        transpose16(pairs[s]);
-        for (int r = 0; r < 16; ++r) _mm512_storeu_si512(out + s * 256 + 16 * r, pairs[s][r]);
       }
     }
     for (int j = 0; j < rows; ++j) {

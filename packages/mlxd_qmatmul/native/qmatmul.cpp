@@ -68,7 +68,7 @@ void run_amx(const float* x, std::vector<Problem>& problems, const Isa& isa) {
   const int row_tiles = amx_row_tiles(first.M), chunks = first.K / 32, groups = first.K / first.group_size;
   auto* pieces = reinterpret_cast<uint32_t*>(piece_buffer.reserve(static_cast<size_t>(row_tiles) * chunks * kAmxChunkWords));
   float* sums = sum_buffer.reserve(static_cast<size_t>(row_tiles) * groups * 16);
-  amx_prepare(x, first.M, first.K, first.group_size, first.bits, pieces, sums);
+  amx_prepare(x, first.M, first.K, first.group_size, pieces, sums);
   const AmxRows rows{pieces, sums, row_tiles, chunks, groups};
   for (Problem& problem : problems) problem.amx = &rows;
   run_problems(problems, Isa{"amx", isa.lanes, amx_kernel()});
