@@ -18,7 +18,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <new>
 
 #include "kernel.h"
 
@@ -231,10 +230,10 @@ void widen_columns(const Problem& p, const void* base, int n, int groups, int g,
 }
 
 // T column tiles of 16 weight rows from n (T = 1 or 2: two side by side share x's tiles) against every row
-// tile of x. The first row tile decodes the weights, kDecodeAhead chunks ahead of their products, into
-// `decoded` (a ring of `ring` chunks: one row tile needs kDecodeAhead + 1 of them, more row tiles all of
-// K's, which the later row tiles read again). Each weight group's C tiles go to one of two buffers and are
-// scaled into the sums while the next group's tile products run.
+// tile of x. The weights are decoded kDecodeAhead chunks ahead of their products into `decoded`, a ring of
+// `ring` chunks: with a ring of all of K's chunks the first row tile decodes and the later ones read them
+// again; with a ring of kDecodeAhead + 1 every row tile decodes. Each weight group's C tiles go to one of
+// two buffers and are scaled into the sums while the next group's tile products run.
 template <int T, int GS, int BITS>
 void column_tiles(const Problem& p, int n, uint16_t* decoded, int ring) {
   constexpr int kChunksPerGroup = GS / 32;
@@ -242,6 +241,7 @@ void column_tiles(const Problem& p, int n, uint16_t* decoded, int ring) {
   const AmxRows& x = *p.amx;
   const int groups = p.K / GS, chunks = p.K / 32;
   const int64_t row_bytes = static_cast<int64_t>(p.K) * BITS / 8;
+  const bool decode_once = ring >= chunks;
   alignas(64) float products[2][T][16 * 16];  // [group % 2][column tile][x row][weight row]
   alignas(64) float scales[T][16][16], biases[T][16][16];  // [column tile][group % 16][weight row]
   alignas(64) float sums[T][16][16];  // [column tile][x row][weight row]
@@ -267,14 +267,15 @@ void column_tiles(const Problem& p, int n, uint16_t* decoded, int ring) {
         }
       }
     };
-    if (t == 0) {
+    const bool decoding = t == 0 || !decode_once;
+    if (decoding) {
       for (int c = 0; c < kDecodeAhead && c < chunks; ++c) decode(c);
     }
     for (int g = 0; g < groups; ++g) {
       if (g % 16 == 0) {
         if (g > 0) add_group(g - 1);  // before its scales are replaced
         for (int u = 0; u < T; ++u) {
-          if (t == 0) {
+          if (decoding) {
             for (int i = 0; i < 16; ++i) prefetch_scales(p, static_cast<int64_t>(n + 16 * u + i) * groups + g + 16);
           }
           widen_columns(p, p.scales, n + 16 * u, groups, g, std::min(16, groups - g), scales[u]);
@@ -285,7 +286,7 @@ void column_tiles(const Problem& p, int n, uint16_t* decoded, int ring) {
       if constexpr (T == 2) _tile_zero(1);
       for (int kc = 0; kc < kChunksPerGroup; ++kc) {
         const int c = g * kChunksPerGroup + kc;
-        if (t == 0 && c + kDecodeAhead < chunks) decode(c + kDecodeAhead);
+        if (decoding && c + kDecodeAhead < chunks) decode(c + kDecodeAhead);
         const uint16_t* weights = decoded + static_cast<int64_t>(c % ring) * T * kChunkValues;
         const uint32_t* a = pieces + static_cast<int64_t>(c) * kAmxChunkWords;
         _tile_loadd(5, weights, 64);
@@ -317,15 +318,24 @@ template <int GS, int BITS>
 void amx_columns(const Problem& p, int n0, int n1) {
   // one row tile: A and C as tall as x; more: 16 rows each (amx_prepare zeroes the last tile's spare rows)
   configure(p.amx->row_tiles == 1 ? p.M : 16);
-  const int ring = p.amx->row_tiles == 1 ? kDecodeAhead + 1 : std::max(p.K / 32, kDecodeAhead + 1);
-  thread_local uint16_t* decoded = nullptr;
-  thread_local size_t capacity = 0;  // bfloat16 values
-  const size_t need = static_cast<size_t>(ring) * 2 * 16 * 32;
-  if (need > capacity) {
-    std::free(decoded);
-    decoded = static_cast<uint16_t*>(std::aligned_alloc(64, need * sizeof(uint16_t)));
-    if (decoded == nullptr) throw std::bad_alloc();
-    capacity = need;
+  constexpr int kSmallRing = kDecodeAhead + 1;
+  alignas(64) uint16_t small[kSmallRing * 2 * 16 * 32];
+  uint16_t* decoded = small;
+  int ring = kSmallRing;
+  if (p.amx->row_tiles > 1) {  // decode once for all row tiles: a ring of all of K's chunks, kept per thread
+    thread_local uint16_t* whole = nullptr;
+    thread_local size_t capacity = 0;  // bfloat16 values
+    const int chunks = std::max(p.K / 32, kSmallRing);
+    const size_t need = static_cast<size_t>(chunks) * 2 * 16 * 32;
+    if (need > capacity) {
+      std::free(whole);
+      whole = static_cast<uint16_t*>(std::aligned_alloc(64, need * sizeof(uint16_t)));
+      capacity = whole != nullptr ? need : 0;
+    }
+    if (whole != nullptr) {  // else (no memory) every row tile decodes again
+      decoded = whole;
+      ring = chunks;
+    }
   }
   int n = n0;
   for (; n + 32 <= n1; n += 32) column_tiles<2, GS, BITS>(p, n, decoded, ring);
