@@ -38,11 +38,14 @@ struct Int8Rows {
   int Kpad, Gpad;
 };
 
-// x prepared for the AMX kernel (amx_prepare): per row tile of 16 x rows and chunk of 32 elements, three
+// x prepared for the AMX kernel (amx_prepare): per row tile (up to 16 x rows) and chunk of 32 elements, three
 // A tiles (x's hi, mid and lo bfloat16 pieces: row j holds x row j's 32 elements in order; rows past x's
 // are zero), and per weight group the exact-order float sums of x.
 constexpr int kAmxChunkWords = 3 * 16 * 16;  // uint32 words of one chunk's three A tiles
 inline int amx_row_tiles(int M) { return (M + 15) / 16; }
+// x rows in each row tile: M spread evenly (a tile product's time follows its rows; the last tile may hold
+// fewer, its spare rows zero).
+inline int amx_tile_rows(int M) { return (M + amx_row_tiles(M) - 1) / amx_row_tiles(M); }
 
 struct AmxRows {
   const uint32_t* pieces;  // [row_tiles][K / 32][kAmxChunkWords]

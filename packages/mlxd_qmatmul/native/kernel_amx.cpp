@@ -251,8 +251,9 @@ void column_tiles(const Problem& p, int n, uint16_t* decoded, int ring) {
       decode_pairs<BITS>(p.w + (n + 16 * u) * row_bytes, row_bytes, 32 * c, out);
     }
   };
+  const int tile_rows = amx_tile_rows(p.M);
   for (int t = 0; t < x.row_tiles; ++t) {
-    const int rows = std::min(16, p.M - 16 * t);
+    const int rows = std::min(tile_rows, p.M - tile_rows * t);
     const uint32_t* pieces = x.pieces + static_cast<int64_t>(t) * x.chunks * kAmxChunkWords;
     const float* x_sums = x.sums + static_cast<int64_t>(t) * x.groups * 16;
     std::memset(sums, 0, sizeof(sums));
@@ -308,7 +309,7 @@ void column_tiles(const Problem& p, int n, uint16_t* decoded, int ring) {
     add_group(groups - 1);
     for (int u = 0; u < T; ++u) {
       for (int j = 0; j < rows; ++j) {
-        _mm512_storeu_ps(p.y + static_cast<int64_t>(16 * t + j) * p.N + n + 16 * u, _mm512_load_ps(sums[u][j]));
+        _mm512_storeu_ps(p.y + static_cast<int64_t>(tile_rows * t + j) * p.N + n + 16 * u, _mm512_load_ps(sums[u][j]));
       }
     }
   }
@@ -316,8 +317,7 @@ void column_tiles(const Problem& p, int n, uint16_t* decoded, int ring) {
 
 template <int GS, int BITS>
 void amx_columns(const Problem& p, int n0, int n1) {
-  // one row tile: A and C as tall as x; more: 16 rows each (amx_prepare zeroes the last tile's spare rows)
-  configure(p.amx->row_tiles == 1 ? p.M : 16);
+  configure(amx_tile_rows(p.M));  // A and C as tall as a row tile (the last tile's spare rows are zero)
   constexpr int kSmallRing = kDecodeAhead + 1;
   alignas(64) uint16_t small[kSmallRing * 2 * 16 * 32];
   uint16_t* decoded = small;
@@ -345,21 +345,21 @@ void amx_columns(const Problem& p, int n0, int n1) {
 }  // namespace
 
 void amx_prepare(const float* x, int M, int K, int group_size, uint32_t* pieces, float* sums) {
-  const int row_tiles = amx_row_tiles(M), chunks = K / 32, groups = K / group_size;
-  // Spare rows of the last row tile are zero (a tile taller than x reads them; their results are dropped),
-  // and so are their group sums.
+  const int row_tiles = amx_row_tiles(M), tile_rows = amx_tile_rows(M), chunks = K / 32, groups = K / group_size;
+  // Spare rows of the last row tile are zero (its tiles are as tall as the others; their results are
+  // dropped), and so are their group sums.
   std::memset(sums, 0, sizeof(float) * row_tiles * groups * 16);
   const __m512i high_half = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
   for (int t = 0; t < row_tiles; ++t) {
-    const int rows = std::min(16, M - 16 * t);
+    const int rows = std::min(tile_rows, M - tile_rows * t);
     for (int c = 0; c < chunks; ++c) {
       auto* out = reinterpret_cast<uint16_t*>(pieces + (static_cast<int64_t>(t) * chunks + c) * kAmxChunkWords);
-      for (int j = 0; j < 16; ++j) {  // A row j of each piece: x row 16 t + j's 32 elements from 32 c
+      for (int j = 0; j < tile_rows; ++j) {  // A row j of each piece: x row tile_rows * t + j, elements 32 c ..
         if (j >= rows) {
           for (int s = 0; s < 3; ++s) _mm512_store_si512(out + s * 512 + 32 * j, _mm512_setzero_si512());
           continue;
         }
-        const float* src = x + static_cast<int64_t>(16 * t + j) * K + 32 * c;
+        const float* src = x + static_cast<int64_t>(tile_rows * t + j) * K + 32 * c;
         __m512 first = _mm512_loadu_ps(src), second = _mm512_loadu_ps(src + 16);
         for (int s = 0; s < 3; ++s) {  // hi, mid, lo: each the top 16 bits of what is left (exact: each
           // subtraction leaves at most 16, then 8 significant bits)
@@ -375,7 +375,7 @@ void amx_prepare(const float* x, int M, int K, int group_size, uint32_t* pieces,
       }
     }
     for (int j = 0; j < rows; ++j) {
-      const float* src = x + static_cast<int64_t>(16 * t + j) * K;
+      const float* src = x + static_cast<int64_t>(tile_rows * t + j) * K;
       for (int g = 0; g < groups; ++g) {
         __m512 total = _mm512_loadu_ps(src + g * group_size);
         for (int k = g * group_size + 16; k < (g + 1) * group_size; k += 16) {
