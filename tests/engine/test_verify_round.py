@@ -9,6 +9,7 @@ import pytest
 
 from mlxd_drafters import PromptLookupConfig
 from mlxd_engine import Engine, SamplingParams, prefill_and_record, step_and_record, verify_round
+from mlxd_engine.verify_round import greedy_tokens
 from mlxd_scheduler import generate_plain, generate_with_prompt_lookup
 
 STORY_PROMPTS = ["Once upon a time", "Lily and Ben went to the park.", "The little dog was sad because"]
@@ -176,3 +177,22 @@ def test_embedded_model_plain_prompts_equal_plain(embedded_model, text):
     plain = generate_plain(engine, prompt, 120)
     speculative = generate_with_prompt_lookup(engine, prompt, 120)
     assert_same_or_near_tie(embedded_model, prompt, plain.tokens, speculative.tokens)
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
+def test_greedy_tokens_match_mlx_argmax_with_ties_and_nans(dtype):
+    nan, inf = float("nan"), float("inf")
+    rows = [
+        [1.0, 3.0, 3.0, 2.0],  # equal maxima: the first
+        [nan, 1.0, 2.0, 0.0],  # a NaN counts as the largest
+        [1.0, 2.0, nan, nan],
+        [-inf, -inf, -inf, -inf],
+        [inf, 1.0, inf, 0.0],
+        [-0.0, 0.0, -1.0, -2.0],
+    ]
+    logits = mx.array([rows, rows[::-1]], dtype=dtype)  # [batch, positions, vocab]
+    expected = mx.argmax(logits, axis=-1).tolist()
+    assert greedy_tokens(logits) == expected
+    assert greedy_tokens(logits[1, 1:4]) == expected[1][1:4]  # a strided view, read in place
+    wide = mx.random.normal((9, 49152), key=mx.random.key(3)).astype(dtype)
+    assert greedy_tokens(wide) == mx.argmax(wide, axis=-1).tolist()
