@@ -142,9 +142,8 @@ def verify_rows_timed(
 def greedy_tokens(logits: mx.array) -> list:
     """Each position's argmax over the last axis as nested lists of token ids: the first of equal maxima,
     and a NaN counts as the largest (MLX's and numpy's rule alike). On the CPU, numpy's argmax over the
-    evaluated logits, read in place (about ten times faster there than MLX's CPU argmax: 0.05 against
-    0.55 ms for a 9-token verify's 9 x 49152 logits, code_notes.md#verify-argmax); elsewhere MLX's, so only
-    the token ids leave the device."""
+    evaluated logits, read in place (MLX's CPU argmax is several times slower: code_notes.md#verify-argmax);
+    elsewhere MLX's, so only the token ids leave the device."""
     if mx.default_device() == mx.cpu and logits.dtype in (mx.float32, mx.float16):
         mx.eval(logits)
         return np.argmax(np.asarray(logits), axis=-1).tolist()
@@ -198,10 +197,9 @@ def _settle(
 
 
 def _sample_positions(seq: Sequence, logits: mx.array, proposal: list[int]) -> list[int]:
-    """The row's sampled token at each position, stopping after the first disagreement."""
+    """The row's sampled token at each position, stopping after the first disagreement (a row that is not
+    plain greedy: those take ``greedy_tokens`` over the whole batch)."""
     chain = seq.chain
-    if chain.params.is_greedy and not chain.processors:
-        return greedy_tokens(logits)  # [width] token ids
     window = chain.params.penalty_context
     sampled: list[int] = []
     for i in range(len(proposal) + 1):

@@ -325,8 +325,8 @@ void amx_columns(const Problem& p, int n0, int n1) {
   if (p.amx->row_tiles > 1) {  // decode once for all row tiles: a ring of all of K's chunks, kept per thread
     thread_local uint16_t* whole = nullptr;
     thread_local size_t capacity = 0;  // bfloat16 values
-    const int chunks = std::max(p.K / 32, kSmallRing);
-    const size_t need = static_cast<size_t>(chunks) * 2 * 16 * 32;
+    const int whole_ring = std::max(p.K / 32, kSmallRing);
+    const size_t need = static_cast<size_t>(whole_ring) * 2 * 16 * 32;
     if (need > capacity) {
       std::free(whole);
       whole = static_cast<uint16_t*>(std::aligned_alloc(64, need * sizeof(uint16_t)));
@@ -334,7 +334,7 @@ void amx_columns(const Problem& p, int n0, int n1) {
     }
     if (whole != nullptr) {  // else (no memory) every row tile decodes again
       decoded = whole;
-      ring = chunks;
+      ring = whole_ring;
     }
   }
   int n = n0;
