@@ -209,9 +209,10 @@ inline void decode_pairs(const uint8_t* w, int64_t row_bytes, int k, uint16_t* o
   }
 }
 
-// The scales (or biases) of weight rows n .. n + 15 for groups [g, g + count), as float32: out[group][row],
-// so that a group's values over the rows are one vector (the lanes past `count` are zero).
-void widen_columns(const Problem& p, const void* base, int n, int groups, int g, int count, float out[16][16]) {
+// The scales (or biases) of weight rows n .. n + 15 for groups [g, g + count), as float32: out[group][row]
+// (16 rows of 16 floats), so that a group's values over the rows are one vector (the lanes past `count`
+// are zero, and so are the rows past it).
+void widen_columns(const Problem& p, const void* base, int n, int groups, int g, int count, float* out) {
   const __mmask16 mask = static_cast<__mmask16>((1u << count) - 1);
   __m512i rows[16];
   for (int i = 0; i < 16; ++i) {
@@ -226,16 +227,18 @@ void widen_columns(const Problem& p, const void* base, int n, int groups, int g,
     }
   }
   transpose16(rows);
-  for (int j = 0; j < 16; ++j) _mm512_store_si512(out[j], rows[j]);
+  for (int j = 0; j < 16; ++j) _mm512_store_si512(out + 16 * j, rows[j]);
 }
 
 // T column tiles of 16 weight rows from n (T = 1 or 2: two side by side share x's tiles) against every row
 // tile of x. The weights are decoded kDecodeAhead chunks ahead of their products into `decoded`, a ring of
 // `ring` chunks: with a ring of all of K's chunks the first row tile decodes and the later ones read them
-// again; with a ring of kDecodeAhead + 1 every row tile decodes. Each weight group's C tiles go to one of
-// two buffers and are scaled into the sums while the next group's tile products run.
+// again; with a ring of kDecodeAhead + 1 every row tile decodes. The scales and biases are widened the same
+// way: into `widened` ([scales, biases][column tile][group][weight row], every group rounded up to 16) once
+// for all row tiles when it is given, else 16 groups at a time in every row tile. Each weight group's C
+// tiles go to one of two buffers and are scaled into the sums while the next group's tile products run.
 template <int T, int GS, int BITS>
-void column_tiles(const Problem& p, int n, uint16_t* decoded, int ring) {
+void column_tiles(const Problem& p, int n, uint16_t* decoded, int ring, float* widened) {
   constexpr int kChunksPerGroup = GS / 32;
   constexpr int kChunkValues = 16 * 32;  // bfloat16 values of one decoded B tile
   const AmxRows& x = *p.amx;
@@ -243,12 +246,39 @@ void column_tiles(const Problem& p, int n, uint16_t* decoded, int ring) {
   const int64_t row_bytes = static_cast<int64_t>(p.K) * BITS / 8;
   const bool decode_once = ring >= chunks;
   alignas(64) float products[2][T][16 * 16];  // [group % 2][column tile][x row][weight row]
-  alignas(64) float scales[T][16][16], biases[T][16][16];  // [column tile][group % 16][weight row]
+  alignas(64) float window[2][T][16 * 16];  // without `widened`: [scales, biases][column tile][group % 16][weight row]
   alignas(64) float sums[T][16][16];  // [column tile][x row][weight row]
+  const int padded_groups = (groups + 15) / 16 * 16;
+  // the scales (which = 0) or biases (1) of column tile u, group g: 16 floats over the weight rows
+  auto widened_at = [&](int which, int u, int g) -> float* {
+    if (widened != nullptr) return widened + ((static_cast<int64_t>(which) * T + u) * padded_groups + g) * 16;
+    return window[which][u] + 16 * (g % 16);
+  };
+  auto widen = [&](int g) {  // groups g .. g + 15 into widened_at's place for them
+    for (int u = 0; u < T; ++u) {
+      const int count = std::min(16, groups - g);
+      widen_columns(p, p.scales, n + 16 * u, groups, g, count, widened_at(0, u, g));
+      widen_columns(p, p.biases, n + 16 * u, groups, g, count, widened_at(1, u, g));
+    }
+  };
+  if (widened != nullptr) {
+    for (int g = 0; g < groups; g += 16) widen(g);
+  }
+  // widened once: the next column tiles' scales and biases (one block of rows each) are asked for while this
+  // one decodes, a few cache lines a chunk
+  const int64_t scale_bytes = p.scale_type == kScaleFloat32 ? 4 : 2;
+  const int64_t next_block = static_cast<int64_t>(n + 16 * T) * groups * scale_bytes;
+  const int64_t block_lines = (16 * T * groups * scale_bytes + 63) / 64, lines_per_chunk = (block_lines + chunks - 1) / chunks;
   auto decode = [&](int c) {
     for (int u = 0; u < T; ++u) {
       uint16_t* out = decoded + (static_cast<int64_t>(c % ring) * T + u) * kChunkValues;
       decode_pairs<BITS>(p.w + (n + 16 * u) * row_bytes, row_bytes, 32 * c, out);
+    }
+    if (widened != nullptr) {
+      for (int64_t line = c * lines_per_chunk; line < std::min(block_lines, (c + 1) * lines_per_chunk); ++line) {
+        __builtin_prefetch(static_cast<const char*>(p.scales) + next_block + 64 * line);
+        __builtin_prefetch(static_cast<const char*>(p.biases) + next_block + 64 * line);
+      }
     }
   };
   const int tile_rows = amx_tile_rows(p.M);
@@ -259,7 +289,7 @@ void column_tiles(const Problem& p, int n, uint16_t* decoded, int ring) {
     std::memset(sums, 0, sizeof(sums));
     auto add_group = [&](int g) {  // sums += scale * (the group's tile sums) + bias * (x's group sums)
       for (int u = 0; u < T; ++u) {
-        const __m512 scale = _mm512_load_ps(scales[u][g % 16]), bias = _mm512_load_ps(biases[u][g % 16]);
+        const __m512 scale = _mm512_load_ps(widened_at(0, u, g)), bias = _mm512_load_ps(widened_at(1, u, g));
         const float* group = products[g % 2][u];
         for (int j = 0; j < rows; ++j) {
           __m512 sum = _mm512_fmadd_ps(scale, _mm512_load_ps(group + 16 * j), _mm512_load_ps(sums[u][j]));
@@ -273,15 +303,14 @@ void column_tiles(const Problem& p, int n, uint16_t* decoded, int ring) {
       for (int c = 0; c < kDecodeAhead && c < chunks; ++c) decode(c);
     }
     for (int g = 0; g < groups; ++g) {
-      if (g % 16 == 0) {
+      if (g % 16 == 0 && widened == nullptr) {
         if (g > 0) add_group(g - 1);  // before its scales are replaced
-        for (int u = 0; u < T; ++u) {
-          if (decoding) {
+        if (decoding) {
+          for (int u = 0; u < T; ++u) {
             for (int i = 0; i < 16; ++i) prefetch_scales(p, static_cast<int64_t>(n + 16 * u + i) * groups + g + 16);
           }
-          widen_columns(p, p.scales, n + 16 * u, groups, g, std::min(16, groups - g), scales[u]);
-          widen_columns(p, p.biases, n + 16 * u, groups, g, std::min(16, groups - g), biases[u]);
         }
+        widen(g);
       }
       _tile_zero(0);
       if constexpr (T == 2) _tile_zero(1);
@@ -304,7 +333,7 @@ void column_tiles(const Problem& p, int n, uint16_t* decoded, int ring) {
       }
       _tile_stored(0, products[g % 2][0], 64);
       if constexpr (T == 2) _tile_stored(1, products[g % 2][1], 64);
-      if (g % 16 != 0) add_group(g - 1);
+      if (g > 0 && (g % 16 != 0 || widened != nullptr)) add_group(g - 1);
     }
     add_group(groups - 1);
     for (int u = 0; u < T; ++u) {
@@ -322,24 +351,30 @@ void amx_columns(const Problem& p, int n0, int n1) {
   alignas(64) uint16_t small[kSmallRing * 2 * 16 * 32];
   uint16_t* decoded = small;
   int ring = kSmallRing;
-  if (p.amx->row_tiles > 1) {  // decode once for all row tiles: a ring of all of K's chunks, kept per thread
-    thread_local uint16_t* whole = nullptr;
-    thread_local size_t capacity = 0;  // bfloat16 values
+  float* widened = nullptr;
+  if (p.amx->row_tiles > 1) {
+    // decode and widen once for all row tiles: a ring of all of K's chunks and the column tiles' scales and
+    // biases for every group, in one buffer kept per thread
+    thread_local void* whole = nullptr;
+    thread_local size_t capacity = 0;  // bytes
     const int whole_ring = std::max(p.K / 32, kSmallRing);
-    const size_t need = static_cast<size_t>(whole_ring) * 2 * 16 * 32;
+    const size_t ring_bytes = static_cast<size_t>(whole_ring) * 2 * 16 * 32 * sizeof(uint16_t);
+    const size_t widened_bytes = static_cast<size_t>(2 * 2 * ((p.K / GS + 15) / 16 * 16) * 16) * sizeof(float);
+    const size_t need = ring_bytes + widened_bytes;
     if (need > capacity) {
       std::free(whole);
-      whole = static_cast<uint16_t*>(std::aligned_alloc(64, need * sizeof(uint16_t)));
+      whole = std::aligned_alloc(64, need);
       capacity = whole != nullptr ? need : 0;
     }
-    if (whole != nullptr) {  // else (no memory) every row tile decodes again
-      decoded = whole;
+    if (whole != nullptr) {  // else (no memory) every row tile decodes and widens again
+      decoded = static_cast<uint16_t*>(whole);
       ring = whole_ring;
+      widened = reinterpret_cast<float*>(static_cast<char*>(whole) + ring_bytes);
     }
   }
   int n = n0;
-  for (; n + 32 <= n1; n += 32) column_tiles<2, GS, BITS>(p, n, decoded, ring);
-  for (; n + 16 <= n1; n += 16) column_tiles<1, GS, BITS>(p, n, decoded, ring);
+  for (; n + 32 <= n1; n += 32) column_tiles<2, GS, BITS>(p, n, decoded, ring, widened);
+  for (; n + 16 <= n1; n += 16) column_tiles<1, GS, BITS>(p, n, decoded, ring, widened);
 }
 
 }  // namespace
