@@ -47,6 +47,10 @@ void configure(int rows) {
     cfg.rows[t] = 16;
     cfg.colsb[t] = 64;
   }
+  // the compiler does not see the tile-config load read `cfg`: without this barrier it may drop the stores
+  // above as dead (a build where this function was not inlined loaded an all-zero config, and the first
+  // tile instruction faulted)
+  asm volatile("" : : "r"(&cfg) : "memory");
   _tile_loadconfig(&cfg);
   configured = rows;
 }
