@@ -85,6 +85,23 @@ def test_half_precision_scales_are_read_as_stored(dtype, bits):
         )
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+def test_rows_of_more_than_sixteen_weight_groups(bits):
+    """K of 40 groups: where AMX runs, one row tile widens the scales 16 groups at a time and several row
+    tiles widen them all once; both agree with MLX, as do the vector kernels at 5 rows."""
+    rng = np.random.default_rng(40 + bits)
+    w = mx.array(rng.normal(size=(48, 32 * 40)).astype(np.float32))
+    wq, s, b = mx.quantize(w, group_size=32, bits=bits)
+    for scales, biases in ((s, b), (s.astype(mx.float16), b.astype(mx.float16))):
+        for rows in (5, 9, 40):
+            x = mx.array(rng.normal(size=(rows, 32 * 40)).astype(np.float32))
+            _close(
+                mlxd_qmatmul.quantized_matmul(x, wq, scales, biases, 32, bits),
+                _reference(x, wq, scales.astype(mx.float32), biases.astype(mx.float32), 32, bits),
+                32 * 40,
+            )
+
+
 @pytest.mark.integration  # starts a process
 def test_every_instruction_set_agrees(tmp_path):
     """The narrower paths (forced with MLXD_QMM_ISA, the AMX kernel turned off with MLXD_QMM_AMX=0) give
