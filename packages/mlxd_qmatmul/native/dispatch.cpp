@@ -317,6 +317,44 @@ void run_tasks(int tasks, const std::function<void(int)>& job) {
   }
 }
 
+// Tasks [0, tasks) cut into `runs` runs of adjacent tasks, one a thread: a thread takes its run's tasks
+// from the front, in order, then the tasks left at the back of the others' runs, so the columns a thread
+// works on follow each other (its kernel asks for the next ones' weights while it works on these: a task
+// that starts on columns no one asked for waits on memory, code_notes.md#adjacent-tasks), and a thread that
+// falls behind still holds back only the task it is on. Each run is one word, its next task (low 32 bits)
+// and its end (high 32): taking from either end is one compare-and-swap, so the front and the back never
+// hand out the same task.
+namespace {
+void run_runs(int tasks, int runs, const std::function<void(int)>& job) {
+  runs = std::max(1, std::min(runs, tasks));
+  struct alignas(64) Span {  // a cache line each: each thread's claims stay on its own line
+    std::atomic<uint64_t> word;
+  };
+  std::vector<Span> spans(runs);
+  for (int r = 0; r < runs; ++r) {
+    const uint64_t begin = static_cast<uint64_t>(tasks) * r / runs, end = static_cast<uint64_t>(tasks) * (r + 1) / runs;
+    spans[r].word.store(end << 32 | begin, std::memory_order_relaxed);
+  }
+  auto take = [&](int r, bool front) {  // a task of run r, or -1 when it has none left
+    uint64_t span = spans[r].word.load(std::memory_order_acquire);
+    for (;;) {
+      const uint64_t next = span & 0xffffffffu, end = span >> 32;
+      if (next >= end) return -1;
+      const uint64_t taken = front ? (end << 32 | (next + 1)) : ((end - 1) << 32 | next);
+      if (spans[r].word.compare_exchange_weak(span, taken, std::memory_order_acq_rel)) {
+        return static_cast<int>(front ? next : end - 1);
+      }
+    }
+  };
+  run_tasks(runs, [&](int own) {
+    for (int t; (t = take(own, true)) >= 0;) job(t);
+    for (int step = 1; step < runs; ++step) {
+      for (int t; (t = take((own + step) % runs, false)) >= 0;) job(t);
+    }
+  });
+}
+}  // namespace
+
 // Columns per task: about kTasksPerThread tasks for each thread, whole tiles of 8 columns, at least
 // kMinTaskColumns, so a thread that falls behind leaves little for the others to wait on.
 constexpr int kTasksPerThread = 8;
@@ -348,7 +386,7 @@ void run_problems(const std::vector<Problem>& problems, const Isa& isa) {
     if (problems[i].M == 0) continue;
     for (int n0 = 0; n0 < problems[i].N; n0 += columns) tasks.push_back({i, n0, std::min(problems[i].N, n0 + columns)});
   }
-  run_tasks(static_cast<int>(tasks.size()), [&](int t) {
+  run_runs(static_cast<int>(tasks.size()), threads, [&](int t) {
     const Task& task = tasks[t];
     isa.kernel(problems[task.problem], task.n0, task.n1);
   });

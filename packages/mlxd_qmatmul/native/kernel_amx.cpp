@@ -57,8 +57,15 @@ void configure(int rows) {
 
 // Decoded weights run this many 32-element chunks ahead of the tile products that read them.
 constexpr int kDecodeAhead = 2;
-// The weights' rows one column pair on (the next 32 columns a thread takes), asked for as a chunk is decoded.
-constexpr int kPrefetchRows = 32;
+
+// Asks for `bytes` from `from` a share at a time: share `part` of `parts` (the cache lines of each share in
+// order, the last share short).
+inline void prefetch_share(const char* from, int64_t bytes, int part, int parts) {
+  const int64_t lines = (bytes + 63) / 64, per_part = (lines + parts - 1) / parts;
+  for (int64_t line = part * per_part; line < std::min(lines, (part + 1) * per_part); ++line) {
+    __builtin_prefetch(from + 64 * line);
+  }
+}
 
 // Transposes a 16 x 16 matrix of 32-bit words held one row a register.
 void transpose16(__m512i r[16]) {
@@ -142,8 +149,7 @@ struct PairLayout {
 const PairLayout kPairs;
 
 // 16 weight rows' 32 weights from element k, in B's pair layout: out[r][i] (32 bits) = the bfloat16 pair
-// (element k + 2r, element k + 2r + 1) of weight row i (PairLayout). Asks for the same chunk of the rows
-// kPrefetchRows on.
+// (element k + 2r, element k + 2r + 1) of weight row i (PairLayout).
 template <int BITS>
 inline void decode_pairs(const uint8_t* w, int64_t row_bytes, int k, uint16_t* out) {
   if constexpr (BITS == 4) {
@@ -154,7 +160,6 @@ inline void decode_pairs(const uint8_t* w, int64_t row_bytes, int k, uint16_t* o
     __m512i z[4];
     for (int q = 0; q < 4; ++q) {
       const uint8_t* src = w + (4 * q) * row_bytes + k / 2;
-      for (int i = 0; i < 4; ++i) __builtin_prefetch(src + (kPrefetchRows + i) * row_bytes);
       __m512i v = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
       for (int i = 1; i < 4; ++i) {
         v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i * row_bytes)), i);
@@ -180,8 +185,6 @@ inline void decode_pairs(const uint8_t* w, int64_t row_bytes, int k, uint16_t* o
     __m512i z[8];
     for (int q = 0; q < 8; ++q) {
       const uint8_t* src = w + (2 * q) * row_bytes + k;
-      __builtin_prefetch(src + kPrefetchRows * row_bytes);
-      __builtin_prefetch(src + (kPrefetchRows + 1) * row_bytes);
       z[q] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src))),
                                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + row_bytes)), 1);
     }
@@ -268,22 +271,21 @@ void column_tiles(const Problem& p, int n, uint16_t* decoded, int ring, float* w
   if (widened != nullptr) {
     for (int g = 0; g < groups; g += 16) widen(g);
   }
-  // widened once: the next column tiles' scales and biases (one block of rows each) are asked for while this
-  // one decodes, a few cache lines a chunk
+  // The next 16 x T weight rows (the thread's next columns, in this task or the next one it takes: run_problems
+  // gives a thread adjacent tasks) and their scales and biases are asked for while these decode, a share a
+  // chunk: the hardware prefetchers alone leave the product waiting on memory.
   const int64_t scale_bytes = p.scale_type == kScaleFloat32 ? 4 : 2;
-  const int64_t next_block = static_cast<int64_t>(n + 16 * T) * groups * scale_bytes;
-  const int64_t block_lines = (16 * T * groups * scale_bytes + 63) / 64, lines_per_chunk = (block_lines + chunks - 1) / chunks;
+  const int64_t next_scales = static_cast<int64_t>(n + 16 * T) * groups * scale_bytes;
+  const int64_t block_scale_bytes = 16 * T * groups * scale_bytes;
+  const char* next_weights = reinterpret_cast<const char*>(p.w) + (n + 16 * T) * row_bytes;
   auto decode = [&](int c) {
     for (int u = 0; u < T; ++u) {
       uint16_t* out = decoded + (static_cast<int64_t>(c % ring) * T + u) * kChunkValues;
       decode_pairs<BITS>(p.w + (n + 16 * u) * row_bytes, row_bytes, 32 * c, out);
     }
-    if (widened != nullptr) {
-      for (int64_t line = c * lines_per_chunk; line < std::min(block_lines, (c + 1) * lines_per_chunk); ++line) {
-        __builtin_prefetch(static_cast<const char*>(p.scales) + next_block + 64 * line);
-        __builtin_prefetch(static_cast<const char*>(p.biases) + next_block + 64 * line);
-      }
-    }
+    prefetch_share(next_weights, 16 * T * row_bytes, c, chunks);
+    prefetch_share(static_cast<const char*>(p.scales) + next_scales, block_scale_bytes, c, chunks);
+    prefetch_share(static_cast<const char*>(p.biases) + next_scales, block_scale_bytes, c, chunks);
   };
   const int tile_rows = amx_tile_rows(p.M);
   for (int t = 0; t < x.row_tiles; ++t) {
@@ -309,11 +311,6 @@ void column_tiles(const Problem& p, int n, uint16_t* decoded, int ring, float* w
     for (int g = 0; g < groups; ++g) {
       if (g % 16 == 0 && widened == nullptr) {
         if (g > 0) add_group(g - 1);  // before its scales are replaced
-        if (decoding) {
-          for (int u = 0; u < T; ++u) {
-            for (int i = 0; i < 16; ++i) prefetch_scales(p, static_cast<int64_t>(n + 16 * u + i) * groups + g + 16);
-          }
-        }
         widen(g);
       }
       _tile_zero(0);
@@ -375,6 +372,14 @@ void amx_columns(const Problem& p, int n0, int n1) {
       ring = whole_ring;
       widened = reinterpret_cast<float*>(static_cast<char*>(whole) + ring_bytes);
     }
+  }
+  if (n0 + 16 <= n1) {  // the first columns' weights, scales and biases: what the tiles read first
+    const int64_t row_bytes = static_cast<int64_t>(p.K) * BITS / 8, scale_bytes = p.scale_type == kScaleFloat32 ? 4 : 2;
+    const int first = std::min(32, n1 - n0);
+    const int64_t scales_at = static_cast<int64_t>(n0) * (p.K / GS) * scale_bytes;
+    prefetch_share(reinterpret_cast<const char*>(p.w) + n0 * row_bytes, first * row_bytes, 0, 1);
+    prefetch_share(static_cast<const char*>(p.scales) + scales_at, first * (p.K / GS) * scale_bytes, 0, 1);
+    prefetch_share(static_cast<const char*>(p.biases) + scales_at, first * (p.K / GS) * scale_bytes, 0, 1);
   }
   int n = n0;
   for (; n + 32 <= n1; n += 32) column_tiles<2, GS, BITS>(p, n, decoded, ring, widened);
