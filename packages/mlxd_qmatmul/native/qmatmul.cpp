@@ -61,6 +61,7 @@ void gather_dense(const mx::array& a, float* out) {
   }
 }
 
+#if defined(MLXD_HAVE_AMX)
 // Splits x (dense) into this thread's AMX buffers and runs the AMX kernel on each problem.
 void run_amx(const float* x, std::vector<Problem>& problems, const Isa& isa) {
   thread_local AlignedFloats piece_buffer, sum_buffer;
@@ -73,6 +74,7 @@ void run_amx(const float* x, std::vector<Problem>& problems, const Isa& isa) {
   for (Problem& problem : problems) problem.amx = &rows;
   run_problems(problems, Isa{"amx", isa.lanes, amx_kernel()});
 }
+#endif
 
 // Quantizes x (dense) into this thread's int8 buffers and runs the int8-activation kernel on each problem.
 void run_int8(std::vector<Problem> problems) {
@@ -235,10 +237,12 @@ void run_products(const float* x, std::vector<Problem> problems, bool int8) {
     }
     for (Problem& problem : problems) problem.x = rows;
   }
+#if defined(MLXD_HAVE_AMX)  // else amx_kernel() is null, and the AMX kernel is not in this build
   if (amx) {
     run_amx(x, problems, isa);
     return;
   }
+#endif
   run_problems(problems, isa);
 }
 
