@@ -5,8 +5,8 @@ Why: MLX's own CPU quantized matmul recomputes the dequantization for every inpu
 copies of the weights read 4 bytes a weight where the checkpoint holds 0.5-1. This MLX extension (a C++
 ``Primitive`` with ``eval_cpu``, ``native/``) decodes each block of weights once per tile of rows, in
 registers, with SIMD chosen at run time (AVX-512, AVX2 + FMA, SSE2 / NEON), its output columns cut into
-tasks that the CPU's cores claim one at a time (a core the OS takes away holds back one task, not a
-share). Figures: docs/benchmark_results/qmatmul_kernel.md.
+tasks, each core taking a run of adjacent ones and then what the others leave (a core the OS takes away
+holds back one task, not a share). Figures: docs/benchmark_results/qmatmul_kernel.md.
 
 Contract:
 - ``available()`` is True when the extension was built (``make setup`` runs ``scripts/build_qmatmul.sh``)
