@@ -108,9 +108,14 @@ constexpr int64_t prefetch_groups_ahead(int group_size, int bits) {
   return static_cast<int64_t>(kPrefetchBytes) * 8 / (group_size * bits);
 }
 
+// Bytes of one stored scale or bias.
+inline int64_t scale_bytes(int scale_type) {
+  return scale_type == kScaleFloat32 ? 4 : 2;
+}
+
 // Asks for the scale and bias of group `group` (an index into the problem's scale and bias arrays).
 inline void prefetch_scales(const Problem& p, int64_t group) {
-  const int64_t at = group * (p.scale_type == kScaleFloat32 ? 4 : 2);
+  const int64_t at = group * scale_bytes(p.scale_type);
   __builtin_prefetch(static_cast<const char*>(p.scales) + at);
   __builtin_prefetch(static_cast<const char*>(p.biases) + at);
 }

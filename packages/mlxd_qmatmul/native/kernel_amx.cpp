@@ -273,10 +273,11 @@ void column_tiles(const Problem& p, int n, uint16_t* decoded, int ring, float* w
   }
   // The next 16 x T weight rows (the thread's next columns, in this task or the next one it takes: run_problems
   // gives a thread adjacent tasks) and their scales and biases are asked for while these decode, a share a
-  // chunk: the hardware prefetchers alone leave the product waiting on memory.
-  const int64_t scale_bytes = p.scale_type == kScaleFloat32 ? 4 : 2;
-  const int64_t next_scales = static_cast<int64_t>(n + 16 * T) * groups * scale_bytes;
-  const int64_t block_scale_bytes = 16 * T * groups * scale_bytes;
+  // chunk: the hardware prefetchers alone leave the product waiting on memory. Their addresses and sizes are
+  // worked out here, once: a helper that worked them out from the Problem at each chunk made a 9-row
+  // 1536 x 576 product 76 -> 115 us on two threads.
+  const int64_t next_scales = static_cast<int64_t>(n + 16 * T) * groups * scale_bytes(p.scale_type);
+  const int64_t block_scale_bytes = 16 * T * groups * scale_bytes(p.scale_type);
   const char* next_weights = reinterpret_cast<const char*>(p.w) + (n + 16 * T) * row_bytes;
   auto decode = [&](int c) {
     for (int u = 0; u < T; ++u) {
@@ -374,12 +375,11 @@ void amx_columns(const Problem& p, int n0, int n1) {
     }
   }
   if (n0 + 16 <= n1) {  // the first columns' weights, scales and biases: what the tiles read first
-    const int64_t row_bytes = static_cast<int64_t>(p.K) * BITS / 8, scale_bytes = p.scale_type == kScaleFloat32 ? 4 : 2;
+    const int64_t row_bytes = static_cast<int64_t>(p.K) * BITS / 8, group_bytes = (p.K / GS) * scale_bytes(p.scale_type);
     const int first = std::min(32, n1 - n0);
-    const int64_t scales_at = static_cast<int64_t>(n0) * (p.K / GS) * scale_bytes;
     prefetch_share(reinterpret_cast<const char*>(p.w) + n0 * row_bytes, first * row_bytes, 0, 1);
-    prefetch_share(static_cast<const char*>(p.scales) + scales_at, first * (p.K / GS) * scale_bytes, 0, 1);
-    prefetch_share(static_cast<const char*>(p.biases) + scales_at, first * (p.K / GS) * scale_bytes, 0, 1);
+    prefetch_share(static_cast<const char*>(p.scales) + n0 * group_bytes, first * group_bytes, 0, 1);
+    prefetch_share(static_cast<const char*>(p.biases) + n0 * group_bytes, first * group_bytes, 0, 1);
   }
   int n = n0;
   for (; n + 32 <= n1; n += 32) column_tiles<2, GS, BITS>(p, n, decoded, ring, widened);

@@ -93,10 +93,6 @@ void run_int8(std::vector<Problem> problems) {
   run_problems(problems, isa);
 }
 
-size_t scale_bytes(int scale_type) {
-  return scale_type == kScaleFloat32 ? 4 : 2;
-}
-
 }  // namespace
 
 const float* dense_floats(const mx::array& a, std::vector<float>& copy) {
@@ -200,7 +196,7 @@ std::vector<Problem> packed_problems(const mx::array& w, const mx::array& scales
   std::vector<Problem> problems;
   int first_row = 0;
   for (size_t j = 0; j < sizes.size(); ++j) {
-    const int64_t group_offset = first_row * groups * static_cast<int64_t>(scale_bytes(scale_type));
+    const int64_t group_offset = first_row * groups * scale_bytes(scale_type);
     problems.push_back(Problem{nullptr, reinterpret_cast<const uint8_t*>(w.data<uint32_t>()) + first_row * row_bytes,
                                static_cast<const char*>(scales.data<void>()) + group_offset,
                                static_cast<const char*>(biases.data<void>()) + group_offset, outs[j], M, sizes[j], K,
