@@ -118,6 +118,12 @@ class PromptLookupDrafter:
     output), then the shared store (``shared``: earlier requests' tokens) when the own context found no
     match or a shorter one than the store's: the longer match wins, a tie goes to the own context.
 
+    The store's drafts have a governor of their own (``shared_governor``): it sizes them and learns only
+    from their rounds, and ``governor`` only from the request's own drafts. A store whose drafts this
+    request keeps rejecting (a copy of a new text, whose phrases earlier replies share only by chance) then
+    drafts little or nothing, while the request's own prompt lookup keeps its budget; and a request whose
+    own lookups fail (a new record in a known layout) still drafts from the store.
+
     Args:
         config: Drafting configuration; defaults to ``PromptLookupConfig()``.
         prediction: A predicted output's tokens.
@@ -143,10 +149,15 @@ class PromptLookupDrafter:
         # Observed tokens wait here until the index is next read: a row the verify gate holds back
         # observes every token it decodes and may never propose (docs/benchmark_results/code_notes.md#lazy-indexing).
         self._unindexed: list[int] = []
-        self._governor = DraftGovernor(self._config)
+        self._governor = DraftGovernor(self._config)  # the request's own drafts (prompt, output, prediction)
+        self._shared_governor = DraftGovernor(self._config)  # the shared store's
+        self._granted_by: DraftGovernor | None = None  # the governor that granted the outstanding proposal
+        self._last_budget = 0  # what the last draft_block() was granted by the governors it asked
+        self._last_grant_was_probe = False
         self._stats = PromptLookupStats()
         self._outstanding: list[int] | None = None
         self._scoring: list[int] | None = None  # a retracted draft, compared with the tokens that follow it
+        self._scoring_governor = self._governor  # ... the governor that learns its score
         self._scored_matches = 0  # ... its tokens matched so far
         # when the scheduler's verify gate asks this drafter again after declining it (pacing.py)
         self.pacing = DraftPacing()
@@ -163,8 +174,35 @@ class PromptLookupDrafter:
 
     @property
     def governor(self) -> DraftGovernor:
-        """The budget governor (exposed for inspection and metrics)."""
+        """The governor of the request's own drafts (exposed for inspection and metrics)."""
         return self._governor
+
+    @property
+    def shared_governor(self) -> DraftGovernor:
+        """The governor of the shared store's drafts."""
+        return self._shared_governor
+
+    @property
+    def last_budget(self) -> int:
+        """The budget the last ``draft_block()`` was granted (0: no governor it asked granted any)."""
+        return self._last_budget
+
+    @property
+    def proposal_is_probe(self) -> bool:
+        """Whether the outstanding proposal is a probe of a governor that turned off."""
+        return self._outstanding is not None and self._last_grant_was_probe
+
+    def acceptance_estimate(self) -> float:
+        """Per-token acceptance expected of the outstanding proposal (its source's governor, a long match's
+        prior where it continues one: ``DraftGovernor.acceptance_estimate``)."""
+        return self._granting_governor().acceptance_estimate(self.last_match_is_long)
+
+    def expected_accepted(self, n_drafted: int) -> float:
+        """Draft tokens a verify round of the outstanding proposal's first ``n_drafted`` is expected to accept."""
+        return self._granting_governor().expected_accepted(n_drafted, self.last_match_is_long)
+
+    def _granting_governor(self) -> DraftGovernor:
+        return self._granted_by if self._granted_by is not None else self._governor
 
     @property
     def index(self) -> NgramIndex:
@@ -243,7 +281,7 @@ class PromptLookupDrafter:
     def _record_score(self, n_drafted: int, n_accepted: int) -> None:
         self._scoring = None
         self._stats.scored_rounds += 1
-        self._governor.record(n_drafted, n_accepted)
+        self._scoring_governor.record(n_drafted, n_accepted)
 
     def _indexed(self) -> NgramIndex:
         """The index, with every observed token in it."""
@@ -265,31 +303,52 @@ class PromptLookupDrafter:
         if self._outstanding is not None:
             self.retract_draft()
         self._settle_score()
+        self._granted_by = None
+        own_off = self._governor.is_off
         budget = min(self._governor.budget(), self._config.max_draft)
-        if budget <= 0:
-            return []
+        self._last_budget, self._last_grant_was_probe = budget, own_off and budget > 0
         index = self._indexed()
-        proposal = []
-        if self.prediction is not None:
-            proposal = self.prediction.propose(index.tokens[-self._config.max_ngram :], budget)
-            self._source = SOURCE_PREDICTION
-        if not proposal:
-            proposal = index.propose(budget)
-            self._source = SOURCE_PROMPT if index.last_match_end < self._prompt_length else SOURCE_OUTPUT
-            own_length = index.last_match_length if proposal else 0
-            if self.shared is not None and own_length < self.shared.config.max_ngram:
-                shared = self.shared.lookup(index.tokens[-self.shared.config.max_ngram :], budget)
-                if shared.tokens and shared.match_length > own_length:
-                    proposal = list(shared.tokens)
-                    self._source = SOURCE_SHARED
-                    self._shared_match_length = shared.match_length
+        proposal: list[int] = []
+        if budget > 0:
+            self._granted_by = self._governor
+            if self.prediction is not None:
+                proposal = self.prediction.propose(index.tokens[-self._config.max_ngram :], budget)
+                self._source = SOURCE_PREDICTION
+            if not proposal:
+                proposal = index.propose(budget)
+                self._source = SOURCE_PROMPT if index.last_match_end < self._prompt_length else SOURCE_OUTPUT
+        if self.shared is not None and not (proposal and self._source == SOURCE_PREDICTION):
+            proposal = self._shared_or(proposal, index.last_match_length if proposal else 0, index)
         if proposal:
             self._stats.proposals += 1
             self._stats.drafted_tokens += len(proposal)
             self._outstanding = proposal
+        else:
+            self._granted_by = None
         # The index builds a fresh list per call, but the caller still
         # gets its own copy so mutating it cannot skew our accounting.
         return list(proposal)
+
+    def _shared_or(self, own: list[int], own_length: int, index: NgramIndex) -> list[int]:
+        """The store's draft where it matched more of the context than the own proposal did (``own``, from a
+        match of ``own_length`` tokens), granted by the store's governor; else ``own``. The store's governor
+        counts a call (its probe spacing) only where the store has a match to offer."""
+        assert self.shared is not None
+        if own_length >= self.shared.config.max_ngram:
+            return own
+        shared = self.shared.lookup(index.tokens[-self.shared.config.max_ngram :], self._config.max_draft)
+        if not shared.tokens or shared.match_length <= own_length:
+            return own
+        was_off = self._shared_governor.is_off
+        budget = min(self._shared_governor.budget(), self._config.max_draft)
+        if budget <= 0:
+            return own
+        if own:
+            self._governor.return_probe()  # a probe it granted goes unused
+        self._source, self._shared_match_length = SOURCE_SHARED, shared.match_length
+        self._granted_by = self._shared_governor
+        self._last_budget, self._last_grant_was_probe = budget, was_off
+        return list(shared.tokens[:budget])  # the walk is greedy: a shorter budget's draft is this one's start
 
     def retract_draft(self) -> None:
         """Withdraw the outstanding proposal because it was not verified.
@@ -302,14 +361,16 @@ class PromptLookupDrafter:
         """
         if self._outstanding is None:
             return
-        self._governor.return_probe()
+        governor = self._granting_governor()
+        governor.return_probe()
         if self.prediction is not None:
             self.prediction.last_proposal_from_prediction = False
         self._stats.proposals -= 1
         self._stats.drafted_tokens -= len(self._outstanding)
         self._stats.retracted += 1
-        self._scoring, self._scored_matches = self._outstanding, 0
+        self._scoring, self._scored_matches, self._scoring_governor = self._outstanding, 0, governor
         self._outstanding = None
+        self._granted_by = None
 
     def accept_verified_tokens(self, n_drafted: int, n_accepted: int) -> None:
         """Record the outcome of one verify round.
@@ -331,10 +392,11 @@ class PromptLookupDrafter:
         self._stats.accepted_tokens += n_accepted
         if n_accepted == 0:
             self._stats.misses += 1
-        self._governor.record(n_drafted, n_accepted)
+        self._granting_governor().record(n_drafted, n_accepted)
         if self.prediction is not None:
             self.prediction.record(n_accepted)
         self._outstanding = None
+        self._granted_by = None
 
     def pipelines_plain_rounds(self) -> bool:
         """Whether the caller may keep a lookahead plain decode in flight.
@@ -353,9 +415,11 @@ class PromptLookupDrafter:
         """
         if self.prediction is not None and self._governor.peek_budget() > 0:
             return False  # a predicted reply is expected to match nearly everywhere
-        if self._governor.peek_budget() <= 0:
-            return True
         index = self._indexed()
-        if index.has_match():
+        if self._governor.peek_budget() > 0 and index.has_match():
             return False
-        return self.shared is None or not self.shared.has_match(index.tokens[-self.shared.config.max_ngram :])
+        return (
+            self.shared is None
+            or self._shared_governor.peek_budget() <= 0
+            or not self.shared.has_match(index.tokens[-self.shared.config.max_ngram :])
+        )

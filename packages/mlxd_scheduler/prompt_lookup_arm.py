@@ -298,11 +298,8 @@ class PromptLookupArm:
             drafter = state.drafter
             if not drafter.pacing.may_propose(state.emitted):  # rule 5: a row the gate declined drafts again later
                 continue
-            governor = drafter.governor
-            was_off = governor.is_off
-            granted = governor.peek_budget()
-            proposal = drafter.draft_block()  # counts toward the governor's probe spacing
-            if granted == 0:
+            proposal = drafter.draft_block()  # counts toward the governors' probe spacing
+            if drafter.last_budget == 0:
                 held[state] = "declined-governor"
                 self.counters["declined_governor"] += 1
             if not proposal:
@@ -317,7 +314,7 @@ class PromptLookupArm:
                 continue
             if drafter.proposal_from_prediction:
                 forced.add(state)  # rule 5: the client's own prediction
-            elif was_off or drafter.pacing.worth_a_look(state.emitted):
+            elif drafter.proposal_is_probe or drafter.pacing.worth_a_look(state.emitted):
                 explore.add(state)  # rule 5: a probe, or a look at a row the gate keeps declining
             proposals[state] = proposal
         return proposals, forced, explore, held
@@ -342,12 +339,8 @@ class PromptLookupArm:
                     can_pad=state.seq.params.logprobs is None and kv_room(state.seq) >= widest,
                     drafting=drafter is not None,
                     draft=len(proposal),
-                    expected=(
-                        drafter.governor.expected_accepted(len(proposal), drafter.last_match_is_long)
-                        if proposal
-                        else 0.0
-                    ),
-                    acceptance=drafter.governor.acceptance_estimate(drafter.last_match_is_long) if proposal else 0.0,
+                    expected=drafter.expected_accepted(len(proposal)) if proposal else 0.0,
+                    acceptance=drafter.acceptance_estimate() if proposal else 0.0,
                     forced=state in forced,
                     explore=state in explore,
                     quiet_ticks=drafter.pacing.quiet_ticks if drafter is not None else 0,

@@ -176,6 +176,53 @@ def test_own_sources_are_told_apart():
     assert predicted.outstanding_source == "prediction"
 
 
+def test_the_store_has_a_governor_of_its_own():
+    """Rejected store drafts shut the store's drafts off, not the request's own; each proposal's expected
+    acceptance comes from its source's governor."""
+    store = SharedDraftStore(SharedStoreConfig(min_ngram=2, max_ngram=4))
+    store.add(list(range(70, 90)))
+    config = PromptLookupConfig(max_draft=4, probe_interval=1000)
+    drafter = PromptLookupDrafter(config, shared=store)
+    drafter.prime([1, 2, 3, 1, 2, 3, 1])  # its own context repeats: (3, 1) -> 2, 3, 1, 2
+    for i in range(4):  # the store's drafts are rejected at their first token
+        drafter.observe([70 + 2 * i, 71 + 2 * i])
+        assert drafter.draft_block() == [72 + 2 * i, 73 + 2 * i, 74 + 2 * i, 75 + 2 * i]
+        assert drafter.outstanding_source == "shared"
+        drafter.accept_verified_tokens(4, 0)
+        drafter.observe([99])
+    assert drafter.shared_governor.is_off and not drafter.governor.is_off
+    drafter.observe([80, 81])
+    assert drafter.draft_block() == []  # the store's governor grants nothing now
+    assert drafter.last_budget == 4  # ... but the own governor did (its context had no match)
+    drafter.observe([1, 2, 3])
+    assert len(drafter.draft_block()) == 4  # the own context's match keeps its whole budget
+    assert drafter.outstanding_source == "prompt"
+    assert drafter.acceptance_estimate() == drafter.governor.acceptance_estimate(False)
+    assert drafter.expected_accepted(4) > 1.0  # the own governor has seen no round: its prior
+
+
+def test_the_store_drafts_while_the_own_governor_is_off():
+    store = SharedDraftStore(SharedStoreConfig(min_ngram=2, max_ngram=4))
+    store.add([70, 71, 72, 73, 74, 75])
+    drafter = PromptLookupDrafter(PromptLookupConfig(max_draft=3, probe_interval=1000), shared=store)
+    drafter.prime([5, 6, 7, 5, 6])
+    for i in range(4):  # its own drafts are rejected
+        assert drafter.draft_block() != []
+        assert drafter.outstanding_source in ("prompt", "output")
+        drafter.accept_verified_tokens(len(drafter.outstanding_draft), 0)
+        drafter.observe([90 + i, 5, 6])
+    assert drafter.governor.is_off and not drafter.shared_governor.is_off
+    drafter.observe([70, 71])
+    assert drafter.draft_block() == [72, 73, 74]
+    assert drafter.outstanding_source == "shared"
+    shared_prior = drafter.shared_governor.acceptance_estimate(False)
+    assert drafter.acceptance_estimate() == shared_prior > drafter.governor.acceptance_estimate(False)
+    drafter.retract_draft()  # declined: scored against what follows, into the store's governor
+    drafter.observe([72, 0])
+    assert drafter.shared_governor.history == ((2, 1),)
+    assert len(drafter.governor.history) == 4
+
+
 def test_without_a_store_nothing_changes():
     drafter = PromptLookupDrafter(PromptLookupConfig(max_draft=4, policy="always"))
     drafter.prime([1, 2, 3, 30, 31])
