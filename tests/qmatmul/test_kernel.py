@@ -139,6 +139,36 @@ def test_every_instruction_set_agrees(tmp_path):
 
 
 @pytest.mark.integration  # starts a process
+def test_vector_tiles_of_every_row_count_give_each_row_its_own_result():
+    """The vector kernel (AMX off) takes R rows x C columns a tile, C chosen by R (tile_columns); each
+    output's sum runs in the same order whatever the tile, so every row count from 1 to 12 gives each row the
+    very bits it gets alone, with column counts that leave a remainder after tiles of 4, 3 and 2 columns;
+    and agrees with MLX."""
+    import subprocess
+    import sys
+
+    script = (
+        "import mlx.core as mx, numpy as np, mlxd_qmatmul as q\n"
+        "for bits, n in ((4, 71), (8, 37)):\n"
+        "    w = mx.random.normal((n, 256), key=mx.random.key(bits))\n"
+        "    wq, s, b = mx.quantize(w, group_size=64, bits=bits)\n"
+        "    for rows in range(1, 13):\n"
+        "        x = mx.random.normal((rows, 256), key=mx.random.key(rows))\n"
+        "        got = np.array(q.quantized_matmul(x, wq, s, b, 64, bits))\n"
+        "        one = [np.array(q.quantized_matmul(x[i : i + 1], wq, s, b, 64, bits)) for i in range(rows)]\n"
+        "        alone = np.concatenate(one)\n"
+        "        assert np.array_equal(got, alone), (bits, rows)\n"
+        "        want = np.array(mx.quantized_matmul(x, wq, s, b, transpose=True, group_size=64, bits=bits))\n"
+        "        assert np.abs(got - want).max() <= 1e-3 * (np.abs(want).max() + 1), (bits, rows)\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env={**os.environ, "MLXD_QMM_AMX": "0"}
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+@pytest.mark.integration  # starts a process
 def test_threads_split_the_output_and_agree_with_mlx():
     """Several threads share a large product's output columns (forced with MLXD_QMM_THREADS, with workers
     that sleep at once: MLXD_QMM_SPIN_US=0, so the calling thread often takes the tasks left in the
