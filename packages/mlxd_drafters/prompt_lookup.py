@@ -59,6 +59,10 @@ SOURCE_OUTPUT = "output"  # the request's own output so far
 SOURCE_PREDICTION = "prediction"  # its predicted output
 SOURCE_SHARED = "shared"  # the shared store: earlier requests' tokens (shared_store.py)
 DRAFT_SOURCES = (SOURCE_PROMPT, SOURCE_OUTPUT, SOURCE_PREDICTION, SOURCE_SHARED)
+# A store proposal counts as a long match (the gate's copy prior) only where at least this many earlier
+# occurrences continued it with its first token: a continuation seen once is a copy in an agent loop and
+# chance in a reply that shares a phrase (docs/benchmark_results/code_notes.md#store-support)
+LONG_MATCH_SUPPORT = 2
 
 
 @dataclass
@@ -141,6 +145,7 @@ class PromptLookupDrafter:
         self._prompt_length = 0  # tokens given to prime(): an own match ending before this is the prompt's
         self._source: str | None = None  # where the outstanding proposal came from
         self._shared_match_length = 0  # the outstanding shared proposal's match
+        self._shared_support = 0  # ... and the occurrences that continued it with its first token
         # a predicted output (OpenAI's ``prediction``): looked up first, the context after it
         self.prediction = (
             PredictionSource(prediction, self._config.min_ngram, self._config.max_ngram) if prediction else None
@@ -217,11 +222,12 @@ class PromptLookupDrafter:
     @property
     def last_match_is_long(self) -> bool:
         """Whether the outstanding context proposal continues a match of ``max_ngram`` tokens (a copy, more
-        often than not; a prediction's proposal counts as one)."""
+        often than not; a prediction's proposal counts as one, a store's only with ``LONG_MATCH_SUPPORT``
+        earlier occurrences behind its first token)."""
         if self.proposal_from_prediction:
             return True
         if self._source == SOURCE_SHARED:
-            return self._shared_match_length >= self._config.max_ngram
+            return self._shared_match_length >= self._config.max_ngram and self._shared_support >= LONG_MATCH_SUPPORT
         return self._index.last_match_length >= self._config.max_ngram
 
     @property
@@ -345,7 +351,8 @@ class PromptLookupDrafter:
             return own
         if own:
             self._governor.return_probe()  # a probe it granted goes unused
-        self._source, self._shared_match_length = SOURCE_SHARED, shared.match_length
+        self._source = SOURCE_SHARED
+        self._shared_match_length, self._shared_support = shared.match_length, shared.support
         self._granted_by = self._shared_governor
         self._last_budget, self._last_grant_was_probe = budget, was_off
         return list(shared.tokens[:budget])  # the walk is greedy: a shorter budget's draft is this one's start

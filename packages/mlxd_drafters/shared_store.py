@@ -9,7 +9,8 @@ Contract:
       maps to the end positions of its most recent ``max_occurrences`` occurrences (ascending). A lookup
       tries the longest suffix of the context first; a hit is checked against the stored tokens, so a
       hash collision is never a match. No n-gram spans two documents.
-    * ``lookup(context, max_tokens)`` returns a ``SharedDraft``: the match length and the draft. The
+    * ``lookup(context, max_tokens)`` returns a ``SharedDraft``: the match length, the draft and its
+      support (the occurrences that continued the match with the draft's first token). The
       draft is walked token by token over the occurrences that agree so far: at each position the
       continuations are counted (how often each next token was seen), the most frequent one is taken,
       the occurrences that disagree drop out, and a running probability is multiplied by
@@ -90,6 +91,7 @@ class SharedDraft:
     match_length: int = 0
     tokens: tuple[int, ...] = ()
     probability: float = 0.0  # the running continuation probability at the draft's last token
+    support: int = 0  # the occurrences whose continuation is the draft's first token
 
 
 NO_DRAFT = SharedDraft()
@@ -216,6 +218,7 @@ class SharedDraftStore:
         cursors = [end + 1 for end in ends]
         probability = 1.0
         draft: list[int] = []
+        support = 0
         floor = self.config.min_probability
         while len(draft) < max_tokens:
             counts: dict[int, int] = {}
@@ -231,6 +234,7 @@ class SharedDraftStore:
                 break
             probability = step
             draft.append(token)
+            support = support or top
             kept = [
                 (cursor + 1, limit)
                 for cursor, limit in zip(cursors, limits, strict=True)
@@ -238,7 +242,7 @@ class SharedDraftStore:
             ]
             cursors = [cursor for cursor, _ in kept]
             limits = [limit for _, limit in kept]
-        return SharedDraft(n, tuple(draft), probability if draft else 0.0)
+        return SharedDraft(n, tuple(draft), probability if draft else 0.0, support)
 
 
 class SharedDraftStores:

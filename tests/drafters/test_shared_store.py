@@ -10,6 +10,7 @@ import mlxd_drafters.shared_store as shared_store_module
 from mlxd_drafters import (
     PromptLookupConfig,
     PromptLookupDrafter,
+    SharedDraft,
     SharedDraftStore,
     SharedDraftStores,
     SharedStoreConfig,
@@ -221,6 +222,32 @@ def test_the_store_drafts_while_the_own_governor_is_off():
     drafter.observe([72, 0])
     assert drafter.shared_governor.history == ((2, 1),)
     assert len(drafter.governor.history) == 4
+
+
+def test_a_store_match_is_long_only_with_two_occurrences_behind_it():
+    """The gate's copy prior goes to a store proposal whose match has the drafter's max_ngram tokens and whose
+    first token at least LONG_MATCH_SUPPORT earlier occurrences continued with; one seen once gets the plain
+    prior (a phrase two replies share by chance)."""
+    store = SharedDraftStore(SharedStoreConfig(min_ngram=2, max_ngram=6))
+    store.add([1, 2, 3, 4, 5, 60, 61])
+    config = PromptLookupConfig(max_draft=2, policy="always", max_ngram=4)
+    once = PromptLookupDrafter(config, shared=store)
+    once.prime([9, 1, 2, 3, 4, 5])
+    assert once.draft_block() == [60, 61] and once.outstanding_source == "shared"
+    assert store.lookup([1, 2, 3, 4, 5], 2).support == 1
+    assert not once.last_match_is_long
+    assert once.acceptance_estimate() == once.shared_governor.acceptance_estimate(False)
+    store.add([1, 2, 3, 4, 5, 60, 62])  # a second occurrence agrees on 60 (then splits 1:1)
+    assert store.lookup([1, 2, 3, 4, 5], 2) == SharedDraft(5, (60,), 1.0, 2)
+    twice = PromptLookupDrafter(config, shared=store)
+    twice.prime([9, 1, 2, 3, 4, 5])
+    assert twice.draft_block() == [60]
+    assert twice.last_match_is_long
+    assert twice.acceptance_estimate() == twice.shared_governor.acceptance_estimate(True)
+    short = PromptLookupDrafter(config, shared=store)
+    short.prime([9, 8, 4, 5])  # (4, 5): two occurrences, but a 2-token match
+    assert short.draft_block() == [60]
+    assert not short.last_match_is_long
 
 
 def test_without_a_store_nothing_changes():
