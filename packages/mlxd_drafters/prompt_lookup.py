@@ -408,10 +408,11 @@ class PromptLookupDrafter:
     def pipelines_plain_rounds(self) -> bool:
         """Whether the caller may keep a lookahead plain decode in flight.
 
-        Rule: False when the governor would grant a budget on its next call
-        (probes included) AND the index has an earlier match for the current
-        suffix, i.e. ``draft_block()`` would likely return a proposal; True
-        otherwise. Neither check changes any state or statistic.
+        Rule: False when the own governor would grant a budget on its next
+        call (probes included) AND the index has an earlier match for the
+        current suffix, or the store's governor would AND the store would draft
+        a token there, i.e. ``draft_block()`` would likely return a proposal;
+        True otherwise. None of the checks changes any state or statistic.
 
         The caller should still call ``draft_block()`` every round: probe
         spacing counts ``budget()`` calls, so skipping ``draft_block()``
@@ -428,5 +429,5 @@ class PromptLookupDrafter:
         return (
             self.shared is None
             or self._shared_governor.peek_budget() <= 0
-            or not self.shared.has_match(index.tokens[-self.shared.config.max_ngram :])
+            or not self.shared.would_draft(index.tokens[-self.shared.config.max_ngram :])
         )

@@ -204,6 +204,11 @@ class SharedDraftStore:
         """Whether ``lookup`` would find a match (its draft may still be empty). Changes nothing."""
         return self._occurrences(context)[0] > 0
 
+    def would_draft(self, context: Sequence[int]) -> bool:
+        """Whether ``lookup`` would draft at least one token: a match whose continuations split below
+        ``min_probability`` at once drafts nothing. Changes nothing."""
+        return bool(self.lookup(context, 1).tokens)
+
     def lookup(self, context: Sequence[int], max_tokens: int) -> SharedDraft:
         """The draft for the context's tail (module docstring); ``NO_DRAFT`` when nothing matches."""
         if max_tokens <= 0 or not self._doc_starts:

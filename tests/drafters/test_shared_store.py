@@ -31,6 +31,22 @@ def test_longest_suffix_wins_and_the_draft_runs_to_the_document_end():
     assert draft.match_length == 2 and draft.tokens == ()
     assert store.lookup([5, 6], 4).tokens == ()
     assert not store.has_match([5, 6]) and store.has_match([3, 4])
+    assert store.would_draft([7, 2, 3, 4]) and not store.would_draft([8, 8, 3, 4])  # a match, a 1:1 split
+
+
+def test_a_store_match_that_splits_at_once_lets_plain_decode_pipeline():
+    """pipelines_plain_rounds asks whether the store would draft a token, not whether it has a match: a
+    phrase earlier replies continued two ways drafts nothing and must not hold the lookahead step back."""
+    store = SharedDraftStore(SharedStoreConfig(min_ngram=2, max_ngram=4))
+    store.add([3, 4, 60, 61])
+    store.add([3, 4, 70, 71])
+    drafter = PromptLookupDrafter(PromptLookupConfig(max_draft=4), shared=store)
+    drafter.prime([1, 2, 3, 4])
+    assert store.has_match([1, 2, 3, 4]) and drafter.draft_block() == []
+    assert drafter.pipelines_plain_rounds() is True
+    drafter.observe([60])  # (3, 4, 60) was continued one way only
+    assert drafter.pipelines_plain_rounds() is False
+    assert drafter.draft_block() == [61]
 
 
 def test_continuation_counts_size_the_draft():
