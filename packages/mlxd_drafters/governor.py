@@ -87,6 +87,11 @@ class DraftGovernor:
         return sum(a for _, a in self._rounds) / drafted
 
     @property
+    def probe_granted(self) -> bool:
+        """Whether the last ``budget()`` call granted a probe that is not yet verified or given back."""
+        return self._probe_granted
+
+    @property
     def is_off(self) -> bool:
         """True while the policy grants no regular (non-probe) budget."""
         return self._regular_budget() == 0

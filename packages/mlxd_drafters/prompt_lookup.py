@@ -158,7 +158,6 @@ class PromptLookupDrafter:
         self._shared_governor = DraftGovernor(self._config)  # the shared store's
         self._granted_by: DraftGovernor | None = None  # the governor that granted the outstanding proposal
         self._last_budget = 0  # what the last draft_block() was granted by the governors it asked
-        self._last_grant_was_probe = False
         self._stats = PromptLookupStats()
         self._outstanding: list[int] | None = None
         self._scoring: list[int] | None = None  # a retracted draft, compared with the tokens that follow it
@@ -195,7 +194,7 @@ class PromptLookupDrafter:
     @property
     def proposal_is_probe(self) -> bool:
         """Whether the outstanding proposal is a probe of a governor that turned off."""
-        return self._outstanding is not None and self._last_grant_was_probe
+        return self._outstanding is not None and self._granting_governor().probe_granted
 
     def acceptance_estimate(self) -> float:
         """Per-token acceptance expected of the outstanding proposal (its source's governor, a long match's
@@ -310,9 +309,7 @@ class PromptLookupDrafter:
             self.retract_draft()
         self._settle_score()
         self._granted_by = None
-        own_off = self._governor.is_off
-        budget = min(self._governor.budget(), self._config.max_draft)
-        self._last_budget, self._last_grant_was_probe = budget, own_off and budget > 0
+        budget = self._last_budget = min(self._governor.budget(), self._config.max_draft)
         index = self._indexed()
         proposal: list[int] = []
         if budget > 0:
@@ -345,7 +342,6 @@ class PromptLookupDrafter:
         shared = self.shared.lookup(index.tokens[-self.shared.config.max_ngram :], self._config.max_draft)
         if not shared.tokens or shared.match_length <= own_length:
             return own
-        was_off = self._shared_governor.is_off
         budget = min(self._shared_governor.budget(), self._config.max_draft)
         if budget <= 0:
             return own
@@ -354,7 +350,7 @@ class PromptLookupDrafter:
         self._source = SOURCE_SHARED
         self._shared_match_length, self._shared_support = shared.match_length, shared.support
         self._granted_by = self._shared_governor
-        self._last_budget, self._last_grant_was_probe = budget, was_off
+        self._last_budget = budget
         return list(shared.tokens[:budget])  # the walk is greedy: a shorter budget's draft is this one's start
 
     def retract_draft(self) -> None:

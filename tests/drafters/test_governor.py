@@ -148,9 +148,12 @@ def test_a_retracted_probe_is_offered_again():
     for _ in range(4):
         governor.record(8, 0)  # off
     assert [governor.budget() for _ in range(3)] == [0, 0, 2]
+    assert governor.probe_granted
     governor.return_probe()
+    assert not governor.probe_granted
     assert governor.peek_budget() == 2 and governor.budget() == 2
     governor.record(2, 0)  # verified: spent
+    assert not governor.probe_granted
     governor.return_probe()  # nothing to give back now
     assert [governor.budget() for _ in range(3)] == [0, 0, 2]
     governor.return_probe()
