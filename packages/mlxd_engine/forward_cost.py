@@ -123,9 +123,13 @@ class ForwardCost:
             self._theta = None  # refitted on the next estimate
 
     def observe_samples(self, samples: Iterable[ForwardSample]) -> None:
-        """``observe`` each sample, in order (the forwards an execute step timed)."""
+        """``observe`` each sample, in order (the forwards an execute step timed); a ragged one's time is
+        spent forward time all the same, but not fitted (``ForwardSample.ragged``)."""
         for sample in samples:
-            self.observe(sample.rows, sample.width, sample.context, sample.ms)
+            if sample.ragged:
+                self.spent_ms += sample.ms
+            else:
+                self.observe(sample.rows, sample.width, sample.context, sample.ms)
 
     def coefficients(self) -> np.ndarray | None:
         """(fixed ms, ms per query token, ms per query token and 1024 context tokens), or None before ``ready``."""

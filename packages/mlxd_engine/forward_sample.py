@@ -24,12 +24,16 @@ if TYPE_CHECKING:  # the engine imports modules that import this one
 @dataclass(frozen=True)
 class ForwardSample:
     """One forward's shape and wall time: ``rows`` rows of ``width`` query tokens each (padding included)
-    at a mean of ``context`` tokens in storage, in ``ms`` milliseconds."""
+    at a mean of ``context`` tokens in storage, in ``ms`` milliseconds. ``ragged``: the forward computed
+    its rows' real tokens only (``ragged.py``); the cost model does not learn from it (it costs less than
+    the ``rows x width`` shape it names, and the verify gate prices it as that shape, an upper bound), but
+    its time counts as forward time."""
 
     rows: int
     width: int
     context: float
     ms: float
+    ragged: bool = False
 
 
 def timed_step(engine: Engine, rows: list[Sequence]) -> tuple[list[Emitted], ForwardSample]:

@@ -9,7 +9,8 @@ RMSNorm and RoPE modules, into that class's fused subclass: same parameters, sam
 layers are fused. A fused layer called with float32 input of at most the kernel's row limit runs
 ``mlxd_qmatmul.attention_input``, the cache's ``update_and_fetch`` (unchanged: every storage kind, the
 compiled step's buffers), then ``mlxd_qmatmul.block_output``; the result is bit-identical to the layer's
-own ops on the kernel (tests/engine/test_fused_blocks.py). Anything else (prompt chunks past the row limit,
+own ops on the kernel (tests/engine/test_fused_blocks.py). In a verify forward of rows of different widths
+both ops compute the real tokens only (``ragged.py``). Anything else (prompt chunks past the row limit,
 another dtype, a quantized cache, a mask or cache the one-op attention does not take) runs the layer's
 stock ``__call__``. Applied by ``Engine`` with the other CPU fusions; ``MLXD_FUSE_BLOCKS=0`` keeps layers
 op by op. Why: docs/benchmark_results/code_notes.md#fused-blocks.
@@ -29,6 +30,7 @@ import mlxd_qmatmul
 from .cpu_fusion import _STOCK_ATTENTION, FusedRMSNorm, FusedRoPE, _one_op_attention_applies
 from .loading.kernel_layers import KernelQuantizedLinear
 from .loading.projection_groups import GroupedQuantizedLinear, ProjectionGroup
+from .ragged import lengths_for
 
 DISABLE_ENV = "MLXD_FUSE_BLOCKS"
 _NORMS = (nn.RMSNorm, FusedRMSNorm)
@@ -136,6 +138,7 @@ class FusedBlock:
         rope = attn.rope
         qk_norms = (attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps) if self.fused_qk_norm else None
         w, scales, biases, group_size, bits, int8 = _packed(qkv)
+        lengths = lengths_for(x)  # a verify forward of rows of different widths: their real tokens only
         queries, keys, values = mlxd_qmatmul.attention_input(
             x,
             self.input_layernorm.weight,
@@ -149,6 +152,7 @@ class FusedBlock:
             qkv.bias,
             qk_norms,
             int8,
+            lengths,
         )
         if cache is not None:
             keys, values = cache.update_and_fetch(keys, values)
@@ -168,6 +172,7 @@ class FusedBlock:
             self.post_attention_layernorm.eps,
             _packed(mlp.gate_proj.projection_group),
             _packed(mlp.down_proj),
+            lengths,
         )
 
     def _stock_tail(self, x, queries, keys, values, mask, cache) -> mx.array:

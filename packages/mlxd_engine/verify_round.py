@@ -136,7 +136,9 @@ def verify_rows_timed(
         sampled = argmax[i][: k + 1] if greedy[i] else _sample_positions(seq, logits[i, : k + 1], proposal)
         outcomes.append(_settle(engine, seq, proposal, sampled, width, max_new_tokens[i], stops[i]))
     # the round's whole cost (a recurrent row's replay included) is what the verify gate weighs
-    return outcomes, [ForwardSample(len(rows), width, context, (time.perf_counter() - started) * 1000.0)]
+    ragged = engine.ragged_forward([1 + len(p) for p in proposals])
+    ms = (time.perf_counter() - started) * 1000.0
+    return outcomes, [ForwardSample(len(rows), width, context, ms, ragged)]
 
 
 def greedy_tokens(logits: mx.array) -> list:

@@ -159,13 +159,16 @@ def attention_input(
     bias=None,
     qk_norms=None,
     int8_activations: bool = False,
+    lengths=None,
 ):
     """A llama-style layer's attention input as one CPU op: ``rms_norm(x)``, the packed q/k/v product
     (``qkv``: weight, scales, biases, group_size, bits, sizes) plus ``bias`` (the packed q/k/v bias, or None),
     each query and key head through its RMSNorm where ``qk_norms`` is (q weight, k weight, eps), RoPE at
     ``offset`` (an int32 array: a scalar or one per batch entry; ``rope``: dims, traditional, base, scale);
     ``int8_activations`` as for ``quantized_matmul``. Returns (q, k, v), each ``[B, heads, L, head_dim]``,
-    bit-identical to those ops run one by one."""
+    bit-identical to those ops run one by one. ``lengths`` (an integer array, one count per batch entry, or
+    None): only each entry's first tokens are computed and the rest, padding nothing reads, come out as
+    zeros, so a batch of rows of different widths costs its real tokens."""
     if _ext is None:
         raise RuntimeError(_REASON)
     w, scales, biases, group_size, bits, sizes = qkv
@@ -194,17 +197,31 @@ def attention_input(
         k_norm,
         qk_eps,
         int8_activations,
+        lengths,
     )
 
 
 def block_output(
-    x, q, keys, values, mask, causal: bool, attention_scale: float, o, norm_weight, eps: float, gate_up, down
+    x,
+    q,
+    keys,
+    values,
+    mask,
+    causal: bool,
+    attention_scale: float,
+    o,
+    norm_weight,
+    eps: float,
+    gate_up,
+    down,
+    lengths=None,
 ):
     """A llama-style layer after its cache update as one CPU op: ``h = x + o(attention(q, keys, values))``,
     then ``h + down(swiglu(gate, up))`` with gate and up from ``rms_norm(h) @ gate_up``. ``o``, ``gate_up``
     and ``down`` are (weight, scales, biases, group_size, bits[, int8_activations]); ``mask`` as ``attention``
     takes it.
-    Bit-identical to those ops run one by one."""
+    Bit-identical to those ops run one by one. ``lengths`` as for ``attention_input``: the padding's rows
+    come out as ``x``."""
     if _ext is None:
         raise RuntimeError(_REASON)
     hidden = gate_up[0].shape[0] // 2
@@ -228,6 +245,7 @@ def block_output(
         o_int8,
         gu_int8,
         d_int8,
+        lengths,
     )
 
 

@@ -82,6 +82,20 @@ def test_every_timed_forward_counts_in_spent_ms_the_first_of_a_shape_too():
     assert cost.spent_ms == 50.0 and cost.observations == 1
 
 
+def test_a_ragged_forward_is_not_learned_as_its_padded_shape():
+    """A verify forward that computed its rows' real tokens only (ragged.py) costs far less than the padded
+    shape its sample names: learning it as that shape would price every padded forward of that shape too low."""
+    from mlxd_engine.forward_sample import ForwardSample
+
+    cost = ForwardCost()
+    for _ in range(4):
+        cost.observe_samples([ForwardSample(8, 9, 100, 130.0), ForwardSample(1, 1, 100, 15.0)])
+    before, spent = cost.estimate(8, 9, 100), cost.spent_ms
+    cost.observe_samples([ForwardSample(8, 9, 100, 58.0, ragged=True)] * 4)
+    assert cost.estimate(8, 9, 100) == before == pytest.approx(130.0)
+    assert cost.spent_ms == pytest.approx(spent + 4 * 58.0)  # forward time all the same: not a tick's overhead
+
+
 def test_a_shape_timed_while_serving_is_estimated_from_its_own_timings():
     """The linear fit cannot follow shapes off its line (a 4 x 3 forward dearer than 8 x 1 and 1 x 9, as
     SmolLM2 times them on 2 cores): once a shape has its own timings, its median is the estimate, moved to

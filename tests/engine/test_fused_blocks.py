@@ -117,6 +117,100 @@ def test_attention_input_takes_one_offset_per_row(name):
         assert np.array_equal(np.array(g), np.array(w))
 
 
+@pytest.mark.parametrize("name", FAMILIES)
+def test_with_lengths_the_fused_ops_compute_the_real_tokens_only(name):
+    from mlxd_engine.fused_blocks import fuse_blocks
+
+    model = _kernel_model(_family(name))
+    fuse_blocks(model)
+    layer = _layers(model)[0]
+    attn = layer.self_attn
+    group = attn.q_proj.projection_group
+    head_dim = group.sizes[0] // attn.n_heads
+    qk_norms = (attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps) if name == "qwen3" else None
+    x = mx.random.normal((3, 4, 64), key=mx.random.key(1))
+    lengths = [4, 1, 2]  # row 0 whole, rows 1 and 2 padded after their real tokens
+    offset = mx.array([3, 9, 0], dtype=mx.int32)
+
+    def layer_input(real):
+        return mlxd_qmatmul.attention_input(
+            x,
+            layer.input_layernorm.weight,
+            layer.input_layernorm.eps,
+            (group.weight, group.scales, group.biases, group.group_size, group.bits, group.sizes),
+            attn.n_heads,
+            attn.n_kv_heads,
+            head_dim,
+            offset,
+            (attn.rope.dims, attn.rope.traditional, attn.rope.base, attn.rope.scale),
+            group.bias,
+            qk_norms,
+            lengths=real,
+        )
+
+    padded, ragged = layer_input(None), layer_input(mx.array(lengths))
+    for want, got in zip(padded, ragged):
+        want, got = np.array(want), np.array(got)
+        for row, n in enumerate(lengths):
+            np.testing.assert_allclose(got[row, :, :n], want[row, :, :n], rtol=1e-5, atol=1e-6)
+            assert not got[row, :, n:].any()  # padding: zeros
+    queries, keys, values = padded
+    mask = mx.array(np.tril(np.ones((4, 4), dtype=bool)))
+    fields = ("weight", "scales", "biases", "group_size", "bits")
+    o, gate_up, down = (
+        tuple(getattr(m, f) for f in fields)
+        for m in (attn.o_proj, layer.mlp.gate_proj.projection_group, layer.mlp.down_proj)
+    )
+
+    def block(real):
+        return mlxd_qmatmul.block_output(
+            x,
+            queries,
+            keys,
+            values,
+            mask,
+            False,
+            attn.scale,
+            o,
+            layer.post_attention_layernorm.weight,
+            layer.post_attention_layernorm.eps,
+            gate_up,
+            down,
+            lengths=real,
+        )
+
+    want, got = np.array(block(None)), np.array(block(mx.array(lengths)))
+    for row, n in enumerate(lengths):
+        np.testing.assert_allclose(got[row, :n], want[row, :n], rtol=1e-5, atol=1e-6)
+        assert np.array_equal(got[row, n:], np.array(x)[row, n:])  # padding: x as it came
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3", "phi3", "gemma2", "lfm2"])
+def test_a_verify_forward_of_rows_of_different_widths_keeps_the_padded_forwards_logits(name, monkeypatch):
+    """Rows of different widths cost their real tokens only (ragged.py), fused layers or not (phi3's, gemma2's
+    and lfm2's stay op by op on the kernel; lfm2's recurrent state unwinds by replay); the real positions'
+    logits are the padded forward's."""
+    from mlxd_engine import Engine
+
+    if not architectures.available(name):
+        pytest.skip(f"mlx-lm has no {name}")
+    prompts = [architectures.prompt(n, seed) for n, seed in ((9, 1), (23, 2), (4, 3))]
+    results = []
+    for ragged in ("0", "1"):
+        monkeypatch.setenv("MLXD_RAGGED_VERIFY", ragged)
+        engine = Engine(architectures.loaded(name, model=_kernel_model(name)), max_sequences=4)
+        assert engine.ragged_verify == (ragged == "1")
+        seqs = [engine.add_sequence(prompt) for prompt in prompts]
+        for seq in seqs:
+            prefill_and_record(engine, seq)
+        tokens = [[seqs[0].tokens[-1], 5, 6, 7, 8], [seqs[1].tokens[-1]], [seqs[2].tokens[-1], 9, 10]]
+        results.append(np.array(engine.verify_rows(seqs, tokens)))
+    padded, ragged_logits = results
+    for row, n in enumerate(len(t) for t in tokens):
+        np.testing.assert_allclose(ragged_logits[row, :n], padded[row, :n], rtol=1e-4, atol=1e-5)
+        assert (ragged_logits[row, :n].argmax(-1) == padded[row, :n].argmax(-1)).all()
+
+
 def _engine(model, storage: str = "contiguous", blocks: bool = True, monkeypatch=None):
     from mlxd_engine import Engine
 

@@ -21,11 +21,28 @@ import mlx.nn as nn
 
 import mlxd_qmatmul
 
+from ..ragged import real_index
+
 DEFAULT_MAX_ROWS = 32
 UNBOUNDED = 1 << 30  # max_rows: the kernel takes every row count
 
 
 def _kernel_or_blas(x, layer, max_rows: int, int8_activations: bool = False):
+    real_rows = real_index(x)
+    if real_rows is not None:  # a verify forward of rows of different widths: the real rows only (ragged.py)
+        index, spread = real_rows
+        rows, width, features = x.shape
+        real = packed_product(
+            x.reshape(rows * width, features)[index],
+            layer["weight"],
+            layer["scales"],
+            layer["biases"],
+            layer.group_size,
+            layer.bits,
+            max_rows,
+            int8_activations,
+        )
+        return real[spread].reshape(rows, width, real.shape[-1])
     return packed_product(
         x, layer["weight"], layer["scales"], layer["biases"], layer.group_size, layer.bits, max_rows, int8_activations
     )

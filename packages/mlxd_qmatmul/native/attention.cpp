@@ -41,6 +41,11 @@ struct AttentionJob {
   float scale;
   bool causal;
   bool token_major = false;  // out as [B, L, Hq, Dv] (the fused layer ops), else [B, Hq, L, Dv]
+  // batch entry b's queries past lengths[b] are padding nothing reads: skipped, their outputs zeros
+  const int32_t* lengths = nullptr;
+  bool padding(int b, int l) const {
+    return lengths != nullptr && l >= lengths[b];
+  }
 };
 
 // The mask's strides over [B, Hq, L, S]: its axes aligned to the right, a broadcast axis 0.
@@ -128,6 +133,12 @@ void run_attention_pairs(const AttentionJob& job, int pair0, int pair1) {
     const float* k_head = k_data + b * ks[0] + kvh * ks[1];
     const float* v_head = v_data + b * vs[0] + kvh * vs[1];
     for (int l = 0; l < L; ++l) {
+      if (job.padding(b, l)) {
+        float* dst = job.out + (job.token_major ? (static_cast<int64_t>(b) * L + l) * Hq + h
+                                                : (static_cast<int64_t>(b) * Hq + h) * L + l) * Dv;
+        std::fill_n(dst, Dv, 0.0f);
+        continue;
+      }
       const float* q_row = q_data + b * qs[0] + h * qs[1] + l * qs[2];
       for (int d = 0; d < D; ++d) query[d] = job.scale * q_row[d * qs[3]];
       int visible = job.causal ? std::min(S, l + 1 + (S - L)) : S;
@@ -191,6 +202,7 @@ void run_attention_rows(const AttentionJob& job, int group, int r0, int r1) {
     for (int d = 0; d < D; ++d) queries[static_cast<size_t>(i) * D + d] = job.scale * q_row[d * qs[3]];
     int seen = job.causal ? std::min(S, l + 1 + (S - L)) : S;
     if (mask.hidden) seen = visible_by_mask(mask.bool_row(b, h, l), mask.strides[3], seen);
+    if (job.padding(b, l)) seen = 0;  // no scores, no values: its output is zeros
     visible[i] = seen;
     most = std::max(most, seen);
   }
@@ -207,6 +219,10 @@ void run_attention_rows(const AttentionJob& job, int group, int r0, int r1) {
   std::vector<float> totals(rows);
   for (int i = 0; i < rows; ++i) {
     const int h = kvh * repeats + (r0 + i) / L, l = (r0 + i) % L;
+    if (job.padding(b, l)) {
+      totals[i] = 1.0f;
+      continue;
+    }
     totals[i] = masked_softmax_numerators(scores.data() + static_cast<size_t>(i) * S, visible[i],
                                           mask.bool_row(b, h, l), mask.float_row(b, h, l), mask.strides[3]);
   }
@@ -290,8 +306,8 @@ void check_attention_inputs(const mx::array& q, const mx::array& k, const mx::ar
 }
 
 void attention_into(const mx::array& q, const mx::array& k, const mx::array& v, const std::optional<mx::array>& mask,
-                    float scale, bool causal, float* out) {
-  AttentionJob job{q, k, v, mask, out, scale, causal, true};
+                    float scale, bool causal, float* out, const int32_t* lengths) {
+  AttentionJob job{q, k, v, mask, out, scale, causal, true, lengths};
   run_attention(job);
 }
 

@@ -25,9 +25,10 @@ void check_attention_inputs(const mx::array& q, const mx::array& k, const mx::ar
                             const std::optional<mx::array>& mask);
 
 // attention()'s result for evaluated inputs, computed on the calling thread and the kernel pool and written
-// token-major ([B, L, Hq, Dv], dense) into out: the fused layer ops' attention (block.h).
+// token-major ([B, L, Hq, Dv], dense) into out: the fused layer ops' attention (block.h). With `lengths` (one
+// count per batch entry), entry b's queries from lengths[b] on are padding: not computed, their outputs zeros.
 void attention_into(const mx::array& q, const mx::array& k, const mx::array& v, const std::optional<mx::array>& mask,
-                    float scale, bool causal, float* out);
+                    float scale, bool causal, float* out, const int32_t* lengths = nullptr);
 
 class CpuAttention : public mx::UnaryPrimitive {
  public:

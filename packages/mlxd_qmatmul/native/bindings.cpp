@@ -44,19 +44,21 @@ NB_MODULE(_ext, m) {
          const mx::array& biases, int group_size, int bits, const std::vector<int>& sizes, int heads, int kv_heads,
          int head_dim, const mx::array& offset, int rope_dims, bool traditional, float base, float rope_scale,
          const std::optional<mx::array>& bias, const std::optional<mx::array>& q_norm,
-         const std::optional<mx::array>& k_norm, float qk_eps, bool int8_activations) {
+         const std::optional<mx::array>& k_norm, float qk_eps, bool int8_activations,
+         const std::optional<mx::array>& lengths) {
         return mlxd_qmm::attention_input(x, norm_weight, eps,
                                          {w, scales, biases, group_size, bits, sizes, int8_activations}, heads,
                                          kv_heads, head_dim, offset, {rope_dims, traditional, base, rope_scale},
-                                         {bias, q_norm, k_norm, qk_eps});
+                                         {bias, q_norm, k_norm, qk_eps}, lengths);
       },
       "x"_a, "norm_weight"_a, "eps"_a, "w"_a, "scales"_a, "biases"_a, "group_size"_a, "bits"_a, "sizes"_a, "heads"_a,
       "kv_heads"_a, "head_dim"_a, "offset"_a, "rope_dims"_a, "traditional"_a, "base"_a, "rope_scale"_a,
       "bias"_a.none() = nb::none(), "q_norm"_a.none() = nb::none(), "k_norm"_a.none() = nb::none(), "qk_eps"_a = 0.0f,
-      "int8_activations"_a = false,
+      "int8_activations"_a = false, "lengths"_a.none() = nb::none(),
       "A llama-style layer's attention input as one CPU op: rms_norm, the packed q/k/v product (plus its bias; "
       "query and key heads through their norms), RoPE; returns (q, k, v) as [B, heads, L, head_dim], "
-      "bit-identical to those ops run one by one.");
+      "bit-identical to those ops run one by one. lengths (one count per batch entry): only each entry's first "
+      "tokens are computed, the rest (padding) come out as zeros.");
   m.def(
       "block_output",
       [](const mx::array& x, const mx::array& q, const mx::array& keys, const mx::array& values,
@@ -65,20 +67,21 @@ NB_MODULE(_ext, m) {
          const mx::array& norm_weight, float eps, const mx::array& gu_w, const mx::array& gu_scales,
          const mx::array& gu_biases, int gu_group_size, int gu_bits, int hidden, const mx::array& d_w,
          const mx::array& d_scales, const mx::array& d_biases, int d_group_size, int d_bits, bool o_int8,
-         bool gu_int8, bool d_int8) {
+         bool gu_int8, bool d_int8, const std::optional<mx::array>& lengths) {
         const int D = x.ndim() == 3 ? x.shape(2) : 0;
         return mlxd_qmm::block_output(x, q, keys, values, mask, causal, attention_scale,
                                       {o_w, o_scales, o_biases, o_group_size, o_bits, {D}, o_int8}, norm_weight, eps,
                                       {gu_w, gu_scales, gu_biases, gu_group_size, gu_bits, {hidden, hidden}, gu_int8},
-                                      {d_w, d_scales, d_biases, d_group_size, d_bits, {D}, d_int8});
+                                      {d_w, d_scales, d_biases, d_group_size, d_bits, {D}, d_int8}, lengths);
       },
       "x"_a, "q"_a, "keys"_a, "values"_a, "mask"_a.none(), "causal"_a, "attention_scale"_a, "o_w"_a, "o_scales"_a,
       "o_biases"_a, "o_group_size"_a, "o_bits"_a, "norm_weight"_a, "eps"_a, "gu_w"_a, "gu_scales"_a, "gu_biases"_a,
       "gu_group_size"_a, "gu_bits"_a, "hidden"_a, "d_w"_a, "d_scales"_a, "d_biases"_a, "d_group_size"_a, "d_bits"_a,
-      "o_int8"_a = false, "gu_int8"_a = false, "d_int8"_a = false,
+      "o_int8"_a = false, "gu_int8"_a = false, "d_int8"_a = false, "lengths"_a.none() = nb::none(),
       "A llama-style layer after its cache update as one CPU op: h = x + o(attention(q, keys, values)); returns "
       "h + down(swiglu(gate, up)) with gate, up from rms_norm(h) @ gate_up; bit-identical to those ops run one by "
-      "one.");
+      "one. lengths (one count per batch entry): only each entry's first tokens are computed, the rest (padding) "
+      "come out as x.");
   m.def("int8_available", &mlxd_qmm::int8_available, "bits"_a,
         "Whether products of this many bits run on the int8-activation kernel when asked.");
   m.def("kernel_isa", &mlxd_qmm::kernel_isa, "The instruction set the kernels use on this CPU.");

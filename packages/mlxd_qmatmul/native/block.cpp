@@ -1,5 +1,6 @@
 #include "block.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -42,12 +43,53 @@ void product(const float* x, int M, int K, const PackedLinear& w, const std::vec
   run_products(x, packed_problems(w.weight, w.scales, w.biases, w.group_size, w.bits, w.sizes, outs, M, K), w.int8);
 }
 
+// The tokens of a [B, L] batch an op computes: all of them, or with `lengths` (one count per batch entry) row
+// b's first lengths[b] only. The rest are padding that nothing reads (a verify forward's rows of different
+// widths, each fed up to the widest): their products are skipped, so a forward costs its real tokens.
+struct RealTokens {
+  std::vector<int64_t> index;  // b * L + t of each real token in order; empty: every token is real
+  int count(int all) const {
+    return index.empty() ? all : static_cast<int>(index.size());
+  }
+};
+
+RealTokens real_tokens(const mx::array* lengths, int B, int L) {
+  RealTokens real;
+  if (lengths == nullptr) return real;
+  const int32_t* n = lengths->data<int32_t>();
+  int64_t total = 0;
+  for (int b = 0; b < B; ++b) total += std::clamp(n[b], 0, L);
+  if (total == static_cast<int64_t>(B) * L) return real;
+  real.index.reserve(total);
+  for (int b = 0; b < B; ++b) {
+    for (int t = 0; t < std::clamp(n[b], 0, L); ++t) real.index.push_back(static_cast<int64_t>(b) * L + t);
+  }
+  return real;
+}
+
+// The rows of src [M, width] at `index`, packed into `buffer`; src itself when index is empty.
+const float* gather_rows(const float* src, int width, const std::vector<int64_t>& index, std::vector<float>& buffer) {
+  if (index.empty()) return src;
+  buffer.resize(index.size() * static_cast<size_t>(width));
+  for (size_t i = 0; i < index.size(); ++i) {
+    std::copy_n(src + index[i] * width, width, buffer.data() + i * width);
+  }
+  return buffer.data();
+}
+
+// The optional per-row token counts as an input: int32, one per batch entry.
+mx::array lengths_input(const mx::array& lengths, int B, const mx::Stream& stream) {
+  check(lengths.ndim() == 1 && lengths.shape(0) == B && mx::issubdtype(lengths.dtype(), mx::integer),
+        "lengths must be an integer vector with one count per batch entry");
+  return row_contiguous(mx::astype(lengths, mx::int32, stream), stream);
+}
+
 }  // namespace
 
 std::vector<mx::array> attention_input(const mx::array& x, const mx::array& norm_weight, float eps,
                                        const PackedLinear& qkv, int heads, int kv_heads, int head_dim,
                                        const mx::array& offset, const RopeSpec& rope, const QkvExtras& extras,
-                                       mx::StreamOrDevice s) {
+                                       const std::optional<mx::array>& lengths, mx::StreamOrDevice s) {
   check(x.ndim() == 3 && x.dtype() == mx::float32, "x must be a float32 [batch, tokens, hidden] array");
   auto stream = mx::to_stream(s, mx::Device::cpu);
   check(stream.device == mx::Device::cpu, "runs on the CPU only");
@@ -71,11 +113,13 @@ std::vector<mx::array> attention_input(const mx::array& x, const mx::array& norm
     inputs.push_back(float_vector(*extras.q_norm, head_dim, "the q norm weight", stream));
     inputs.push_back(float_vector(*extras.k_norm, head_dim, "the k norm weight", stream));
   }
+  if (lengths.has_value()) inputs.push_back(lengths_input(*lengths, B, stream));
   std::vector<mx::Shape> shapes{{B, heads, L, head_dim}, {B, kv_heads, L, head_dim}, {B, kv_heads, L, head_dim}};
   return mx::array::make_arrays(
       shapes, {mx::float32, mx::float32, mx::float32},
       std::make_shared<CpuAttentionInput>(stream, eps, w.group_size, w.bits, w.sizes, w.int8, heads, kv_heads, head_dim,
-                                          rope, extras.bias.has_value(), extras.q_norm.has_value(), extras.qk_eps),
+                                          rope, extras.bias.has_value(), extras.q_norm.has_value(), extras.qk_eps,
+                                          lengths.has_value()),
       std::move(inputs));
 }
 
@@ -89,14 +133,16 @@ void CpuAttentionInput::eval_cpu(const std::vector<mx::array>& inputs, std::vect
   encoder.dispatch([inputs, q_out = outputs[0].data<float>(), k_out = outputs[1].data<float>(),
                     v_out = outputs[2].data<float>(), w = weight_at(inputs, 3, group_size_, bits_, sizes_, int8_),
                     eps = eps_, heads = heads_, kv_heads = kv_heads_, head_dim = head_dim_, rope = rope_,
-                    has_bias = has_bias_, has_qk_norm = has_qk_norm_, qk_eps = qk_eps_]() {
+                    has_bias = has_bias_, has_qk_norm = has_qk_norm_, qk_eps = qk_eps_, has_lengths = has_lengths_]() {
     const mx::array& x = inputs[0];
     const int B = x.shape(0), L = x.shape(1), D = x.shape(2);
-    const int M = B * L;
-    if (M == 0) return;
-    thread_local std::vector<float> gathered, normed, projected;
+    if (B * L == 0) return;
+    const RealTokens real = real_tokens(has_lengths ? &inputs.back() : nullptr, B, L);
+    const int M = real.count(B * L);  // the rows computed; padding's outputs are zeros
+    thread_local std::vector<float> gathered, packed, normed, projected;
     normed.resize(static_cast<size_t>(M) * D);
-    rms_norm_rows(dense_floats(x, gathered), M, D, inputs[1].data<float>(), eps, normed.data());
+    rms_norm_rows(gather_rows(dense_floats(x, gathered), D, real.index, packed), M, D, inputs[1].data<float>(), eps,
+                  normed.data());
     const int nq = w.sizes[0], nkv = w.sizes[1];
     projected.resize(static_cast<size_t>(M) * (nq + 2 * nkv));
     float* yq = projected.data();
@@ -124,20 +170,24 @@ void CpuAttentionInput::eval_cpu(const std::vector<mx::array>& inputs, std::vect
     const mx::array& offset = inputs[2];
     const int offsets = static_cast<int>(offset.size());
     const RopeTables tables(offset.data<int32_t>(), offsets, 1, L, rope.dims, rope.base, rope.scale);
-    for (int b = 0; b < B; ++b) {
+    if (!real.index.empty()) {
+      std::fill_n(q_out, static_cast<size_t>(B) * heads * L * head_dim, 0.0f);
+      std::fill_n(k_out, static_cast<size_t>(B) * kv_heads * L * head_dim, 0.0f);
+      std::fill_n(v_out, static_cast<size_t>(B) * kv_heads * L * head_dim, 0.0f);
+    }
+    for (int64_t token = 0; token < M; ++token) {  // a computed row, at batch entry b and position t
+      const int64_t at_bt = real.index.empty() ? token : real.index[token];
+      const int b = static_cast<int>(at_bt / L), t = static_cast<int>(at_bt % L);
       const int row_offset = offsets == 1 ? 0 : b;
-      for (int t = 0; t < L; ++t) {
-        const int64_t token = static_cast<int64_t>(b) * L + t;
-        for (int h = 0; h < heads; ++h) {
-          tables.apply(yq + token * nq + h * head_dim, 1, q_out + ((static_cast<int64_t>(b) * heads + h) * L + t) * head_dim,
-                       head_dim, rope.traditional, row_offset, t);
-        }
-        for (int h = 0; h < kv_heads; ++h) {
-          const int64_t at = ((static_cast<int64_t>(b) * kv_heads + h) * L + t) * head_dim;
-          tables.apply(yk + token * nkv + h * head_dim, 1, k_out + at, head_dim, rope.traditional, row_offset, t);
-          const float* v_src = yv + token * nkv + h * head_dim;
-          for (int d = 0; d < head_dim; ++d) v_out[at + d] = v_src[d];
-        }
+      for (int h = 0; h < heads; ++h) {
+        tables.apply(yq + token * nq + h * head_dim, 1, q_out + ((static_cast<int64_t>(b) * heads + h) * L + t) * head_dim,
+                     head_dim, rope.traditional, row_offset, t);
+      }
+      for (int h = 0; h < kv_heads; ++h) {
+        const int64_t at = ((static_cast<int64_t>(b) * kv_heads + h) * L + t) * head_dim;
+        tables.apply(yk + token * nkv + h * head_dim, 1, k_out + at, head_dim, rope.traditional, row_offset, t);
+        const float* v_src = yv + token * nkv + h * head_dim;
+        for (int d = 0; d < head_dim; ++d) v_out[at + d] = v_src[d];
       }
     }
   });
@@ -152,7 +202,8 @@ bool CpuAttentionInput::is_equivalent(const mx::Primitive& other) const {
   return eps_ == o.eps_ && group_size_ == o.group_size_ && bits_ == o.bits_ && sizes_ == o.sizes_ && int8_ == o.int8_ &&
          heads_ == o.heads_ && kv_heads_ == o.kv_heads_ && head_dim_ == o.head_dim_ && rope_.dims == o.rope_.dims &&
          rope_.traditional == o.rope_.traditional && rope_.base == o.rope_.base && rope_.scale == o.rope_.scale &&
-         has_bias_ == o.has_bias_ && has_qk_norm_ == o.has_qk_norm_ && qk_eps_ == o.qk_eps_;
+         has_bias_ == o.has_bias_ && has_qk_norm_ == o.has_qk_norm_ && qk_eps_ == o.qk_eps_ &&
+         has_lengths_ == o.has_lengths_;
 }
 
 std::vector<mx::Shape> CpuAttentionInput::output_shapes(const std::vector<mx::array>& inputs) {
@@ -163,7 +214,7 @@ std::vector<mx::Shape> CpuAttentionInput::output_shapes(const std::vector<mx::ar
 mx::array block_output(const mx::array& x, const mx::array& q, const mx::array& keys, const mx::array& values,
                        const std::optional<mx::array>& mask, bool causal, float attention_scale,
                        const PackedLinear& o, const mx::array& norm_weight, float eps, const PackedLinear& gate_up,
-                       const PackedLinear& down, mx::StreamOrDevice s) {
+                       const PackedLinear& down, const std::optional<mx::array>& lengths, mx::StreamOrDevice s) {
   check(x.ndim() == 3 && x.dtype() == mx::float32, "x must be a float32 [batch, tokens, hidden] array");
   auto stream = mx::to_stream(s, mx::Device::cpu);
   check(stream.device == mx::Device::cpu, "runs on the CPU only");
@@ -182,10 +233,12 @@ mx::array block_output(const mx::array& x, const mx::array& q, const mx::array& 
   push_weight(inputs, gw);
   push_weight(inputs, dw);
   if (mask.has_value()) inputs.push_back(*mask);
+  if (lengths.has_value()) inputs.push_back(lengths_input(*lengths, B, stream));
   CpuBlockOutput::Formats formats{ow.group_size, ow.bits,  gw.group_size, gw.bits, dw.group_size,
                                   dw.bits,       gw.sizes, ow.int8,       gw.int8, dw.int8};
   return mx::array(x.shape(), mx::float32,
-                   std::make_shared<CpuBlockOutput>(stream, attention_scale, causal, eps, std::move(formats)),
+                   std::make_shared<CpuBlockOutput>(stream, attention_scale, causal, eps, std::move(formats),
+                                                    lengths.has_value()),
                    std::move(inputs));
 }
 
@@ -199,23 +252,27 @@ void CpuBlockOutput::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
   encoder.dispatch([inputs, dst = out.data<float>(), scale = attention_scale_, causal = causal_, eps = eps_,
                     o = weight_at(inputs, 4, f.o_group_size, f.o_bits, {D}, f.o_int8),
                     gate_up = weight_at(inputs, 8, f.gate_up_group_size, f.gate_up_bits, f.gate_up_sizes, f.gate_up_int8),
-                    down = weight_at(inputs, 11, f.down_group_size, f.down_bits, {D}, f.down_int8)]() {
+                    down = weight_at(inputs, 11, f.down_group_size, f.down_bits, {D}, f.down_int8),
+                    has_lengths = has_lengths_]() {
     const mx::array& x = inputs[0];
     const mx::array &q = inputs[1], &keys = inputs[2], &values = inputs[3];
     const int B = x.shape(0), L = x.shape(1), D = x.shape(2);
-    const int M = B * L;
-    if (M == 0) return;
+    if (B * L == 0) return;
+    const RealTokens real = real_tokens(has_lengths ? &inputs.back() : nullptr, B, L);
+    const int M = real.count(B * L);  // the rows computed; padding's rows come out as x
     const int64_t size = static_cast<int64_t>(M) * D;
     const int attended = q.shape(1) * values.shape(3);
     const int hidden = gate_up.sizes[0];
     std::optional<mx::array> mask;
-    if (inputs.size() > 14) mask = inputs[14];
-    thread_local std::vector<float> gathered, attn, projected, h, normed, gates, act;
-    attn.resize(static_cast<size_t>(M) * attended);
-    attention_into(q, keys, values, mask, scale, causal, attn.data());
+    if (inputs.size() - (has_lengths ? 1 : 0) > 14) mask = inputs[14];
+    thread_local std::vector<float> gathered, attn, packed_attn, packed_x, projected, h, normed, gates, act;
+    attn.resize(static_cast<size_t>(B) * L * attended);
+    attention_into(q, keys, values, mask, scale, causal, attn.data(),
+                   has_lengths ? inputs.back().data<int32_t>() : nullptr);
     projected.resize(size);
-    product(attn.data(), M, attended, o, {projected.data()});
-    const float* xs = dense_floats(x, gathered);
+    product(gather_rows(attn.data(), attended, real.index, packed_attn), M, attended, o, {projected.data()});
+    const float* xs_all = dense_floats(x, gathered);
+    const float* xs = gather_rows(xs_all, D, real.index, packed_x);
     h.resize(size);
     for (int64_t i = 0; i < size; ++i) h[i] = xs[i] + projected[i];
     normed.resize(size);
@@ -227,7 +284,15 @@ void CpuBlockOutput::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
     act.resize(static_cast<size_t>(M) * hidden);
     swiglu_rows(gate, up, act.data(), static_cast<int64_t>(M) * hidden);
     product(act.data(), M, hidden, down, {projected.data()});
-    for (int64_t i = 0; i < size; ++i) dst[i] = h[i] + projected[i];
+    if (real.index.empty()) {
+      for (int64_t i = 0; i < size; ++i) dst[i] = h[i] + projected[i];
+      return;
+    }
+    std::copy_n(xs_all, static_cast<size_t>(B) * L * D, dst);
+    for (int64_t row = 0; row < M; ++row) {
+      float* out = dst + real.index[row] * D;
+      for (int i = 0; i < D; ++i) out[i] = h[row * D + i] + projected[row * D + i];
+    }
   });
 }
 
@@ -242,7 +307,7 @@ bool CpuBlockOutput::is_equivalent(const mx::Primitive& other) const {
          a.o_group_size == b.o_group_size && a.o_bits == b.o_bits && a.gate_up_group_size == b.gate_up_group_size &&
          a.gate_up_bits == b.gate_up_bits && a.down_group_size == b.down_group_size && a.down_bits == b.down_bits &&
          a.gate_up_sizes == b.gate_up_sizes && a.o_int8 == b.o_int8 && a.gate_up_int8 == b.gate_up_int8 &&
-         a.down_int8 == b.down_int8;
+         a.down_int8 == b.down_int8 && has_lengths_ == o.has_lengths_;
 }
 
 }  // namespace mlxd_qmm

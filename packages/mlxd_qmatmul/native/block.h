@@ -35,28 +35,34 @@ struct QkvExtras {
 // For x [B, L, hidden] (float32): xn = rms_norm(x, norm_weight, eps); q, k, v = the parts of xn @ qkv (plus
 // the bias; q and k heads through their norms); returns rope(q) [B, heads, L, head_dim], rope(k)
 // [B, kv_heads, L, head_dim], v [B, kv_heads, L, head_dim], RoPE at positions offset + t (offset: an int32
-// scalar or one per batch entry).
+// scalar or one per batch entry). With `lengths` (one count per batch entry) only entry b's first lengths[b]
+// tokens are computed and the rest come out as zeros: padding nothing reads (a verify forward of rows with
+// drafts of different lengths), so the products cost the real tokens only.
 std::vector<mx::array> attention_input(const mx::array& x, const mx::array& norm_weight, float eps,
                                        const PackedLinear& qkv, int heads, int kv_heads, int head_dim,
                                        const mx::array& offset, const RopeSpec& rope, const QkvExtras& extras,
+                                       const std::optional<mx::array>& lengths = std::nullopt,
                                        mx::StreamOrDevice s = {});
 
 // For the layer input x [B, L, hidden], the queries from attention_input and the cache's keys and values:
 // h = x + attention(q, keys, values) @ o; returns h + down(swiglu(gate, up)), where gate, up are the parts of
-// rms_norm(h, norm_weight, eps) @ gate_up. Mask as attention() takes it.
+// rms_norm(h, norm_weight, eps) @ gate_up. Mask as attention() takes it. With `lengths`, as attention_input:
+// the padding tokens' rows come out as x.
 mx::array block_output(const mx::array& x, const mx::array& q, const mx::array& keys, const mx::array& values,
                        const std::optional<mx::array>& mask, bool causal, float attention_scale,
                        const PackedLinear& o, const mx::array& norm_weight, float eps, const PackedLinear& gate_up,
-                       const PackedLinear& down, mx::StreamOrDevice s = {});
+                       const PackedLinear& down, const std::optional<mx::array>& lengths = std::nullopt,
+                       mx::StreamOrDevice s = {});
 
-// Inputs: x, norm weight, offset, qkv weight, scales, biases[, bias][, q norm, k norm]. Outputs: q, k, v.
+// Inputs: x, norm weight, offset, qkv weight, scales, biases[, bias][, q norm, k norm][, lengths]. Outputs: q, k, v.
 class CpuAttentionInput : public mx::Primitive {
  public:
   CpuAttentionInput(mx::Stream stream, float eps, int group_size, int bits, std::vector<int> sizes, bool int8,
-                    int heads, int kv_heads, int head_dim, RopeSpec rope, bool has_bias, bool has_qk_norm, float qk_eps)
+                    int heads, int kv_heads, int head_dim, RopeSpec rope, bool has_bias, bool has_qk_norm, float qk_eps,
+                    bool has_lengths)
       : mx::Primitive(stream), eps_(eps), group_size_(group_size), bits_(bits), sizes_(std::move(sizes)), int8_(int8),
         heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), rope_(rope), has_bias_(has_bias),
-        has_qk_norm_(has_qk_norm), qk_eps_(qk_eps) {}
+        has_qk_norm_(has_qk_norm), qk_eps_(qk_eps), has_lengths_(has_lengths) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
@@ -75,9 +81,10 @@ class CpuAttentionInput : public mx::Primitive {
   RopeSpec rope_;
   bool has_bias_, has_qk_norm_;
   float qk_eps_;
+  bool has_lengths_;
 };
 
-// Inputs: x, q, keys, values, o (weight, scales, biases), norm weight, gate_up (3), down (3), [mask].
+// Inputs: x, q, keys, values, o (weight, scales, biases), norm weight, gate_up (3), down (3)[, mask][, lengths].
 class CpuBlockOutput : public mx::UnaryPrimitive {
  public:
   struct Formats {
@@ -85,9 +92,9 @@ class CpuBlockOutput : public mx::UnaryPrimitive {
     std::vector<int> gate_up_sizes;
     bool o_int8 = false, gate_up_int8 = false, down_int8 = false;
   };
-  CpuBlockOutput(mx::Stream stream, float attention_scale, bool causal, float eps, Formats formats)
+  CpuBlockOutput(mx::Stream stream, float attention_scale, bool causal, float eps, Formats formats, bool has_lengths)
       : mx::UnaryPrimitive(stream), attention_scale_(attention_scale), causal_(causal), eps_(eps),
-        formats_(std::move(formats)) {}
+        formats_(std::move(formats)), has_lengths_(has_lengths) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
@@ -104,6 +111,7 @@ class CpuBlockOutput : public mx::UnaryPrimitive {
   bool causal_;
   float eps_;
   Formats formats_;
+  bool has_lengths_;
 };
 
 }  // namespace mlxd_qmm
