@@ -27,7 +27,7 @@ import mlx.core as mx  # noqa: E402
 
 from bench_common import ROOT, command_line, machine_facts  # noqa: E402
 from mlxd_engine import Engine, load, prefill_and_record, read_and_record, step_and_record  # noqa: E402
-from mlxd_engine.engine import kv_bytes_per_token  # noqa: E402
+from mlxd_engine.cache_layout import kv_bytes_per_token  # noqa: E402
 
 CONTEXTS = [1024, 2048, 4096, 8192]
 

@@ -52,7 +52,7 @@ PLAN_BYTES = 4096  # the first broadcast of a plan; a longer plan sends its rema
 HEARTBEAT_S = 1.0  # an idle rank 0 checks the group this often
 KEEP_HANDLES = 64  # followers forget step handles rank 0 never read after this many newer ones
 # engine methods that only read (the scheduler's admission checks); every other method must be mirrored
-LOCAL_METHODS = frozenset({"fits", "can_admit", "check_request", "ragged_forward"})  # read the engine, forward nothing
+LOCAL_METHODS = frozenset({"fits", "can_admit", "check_request"})  # read the engine, forward nothing
 GRACE_S = 1.5  # a lost group: how long the main thread has to answer the clients before the watch does
 
 

@@ -4,9 +4,10 @@ The engine sees token ids only; tokenization happens at the edges (the tokenizer
 ``load`` is carried along for the callers that need it).
 """
 
+from .cache_layout import kv_bytes_per_token
 from .eligibility import Eligibility, prompt_lookup_eligibility
 from .embeddings import POOLINGS, EmbeddingRun, EmbeddingUnavailable, HiddenStateSource, hidden_state_source
-from .engine import Engine, kv_bytes_per_token
+from .engine import Engine
 from .errors import GGUFError, KVStorageFull, ModelLoadError, PromptTooLong
 from .finish_rule import ends_on, finish_reason, reaches_length
 from .forward_cost import ForwardCost, calibrate_forward_cost

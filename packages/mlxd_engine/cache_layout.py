@@ -34,12 +34,16 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from .errors import ModelLoadError
 from .masks import shape_mask
+
+if TYPE_CHECKING:  # the loader imports this module
+    from .loading.loader import LoadedModel
 
 log = logging.getLogger("mlxd.engine")
 
@@ -259,3 +263,21 @@ def _probe(model, layout: CacheLayout) -> None:
     layout.mask_axes = None
     layout.notes.append("no batched mask form keeps rows apart; rows at different positions run one at a time")
     log.warning("model type %r: %s (%s)", layout.model_type, layout.notes[-1], "; ".join(failures))
+
+
+def kv_bytes_per_token(loaded: LoadedModel, bytes_per_value: int | None = None) -> int:
+    """K and V bytes one token occupies across all cache entries.
+
+    Measured by the cache-layout probe (every entry's own head count and size, in the dtype the loaded
+    weights produce); ``bytes_per_value``, or a model the probe did not run on (stubs, refused layouts),
+    takes the config's heads and head size instead (4 bytes a value unless given)."""
+    layout = loaded.layout()
+    if bytes_per_value is None and layout.kv_bytes_per_token is not None:
+        return layout.kv_bytes_per_token
+    args = getattr(loaded.model, "args", None)
+    text = getattr(args, "text_config", None)
+    args = type("Args", (), text) if isinstance(text, dict) else (text or args)
+    heads = getattr(args, "num_attention_heads", 1)
+    kv_heads = getattr(args, "num_key_value_heads", None) or heads
+    head_dim = getattr(args, "head_dim", None) or getattr(args, "hidden_size", heads) // heads
+    return layout.n_caches * 2 * kv_heads * head_dim * (bytes_per_value or 4)

@@ -34,9 +34,9 @@ from .cpu_fusion import fusion_wanted
 from .errors import PromptTooLong
 from .forward_cost import ForwardCost
 from .fused_blocks import blocks_wanted, fuse_blocks
-from .loading.kernel_layers import KernelQuantizedEmbedding, KernelQuantizedLinear
+from .loading.kernel_layers import runs_on_kernel
 from .loading.loader import LoadedModel
-from .ragged import ragged_wanted, real_lengths
+from .ragged import is_ragged, ragged_wanted, real_lengths
 from .sampling.chain import SamplerChain, SamplingParams, post_sampling_logprobs, sample_rows, token_logprobs
 from .sequence import Emitted, Sequence, StepHandle
 from .storage.kv_backend import make_kv_storage
@@ -46,31 +46,6 @@ from .storage.prefix_cache import DEFAULT_MAX_ENTRIES, PrefixCache
 from .storage.row_storage import RowStorage
 
 log = logging.getLogger("mlxd.engine")
-
-
-def kv_bytes_per_token(loaded: LoadedModel, bytes_per_value: int | None = None) -> int:
-    """K and V bytes one token occupies across all cache entries.
-
-    Measured by the cache-layout probe (every entry's own head count and size, in the dtype the loaded
-    weights produce); ``bytes_per_value``, or a model the probe did not run on (stubs, refused layouts),
-    takes the config's heads and head size instead (4 bytes a value unless given)."""
-    layout = loaded.layout()
-    if bytes_per_value is None and layout.kv_bytes_per_token is not None:
-        return layout.kv_bytes_per_token
-    args = getattr(loaded.model, "args", None)
-    text = getattr(args, "text_config", None)
-    args = type("Args", (), text) if isinstance(text, dict) else (text or args)
-    heads = getattr(args, "num_attention_heads", 1)
-    kv_heads = getattr(args, "num_key_value_heads", None) or heads
-    head_dim = getattr(args, "head_dim", None) or getattr(args, "hidden_size", heads) // heads
-    return layout.n_caches * 2 * kv_heads * head_dim * (bytes_per_value or 4)
-
-
-def _on_cpu_kernel(model) -> bool:
-    """Whether some of the model's products run on mlxd's CPU quantized-matmul kernel."""
-    modules = model.named_modules() if hasattr(model, "named_modules") else []
-    kinds = (KernelQuantizedLinear, KernelQuantizedEmbedding)
-    return mx.default_device() == mx.cpu and any(isinstance(module, kinds) for _, module in modules)
 
 
 class Engine:
@@ -117,9 +92,8 @@ class Engine:
         wanted = fusion_wanted() if fuse_cpu_layers is None else fuse_cpu_layers
         self.fused_layers = fuse_cpu_layers_of(self.model) if wanted else 0
         self.fused_blocks = fuse_blocks(self.model) if wanted and blocks_wanted() else 0
-        # verify forwards of rows of different widths compute their real tokens only (ragged.py): on the CPU
-        # kernel, where padding costs what a real token does
-        self.ragged_verify = _on_cpu_kernel(self.model) and ragged_wanted()
+        # verify forwards of rows of different widths compute their real tokens only, on the CPU kernel (ragged.py)
+        self.ragged_verify = mx.default_device() == mx.cpu and runs_on_kernel(self.model) and ragged_wanted()
         if max_kv_size and loaded.context_source == "fallback":
             self.max_kv_size = max_kv_size  # the context length was a guess: the caller's figure stands
         else:
@@ -315,9 +289,7 @@ class Engine:
         self.prefix_cache.store(seq.tokens[:end], snapshot, sum(a.nbytes for a in arrays) + shared)
 
     # -- forwards ---------------------------------------------------------------------------
-    def _forward(
-        self, rows: list[Sequence], inputs: mx.array, compiled: bool = True, lengths: list[int] | None = None
-    ) -> mx.array:
+    def _forward(self, rows: list[Sequence], inputs: mx.array, compiled: bool = True, lengths=None) -> mx.array:
         # inputs: [B, T] -> logits [B, T, V] in the rows' order; appends become pending on every row.
         # compiled: a decode step or verify forward may run as the compiled graph (prompt chunks do not)
         # lengths: each row's real tokens (the rest padding); the CPU kernel computes those only (ragged.py)
@@ -335,22 +307,18 @@ class Engine:
             ]
         return self._forward_in_order(states, inputs, compiled, lengths)
 
-    def _forward_in_order(
-        self, states: list[SlotState], inputs: mx.array, compiled: bool, lengths: list[int] | None = None
-    ) -> mx.array:
+    def _forward_in_order(self, states: list[SlotState], inputs: mx.array, compiled: bool, lengths=None) -> mx.array:
         if len(states) > 1 and self.layout.mask_axes is None:
             # no batched mask keeps this model's rows apart (cache_layout.py): one forward per row
             return mx.concatenate(
                 [self._forward_in_order([state], inputs[i : i + 1], compiled) for i, state in enumerate(states)]
             )
-        if lengths is not None:
-            with real_lengths(lengths, inputs.shape[1]):
-                return self.model(inputs, cache=self.storage.views(states, inputs.shape[1]))
-        if compiled and self.compiled_decode is not None:
+        if compiled and self.compiled_decode is not None and lengths is None:
             logits = self.compiled_decode.forward(self.storage, states, inputs)
             if logits is not None:
                 return logits
-        return self.model(inputs, cache=self.storage.views(states, inputs.shape[1]))
+        with real_lengths(lengths, inputs.shape[1]):
+            return self.model(inputs, cache=self.storage.views(states, inputs.shape[1]))
 
     def prefill(self, seq: Sequence, max_tokens: int | None = None) -> Emitted | None:
         """Forward one chunk of the prompt. Returns the first output token once the prompt is in (not
@@ -473,15 +441,10 @@ class Engine:
         for seq, tokens in zip(rows, token_lists):
             if seq.kv.written != len(seq.tokens) - 1 or tokens[0] != seq.tokens[-1]:
                 raise ValueError("verify starts at the sequence's current token, with nothing pending")
-        width = max(len(tokens) for tokens in token_lists)
-        padded = [tokens + [tokens[0]] * (width - len(tokens)) for tokens in token_lists]
         lengths = [len(tokens) for tokens in token_lists]
-        return self._forward(rows, mx.array(padded), lengths=lengths if self.ragged_forward(lengths) else None)
-
-    def ragged_forward(self, lengths: list[int]) -> bool:
-        """Whether a verify forward of rows with these token counts computes only their real tokens
-        (``ragged.py``): several rows of different widths, on the CPU kernel."""
-        return self.ragged_verify and len(lengths) > 1 and min(lengths) < max(lengths)
+        padded = [tokens + [tokens[0]] * (max(lengths) - len(tokens)) for tokens in token_lists]
+        ragged = lengths if is_ragged(self.ragged_verify, lengths) else None
+        return self._forward(rows, mx.array(padded), lengths=ragged)
 
     # -- settling appends ----------------------------------------------------------------------
     def commit_appends(self, seq: Sequence, n: int) -> None:

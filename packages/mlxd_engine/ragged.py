@@ -48,10 +48,19 @@ def ragged_wanted() -> bool:
     return os.environ.get(DISABLE_ENV, "1").strip() != "0"
 
 
+def is_ragged(enabled: bool, lengths: list[int]) -> bool:
+    """Whether a verify forward of rows with these token counts computes only their real tokens: several
+    rows of different widths, on an engine that does (``Engine.ragged_verify``)."""
+    return enabled and len(lengths) > 1 and min(lengths) < max(lengths)
+
+
 @contextmanager
-def real_lengths(lengths: list[int], width: int) -> Iterator[None]:
+def real_lengths(lengths: list[int] | None, width: int) -> Iterator[None]:
     """The forward built inside is one of ``len(lengths)`` rows padded to ``width``, row i's first
-    ``lengths[i]`` tokens real."""
+    ``lengths[i]`` tokens real (None: an ordinary forward)."""
+    if lengths is None:
+        yield
+        return
     index = [row * width + t for row, n in enumerate(lengths) for t in range(n)]
     starts = [sum(lengths[:row]) for row in range(len(lengths))]
     spread = [starts[row] + min(t, n - 1) for row, n in enumerate(lengths) for t in range(width)]

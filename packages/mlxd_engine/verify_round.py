@@ -44,6 +44,7 @@ import numpy as np
 from .engine import Engine
 from .finish_rule import ends_on, reaches_length
 from .forward_sample import ForwardSample
+from .ragged import is_ragged
 from .sequence import Sequence, mean_context
 from .storage.kv_bound import kv_room
 
@@ -136,7 +137,7 @@ def verify_rows_timed(
         sampled = argmax[i][: k + 1] if greedy[i] else _sample_positions(seq, logits[i, : k + 1], proposal)
         outcomes.append(_settle(engine, seq, proposal, sampled, width, max_new_tokens[i], stops[i]))
     # the round's whole cost (a recurrent row's replay included) is what the verify gate weighs
-    ragged = engine.ragged_forward([1 + len(p) for p in proposals])
+    ragged = is_ragged(engine.ragged_verify, [1 + len(p) for p in proposals])
     ms = (time.perf_counter() - started) * 1000.0
     return outcomes, [ForwardSample(len(rows), width, context, ms, ragged)]
 

@@ -111,7 +111,7 @@ def test_daemon_exits_before_ready_on_a_refused_model(tmp_path):
 
 def test_wrapped_config_loads_with_its_facts(tmp_path):
     from mlxd_engine import load
-    from mlxd_engine.engine import kv_bytes_per_token
+    from mlxd_engine.cache_layout import kv_bytes_per_token
 
     model = load(_checkpoint(tmp_path, "mistral3"))
     assert (model.model_type, model.n_layers, model.vocab_size) == ("mistral3", 2, 128)
@@ -141,7 +141,7 @@ def test_kv_bytes_follow_the_weights_dtype_and_each_cache_entry():
     import mlx.core as mx
     from mlx.utils import tree_map
 
-    from mlxd_engine.engine import kv_bytes_per_token
+    from mlxd_engine.cache_layout import kv_bytes_per_token
 
     full = loaded("qwen3")
     assert kv_bytes_per_token(full) == 2 * 2 * 2 * 16 * 4

@@ -102,6 +102,12 @@ def kernel_layers(model: nn.Module) -> list:
     return [m for _, m in model.named_modules() if isinstance(m, kinds) and _takes(m)]
 
 
+def runs_on_kernel(model) -> bool:
+    """Whether some of the model's layers run on the kernel (``use_kernel`` switched them)."""
+    modules = model.named_modules() if hasattr(model, "named_modules") else []
+    return any(isinstance(module, (KernelQuantizedLinear, KernelQuantizedEmbedding)) for _, module in modules)
+
+
 def use_kernel(model: nn.Module, max_rows: int = DEFAULT_MAX_ROWS, int8_activations: bool = False) -> int:
     """Switch the layers the kernel takes to it; returns how many were switched. ``int8_activations``: their
     products round x to int8 where the kernel has that variant (``mlxd_qmatmul.int8_available``)."""
