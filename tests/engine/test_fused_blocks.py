@@ -81,32 +81,44 @@ def test_a_fused_layer_equals_its_ops_for_prompts_steps_and_verifies(name):
             x = want
 
 
-@pytest.mark.parametrize("name", FAMILIES)
-def test_attention_input_takes_one_offset_per_row(name):
+def _first_fused_layer(name: str):
+    """The first layer of a fused tiny model of ``name``, and its attention's head size."""
     from mlxd_engine.fused_blocks import fuse_blocks
 
     model = _kernel_model(_family(name))
     fuse_blocks(model)
     layer = _layers(model)[0]
+    return layer, layer.self_attn.q_proj.projection_group.sizes[0] // layer.self_attn.n_heads
+
+
+def _attention_input(layer, x, offset, lengths=None):
+    """``mlxd_qmatmul.attention_input`` with the layer's own weights and settings."""
     attn = layer.self_attn
     group = attn.q_proj.projection_group
-    head_dim = group.sizes[0] // attn.n_heads
-    qk_norms = (attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps) if name == "qwen3" else None
-    x = mx.random.normal((3, 2, 64), key=mx.random.key(0))
-    offset = mx.array([0, 17, 5], dtype=mx.int32)
-    got = mlxd_qmatmul.attention_input(
+    qk_norm = getattr(attn, "q_norm", None)
+    return mlxd_qmatmul.attention_input(
         x,
         layer.input_layernorm.weight,
         layer.input_layernorm.eps,
         (group.weight, group.scales, group.biases, group.group_size, group.bits, group.sizes),
         attn.n_heads,
         attn.n_kv_heads,
-        head_dim,
+        group.sizes[0] // attn.n_heads,
         offset,
         (attn.rope.dims, attn.rope.traditional, attn.rope.base, attn.rope.scale),
         group.bias,
-        qk_norms,
+        (qk_norm.weight, attn.k_norm.weight, qk_norm.eps) if type(layer).fused_qk_norm else None,
+        lengths=lengths,
     )
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_attention_input_takes_one_offset_per_row(name):
+    layer, head_dim = _first_fused_layer(name)
+    attn = layer.self_attn
+    x = mx.random.normal((3, 2, 64), key=mx.random.key(0))
+    offset = mx.array([0, 17, 5], dtype=mx.int32)
+    got = _attention_input(layer, x, offset)
     xn = layer.input_layernorm(x)
     q, k, v = (attn.q_proj(xn), attn.k_proj(xn), attn.v_proj(xn))
     if name == "qwen3":
@@ -119,36 +131,12 @@ def test_attention_input_takes_one_offset_per_row(name):
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_with_lengths_the_fused_ops_compute_the_real_tokens_only(name):
-    from mlxd_engine.fused_blocks import fuse_blocks
-
-    model = _kernel_model(_family(name))
-    fuse_blocks(model)
-    layer = _layers(model)[0]
+    layer, _ = _first_fused_layer(name)
     attn = layer.self_attn
-    group = attn.q_proj.projection_group
-    head_dim = group.sizes[0] // attn.n_heads
-    qk_norms = (attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps) if name == "qwen3" else None
     x = mx.random.normal((3, 4, 64), key=mx.random.key(1))
     lengths = [4, 1, 2]  # row 0 whole, rows 1 and 2 padded after their real tokens
     offset = mx.array([3, 9, 0], dtype=mx.int32)
-
-    def layer_input(real):
-        return mlxd_qmatmul.attention_input(
-            x,
-            layer.input_layernorm.weight,
-            layer.input_layernorm.eps,
-            (group.weight, group.scales, group.biases, group.group_size, group.bits, group.sizes),
-            attn.n_heads,
-            attn.n_kv_heads,
-            head_dim,
-            offset,
-            (attn.rope.dims, attn.rope.traditional, attn.rope.base, attn.rope.scale),
-            group.bias,
-            qk_norms,
-            lengths=real,
-        )
-
-    padded, ragged = layer_input(None), layer_input(mx.array(lengths))
+    padded, ragged = _attention_input(layer, x, offset), _attention_input(layer, x, offset, mx.array(lengths))
     for want, got in zip(padded, ragged):
         want, got = np.array(want), np.array(got)
         for row, n in enumerate(lengths):
