@@ -21,6 +21,7 @@ still prices the forward as its padded shape, an upper bound, and the cost model
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -62,8 +63,8 @@ def real_lengths(lengths: list[int] | None, width: int) -> Iterator[None]:
         yield
         return
     index = [row * width + t for row, n in enumerate(lengths) for t in range(n)]
-    starts = [sum(lengths[:row]) for row in range(len(lengths))]
-    spread = [starts[row] + min(t, n - 1) for row, n in enumerate(lengths) for t in range(width)]
+    starts = itertools.accumulate(lengths, initial=0)  # each row's first real token in index
+    spread = [start + min(t, n - 1) for start, n in zip(starts, lengths) for t in range(width)]
     token = _current.set(
         RealLengths(
             mx.array(lengths, dtype=mx.int32),

@@ -32,16 +32,7 @@ def _kernel_or_blas(x, layer, max_rows: int, int8_activations: bool = False):
     if real_rows is not None:  # a verify forward of rows of different widths: the real rows only (ragged.py)
         index, spread = real_rows
         rows, width, features = x.shape
-        real = packed_product(
-            x.reshape(rows * width, features)[index],
-            layer["weight"],
-            layer["scales"],
-            layer["biases"],
-            layer.group_size,
-            layer.bits,
-            max_rows,
-            int8_activations,
-        )
+        real = _kernel_or_blas(x.reshape(rows * width, features)[index], layer, max_rows, int8_activations)
         return real[spread].reshape(rows, width, real.shape[-1])
     return packed_product(
         x, layer["weight"], layer["scales"], layer["biases"], layer.group_size, layer.bits, max_rows, int8_activations

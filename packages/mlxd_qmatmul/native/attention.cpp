@@ -46,6 +46,13 @@ struct AttentionJob {
   bool padding(int b, int l) const {
     return lengths != nullptr && l >= lengths[b];
   }
+  // where query (b, h, l)'s Dv outputs go, in either layout
+  float* out_row(int b, int h, int l) const {
+    const int Hq = q.shape(1), L = q.shape(2), Dv = v.shape(3);
+    const int64_t row = token_major ? (static_cast<int64_t>(b) * L + l) * Hq + h
+                                    : (static_cast<int64_t>(b) * Hq + h) * L + l;
+    return out + row * Dv;
+  }
 };
 
 // The mask's strides over [B, Hq, L, S]: its axes aligned to the right, a broadcast axis 0.
@@ -134,9 +141,7 @@ void run_attention_pairs(const AttentionJob& job, int pair0, int pair1) {
     const float* v_head = v_data + b * vs[0] + kvh * vs[1];
     for (int l = 0; l < L; ++l) {
       if (job.padding(b, l)) {
-        float* dst = job.out + (job.token_major ? (static_cast<int64_t>(b) * L + l) * Hq + h
-                                                : (static_cast<int64_t>(b) * Hq + h) * L + l) * Dv;
-        std::fill_n(dst, Dv, 0.0f);
+        std::fill_n(job.out_row(b, h, l), Dv, 0.0f);
         continue;
       }
       const float* q_row = q_data + b * qs[0] + h * qs[1] + l * qs[2];
@@ -160,8 +165,7 @@ void run_attention_pairs(const AttentionJob& job, int pair0, int pair1) {
           for (int d = 0; d < Dv; ++d) acc[d] += scores[s] * v_row[d * vs[3]];
         }
       }
-      float* dst = job.out + (job.token_major ? (static_cast<int64_t>(b) * L + l) * Hq + h
-                                              : (static_cast<int64_t>(b) * Hq + h) * L + l) * Dv;
+      float* dst = job.out_row(b, h, l);
       const float inverse = 1.0f / total;
       for (int d = 0; d < Dv; ++d) dst[d] = acc[d] * inverse;
     }
@@ -238,8 +242,7 @@ void run_attention_rows(const AttentionJob& job, int group, int r0, int r1) {
   }
   for (int i = 0; i < rows; ++i) {
     const int h = kvh * repeats + (r0 + i) / L, l = (r0 + i) % L;
-    float* dst = job.out + (job.token_major ? (static_cast<int64_t>(b) * L + l) * Hq + h
-                                            : (static_cast<int64_t>(b) * Hq + h) * L + l) * Dv;
+    float* dst = job.out_row(b, h, l);
     const float inverse = 1.0f / totals[i];
     const float* acc = accs.data() + static_cast<size_t>(i) * Dv;
     for (int d = 0; d < Dv; ++d) dst[d] = acc[d] * inverse;
