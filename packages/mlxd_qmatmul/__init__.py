@@ -21,6 +21,9 @@ Contract:
   rounding of ``mx.fast.scaled_dot_product_attention``); its softmax takes MLX's exp eight floats at a time.
 - ``swiglu(gate, up)``: mlx-lm's SwiGLU as one op, bit-identical to MLX's CPU result (native/vector_math.h:
   MLX's exp and sigmoid with the CPU's vector FMA, where MLX's x86-64 wheel calls a software fma per term).
+- ``write_rows(buffer, rows, index)``: rows written into a buffer at the rows an index names, as one CPU op,
+  in place when nothing else holds the buffer (a KV cache's update for rows at different positions: MLX's
+  scatter builds a dozen index ops around each one).
 - ``quantized_matmul(..., int8_activations=True)``: the opt-in int8-activation variant (4 and 8 bits,
   AVX-512 VNNI; ``int8_available()``), not within float32 rounding: its greedy agreement and perplexity are in
   docs/benchmark_results/qmatmul_int8.md.
@@ -144,6 +147,16 @@ def swiglu(gate, up):
     if _ext is None:
         raise RuntimeError(_REASON)
     return _ext.swiglu(gate, up)
+
+
+def write_rows(buffer, rows, index):
+    """``buffer`` with ``rows`` (``index.size`` rows of its last axis, row-major) written at its rows
+    ``index`` (int32, distinct; ``buffer`` viewed as ``[size / D, D]``) as one CPU op: the same result as
+    ``flat = buffer.reshape(-1, D); flat[index] = rows.reshape(-1, D)``, in place when nothing else holds the
+    buffer (as MLX's slice updates), else on a copy. Any dtype (``rows``' the buffer's)."""
+    if _ext is None:
+        raise RuntimeError(_REASON)
+    return _ext.write_rows(buffer, rows, index)
 
 
 def attention_input(

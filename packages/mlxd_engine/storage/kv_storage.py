@@ -21,15 +21,21 @@ Contract:
 from __future__ import annotations
 
 import heapq
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import mlx.core as mx
 
+import mlxd_qmatmul
+
 from ..errors import KVStorageFull
 from ..masks import shape_mask
 
 GROW_CHUNK = 256
+# new keys and values of rows at different positions written by the extension's one op on the CPU
+# (``scatter_tokens``); MLXD_KV_WRITE_OP=0 keeps MLX's scatter
+_NATIVE_WRITES = mlxd_qmatmul.available() and os.environ.get("MLXD_KV_WRITE_OP", "1").strip() != "0"
 
 
 @dataclass(eq=False)  # identity, as PagedState: a record is one sequence, whatever its counts
@@ -88,12 +94,33 @@ def row_mask(
     return shape_mask(mask, mask_axes)
 
 
-def scatter_tokens(buffer: mx.array, rows: mx.array, positions: mx.array, new: mx.array) -> mx.array:
+def token_rows(rows: mx.array, positions: mx.array, heads: int, capacity: int) -> mx.array:
+    """Where ``scatter_tokens`` writes: for a buffer [slots, heads, capacity, dim] seen as
+    [slots x heads x capacity, dim], the row of new token (b, h, i) (in that order) is
+    (rows[b] x heads + h) x capacity + positions[b, i]. int32 [B x heads x n]; one per forward serves every
+    layer of the same heads and capacity."""
+    head = mx.arange(heads, dtype=mx.int32)[None, :, None]
+    index = (rows.astype(mx.int32)[:, None, None] * heads + head) * capacity + positions.astype(mx.int32)[:, None, :]
+    return index.reshape(-1)
+
+
+def scatter_tokens(
+    buffer: mx.array, rows: mx.array, positions: mx.array | None, new: mx.array, index: mx.array | None = None
+) -> mx.array:
     """``buffer`` [rows, heads, positions, dim] with ``new`` [B, heads, n, dim] written at row ``rows[b]``,
-    position ``positions[b, i]`` (distinct within a row): one scatter for the whole forward, not one per
-    token (docs/benchmark_results/code_notes.md#one-scatter)."""
-    buffer[rows[:, None], :, positions] = new.transpose(0, 2, 1, 3)
-    return buffer
+    position ``positions[b, i]`` (distinct within a row): one write of the whole forward's tokens
+    (docs/benchmark_results/code_notes.md#one-scatter, #row-writes). ``index``: ``token_rows`` of these rows and
+    positions, when the caller holds it. On the CPU the extension's one op writes them (MLX's scatter builds
+    a dozen index ops around each); elsewhere one scatter over the buffer's flattened rows."""
+    _, heads, capacity, dim = buffer.shape
+    if index is None:
+        assert positions is not None, "positions or their index"
+        index = token_rows(rows, positions, heads, capacity)
+    if _NATIVE_WRITES and mx.default_device() == mx.cpu:
+        return mlxd_qmatmul.write_rows(buffer, new, index)
+    flat = buffer.reshape(-1, dim)
+    flat[index] = new.reshape(-1, dim)
+    return flat.reshape(buffer.shape)
 
 
 class SlotKVStorage:
@@ -289,6 +316,15 @@ class RowPlan:
         self._derived["slot_runs"] = runs
         return runs
 
+    def token_rows(self, heads: int, capacity: int, n: int) -> mx.array:
+        """``token_rows`` of this forward's rows and new positions in a buffer of ``heads`` and
+        ``capacity``: made once, shared by every layer's writes."""
+        key = ("token_rows", heads, capacity, n)
+        if key not in self._derived:
+            positions = self.array("starts")[:, None] + mx.arange(n)[None, :]
+            self._derived[key] = token_rows(self.array("slots"), positions, heads, capacity)
+        return self._derived[key]
+
     def array(self, name: str) -> mx.array:
         if name not in self._arrays:
             self._arrays[name] = mx.array(getattr(self, name))
@@ -316,10 +352,10 @@ class LayerView:
             start = plan.starts[0]
             k_buf[first : first + len(plan.slots), :, start : start + n, :] = keys
             v_buf[first : first + len(plan.slots), :, start : start + n, :] = values
-        else:  # rows at different positions: every row's tokens at (slot, start + i), one scatter each
-            positions = plan.array("starts")[:, None] + mx.arange(n)[None, :]
-            k_buf = scatter_tokens(k_buf, plan.array("slots"), positions, keys)
-            v_buf = scatter_tokens(v_buf, plan.array("slots"), positions, values)
+        else:  # rows at different positions: every row's tokens at (slot, start + i), one write each
+            index = plan.token_rows(kv_heads, k_buf.shape[2], n)
+            k_buf = scatter_tokens(k_buf, plan.array("slots"), None, keys, index)
+            v_buf = scatter_tokens(v_buf, plan.array("slots"), None, values, index)
         s.keys[layer], s.values[layer] = k_buf, v_buf
         length = plan.read_length
         if plan.contiguous:

@@ -10,6 +10,7 @@
 #include "rms_norm.h"
 #include "rope.h"
 #include "swiglu.h"
+#include "write_rows.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -38,6 +39,10 @@ NB_MODULE(_ext, m) {
   m.def("swiglu", &mlxd_qmm::swiglu, "gate"_a, "up"_a, nb::kw_only(), "stream"_a = nb::none(),
         "mlx-lm's swiglu(gate, up) = silu(gate) * up as one CPU op: float32 arrays of one shape; "
         "bit-identical to MLX's CPU result.");
+  m.def("write_rows", &mlxd_qmm::write_rows, "buffer"_a, "rows"_a, "index"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "buffer with rows [N, D] written at its rows index [N] (int32; buffer viewed as [size / D, D]) as one "
+        "CPU op, in place when nothing else holds the buffer: a KV cache's update for rows at different "
+        "positions.");
   m.def(
       "attention_input",
       [](const mx::array& x, const mx::array& norm_weight, float eps, const mx::array& w, const mx::array& scales,
