@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import sys
 import threading
 import time
@@ -468,6 +469,27 @@ def test_cli_serve_starts_the_server_on_a_free_port_and_stops_it(tmp_path):
     assert "stub serving on" in Path(target["log"]).read_text()
     with pytest.raises(httpx.ConnectError):  # stopped: nothing listens any more
         httpx.get(target["url"] + "/v1/models", timeout=2.0)
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists() or shutil.which("setsid") is None, reason="Linux /proc")
+def test_cli_serve_also_stops_what_the_command_started_in_a_session_of_its_own(tmp_path):
+    # as mlx-serve-http's autostarted daemon: a child in its own session, outside the command's process group
+    script = Path(__file__).resolve()
+    pid_file = tmp_path / "detached.pid"
+    command = f"setsid sleep 120 & echo $! > {pid_file}; exec {sys.executable} {script} --port {{port}}"
+    args = ["--serve", f"S={command}", "--concurrency", "1", "--requests", "1", "--rounds", "1", "--warmup", "0"]
+    args += ["--max-tokens", "2", "--serve-timeout", "30", "--out", str(tmp_path)]
+    result = CliRunner().invoke(bench_main, args)
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    detached = int(pid_file.read_text())
+    deadline = time.monotonic() + 5.0
+    while Path(f"/proc/{detached}").exists() and time.monotonic() < deadline:
+        stat = Path(f"/proc/{detached}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        if stat == "Z":
+            break
+        time.sleep(0.05)
+    stat_path = Path(f"/proc/{detached}/stat")
+    assert not stat_path.exists() or stat_path.read_text().rsplit(")", 1)[1].split()[0] == "Z"
 
 
 def test_cli_refuses_bad_usage():

@@ -24,7 +24,8 @@ Contract:
       when the installed ``mlxd_protocol`` has no such field).
     * Served: ``{port}`` becomes a free loopback port; the command runs through the shell in its own
       process group, output to a log file; ready when ``GET {url}/v1/models`` answers 200 (polled up to
-      the serve timeout); ``stop()``: SIGTERM to the group, SIGKILL after ``STOP_GRACE_S``.
+      the serve timeout); ``stop()``: SIGTERM to the group, SIGKILL after ``STOP_GRACE_S``, then the same to
+      every process the command started outside the group (``leftovers.py``: an autostarted daemon).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from urllib.parse import urlparse
 
 import httpx
 
+from .leftovers import MARKER_ENV, new_marker, stop_marked
 from .runner import BenchRequest, RequestSample
 
 STOP_GRACE_S = 10.0
@@ -348,6 +350,7 @@ class ServedTarget(HttpTarget):
         self.command: str | None = None
         self.log_path: Path | None = None
         self.process: subprocess.Popen | None = None
+        self.marker: str | None = None  # in the command's environment: finds what it started (leftovers.py)
 
     def describe(self) -> dict[str, Any]:
         """Returns: what reports say about this target."""
@@ -371,10 +374,12 @@ class ServedTarget(HttpTarget):
         self.url = f"http://127.0.0.1:{port}"
         self.command = self.command_template.replace("{port}", str(port))
         self.log_path = Path(log_dir) / f"serve-{re.sub(r'[^A-Za-z0-9_.-]+', '_', self.name)}.log"
+        self.marker = new_marker()
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
                 self.command,
                 shell=True,
+                env={**os.environ, MARKER_ENV: self.marker},
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -394,10 +399,19 @@ class ServedTarget(HttpTarget):
         raise TargetUnavailable(f"{self.name}: {problem}; log {self.log_path}:\n{self.log_tail()}")
 
     def stop(self) -> None:
-        """SIGTERM to the server's process group, SIGKILL after ``STOP_GRACE_S``; safe to call twice."""
+        """SIGTERM to the server's process group, SIGKILL after ``STOP_GRACE_S``, then the same to what it
+        started outside the group; safe to call twice."""
         process, self.process = self.process, None
         if process is None:
             return
+        try:
+            self._stop_group(process)
+        finally:
+            if self.marker is not None:
+                stop_marked(self.marker, STOP_GRACE_S)
+
+    @staticmethod
+    def _stop_group(process: subprocess.Popen) -> None:
         for sig, grace_s in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, 5.0)):
             try:
                 os.killpg(process.pid, sig)
