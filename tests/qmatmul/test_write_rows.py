@@ -94,3 +94,8 @@ def test_the_storage_writes_a_forwards_tokens_the_same_either_way(monkeypatch, n
         buffer, slots, positions, new = _case(rng, np.float32)
         got = scatter_tokens(mx.array(buffer), mx.array(slots), mx.array(positions), mx.array(new))
         assert np.array_equal(np.array(got), _expected(buffer, slots, positions, new))
+        # new values of another dtype take the buffer's, as an assignment does
+        half = new.astype(np.float16)
+        got = scatter_tokens(mx.array(buffer), mx.array(slots), mx.array(positions), mx.array(half))
+        assert got.dtype == mx.float32
+        assert np.array_equal(np.array(got), _expected(buffer, slots, positions, half.astype(np.float32)))

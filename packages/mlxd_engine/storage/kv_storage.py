@@ -117,7 +117,8 @@ def scatter_tokens(
         assert positions is not None, "positions or their index"
         index = token_rows(rows, positions, heads, capacity)
     if _NATIVE_WRITES and mx.default_device() == mx.cpu:
-        return mlxd_qmatmul.write_rows(buffer, new, index)
+        # as an assignment would, new values take the buffer's dtype (a layer's values may differ from its keys)
+        return mlxd_qmatmul.write_rows(buffer, new if new.dtype == buffer.dtype else new.astype(buffer.dtype), index)
     flat = buffer.reshape(-1, dim)
     flat[index] = new.reshape(-1, dim)
     return flat.reshape(buffer.shape)
