@@ -104,21 +104,23 @@ def token_rows(rows: mx.array, positions: mx.array, heads: int, capacity: int) -
     return index.reshape(-1)
 
 
-def scatter_tokens(
-    buffer: mx.array, rows: mx.array, positions: mx.array | None, new: mx.array, index: mx.array | None = None
-) -> mx.array:
+def scatter_tokens(buffer: mx.array, rows: mx.array, positions: mx.array, new: mx.array) -> mx.array:
     """``buffer`` [rows, heads, positions, dim] with ``new`` [B, heads, n, dim] written at row ``rows[b]``,
     position ``positions[b, i]`` (distinct within a row): one write of the whole forward's tokens
-    (docs/benchmark_results/code_notes.md#one-scatter, #row-writes). ``index``: ``token_rows`` of these rows and
-    positions, when the caller holds it. On the CPU the extension's one op writes them (MLX's scatter builds
-    a dozen index ops around each); elsewhere one scatter over the buffer's flattened rows."""
-    _, heads, capacity, dim = buffer.shape
-    if index is None:
-        assert positions is not None, "positions or their index"
-        index = token_rows(rows, positions, heads, capacity)
+    (docs/benchmark_results/code_notes.md#one-scatter, #row-writes)."""
+    _, heads, capacity, _ = buffer.shape
+    return write_token_rows(buffer, new, token_rows(rows, positions, heads, capacity))
+
+
+def write_token_rows(buffer: mx.array, new: mx.array, index: mx.array) -> mx.array:
+    """``buffer`` with ``new``'s rows of its last axis (in row-major order) written at its rows ``index``
+    (``buffer`` seen as [size / dim, dim]; ``token_rows`` says where a forward's tokens go). On the CPU the
+    extension's one op writes them (MLX's scatter builds a dozen index ops around each); elsewhere one
+    scatter over the buffer's flattened rows."""
     if _NATIVE_WRITES and mx.default_device() == mx.cpu:
         # as an assignment would, new values take the buffer's dtype (a layer's values may differ from its keys)
         return mlxd_qmatmul.write_rows(buffer, new if new.dtype == buffer.dtype else new.astype(buffer.dtype), index)
+    dim = buffer.shape[-1]
     flat = buffer.reshape(-1, dim)
     flat[index] = new.reshape(-1, dim)
     return flat.reshape(buffer.shape)
@@ -355,8 +357,8 @@ class LayerView:
             v_buf[first : first + len(plan.slots), :, start : start + n, :] = values
         else:  # rows at different positions: every row's tokens at (slot, start + i), one write each
             index = plan.token_rows(kv_heads, k_buf.shape[2], n)
-            k_buf = scatter_tokens(k_buf, plan.array("slots"), None, keys, index)
-            v_buf = scatter_tokens(v_buf, plan.array("slots"), None, values, index)
+            k_buf = write_token_rows(k_buf, keys, index)
+            v_buf = write_token_rows(v_buf, values, index)
         s.keys[layer], s.values[layer] = k_buf, v_buf
         length = plan.read_length
         if plan.contiguous:
