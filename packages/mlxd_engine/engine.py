@@ -34,6 +34,7 @@ from .cpu_fusion import fusion_wanted
 from .errors import PromptTooLong
 from .forward_cost import ForwardCost
 from .fused_blocks import blocks_wanted, fuse_blocks
+from .last_logits import last_position_only, mark_output_heads
 from .loading.kernel_layers import runs_on_kernel
 from .loading.loader import LoadedModel
 from .ragged import is_ragged, ragged_wanted, real_lengths
@@ -92,6 +93,7 @@ class Engine:
         wanted = fusion_wanted() if fuse_cpu_layers is None else fuse_cpu_layers
         self.fused_layers = fuse_cpu_layers_of(self.model) if wanted else 0
         self.fused_blocks = fuse_blocks(self.model) if wanted and blocks_wanted() else 0
+        self.output_heads = mark_output_heads(self.model)  # a prompt's logits at its last position only
         # verify forwards of rows of different widths compute their real tokens only, on the CPU kernel (ragged.py)
         self.ragged_verify = mx.default_device() == mx.cpu and runs_on_kernel(self.model) and ragged_wanted()
         if max_kv_size and loaded.context_source == "fallback":
@@ -331,9 +333,9 @@ class Engine:
         piece = self.storage.max_forward_tokens or n
         for offset in range(0, n, piece):  # a ring bounds one forward's appends: the chunk goes in pieces
             size = min(piece, n - offset)
-            logits = self._forward(
-                [seq], mx.array([seq.tokens[start + offset : start + offset + size]]), compiled=False
-            )
+            chunk = mx.array([seq.tokens[start + offset : start + offset + size]])
+            with last_position_only():  # only the prompt's last logits are read (last_logits.py)
+                logits = self._forward([seq], chunk, compiled=False)
             self.commit_appends(seq, size)
         if n < remaining:
             mx.eval(self.storage.arrays())
