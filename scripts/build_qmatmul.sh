@@ -17,5 +17,5 @@ cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$("$
   >"$BUILD/configure.log" 2>&1 || fail "cmake configure failed, see $BUILD/configure.log"
 cmake --build "$BUILD" -j"$(nproc 2>/dev/null || echo 2)" >"$BUILD/build.log" 2>&1 || fail "compile failed, see $BUILD/build.log"
 cp "$BUILD"/_ext*.so "$ROOT/packages/mlxd_qmatmul/" || fail "no module produced"
-"$PY" -c 'import mlxd_qmatmul as q; assert q.available(), q.unavailable_reason(); amx = " + AMX (6 rows or more)" if q.amx_available() else ""; print(f"CPU quantized-matmul kernel: {q.kernel_isa()}{amx}, {q.describe_threads()}")' \
+"$PY" -c 'import mlxd_qmatmul as q; assert q.available(), q.unavailable_reason(); amx = " + AMX (6 rows or more, 8 for 8-bit weights)" if q.amx_available() else ""; print(f"CPU quantized-matmul kernel: {q.kernel_isa()}{amx}, {q.describe_threads()}")' \
   || fail "the built module does not load"

@@ -30,9 +30,9 @@ Contract:
 - ``quantized_matmul_split(..., sizes)``: the product of a weight packed from several layers' rows, one
   output per layer, each equal to that layer's own ``quantized_matmul`` (one op for q/k/v or gate/up).
 - ``supports(bits, group_size, mode)`` says whether a layer's format is one the kernel takes.
-- ``amx_available()``: products of 6 rows or more (a verify, a batch, a prompt chunk) run on Intel AMX's
-  tile units where the CPU and OS have them, still within float32 rounding (x split into three exact
-  bfloat16 pieces; native/kernel_amx.cpp); ``MLXD_QMM_AMX=0`` turns that off.
+- ``amx_available()``: products of 6 rows or more (8 or more with 8-bit weights: a verify, a batch, a prompt
+  chunk) run on Intel AMX's tile units where the CPU and OS have them, still within float32 rounding (x split
+  into three exact bfloat16 pieces; native/kernel_amx.cpp); ``MLXD_QMM_AMX=0`` turns that off.
 - ``kernel_isa()`` / ``kernel_threads()``: what it runs with here. ``MLXD_QMM_ISA`` (avx512, avx2, sse2,
   neon) forces a narrower instruction set, ``MLXD_QMM_THREADS`` the thread count (default: every core, for
   decode's few rows too: one thread does not reach the memory bandwidth), ``MLXD_QMM_SPIN_US`` how long an

@@ -143,8 +143,10 @@ void kernel_vnni_int8(const Problem& p, int n0, int n1);
 void kernel_amx(const Problem& p, int n0, int n1);
 void amx_prepare(const float* x, int M, int K, int group_size, uint32_t* pieces, float* sums);
 KernelFn amx_kernel();
-// Fewer rows than this stay on the vector kernel: one row tile of AMX costs about as much at any row count.
-constexpr int kAmxMinRows = 6;
+// Fewer rows than this stay on the vector kernel: one row tile of AMX costs about as much at any row count,
+// most of it decoding the weights into tile layout, which costs 8-bit weights more (a word transpose and two
+// conversions) while the vector kernel reads them as they are (code_notes.md#amx-rows).
+constexpr int amx_min_rows(int bits) { return bits == 8 ? 8 : 6; }
 
 // The int8-activation kernel for 4-bit and 8-bit weights (AVX-512 VNNI), where this build and CPU have it,
 // else null.

@@ -34,7 +34,7 @@ bool int8_available(int bits);
 // row count).
 std::string kernel_isa();
 
-// Whether products of kAmxMinRows rows or more run on the AMX kernel here.
+// Whether products of amx_min_rows(bits) rows or more run on the AMX kernel here.
 bool amx_available();
 int kernel_threads(int rows);
 
