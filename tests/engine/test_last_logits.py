@@ -34,27 +34,15 @@ def test_every_architecture_gives_its_last_logits_alone(name):
 
 
 def test_layers_of_the_vocabularys_width_inside_the_stack_are_not_heads():
-    """Sizes alone would pick projections inside the layers where the model is as wide as its vocabulary."""
-    from mlx_lm.models import llama
-
-    args = llama.ModelArgs(
-        model_type="llama",
-        hidden_size=128,
-        num_hidden_layers=2,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        rms_norm_eps=1e-5,
-        vocab_size=128,
-        tie_word_embeddings=False,
-    )
-    mx.random.seed(0)
-    model = llama.Model(args)
-    mx.eval(model.parameters())
+    """Sizes alone would pick projections inside the layers where they are as wide as the vocabulary (the
+    matrix's llama: its MLP's up and gate projections have the vocabulary's 128 outputs)."""
+    model = build("llama", seed=0)
+    up = model.model.layers[0].mlp.up_proj
+    assert up.weight.shape[0] == model.lm_head.weight.shape[0]
     want = model(TOKENS, cache=make_prompt_cache(model))
     assert mark_output_heads(model) == 2  # the embedding table's as_linear and lm_head
     assert mark_output_heads(model) == 2  # marking again changes nothing
-    assert type(model.model.layers[0].mlp.up_proj) is nn.Linear
+    assert type(up) is nn.Linear
     assert type(model.lm_head).__name__ == "LastPositionLinear"
     with last_position_only():
         got = model(TOKENS, cache=make_prompt_cache(model))
