@@ -203,7 +203,8 @@ class Engine:
         cache_prompt: bool = True,
     ) -> Sequence:
         """Admit a sequence; raises KVStorageFull when there is no room for it now or the prompt cannot fit
-        (``PromptTooLong``, from ``check_request``, which also refuses an empty prompt and bad parameters).
+        (``PromptTooLong``, from ``check_request``, which also refuses an empty prompt and bad parameters), and
+        ValueError for a prompt token outside the vocabulary (the daemon's edge refuses those first).
 
         ``max_new_tokens`` sizes the reservation on paged storage (default: up to the KV bound). With a
         prefix cache and ``cache_prompt``, the longest cached prefix of the prompt is put in storage at
@@ -214,6 +215,10 @@ class Engine:
         same blocks, so a request the scheduler admits is never refused here)."""
         params = params or SamplingParams()
         self.check_request(len(prompt), params=params)
+        vocab = self.loaded.vocab_size
+        if not (0 <= min(prompt) and max(prompt) < vocab):  # MLX's gather would read (or crash) out of bounds
+            bad = next(token for token in prompt if not 0 <= token < vocab)
+            raise ValueError(f"prompt token {bad} is outside the vocabulary of {vocab}")
         reservation = self._reservation(len(prompt), max_new_tokens or self.max_kv_size)
         lookup = self.prefix_cache if cache_prompt else None  # the prefix cache, when this prompt uses it
         entry, reused = lookup.find(prompt) if lookup is not None else (None, 0)

@@ -12,9 +12,9 @@ does), and a Linear-like layer (``nn.Linear``, ``nn.QuantizedLinear`` and their 
 among them) outside the layer stack (no numbered part in its path) named as mlx-lm's models name their
 untied heads (``HEAD_NAMES``), whose output features are the vocabulary (the rows of the model's largest
 embedding table). Sizes alone would not do: in a small model a projection inside the stack may have the
-vocabulary's width. Inside
-``last_position_only()`` such a head given a ``[batch, tokens, features]`` input of more than one token
-computes the last token only and returns ``[batch, 1, vocab]``; outside it nothing changes. What mlx-lm's
+vocabulary's width. Inside ``last_position_only()`` such a head given a ``[batch, tokens, features]`` input
+of more than one token computes the last token only and returns ``[batch, 1, vocab]``; outside it nothing
+changes. What mlx-lm's
 models do after the head (logit soft-capping, scaling) is elementwise, so ``logits[:, -1]`` is the same
 row either way, within float32 rounding (the product of one row instead of many). A sharded head (its
 outputs a share of the vocabulary) is not matched and computes every position as before.

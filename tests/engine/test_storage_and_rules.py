@@ -50,6 +50,19 @@ def test_the_kv_bound_ends_a_sequence_when_its_current_token_cannot_be_stored(ti
     assert kv_room(seq) == 0 and at_kv_bound(seq)
 
 
+@pytest.mark.parametrize("backend", sorted(STORAGE_BACKENDS))
+def test_a_prompt_token_outside_the_vocabulary_is_refused_and_takes_no_slot(backend, tiny_random_model):
+    """The daemon's edge refuses such prompts first; the engine refuses them too rather than let MLX gather out
+    of bounds, and nothing it holds changes."""
+    engine = Engine(tiny_random_model, max_sequences=1, max_kv_size=64, storage=backend, kv_block_size=4)
+    vocab = tiny_random_model.vocab_size
+    for bad in (vocab, vocab + 1000, -1):
+        with pytest.raises(ValueError, match=f"prompt token {bad} is outside the vocabulary of {vocab}"):
+            engine.add_sequence([1, 2, bad, 3])
+    seq = engine.add_sequence([1, 2, vocab - 1])  # the one slot is still free
+    assert prefill_and_record(engine, seq) is not None
+
+
 def test_wire_and_engine_sampler_types_share_the_greedy_defaults():
     wire = {f.name: f.default for f in dataclasses.fields(Sampling) if f.name in GREEDY}
     engine = {f.name: f.default for f in dataclasses.fields(SamplingParams) if f.name in GREEDY}
