@@ -14,10 +14,10 @@ untied heads (``HEAD_NAMES``), whose output features are the vocabulary (the row
 embedding table). Sizes alone would not do: in a small model a projection inside the stack may have the
 vocabulary's width. Inside ``last_position_only()`` such a head given a ``[batch, tokens, features]`` input
 of more than one token computes the last token only and returns ``[batch, 1, vocab]``; outside it nothing
-changes. What mlx-lm's
-models do after the head (logit soft-capping, scaling) is elementwise, so ``logits[:, -1]`` is the same
-row either way, within float32 rounding (the product of one row instead of many). A sharded head (its
-outputs a share of the vocabulary) is not matched and computes every position as before.
+changes. What mlx-lm's models do after the head (logit soft-capping, scaling) is elementwise, so
+``logits[:, -1]`` is the same row either way, within float32 rounding (the product of one row instead of
+many). A sharded head (its outputs a share of the vocabulary) is not matched and computes every position as
+before.
 """
 
 from __future__ import annotations
