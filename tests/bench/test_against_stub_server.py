@@ -524,3 +524,20 @@ def test_extract_and_agent_styles_run_like_the_others():
     assert sent[0].startswith("Extract the") and sent[2].startswith("You are a coding agent")
     assert [batch.style for batch in run.batches] == ["extract", "agent"]
     assert all(batch.summary["errors"] == 0 for batch in run.batches)
+
+
+def test_warm_up_sends_every_style_before_the_first_measured_batch():
+    """A style's first measured batch must not be the first time the server sees that style (shared drafts,
+    caches): the warm-up sends ``warmup`` requests of each style, none of them a measured prompt."""
+    config = BenchConfig(
+        concurrencies=[1], styles=["plain", "extract", "agent"], rounds=1, requests=1, max_tokens=4, warmup=2
+    )
+    book = PromptBook(0, 40)
+    run, received = _with_fake_mlxd(
+        lambda endpoint: asyncio.run(run_benchmark([DaemonTarget("d", endpoint)], config, book))
+    )
+    sent = [m.messages[0]["content"] for m in received]
+    warm = [book.prompt(style, "warmup", 1, index) for style in config.styles for index in range(2)]
+    assert sent[:6] == warm and len(run.warmup_samples) == 6
+    assert sent[6:] == [book.prompt(style, "0", 1, 0) for style in config.styles]
+    assert not set(warm) & set(sent[6:])

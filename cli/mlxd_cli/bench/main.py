@@ -216,7 +216,13 @@ class RichProgress(ProgressHooks):
     help="chat style: turns per session (each resends the history plus the last reply)",
 )
 @click.option("--rounds", default=3, show_default=True, type=click.IntRange(1))
-@click.option("--warmup", default=1, show_default=True, type=click.IntRange(0), help="unmeasured requests per target")
+@click.option(
+    "--warmup",
+    default=1,
+    show_default=True,
+    type=click.IntRange(0),
+    help="unmeasured requests per target and prompt style",
+)
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0), help="prompts and sampling seed")
 @click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0))
 @click.option(

@@ -118,7 +118,7 @@ def build_results(run: Any, config: Any, baseline: str, command: str, machine: d
     names = [target["name"] for target in run.targets]
     cells = summarize_cells(run.batches, names)
     return {
-        "format": "mlx-bench results 1",
+        "format": "mlx-bench results 2",  # 2: warm-up requests of every prompt style
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": command,
         "machine": machine,
@@ -362,7 +362,7 @@ def markdown(results: dict, plots: list[str] | tuple[str, ...] = ()) -> str:
         "Machine: " + ", ".join(f"{key} {value}" for key, value in results["machine"].items()),
         "",
         f"Settings: {config['rounds']} rounds (targets interleaved in each), {per_batch}, "
-        f"{config['warmup']} warm-up request(s) per target, max tokens {config['max_tokens']}, "
+        f"{config['warmup']} warm-up request(s) per target{_warmup_scope(results)}, max tokens {config['max_tokens']}, "
         f"prompt ~{config['prompt_tokens']} tokens, temperature {config['temperature']:g}, seed {config['seed']}, "
         f"{'chat' if config['chat'] else 'completions'} endpoint, ignore_eos {config['ignore_eos']}. "
         f"Created {results['created']}.",
@@ -421,6 +421,11 @@ def markdown(results: dict, plots: list[str] | tuple[str, ...] = ()) -> str:
     if plots:
         lines += [""] + [f"![{Path(name).stem}]({name})" for name in plots]
     return "\n".join(lines) + "\n"
+
+
+def _warmup_scope(results: dict) -> str:
+    """Format 1 runs warmed up with their first prompt style only."""
+    return " (first prompt style only)" if results.get("format") == "mlx-bench results 1" else " and prompt style"
 
 
 def _chat_settings(config: dict) -> list[str]:

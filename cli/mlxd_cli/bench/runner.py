@@ -2,7 +2,9 @@
 
 Contract:
     * ``run_benchmark(targets, config, prompts, hooks)`` opens every target, sends ``config.warmup``
-      requests to each (one at a time, not measured), then for each round, for each concurrency level,
+      requests of every prompt style to each (one at a time, not measured: the first measured batch of a
+      style meets a server as warm for that style as the later ones, caches and shared drafts
+      included), then for each round, for each concurrency level,
       for each prompt style, runs one *batch* on each target in turn (targets interleaved A B A B, so
       slow drift of the machine hits every target alike). ``RunRecord.order`` lists the batches in
       the order they ran. Targets are closed at the end, also on failure.
@@ -106,7 +108,7 @@ class BenchConfig:
     duration_s: float | None = None  # per batch instead of a request count
     max_tokens: int = 128
     prompt_tokens: int = 200
-    warmup: int = 1
+    warmup: int = 1  # per target and prompt style
     seed: int = 0
     temperature: float = 0.0
     chat: bool = True
@@ -375,14 +377,16 @@ async def run_benchmark(
 async def _warm_up(target: Any, config: BenchConfig, prompts: Any, hooks: ProgressHooks, record: RunRecord) -> None:
     if config.warmup <= 0:
         return
-    style = config.styles[0]
-    hooks.batch_started(f"warm-up: {target.name}", config.warmup * config.turns_for(style))
-    for index in range(config.warmup):
-        if style == "chat":
-            record.warmup_samples.extend(await run_session(target, config, prompts, "warmup", 1, index, hooks=hooks))
-            continue
-        prompt = prompts.prompt(style, "warmup", 1, index)
-        sample = await target.run_request(config.make_request(index, prompt))
-        record.warmup_samples.append(sample)
-        hooks.request_finished(sample)
-    hooks.batch_finished(None)
+    for style in config.styles:
+        hooks.batch_started(f"warm-up {style}: {target.name}", config.warmup * config.turns_for(style))
+        for index in range(config.warmup):
+            if style == "chat":
+                record.warmup_samples.extend(
+                    await run_session(target, config, prompts, "warmup", 1, index, hooks=hooks)
+                )
+                continue
+            prompt = prompts.prompt(style, "warmup", 1, index)
+            sample = await target.run_request(config.make_request(index, prompt))
+            record.warmup_samples.append(sample)
+            hooks.request_finished(sample)
+        hooks.batch_finished(None)
