@@ -169,6 +169,7 @@ from click.testing import CliRunner  # noqa: E402
 
 from mlxd_cli.bench.main import main as bench_main  # noqa: E402
 from mlxd_cli.bench.prompts import PromptBook  # noqa: E402
+from mlxd_cli.bench.report import markdown  # noqa: E402
 from mlxd_cli.bench.runner import BenchConfig, run_benchmark  # noqa: E402
 from mlxd_cli.bench.stats import summarize_cells  # noqa: E402
 from mlxd_cli.bench.targets import DaemonTarget, HttpTarget  # noqa: E402
@@ -431,6 +432,10 @@ def test_cli_out_writes_json_markdown_and_plots(tmp_path):
     text = (out / "results.md").read_text()
     assert "| style | c | target | aggregate tok/s |" in text and "relative to B" in text
     assert "throughput.png" in text
+    assert results["format"] == "mlx-bench results 2" and "1 warm-up request(s) per target and prompt style" in text
+    assert len(results["warmup_samples"]) == 2 * 2  # one of each style for each target
+    earlier = markdown({**results, "format": "mlx-bench results 1"})  # a saved run from before warm-up per style
+    assert "1 warm-up request(s) per target (first prompt style only)" in earlier
     for name in ("throughput.png", "speedup.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "aggregate tok/s" in result.output  # the rich table
