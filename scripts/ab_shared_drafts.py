@@ -6,8 +6,8 @@ calibration as ``mlxd``, prompt lookup on, up to ``MAX_BATCH`` rows decoded toge
 sends mlx-bench's prompts of each ``--styles`` style as chat requests, greedy, ``--concurrency`` at a time
 (their ``generate`` streams interleaved, so the scheduler batches them as it batches a server's): each batch
 twice in a row, once with the shared store (``shared_drafts``) and once without, the order alternating from
-batch to batch, prefix cache off. The store holds only the outputs of the requests sent with it, as a
-server of its own would. Batches of the same prompts side by side keep this VM's drift out of the ratio
+batch to batch, prefix cache off, after one unmeasured batch of each style on each side (as mlx-bench warms
+up). The store holds only the outputs of the requests sent with it, as a server of its own would. Batches of the same prompts side by side keep this VM's drift out of the ratio
 that an HTTP run shows with a wide spread. Prints, per style, the draft tokens accepted / drafted and the
 tok/s of each side over all batches, and their ratio. ``--compare lookup`` sends each batch with prompt
 lookup alone and with no speculation instead: the on/off ratio the prompt-lookup goals name.
@@ -85,8 +85,9 @@ def main() -> None:
             return time.perf_counter() - started, [done.timings for done in last]
 
         c = args.concurrency
-        for on in (True, False):  # warm-up, not counted
-            send([book.prompt("plain", "warmup", c, i) for i in range(c)], on)
+        for style in styles:  # warm-up, not counted: each style once, so its first batch finds the store warm
+            for on in (True, False):
+                send([book.prompt(style, "warmup", c, i) for i in range(c)], on)
         for batch in range(args.prompts):
             for style in styles:
                 texts = [book.prompt(style, "0", c, batch * c + i) for i in range(c)]  # as mlx-bench numbers them
