@@ -7,8 +7,9 @@ sends mlx-bench's prompts of each ``--styles`` style as chat requests, greedy, `
 (their ``generate`` streams interleaved, so the scheduler batches them as it batches a server's): each batch
 twice in a row, once with the shared store (``shared_drafts``) and once without, the order alternating from
 batch to batch, prefix cache off, after one unmeasured batch of each style on each side (as mlx-bench warms
-up). The store holds only the outputs of the requests sent with it, as a server of its own would. Batches of the same prompts side by side keep this VM's drift out of the ratio
-that an HTTP run shows with a wide spread. Prints, per style, the draft tokens accepted / drafted and the
+up). The store holds only the outputs of the requests sent with it, as a server of its own would.
+Batches of the same prompts side by side keep this VM's drift out of the ratio that an HTTP run shows
+with a wide spread. Prints, per style, the draft tokens accepted / drafted and the
 tok/s of each side over all batches, and their ratio. ``--compare lookup`` sends each batch with prompt
 lookup alone and with no speculation instead: the on/off ratio the prompt-lookup goals name.
 
