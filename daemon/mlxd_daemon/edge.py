@@ -32,6 +32,7 @@ from mlxd_protocol import (
     Tick,
     TickRow,
 )
+from mlxd_protocol.sampling_rules import token_outside_vocabulary
 from mlxd_scheduler import FinishEvent, Request, SpeculativeRequest, TextStream, TickRecord, TokenEvent
 
 from .reasoning import close_open_thinking, template_variables, thinking_off, today_variables, tool_list_variables
@@ -55,11 +56,9 @@ def prompt_tokens(loaded: LoadedModel, message: Generate, reasoning: str = "auto
             f"the prompt ({text_chars} characters) cannot fit the model's context of {loaded.context_length} tokens",
         )
     if message.prompt_tokens is not None:
-        bad = [t for t in message.prompt_tokens if not 0 <= t < loaded.vocab_size]
-        if bad:
-            raise ProtocolError(
-                INVALID, f"prompt_tokens: token {bad[0]} is outside the vocabulary of {loaded.vocab_size}"
-            )
+        bad = token_outside_vocabulary(message.prompt_tokens, loaded.vocab_size)
+        if bad is not None:
+            raise ProtocolError(INVALID, f"prompt_tokens: token {bad} is outside the vocabulary of {loaded.vocab_size}")
         return list(message.prompt_tokens)
     messages = message.messages
     use_chat = message.chat if message.chat is not None else (messages is not None or tokenizer.has_chat_template)

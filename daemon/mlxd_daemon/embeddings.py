@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from mlxd_engine import EmbeddingRun, EmbeddingUnavailable, HiddenStateSource, LoadedModel, hidden_state_source
 from mlxd_protocol import CANCELLED, INVALID, MAX_FRAME_BYTES, OVERLOADED, Embed, EmbedResult, Message, ProtocolError
 from mlxd_protocol.field_checks import MAX_LIST_ITEMS
+from mlxd_protocol.sampling_rules import token_outside_vocabulary
 
 # msgpack writes a float in 9 bytes: an estimate of a reply's size before any work
 WIRE_BYTES_PER_VALUE = 9
@@ -88,8 +89,8 @@ class EmbeddingQueue:
                     INVALID,
                     f"input {index} is {len(tokens)} tokens, longer than the context of {self.context_bound} tokens",
                 )
-            if message.token_inputs is not None and max(tokens) >= vocab:
-                bad = next(token for token in tokens if token >= vocab)
+            bad = token_outside_vocabulary(tokens, vocab) if message.token_inputs is not None else None
+            if bad is not None:
                 raise ProtocolError(INVALID, f"token_inputs[{index}]: token {bad} is outside the vocabulary of {vocab}")
         source = self.source()
         pooling = message.pooling or self.pooling

@@ -51,6 +51,7 @@ from mlxd_protocol import (
     TokenizeResult,
 )
 from mlxd_protocol.field_checks import MAX_LIST_ITEMS
+from mlxd_protocol.sampling_rules import token_outside_vocabulary
 from mlxd_scheduler import BatchScheduler, QueueFull, Request
 
 from . import __version__
@@ -245,8 +246,8 @@ def tokenize(ctx: HandlerContext, identity: bytes, message: Tokenize) -> Message
 
 def detokenize(ctx: HandlerContext, identity: bytes, message: Detokenize) -> Message | None:
     vocab = ctx.loaded.vocab_size
-    if message.tokens and not (0 <= min(message.tokens) and max(message.tokens) < vocab):
-        bad = next(t for t in message.tokens if not 0 <= t < vocab)
+    bad = token_outside_vocabulary(message.tokens, vocab)
+    if bad is not None:
         raise ProtocolError(INVALID, f"tokens: {bad} is outside the vocabulary of {vocab}")
 
     def finish(done: Future) -> DetokenizeResult:

@@ -27,6 +27,8 @@ from typing import cast
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
+from mlxd_protocol.sampling_rules import token_outside_vocabulary
+
 from .cache_layout import ATTENTION, check_servable
 from .compiled_decode import CompiledDecode, compile_wanted
 from .cpu_fusion import fuse_cpu_layers as fuse_cpu_layers_of
@@ -215,10 +217,9 @@ class Engine:
         same blocks, so a request the scheduler admits is never refused here)."""
         params = params or SamplingParams()
         self.check_request(len(prompt), params=params)
-        vocab = self.loaded.vocab_size
-        if not (0 <= min(prompt) and max(prompt) < vocab):  # MLX's gather would read (or crash) out of bounds
-            bad = next(token for token in prompt if not 0 <= token < vocab)
-            raise ValueError(f"prompt token {bad} is outside the vocabulary of {vocab}")
+        bad = token_outside_vocabulary(prompt, self.loaded.vocab_size)
+        if bad is not None:
+            raise ValueError(f"prompt token {bad} is outside the vocabulary of {self.loaded.vocab_size}")
         reservation = self._reservation(len(prompt), max_new_tokens or self.max_kv_size)
         lookup = self.prefix_cache if cache_prompt else None  # the prefix cache, when this prompt uses it
         entry, reused = lookup.find(prompt) if lookup is not None else (None, 0)

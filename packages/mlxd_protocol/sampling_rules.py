@@ -5,7 +5,9 @@ message naming the field (``"sampling.top_p: must be in (0, 1]"``), or None. ``s
 with the sampler fields as attributes: the wire's ``messages.Sampling`` (checked when a frame is decoded,
 where the vocabulary is not known) and the engine's ``SamplingParams`` (checked again with the model's
 ``vocab_size``, which adds the rules that need it: ``top_k`` and ``logit_bias`` token ids inside the
-vocabulary). Standard library only, so the protocol stays free of mlx and the engine can import it.
+vocabulary). ``token_outside_vocabulary(tokens, vocab_size)`` is the rule for token ids a request sends
+(prompt tokens, embedding inputs, tokens to detokenize): the first one outside ``[0, vocab_size)``, or None.
+Standard library only, so the protocol stays free of mlx and the engine can import it.
 
 The defaults every sampler type uses mean greedy decoding with every filter off: temperature 0, top_k 0,
 top_p 1, min_p 0, penalties 0; ``GREEDY`` lists them. A temperature below ``GREEDY_TEMPERATURE_FLOOR``
@@ -14,6 +16,7 @@ noise, and at that scale the draw is an argmax anyway.
 """
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 MAX_LOGPROBS = 20
@@ -39,6 +42,14 @@ def is_greedy_temperature(temperature: float) -> bool:
 
 
 _FINITE = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+
+
+def token_outside_vocabulary(tokens: Sequence[int], vocab_size: int) -> int | None:
+    """The first of ``tokens`` outside ``[0, vocab_size)``, or None (also for no tokens). A model's embedding
+    gather reads out of bounds on such an id, so every place that takes token ids from a request asks this."""
+    if not tokens or (0 <= min(tokens) and max(tokens) < vocab_size):
+        return None
+    return next(token for token in tokens if not 0 <= token < vocab_size)
 
 
 def sampling_problem(settings: Any, vocab_size: int | None = None) -> str | None:

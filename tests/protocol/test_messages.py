@@ -320,3 +320,13 @@ def test_progress_and_return_progress_rules():
     with pytest.raises(FieldError, match="return_progress"):
         Generate(id="g", prompt="hi", stream=False, return_progress=True).validate()
     Generate(id="g", prompt="hi", return_progress=True).validate()
+
+
+def test_the_first_token_outside_the_vocabulary_is_named_wherever_it_is():
+    """The one rule for token ids a request sends (prompt tokens, embedding inputs, detokenize)."""
+    from mlxd_protocol.sampling_rules import token_outside_vocabulary
+
+    assert token_outside_vocabulary([0, 5, 9], 10) is None and token_outside_vocabulary([], 10) is None
+    assert token_outside_vocabulary([3, 10, 12], 10) == 10
+    assert token_outside_vocabulary([3, 12, -1], 10) == 12  # the first, not the smallest or largest
+    assert token_outside_vocabulary([4, -2], 10) == -2
