@@ -56,6 +56,22 @@ def _clean(paragraph: str) -> str:
     return "\n".join(lines).strip()
 
 
+def _source_lines(source: str) -> list[str]:
+    """The source's lines with their endings, split at \\r\\n, \\r and \\n only (as ast.get_source_segment splits)."""
+    return re.findall(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z", source)
+
+
+def _node_source(lines: list[str], node: ast.AST) -> str:
+    """``ast.get_source_segment(source, node)`` from the source's lines, split once per file (that function
+    splits the whole source again on every call: minutes over the standard library)."""
+    first, last = node.lineno - 1, node.end_lineno - 1
+    if first == last:
+        return lines[first].encode()[node.col_offset : node.end_col_offset].decode()
+    head = lines[first].encode()[node.col_offset :].decode()
+    tail = lines[last].encode()[: node.end_col_offset].decode()
+    return "".join([head, *lines[first + 1 : last], tail])
+
+
 def _docstrings_and_code(path: Path) -> tuple[list[str], list[str]]:
     try:
         source = path.read_text(encoding="utf-8")
@@ -63,13 +79,14 @@ def _docstrings_and_code(path: Path) -> tuple[list[str], list[str]]:
     except (SyntaxError, UnicodeDecodeError, ValueError):
         return [], []
     docs, code = [], []
+    lines = _source_lines(source)
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             doc = ast.get_docstring(node)
             if doc:
                 docs.append(doc)
         if isinstance(node, ast.FunctionDef) and node.end_lineno - node.lineno < 25:
-            segment = ast.get_source_segment(source, node)
+            segment = _node_source(lines, node)
             if segment and 120 < len(segment) < 900:
                 code.append(segment)
     return docs, code

@@ -9,7 +9,10 @@ the chat templates beside it (``vendor/llama.cpp/models/templates``, which the t
 path), builds a virtual environment with the suite's own ``requirements.txt``, and runs pytest there on
 ``OFFLINE_FILES``, with ``LLAMA_SERVER_BIN_PATH`` pointing at ``scripts/llama_server_compat.py`` (through
 a small wrapper of this checkout's that runs it with this interpreter, this checkout's packages first on
-its path; the servers listen on a free port, or on $PORT when set). Tests in ``DESELECTED`` are
+its path; the servers listen on a free port, or on $PORT when set). The suite's tests run on as many pytest-xdist
+workers (in its requirements) as the machine has cores, up to ``MAX_WORKERS`` ($MLXD_SUITE_WORKERS to choose):
+a test mostly waits for its server to start, which takes one core, and each worker's servers listen on a
+free port of their own. Tests in ``DESELECTED`` are
 deselected, each for the reason given (a model or a mode that cannot run offline). Text sampled at
 temperature > 0 is compared as the suite wrote it: the launcher has mlxd draw seeded requests as
 llama.cpp's sampler does (``mlxd --sampler-rng llama.cpp``). It prints the pass / fail / deselect counts
@@ -49,6 +52,8 @@ OFFLINE_FILES = [
     "test_metrics.py",
     "test_template.py",
 ]
+MAX_WORKERS = 4
+WORKER_PORTS = "MLXD_SUITE_WORKER_PORTS"  # the free port of each xdist worker, in worker order
 _OFFLINE = "needs a hub model other than stories260K, which cannot be had offline"
 _ROUTER = "router mode (a server without a model, loading models on demand), which mlxd does not have"
 DESELECTED: dict[str, str] = {
@@ -148,6 +153,13 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def suite_workers(environ: dict[str, str]) -> int:
+    """How many pytest-xdist workers run the suite: $MLXD_SUITE_WORKERS, else the cores, at most MAX_WORKERS."""
+    if environ.get("MLXD_SUITE_WORKERS"):
+        return max(1, int(environ["MLXD_SUITE_WORKERS"]))
+    return max(1, min(MAX_WORKERS, os.cpu_count() or 1))
+
+
 def run_suite(files: list[str], keyword: str | None) -> int:
     cache = cache_dir()
     tests = extract_suite(cache, fetch_sdist(cache))
@@ -155,17 +167,13 @@ def run_suite(files: list[str], keyword: str | None) -> int:
     env = {**suite_env(dict(os.environ)), "LLAMA_SERVER_BIN_PATH": str(launcher_wrapper(cache))}
     env.setdefault("PORT", str(free_port()))  # the suite's port: not 8080, which a real server may hold, and not
     # a fixed one, which a run from another checkout may hold at the same time
-    command = [
-        str(python),
-        "-m",
-        "pytest",
-        "-p",
-        "llama_cpp_server_suite",
-        "-q",
-        "-rfE",
-        "--tb=line",
-        *[f"unit/{name}" for name in files],
-    ]
+    workers = suite_workers(env)
+    command = [str(python), "-m", "pytest", "-p", "llama_cpp_server_suite", "-q", "-rfE", "--tb=line"]
+    if workers > 1:
+        # each worker's servers on a port of their own (the suite's conftest would give 8080 + 10 x worker)
+        env[WORKER_PORTS] = ",".join(str(free_port()) for _ in range(workers))
+        command += ["-n", str(workers)]
+    command += [f"unit/{name}" for name in files]
     for test_id in DESELECTED:
         if test_id.split("::")[0] in files:
             command += ["--deselect", f"unit/{test_id}"]
@@ -193,6 +201,16 @@ def pytest_configure(config) -> None:
     if utils is None:
         import utils  # the suite's own module, on its path once its conftest is loaded
     utils.ServerPreset.load_all = staticmethod(lambda: None)
+    worker = getattr(config, "workerinput", {}).get("workerid")  # "gw0", "gw1", ... under pytest-xdist
+    if worker is not None and os.environ.get(WORKER_PORTS):
+        port = int(os.environ[WORKER_PORTS].split(",")[int(worker[2:])])
+        start = utils.ServerProcess.__init__
+
+        def on_own_port(self) -> None:
+            start(self)
+            self.server_port = port
+
+        utils.ServerProcess.__init__ = on_own_port
 
 
 def main() -> int:

@@ -87,6 +87,31 @@ def test_suite_runs_this_checkouts_launcher_on_a_free_port(tmp_path):
         listener.bind(("127.0.0.1", port))  # nothing held it
 
 
+def test_each_xdist_worker_starts_its_servers_on_a_port_of_its_own(monkeypatch):
+    assert suite.suite_workers({"MLXD_SUITE_WORKERS": "3"}) == 3
+    assert suite.suite_workers({"MLXD_SUITE_WORKERS": "0"}) == 1
+    monkeypatch.setattr(suite.os, "cpu_count", lambda: 64)
+    assert suite.suite_workers({}) == suite.MAX_WORKERS
+
+    class ServerProcess:  # the suite's utils.ServerProcess: its port from $PORT, set per worker by its conftest
+        def __init__(self):
+            self.server_port = 8080
+
+    class ServerPreset:
+        @staticmethod
+        def load_all():
+            raise AssertionError("the model-download warm-up must not run")
+
+    utils = type(sys)("utils")
+    utils.ServerProcess, utils.ServerPreset = ServerProcess, ServerPreset
+    monkeypatch.setitem(sys.modules, "utils", utils)
+    monkeypatch.setenv(suite.WORKER_PORTS, "41001,41002")
+    config = type("Config", (), {"workerinput": {"workerid": "gw1"}})()
+    suite.pytest_configure(config)
+    utils.ServerPreset.load_all()
+    assert ServerProcess().server_port == 41002
+
+
 def test_suite_runs_this_checkouts_packages():
     # the interpreter's own install may be another checkout's: the suite's servers must import this one's
     path = suite.suite_env({})["PYTHONPATH"].split(":")
