@@ -306,3 +306,26 @@ def test_the_kernel_takes_rows_up_to_where_dequantizing_wins():
     assert crossover_rows({1: 1.0, 8: 5.0, 64: 40.0, 128: 80.0}, dequant) == 128 + int(40 / (40 / 64 - 10 / 64))
     assert crossover_rows({1: 1.0, 8: 5.0, 64: 40.0, 128: 45.0}, dequant) == UNBOUNDED  # grows slower per row
     assert crossover_rows({1: 200.0, 8: 200.0, 64: 200.0, 128: 200.0}, dequant) == 1
+
+
+def test_load_timing_repeats_only_the_row_counts_where_the_paths_are_close(monkeypatch):
+    import mlxd_engine.loading.kernel_layers as kl
+
+    layer = nn.QuantizedLinear(128, 64, bias=False, group_size=64, bits=4)
+    # scripted timings by pass and row count: far apart at 1 row, close at 8 (kernel 5 against float32 6)
+    scripted = {("kernel_pass", 1): 1.0, ("float32_pass", 1): 10.0, ("kernel_pass", 8): 5.0, ("float32_pass", 8): 6.0}
+    calls = []
+
+    def best_ms(fn, repeats):
+        if fn.__name__ == "<lambda>":  # the dequantization, timed once
+            return 100.0
+        rows = fn.__defaults__[0].shape[0]
+        calls.append((fn.__name__, rows, repeats))
+        # each pass runs over copies of the weights, and measure divides by them: 8 packed, 2 float32 at this size
+        return scripted[fn.__name__, rows] * (2 if fn.__name__ == "float32_pass" else 8)
+
+    monkeypatch.setattr(kl, "best_ms", best_ms)
+    timing = kl.measure([layer], rows=(1, 8), repeats=3)
+    assert [c for c in calls if c[2] > 1] == [("kernel_pass", 8, 3), ("float32_pass", 8, 3)]
+    assert timing.kernel_ms == {1: 1.0, 8: 5.0} and timing.float32_ms == {1: 10.0, 8: 6.0}
+    assert timing.dequantize_ms == {1: 110.0, 8: 106.0} and timing.faster
