@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -29,9 +28,9 @@ from mlxd_fast_blas import ensure_fast_blas  # noqa: E402
 
 ensure_fast_blas()
 
+from bench_common import chat_batch  # noqa: E402
 from mlxd_cli.bench.prompts import PromptBook  # noqa: E402
 from mlxd_daemon.local import local_client  # noqa: E402
-from mlxd_protocol import Done, Generate, Sampling, Speculative, new_request_id  # noqa: E402
 from mlxd_protocol.serving_defaults import MAX_BATCH  # noqa: E402
 
 
@@ -57,33 +56,10 @@ def main() -> None:
     with local_client(model=args.model, draft_kind="prompt-lookup", max_batch=max_batch) as client:
 
         def send(texts: list[str], on: bool) -> tuple[float, list[dict]]:
-            """The batch's requests at once, their streams read in turn; the wall time and each one's timings.
-
-            ``on`` is the side under test: the shared store, or with ``--compare lookup`` prompt lookup itself."""
-            lookup = on or args.compare == "store"
-            streams = [
-                client.generate(
-                    Generate(
-                        new_request_id(),
-                        messages=[{"role": "user", "content": text}],
-                        max_tokens=args.max_tokens,
-                        sampling=Sampling(),
-                        speculative=Speculative("prompt-lookup" if lookup else "none"),
-                        shared_drafts=on and args.compare == "store",
-                        cache_prompt=False,
-                    )
-                )
-                for text in texts
-            ]
-            last: list = [None] * len(streams)
-            started = time.perf_counter()
-            while any(stream is not None for stream in streams):
-                for i, stream in enumerate(streams):
-                    if stream is not None:
-                        last[i] = next(stream, None) or last[i]
-                        if isinstance(last[i], Done):
-                            streams[i] = None
-            return time.perf_counter() - started, [done.timings for done in last]
+            """The batch at once; ``on`` is the side under test: the shared store, or with ``--compare lookup``
+            prompt lookup itself."""
+            store = args.compare == "store"
+            return chat_batch(client, texts, args.max_tokens, lookup=on or store, shared_drafts=on and store)
 
         c = args.concurrency
         for style in styles:  # warm-up, not counted: each style once, so its first batch finds the store warm

@@ -12,7 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from mlxd_protocol import Client
+from mlxd_protocol import Client, Done, Generate, Sampling, Speculative, new_request_id
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -128,3 +128,31 @@ def prefilled_rows(engine, lengths: list[int], max_kv: int) -> list:
             pass
         seqs.append(seq)
     return seqs
+
+
+def chat_batch(client, texts: list[str], max_tokens: int, lookup: bool, shared_drafts: bool) -> tuple[float, list]:
+    """Send ``texts`` as chat requests at once (greedy, prefix cache off) and read their streams in turn, so
+    the scheduler batches them as a server's; returns the wall seconds and each request's ``Done.timings``."""
+    streams = [
+        client.generate(
+            Generate(
+                new_request_id(),
+                messages=[{"role": "user", "content": text}],
+                max_tokens=max_tokens,
+                sampling=Sampling(),
+                speculative=Speculative("prompt-lookup" if lookup else "none"),
+                shared_drafts=shared_drafts,
+                cache_prompt=False,
+            )
+        )
+        for text in texts
+    ]
+    last: list = [None] * len(streams)
+    started = time.perf_counter()
+    while any(stream is not None for stream in streams):
+        for i, stream in enumerate(streams):
+            if stream is not None:
+                last[i] = next(stream, None) or last[i]
+                if isinstance(last[i], Done):
+                    streams[i] = None
+    return time.perf_counter() - started, [done.timings for done in last]

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -29,9 +28,9 @@ from mlxd_fast_blas import ensure_fast_blas  # noqa: E402
 ensure_fast_blas()
 
 import mlxd_scheduler.prompt_lookup_arm as arm  # noqa: E402
+from bench_common import chat_batch  # noqa: E402
 from mlxd_cli.bench.prompts import PromptBook  # noqa: E402
 from mlxd_daemon.local import local_client  # noqa: E402
-from mlxd_protocol import Done, Generate, Sampling, Speculative, new_request_id  # noqa: E402
 from mlxd_protocol.serving_defaults import MAX_BATCH  # noqa: E402
 
 RECORDS: list[dict] = []
@@ -102,29 +101,7 @@ def main() -> None:
     with local_client(model=args.model, draft_kind="prompt-lookup", max_batch=max(c, MAX_BATCH)) as client:
 
         def send(texts: list[str]) -> tuple[float, list[dict]]:
-            streams = [
-                client.generate(
-                    Generate(
-                        new_request_id(),
-                        messages=[{"role": "user", "content": text}],
-                        max_tokens=args.max_tokens,
-                        sampling=Sampling(),
-                        speculative=Speculative("prompt-lookup"),
-                        shared_drafts=not args.no_shared,
-                        cache_prompt=False,
-                    )
-                )
-                for text in texts
-            ]
-            last: list = [None] * len(streams)
-            started = time.perf_counter()
-            while any(stream is not None for stream in streams):
-                for i, stream in enumerate(streams):
-                    if stream is not None:
-                        last[i] = next(stream, None) or last[i]
-                        if isinstance(last[i], Done):
-                            streams[i] = None
-            return time.perf_counter() - started, [done.timings for done in last]
+            return chat_batch(client, texts, args.max_tokens, lookup=True, shared_drafts=not args.no_shared)
 
         send([book.prompt(args.style, "warmup", c, i) for i in range(c)])
         RECORDS.clear()
