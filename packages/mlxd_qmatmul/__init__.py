@@ -29,6 +29,9 @@ Contract:
   docs/benchmark_results/qmatmul_int8.md.
 - ``quantized_matmul_split(..., sizes)``: the product of a weight packed from several layers' rows, one
   output per layer, each equal to that layer's own ``quantized_matmul`` (one op for q/k/v or gate/up).
+- ``gather_quantized_matmul(x, w, scales, biases, experts, group_size, bits)``: a mixture-of-experts layer's
+  products (mlx-lm's ``QuantizedSwitchLinear``, ``mx.gather_qmm``): each row of x times its expert's weights,
+  within float32 rounding; rows are put in order of their expert and each expert's rows run as one product.
 - ``supports(bits, group_size, mode)`` says whether a layer's format is one the kernel takes.
 - ``amx_available()``: products of 6 rows or more (8 or more with 8-bit weights: a verify, a batch, a prompt
   chunk) run on Intel AMX's tile units where the CPU and OS have them, still within float32 rounding (x split
@@ -106,6 +109,16 @@ def quantized_matmul_split(x, w, scales, biases, group_size: int, bits: int, siz
     return _ext.quantized_matmul_split(
         x, w, scales, biases, group_size, bits, list(sizes), int8_activations=int8_activations
     )
+
+
+def gather_quantized_matmul(x, w, scales, biases, experts, group_size: int, bits: int):
+    """A mixture-of-experts layer's products: row r of ``x`` [..., K] times ``dequantize(w[experts[r]]).T``,
+    with ``w`` [E, N, K * bits / 32] and its scales and biases [E, N, K / group_size], ``experts`` one integer a
+    row. Equals ``mx.gather_qmm(x[..., None, :], w, scales, biases, rhs_indices=experts, transpose=True,
+    ...)`` within float32 rounding; the rows of each expert run as one product on the kernel."""
+    if _ext is None:
+        raise RuntimeError(_REASON)
+    return _ext.gather_quantized_matmul(x, w, scales, biases, experts, group_size, bits)
 
 
 def int8_available(bits: int = 4) -> bool:

@@ -1,14 +1,16 @@
 """Quantized layers that run on mlxd's CPU quantized-matmul kernel (``mlxd_qmatmul``), chosen at load.
 
-Contract: ``use_kernel(model)`` turns every mlx ``QuantizedLinear`` / ``QuantizedEmbedding`` whose format
-the kernel takes (affine, 4 or 8 bits, group 32/64/128, with biases) into the subclasses here, in place:
-same parameters, same results within float32 rounding, the weights staying quantized in memory (their scales
-and biases too may stay float16 or bfloat16 as stored: the kernel widens them as it reads, and every other use
-here widens them first, so the values are those of a float32 copy). Up to
-``max_rows`` input rows go through the kernel; more rows (prompt chunks) are dequantized for that call
-and go through BLAS, which wins there. ``measure(kernel_layers(model))`` times the model's largest layer both ways at
-load (kernel, float32 weights, the dequantize-then-BLAS path) and returns the figures the rule decides
-by (``cpu_weights.py``); nothing here runs on a GPU backend.
+Contract: ``use_kernel(model)`` turns every mlx ``QuantizedLinear`` / ``QuantizedEmbedding`` and mlx-lm
+``QuantizedSwitchLinear`` (a mixture of experts' weights) whose format the kernel takes (affine, 4 or 8 bits,
+group 32/64/128, with biases) into the subclasses here, in place: same parameters, same results within
+float32 rounding, the weights staying quantized in memory (their scales and biases too may stay float16 or
+bfloat16 as stored: the kernel widens them as it reads, and every other use here widens them first, so the
+values are those of a float32 copy). Up to ``max_rows`` input rows go through the kernel; more rows (prompt
+chunks) are dequantized for that call and go through BLAS, which wins there; an experts layer takes every
+row count on the kernel (dequantizing every expert for a chunk would cost more than the chunk).
+``measure(kernel_layers(model))`` times the model's largest weight matrix both ways at load (kernel, float32
+weights, the dequantize-then-BLAS path) and returns the figures the rule decides by (``cpu_weights.py``);
+nothing here runs on a GPU backend.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.switch_layers import QuantizedSwitchLinear
 
 import mlxd_qmatmul
 
@@ -79,24 +82,49 @@ class KernelQuantizedEmbedding(nn.QuantizedEmbedding):
         return _kernel_or_blas(x, self, self.kernel_max_rows, self.kernel_int8)
 
 
+class KernelQuantizedSwitchLinear(QuantizedSwitchLinear):
+    """mlx-lm's experts layer (``mx.gather_qmm``) on the kernel: x [..., M, K] broadcast against the expert
+    indices [...] (each index picks the weights of its M rows), as mlx-lm's ``SwitchGLU`` calls it, sorted or
+    not (the kernel puts rows in order of their expert itself). Always the float kernel: ``kernel-int8`` rounds
+    the other layers' x only."""
+
+    def __call__(self, x, indices, sorted_indices=False):
+        batch = tuple(mx.broadcast_shapes(tuple(x.shape[:-2]), tuple(indices.shape)))
+        rows, features = x.shape[-2], x.shape[-1]
+        xs = mx.broadcast_to(x, batch + (rows, features)).reshape(-1, features)
+        experts = mx.broadcast_to(mx.expand_dims(indices, -1), batch + (rows,)).reshape(-1)
+        y = mlxd_qmatmul.gather_quantized_matmul(
+            xs, self["weight"], self["scales"], self["biases"], experts, self.group_size, self.bits
+        ).reshape(batch + (rows, -1))
+        return y + mx.expand_dims(self["bias"][indices], -2) if "bias" in self else y
+
+
+_KERNEL_CLASSES: dict[type, type] = {
+    nn.QuantizedLinear: KernelQuantizedLinear,
+    nn.QuantizedEmbedding: KernelQuantizedEmbedding,
+    QuantizedSwitchLinear: KernelQuantizedSwitchLinear,
+}
+
+
 def _takes(layer) -> bool:
     return (
         mlxd_qmatmul.supports(layer.bits, layer.group_size, getattr(layer, "mode", "affine"))
-        and "biases" in layer
+        and layer.get("biases") is not None
+        and getattr(layer, "global_scale", None) is None
         and layer["weight"].dtype == mx.uint32
     )
 
 
 def kernel_layers(model: nn.Module) -> list:
     """The model's quantized layers the kernel can run (before or after ``use_kernel``)."""
-    kinds = (nn.QuantizedLinear, nn.QuantizedEmbedding)
+    kinds = tuple(_KERNEL_CLASSES)
     return [m for _, m in model.named_modules() if isinstance(m, kinds) and _takes(m)]
 
 
 def runs_on_kernel(model) -> bool:
     """Whether some of the model's layers run on the kernel (``use_kernel`` switched them)."""
     modules = model.named_modules() if hasattr(model, "named_modules") else []
-    return any(isinstance(module, (KernelQuantizedLinear, KernelQuantizedEmbedding)) for _, module in modules)
+    return any(isinstance(module, tuple(_KERNEL_CLASSES.values())) for _, module in modules)
 
 
 def use_kernel(model: nn.Module, max_rows: int = DEFAULT_MAX_ROWS, int8_activations: bool = False) -> int:
@@ -104,12 +132,9 @@ def use_kernel(model: nn.Module, max_rows: int = DEFAULT_MAX_ROWS, int8_activati
     products round x to int8 where the kernel has that variant (``mlxd_qmatmul.int8_available``)."""
     count = 0
     for layer in kernel_layers(model):
-        if type(layer) is nn.QuantizedLinear:
-            layer.__class__ = KernelQuantizedLinear
-        elif type(layer) is nn.QuantizedEmbedding:
-            layer.__class__ = KernelQuantizedEmbedding
-        else:
-            continue
+        if type(layer) not in _KERNEL_CLASSES:
+            continue  # switched already
+        layer.__class__ = _KERNEL_CLASSES[type(layer)]
         layer.kernel_max_rows = max_rows
         layer.kernel_int8 = int8_activations and mlxd_qmatmul.int8_available(layer.bits)
         count += 1
@@ -174,9 +199,7 @@ def measure(
     kernel and dequantize-then-BLAS, are within ``CLOSE`` of each other: the comparisons the rule makes."""
     if not layers:
         return None
-    layer = max(layers, key=lambda m: m["weight"].size)
-    w, s, b = layer["weight"], layer["scales"], layer["biases"]  # the kernel reads them as they are stored
-    gs, bits = layer.group_size, layer.bits
+    w, s, b, gs, bits = _largest_matrix(layers)  # the kernel reads them as they are stored
     int8 = int8_activations and mlxd_qmatmul.int8_available(bits)
     copies = max(1, min(8, (64 << 20) // max(1, w.nbytes)))  # ~64 MB of packed weights per pass
     packed = [(w + 0, s + 0, b + 0) for _ in range(copies)]
@@ -207,6 +230,18 @@ def measure(
             float32[n] = min(float32[n], best_ms(float32_pass, repeats) / len(dense))
         dequant[n] = dequantize_once + float32[n]
     return KernelTiming((int(out_dims), int(in_dims)), kernel, float32, dequant, crossover_rows(kernel, dequant), int8)
+
+
+def _largest_matrix(layers: list) -> tuple:
+    """(weight, scales, biases, group size, bits) of the largest one matrix of ``layers``: an experts layer
+    offers its first expert's."""
+
+    def matrix(layer):
+        w, s, b = layer["weight"], layer["scales"], layer["biases"]
+        return (w, s, b) if w.ndim == 2 else (w[0], s[0], b[0])
+
+    layer = max(layers, key=lambda m: matrix(m)[0].size)
+    return (*matrix(layer), layer.group_size, layer.bits)
 
 
 def crossover_rows(kernel: dict, dequant: dict) -> int:

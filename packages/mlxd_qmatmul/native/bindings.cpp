@@ -6,6 +6,7 @@
 
 #include "attention.h"
 #include "block.h"
+#include "gather.h"
 #include "qmatmul.h"
 #include "rms_norm.h"
 #include "rope.h"
@@ -25,6 +26,11 @@ NB_MODULE(_ext, m) {
         "group_size"_a, "bits"_a, "sizes"_a, nb::kw_only(), "int8_activations"_a = false, "stream"_a = nb::none(),
         "quantized_matmul for a weight packed from several layers' rows: one output per entry of sizes "
         "(each layer's output count, in order), each equal to that layer's own product.");
+  m.def("gather_quantized_matmul", &mlxd_qmm::gather_quantized_matmul, "x"_a, "w"_a, "scales"_a, "biases"_a,
+        "experts"_a, "group_size"_a, "bits"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "A mixture-of-experts product: row r of x [..., K] times dequantize(w[experts[r]]).T, w [E, N, K * bits "
+        "/ 32] (mx.gather_qmm with transpose=True and rhs indices one a row); float32 math, the result [..., N] "
+        "in x's dtype; a row whose expert is out of range comes out as zeros.");
   m.def("rope", &mlxd_qmm::rope, "x"_a, "offset"_a, "dims"_a, "traditional"_a, "base"_a, "scale"_a,
         nb::kw_only(), "stream"_a = nb::none(),
         "mx.fast.rope(x, dims, traditional=, base=, scale=, offset=) as one CPU op: float32 x, an integer "

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "aligned_floats.h"
 #include "dispatch.h"
 #include "kernel.h"
 #include "mlx/allocator.h"
@@ -16,25 +17,6 @@
 namespace mlxd_qmm {
 
 namespace {
-
-// A growing 64-byte aligned buffer, one per thread that evaluates these matmuls.
-class AlignedFloats {
- public:
-  ~AlignedFloats() { std::free(data_); }
-  float* reserve(size_t count) {
-    if (count > capacity_) {
-      std::free(data_);
-      capacity_ = std::max(count, 2 * capacity_);
-      data_ = static_cast<float*>(std::aligned_alloc(64, (capacity_ * sizeof(float) + 63) / 64 * 64));
-      if (data_ == nullptr) throw std::bad_alloc();
-    }
-    return data_;
-  }
-
- private:
-  float* data_ = nullptr;
-  size_t capacity_ = 0;
-};
 
 void check(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument("mlxd quantized_matmul: " + what);
