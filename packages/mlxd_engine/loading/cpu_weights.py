@@ -9,14 +9,15 @@ Contract: ``apply_cpu_weight_rule(model, budget_bytes)`` changes the model in pl
 ``WeightForm`` saying what it did, for the log and the daemon's status:
 - On Metal and CUDA nothing changes (the checkpoint runs as stored).
 - On the CPU every float16 / bfloat16 parameter is cast to float32 (exact: every such value is a
-  float32 value). When mlxd's CPU quantized-matmul kernel is built (``mlxd_qmatmul``) and takes every
-  quantized layer, the layers stay quantized and run on it (``kernel_layers.py``) if the timing at load
+  float32 value). When mlxd's CPU quantized-matmul kernel is built (``mlxd_qmatmul``) and takes some
+  quantized layers, those stay quantized and run on it (``kernel_layers.py``) if the timing at load
   says it beats float32 weights on decode's shapes (both timings are logged), sibling projections of one
   input packed into one product each (``projection_groups.py``); their scales and biases then
-  stay as stored (float16 or bfloat16 read by the kernel: fewer bytes a step, the same values). Otherwise
-  quantized layers are dequantized to float32 (with float32 scales, so the values are exactly
-  ``scale * q + bias`` computed in float32) when the whole model fits ``budget_bytes`` dequantized; above it
-  they stay quantized with float32 scales.
+  stay as stored (float16 or bfloat16 read by the kernel: fewer bytes a step, the same values). The
+  quantized layers it does not take (a mixed-precision checkpoint's 6-bit layers, 2/3/5/6-bit models, other
+  modes), or all of them when it is not built or not faster, are dequantized to float32 (with float32 scales,
+  so the values are exactly ``scale * q + bias`` computed in float32) when the model then fits
+  ``budget_bytes``; above it they stay quantized with float32 scales (MLX's own quantized kernels).
 - ``MLXD_CPU_WEIGHTS`` chooses otherwise: ``stored`` keeps the checkpoint as stored, ``quantized`` casts
   but never dequantizes (MLX's own quantized matmul), ``kernel`` runs the kernel without timing it,
   ``kernel-int8`` too, with x rounded to int8 for the products where the CPU has AVX-512 VNNI (opt-in: not
@@ -110,11 +111,11 @@ def apply_cpu_weight_rule(model: nn.Module, budget_bytes: int | None = None, cho
     if not layers:
         mx.eval(model.parameters())
         return WeightForm("float32", f"weights: {cast}")
-    kernel_form = _try_kernel(model, layers, choice, cast, stored_scales)
+    budget = default_budget_bytes() if budget_bytes is None else budget_bytes
+    kernel_form = _try_kernel(model, layers, choice, cast, stored_scales, budget)
     if kernel_form is not None:
         return kernel_form
     needed = dequantized_bytes(model)
-    budget = default_budget_bytes() if budget_bytes is None else budget_bytes
     if choice == "quantized" or (choice == "auto" and needed > budget):
         why = (
             f"{ENV}=quantized"
@@ -127,9 +128,7 @@ def apply_cpu_weight_rule(model: nn.Module, budget_bytes: int | None = None, cho
             f"weights: {cast}; {len(layers)} quantized layers kept quantized with float32 scales ({why}): "
             "on the CPU a k-token verify forward then costs about k decode steps",
         )
-    from mlx_lm.utils import dequantize_model
-
-    dequantize_model(model)
+    dequantize_layers(model, layers)
     mx.eval(model.parameters())
     return WeightForm(
         "float32 dequantized",
@@ -144,8 +143,67 @@ def _set_scales(layers: list, scales: dict) -> None:
             layer["scales"], layer["biases"] = scales[id(layer)]
 
 
-def _try_kernel(model: nn.Module, layers: list, choice: str, cast: str, stored_scales: dict) -> WeightForm | None:
-    """Run the quantized layers on the CPU kernel when it is built, takes them all, and (auto) is faster;
+def dequantize_layers(model: nn.Module, layers: list) -> None:
+    """Replace each of ``layers`` (quantized layers of ``model``) by its float layer holding the dequantized
+    weights (float32 for float32 scales), in place: ``Linear``, ``Embedding`` or mlx-lm's ``SwitchLinear``
+    (``mlx_lm.utils.dequantize_model`` for chosen layers only)."""
+    from mlx.utils import tree_unflatten
+    from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
+
+    chosen = {id(layer) for layer in layers}
+    replaced = []
+    for name, module in model.named_modules():
+        if id(module) not in chosen or not isinstance(
+            module, (nn.QuantizedLinear, nn.QuantizedEmbedding, QuantizedSwitchLinear)
+        ):
+            continue  # another library's quantized layer stays as it is (as mlx-lm's dequantize_model leaves it)
+        bias = "bias" in module
+        weight = mx.dequantize(
+            module["weight"],
+            module["scales"],
+            module.get("biases"),
+            group_size=module.group_size,
+            bits=module.bits,
+            mode=getattr(module, "mode", "affine"),
+        )
+        if isinstance(module, nn.QuantizedEmbedding):
+            dense: nn.Module = nn.Embedding(*weight.shape)
+        elif isinstance(module, QuantizedSwitchLinear):
+            dense = SwitchLinear(weight.shape[2], weight.shape[1], weight.shape[0], bias=bias)
+        else:
+            dense = nn.Linear(weight.shape[1], weight.shape[0], bias=bias)
+        dense.weight = weight
+        if bias:
+            dense.bias = module["bias"]
+        replaced.append((name, dense))
+    if replaced:
+        model.update_modules(tree_unflatten(replaced))
+
+
+def _place_the_rest(model: nn.Module, rest: list, budget: int) -> str:
+    """The quantized layers the kernel does not take, once the others run on it: dequantized to float32 when
+    the model then fits ``budget``, else left quantized with float32 scales. Returns what was done, for the log."""
+    formats = ", ".join(sorted({f"{getattr(m, 'mode', 'affine')} {m.bits}-bit" for m in rest}))
+    now = sum(array.nbytes for _, array in _flat_parameters(model))
+    extra = sum(
+        (m["weight"].size * 32 // m.bits if m["weight"].dtype == mx.uint32 else m["weight"].size) * 4
+        - sum(m[key].nbytes for key in ("weight", "scales", "biases") if m.get(key) is not None)
+        for m in rest
+    )
+    if now + extra > budget:
+        return (
+            f"the other {len(rest)} ({formats}) kept quantized with float32 scales: dequantized the model would "
+            f"take {(now + extra) / 2**30:.2f} GiB, above the budget of {budget / 2**30:.2f} GiB"
+        )
+    dequantize_layers(model, rest)
+    mx.eval(model.parameters())
+    return f"the other {len(rest)} ({formats}) dequantized to float32"
+
+
+def _try_kernel(
+    model: nn.Module, layers: list, choice: str, cast: str, stored_scales: dict, budget: int
+) -> WeightForm | None:
+    """Run the quantized layers the CPU kernel takes on it when it is built, takes some, and (auto) is faster;
     ``stored_scales``: each layer's scales and biases as the checkpoint had them (by layer id)."""
     if choice not in ("auto", "kernel", "kernel-int8"):
         return None
@@ -155,21 +213,20 @@ def _try_kernel(model: nn.Module, layers: list, choice: str, cast: str, stored_s
         log.info("%s; quantized layers are dequantized to float32 instead", mlxd_qmatmul.unavailable_reason())
         return None
     capable = kernel_layers(model)
-    if len(capable) != len(layers):
+    if not capable:
         log.info(
-            "the CPU quantized-matmul kernel takes %d of %d quantized layers (affine, 4 or 8 bits, groups "
+            "the CPU quantized-matmul kernel takes none of the %d quantized layers (affine, 4 or 8 bits, groups "
             "of 32/64/128); the float32 rule applies",
-            len(capable),
             len(layers),
         )
         if choice != "auto":
-            raise ValueError(f"{ENV}={choice}: the kernel takes {len(capable)} of {len(layers)} quantized layers")
+            raise ValueError(f"{ENV}={choice}: the kernel takes none of the {len(layers)} quantized layers")
         return None
     wide = {id(layer): (layer["scales"], layer["biases"]) for layer in capable}
     _set_scales(capable, stored_scales)
     mx.eval(model.parameters())
     int8 = choice == "kernel-int8"
-    if int8 and not mlxd_qmatmul.int8_available(layers[0].bits):
+    if int8 and not mlxd_qmatmul.int8_available(capable[0].bits):
         log.info("%s=kernel-int8: this CPU has no int8-activation kernel (AVX-512 VNNI); the float kernel runs", ENV)
     timing = measure(capable, int8_activations=int8)
     assert timing is not None  # None only without layers
@@ -184,13 +241,17 @@ def _try_kernel(model: nn.Module, layers: list, choice: str, cast: str, stored_s
         log.info("the kernel is not faster than float32 weights here; quantized layers are dequantized")
         return None
     switched = use_kernel(model, timing.max_rows, int8_activations=int8)
+    capable_ids = {id(layer) for layer in capable}
+    rest = [layer for layer in layers if id(layer) not in capable_ids]
+    placed = f"; {_place_the_rest(model, rest, budget)}" if rest else ""
     groups = group_projections(model) if grouping_wanted() else 0
     packed = sum(layer["weight"].nbytes + layer["scales"].nbytes + layer["biases"].nbytes for layer in capable)
     scale_types = sorted({str(layer["scales"].dtype).removeprefix("mlx.core.") for layer in capable})
+    widths = "/".join(str(bits) for bits in sorted({layer.bits for layer in capable}))
     return WeightForm(
         "kernel quantized",
         f"weights: {cast} (quantized layers' scales kept {'/'.join(scale_types)}); {switched} quantized "
-        f"layers ({packed / 2**20:.0f} MiB) kept {layers[0].bits}-bit on "
+        f"layers ({packed / 2**20:.0f} MiB) kept {widths}-bit on "
         f"the CPU quantized-matmul kernel ({mlxd_qmatmul.kernel_isa()}, {mlxd_qmatmul.describe_threads()}; "
-        f"{groups} groups of sibling projections run as one product each; {timing.describe()})",
+        f"{groups} groups of sibling projections run as one product each; {timing.describe()}){placed}",
     )

@@ -1,0 +1,115 @@
+"""Mixed-precision checkpoints: the layers the kernel takes run on it, the others follow the float32 rule.
+
+mlx-lm's mixed recipes (``--quant-predicate mixed_4_6``, llama.cpp's Q4_K_M choices) keep some layers at 6 bits
+beside 4-bit ones, and other checkpoints mix widths or modes the kernel does not take. Before, one such layer
+kept the whole model off the kernel (every quantized layer dequantized to float32).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+
+import mlxd_qmatmul
+
+pytestmark = pytest.mark.skipif(not mlxd_qmatmul.available(), reason=mlxd_qmatmul.unavailable_reason())
+
+
+def _mixed_model(seed: int = 7):
+    """A tiny llama quantized as mlx-lm's mixed recipes do it: v_proj and down_proj of layer 1 at 6 bits,
+    the rest 4-bit, o_proj of layer 0 at 3 bits."""
+    from mlx_lm.models import llama
+
+    args = llama.ModelArgs(
+        model_type="llama",
+        hidden_size=128,
+        num_hidden_layers=2,
+        intermediate_size=256,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        vocab_size=300,
+        tie_word_embeddings=True,
+    )
+    mx.random.seed(seed)
+    model = llama.Model(args)
+
+    def recipe(path, module):
+        if not hasattr(module, "to_quantized"):
+            return False
+        if path.startswith("model.layers.1.") and path.endswith(("v_proj", "down_proj")):
+            return {"group_size": 64, "bits": 6}
+        if path == "model.layers.0.self_attn.o_proj":
+            return {"group_size": 64, "bits": 3}
+        return {"group_size": 64, "bits": 4}
+
+    nn.quantize(model, class_predicate=recipe)
+    model.set_dtype(mx.bfloat16)  # scales and norms as a checkpoint stores them
+    mx.eval(model.parameters())
+    return model
+
+
+def test_the_kernel_takes_its_layers_and_the_others_are_dequantized():
+    from mlxd_engine.loading.cpu_weights import apply_cpu_weight_rule
+    from mlxd_engine.loading.kernel_layers import KernelQuantizedEmbedding, KernelQuantizedLinear
+
+    model, dense = _mixed_model(), _mixed_model()
+    form = apply_cpu_weight_rule(model, choice="kernel")
+    assert form.form == "kernel quantized", form.detail
+    assert "the other 3 (affine 3-bit, affine 6-bit) dequantized to float32" in form.detail
+    assert apply_cpu_weight_rule(dense, choice="dequantized").form == "float32 dequantized"
+    layers = model.model.layers
+    assert type(layers[1].self_attn.v_proj) is nn.Linear and layers[1].self_attn.v_proj.weight.dtype == mx.float32
+    assert type(layers[1].mlp.down_proj) is nn.Linear and type(layers[0].self_attn.o_proj) is nn.Linear
+    assert isinstance(layers[1].self_attn.q_proj, KernelQuantizedLinear)
+    assert isinstance(layers[0].mlp.down_proj, KernelQuantizedLinear)
+    assert isinstance(model.model.embed_tokens, KernelQuantizedEmbedding)
+    assert layers[0].mlp.down_proj["weight"].dtype == mx.uint32  # still quantized in memory
+    tokens = mx.array([[1, 5, 9, 20, 33, 7, 2, 250]])
+    for inputs in (tokens, tokens[:, :1]):
+        np.testing.assert_allclose(np.array(model(inputs)), np.array(dense(inputs)), rtol=1e-4, atol=1e-4)
+
+
+def test_above_the_budget_the_others_stay_quantized_with_float32_scales():
+    from mlxd_engine.loading.cpu_weights import apply_cpu_weight_rule
+    from mlxd_engine.loading.kernel_layers import KernelQuantizedLinear
+
+    model = _mixed_model()
+    form = apply_cpu_weight_rule(model, budget_bytes=1, choice="kernel")
+    assert "the other 3 (affine 3-bit, affine 6-bit) kept quantized with float32 scales" in form.detail
+    v_proj = model.model.layers[1].self_attn.v_proj
+    assert type(v_proj) is nn.QuantizedLinear and v_proj.bits == 6 and v_proj["scales"].dtype == mx.float32
+    assert isinstance(model.model.layers[1].self_attn.q_proj, KernelQuantizedLinear)
+
+
+def test_a_mixed_precision_model_decodes_as_its_dequantized_form():
+    """Greedy through the engine (the decode step, batched rows, prompt lookup's verify forwards) with the
+    kernel on the 4-bit layers equals the model with every layer dequantized to float32."""
+    from mlxd_engine import Engine, LoadedModel
+    from mlxd_engine.cache_layout import model_layers
+    from mlxd_engine.loading.cpu_weights import apply_cpu_weight_rule
+    from mlxd_scheduler.single_sequence import generate_plain, generate_with_prompt_lookup
+
+    def engine(choice):
+        model = _mixed_model(seed=11)
+        apply_cpu_weight_rule(model, choice=choice)
+        loaded = LoadedModel(
+            model=model,
+            tokenizer=None,
+            path="<mixed>",
+            model_type="llama",
+            n_layers=len(model_layers(model)),
+            vocab_size=300,
+            eos_token_ids=frozenset(),
+            context_length=4096,
+        )
+        return Engine(loaded, max_sequences=2)
+
+    prompt = [(7 * i + 3) % 300 for i in range(60)] * 2  # repeats: prompt lookup finds drafts
+    kernel, dense = engine("kernel"), engine("dequantized")
+    want = generate_plain(dense, prompt, 32).tokens
+    assert generate_plain(kernel, prompt, 32).tokens == want
+    looked_up = generate_with_prompt_lookup(kernel, prompt, 32)
+    assert looked_up.tokens == want and looked_up.verify_rounds > 0
