@@ -1,8 +1,9 @@
-"""Mixed-precision checkpoints: the layers the kernel takes run on it, the others follow the float32 rule.
+"""Mixed-precision checkpoints: layers of 2, 3, 5 and 6 bits repacked exactly at 4 or 8 bits for the kernel,
+and layers it cannot take (other modes) following the float32 rule on their own.
 
 mlx-lm's mixed recipes (``--quant-predicate mixed_4_6``, llama.cpp's Q4_K_M choices) keep some layers at 6 bits
-beside 4-bit ones, and other checkpoints mix widths or modes the kernel does not take. Before, one such layer
-kept the whole model off the kernel (every quantized layer dequantized to float32).
+beside 4-bit ones, and other checkpoints mix widths or modes. Before, one such layer kept the whole model off
+the kernel (every quantized layer dequantized to float32).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ pytestmark = pytest.mark.skipif(not mlxd_qmatmul.available(), reason=mlxd_qmatmu
 
 def _mixed_model(seed: int = 7):
     """A tiny llama quantized as mlx-lm's mixed recipes do it: v_proj and down_proj of layer 1 at 6 bits,
-    the rest 4-bit, o_proj of layer 0 at 3 bits."""
+    the rest 4-bit, o_proj of layer 0 at 3 bits; and up_proj of layer 0 in MXFP4 (a mode the kernel does not
+    take)."""
     from mlx_lm.models import llama
 
     args = llama.ModelArgs(
@@ -43,12 +45,33 @@ def _mixed_model(seed: int = 7):
             return {"group_size": 64, "bits": 6}
         if path == "model.layers.0.self_attn.o_proj":
             return {"group_size": 64, "bits": 3}
+        if path == "model.layers.0.mlp.up_proj":
+            return {"group_size": 32, "bits": 4, "mode": "mxfp4"}
         return {"group_size": 64, "bits": 4}
 
     nn.quantize(model, class_predicate=recipe)
     model.set_dtype(mx.bfloat16)  # scales and norms as a checkpoint stores them
     mx.eval(model.parameters())
     return model
+
+
+@pytest.mark.parametrize("bits, wide", [(2, 4), (3, 4), (5, 8), (6, 8)])
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+def test_repacking_keeps_every_weight(bits, wide, group_size):
+    from mlx_lm.models.switch_layers import QuantizedSwitchLinear
+
+    from mlxd_engine.loading.repack import repack_for_kernel
+
+    mx.random.seed(bits * 1000 + group_size)
+    linear = nn.QuantizedLinear.from_linear(nn.Linear(256, 40), group_size=group_size, bits=bits)
+    experts = QuantizedSwitchLinear(256, 24, 3, bias=False, group_size=group_size, bits=bits)
+    for layer in (linear, experts):
+        before = mx.dequantize(layer["weight"], layer["scales"], layer["biases"], group_size=group_size, bits=bits)
+        assert repack_for_kernel([layer]) == {bits: 1}
+        assert layer.bits == wide and layer["weight"].dtype == mx.uint32
+        after = mx.dequantize(layer["weight"], layer["scales"], layer["biases"], group_size=group_size, bits=wide)
+        assert mx.array_equal(before, after)
+    assert repack_for_kernel([linear, experts]) == {}  # 4 and 8 bits: as they are
 
 
 def test_the_kernel_takes_its_layers_and_the_others_are_dequantized():
@@ -58,13 +81,14 @@ def test_the_kernel_takes_its_layers_and_the_others_are_dequantized():
     model, dense = _mixed_model(), _mixed_model()
     form = apply_cpu_weight_rule(model, choice="kernel")
     assert form.form == "kernel quantized", form.detail
-    assert "the other 3 (affine 3-bit, affine 6-bit) dequantized to float32" in form.detail
+    assert "3 of them repacked exactly from 3/6 bits" in form.detail
+    assert "the other 1 (mxfp4 4-bit) dequantized to float32" in form.detail
     assert apply_cpu_weight_rule(dense, choice="dequantized").form == "float32 dequantized"
     layers = model.model.layers
-    assert type(layers[1].self_attn.v_proj) is nn.Linear and layers[1].self_attn.v_proj.weight.dtype == mx.float32
-    assert type(layers[1].mlp.down_proj) is nn.Linear and type(layers[0].self_attn.o_proj) is nn.Linear
+    assert isinstance(layers[1].self_attn.v_proj, KernelQuantizedLinear) and layers[1].self_attn.v_proj.bits == 8
+    assert isinstance(layers[0].self_attn.o_proj, KernelQuantizedLinear) and layers[0].self_attn.o_proj.bits == 4
+    assert type(layers[0].mlp.up_proj) is nn.Linear and layers[0].mlp.up_proj.weight.dtype == mx.float32
     assert isinstance(layers[1].self_attn.q_proj, KernelQuantizedLinear)
-    assert isinstance(layers[0].mlp.down_proj, KernelQuantizedLinear)
     assert isinstance(model.model.embed_tokens, KernelQuantizedEmbedding)
     assert layers[0].mlp.down_proj["weight"].dtype == mx.uint32  # still quantized in memory
     tokens = mx.array([[1, 5, 9, 20, 33, 7, 2, 250]])
@@ -72,15 +96,15 @@ def test_the_kernel_takes_its_layers_and_the_others_are_dequantized():
         np.testing.assert_allclose(np.array(model(inputs)), np.array(dense(inputs)), rtol=1e-4, atol=1e-4)
 
 
-def test_above_the_budget_the_others_stay_quantized_with_float32_scales():
+def test_above_the_budget_the_others_stay_quantized():
     from mlxd_engine.loading.cpu_weights import apply_cpu_weight_rule
     from mlxd_engine.loading.kernel_layers import KernelQuantizedLinear
 
     model = _mixed_model()
     form = apply_cpu_weight_rule(model, budget_bytes=1, choice="kernel")
-    assert "the other 3 (affine 3-bit, affine 6-bit) kept quantized with float32 scales" in form.detail
-    v_proj = model.model.layers[1].self_attn.v_proj
-    assert type(v_proj) is nn.QuantizedLinear and v_proj.bits == 6 and v_proj["scales"].dtype == mx.float32
+    assert "the other 1 (mxfp4 4-bit) kept quantized on MLX's kernels" in form.detail
+    up_proj = model.model.layers[0].mlp.up_proj
+    assert type(up_proj) is nn.QuantizedLinear and up_proj.mode == "mxfp4"
     assert isinstance(model.model.layers[1].self_attn.q_proj, KernelQuantizedLinear)
 
 

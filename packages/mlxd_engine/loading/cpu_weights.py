@@ -10,12 +10,13 @@ Contract: ``apply_cpu_weight_rule(model, budget_bytes)`` changes the model in pl
 - On Metal and CUDA nothing changes (the checkpoint runs as stored).
 - On the CPU every float16 / bfloat16 parameter is cast to float32 (exact: every such value is a
   float32 value). When mlxd's CPU quantized-matmul kernel is built (``mlxd_qmatmul``) and takes some
-  quantized layers, those stay quantized and run on it (``kernel_layers.py``) if the timing at load
+  quantized layers (2/3/5/6-bit ones too, repacked exactly at 4 or 8 bits: ``repack.py``), those stay
+  quantized and run on it (``kernel_layers.py``) if the timing at load
   says it beats float32 weights on decode's shapes (both timings are logged), sibling projections of one
   input packed into one product each (``projection_groups.py``); their scales and biases then
   stay as stored (float16 or bfloat16 read by the kernel: fewer bytes a step, the same values). The
-  quantized layers it does not take (a mixed-precision checkpoint's 6-bit layers, 2/3/5/6-bit models, other
-  modes), or all of them when it is not built or not faster, are dequantized to float32 (with float32 scales,
+  quantized layers it does not take (other modes, group sizes), or all of them when it is not built or not
+  faster, are dequantized to float32 (with float32 scales,
   so the values are exactly ``scale * q + bias`` computed in float32) when the model then fits
   ``budget_bytes``; above it they stay quantized with float32 scales (MLX's own quantized kernels).
 - ``MLXD_CPU_WEIGHTS`` chooses otherwise: ``stored`` keeps the checkpoint as stored, ``quantized`` casts
@@ -38,6 +39,7 @@ import mlxd_qmatmul
 
 from .kernel_layers import kernel_layers, measure, use_kernel
 from .projection_groups import group_projections, grouping_wanted
+from .repack import repack_for_kernel
 
 log = logging.getLogger("mlxd.engine")
 
@@ -165,6 +167,8 @@ def dequantize_layers(model: nn.Module, layers: list) -> None:
             group_size=module.group_size,
             bits=module.bits,
             mode=getattr(module, "mode", "affine"),
+            global_scale=getattr(module, "global_scale", None),
+            dtype=mx.float32,  # what the CPU computes in (MXFP4 and NVFP4 would come out as bfloat16)
         )
         if isinstance(module, nn.QuantizedEmbedding):
             dense: nn.Module = nn.Embedding(*weight.shape)
@@ -182,7 +186,7 @@ def dequantize_layers(model: nn.Module, layers: list) -> None:
 
 def _place_the_rest(model: nn.Module, rest: list, budget: int) -> str:
     """The quantized layers the kernel does not take, once the others run on it: dequantized to float32 when
-    the model then fits ``budget``, else left quantized with float32 scales. Returns what was done, for the log."""
+    the model then fits ``budget``, else left quantized (MLX's kernels). Returns what was done, for the log."""
     formats = ", ".join(sorted({f"{getattr(m, 'mode', 'affine')} {m.bits}-bit" for m in rest}))
     now = sum(array.nbytes for _, array in _flat_parameters(model))
     extra = sum(
@@ -192,7 +196,7 @@ def _place_the_rest(model: nn.Module, rest: list, budget: int) -> str:
     )
     if now + extra > budget:
         return (
-            f"the other {len(rest)} ({formats}) kept quantized with float32 scales: dequantized the model would "
+            f"the other {len(rest)} ({formats}) kept quantized on MLX's kernels: dequantized the model would "
             f"take {(now + extra) / 2**30:.2f} GiB, above the budget of {budget / 2**30:.2f} GiB"
         )
     dequantize_layers(model, rest)
@@ -212,6 +216,7 @@ def _try_kernel(
             raise ValueError(f"{ENV}={choice}: {mlxd_qmatmul.unavailable_reason()}")
         log.info("%s; quantized layers are dequantized to float32 instead", mlxd_qmatmul.unavailable_reason())
         return None
+    repacked = repack_for_kernel(layers)  # 2/3/5/6-bit layers as the same codes at 4 or 8 bits
     capable = kernel_layers(model)
     if not capable:
         log.info(
@@ -244,6 +249,9 @@ def _try_kernel(
     capable_ids = {id(layer) for layer in capable}
     rest = [layer for layer in layers if id(layer) not in capable_ids]
     placed = f"; {_place_the_rest(model, rest, budget)}" if rest else ""
+    if repacked:
+        stored = "/".join(str(bits) for bits in sorted(repacked))
+        placed = f"; {sum(repacked.values())} of them repacked exactly from {stored} bits{placed}"
     groups = group_projections(model) if grouping_wanted() else 0
     packed = sum(layer["weight"].nbytes + layer["scales"].nbytes + layer["biases"].nbytes for layer in capable)
     scale_types = sorted({str(layer["scales"].dtype).removeprefix("mlx.core.") for layer in capable})

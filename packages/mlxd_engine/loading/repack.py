@@ -1,0 +1,66 @@
+"""Quantized layers of widths the CPU kernel does not read (2, 3, 5 and 6 bits), repacked exactly into widths it
+does (4 and 8 bits).
+
+MLX's affine format stores w = scale * q + bias, q an unsigned integer of ``bits`` bits packed into uint32
+words (element j of a word at bits ``bits * j``). A 2- or 3-bit code is a 4-bit code of the same value and a 5- or
+6-bit code an 8-bit one, so a layer repacked at the wider width keeps every code, scale and bias: its weights
+are the same numbers, and the kernel reads them at 4 or 8 bits a weight where the float32 rule would read 32.
+mlx-lm's mixed recipes (``--quant-predicate mixed_4_6``: 6-bit v_proj and down_proj beside 4-bit layers) and
+mlx-community's 3-, 5- and 6-bit checkpoints then run on the kernel like 4- and 8-bit ones.
+
+Contract: ``repack_for_kernel(layers)`` changes each quantized layer (``QuantizedLinear``,
+``QuantizedEmbedding``, mlx-lm's ``QuantizedSwitchLinear``) in place whose width is in ``WIDER``, its mode
+affine, its group size one the kernel takes and its biases present, and returns how many it changed of each
+stored width; the others are left as they are.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+import mlxd_qmatmul
+
+WIDER = {2: 4, 3: 4, 5: 8, 6: 8}  # stored width -> the width the kernel reads it at
+
+
+def codes(weight: mx.array, bits: int, group_size: int) -> mx.array:
+    """The unsigned codes of a packed affine weight [..., K * bits / 32], as uint8 [..., K]."""
+    k = weight.shape[-1] * 32 // bits
+    unit = mx.ones((*weight.shape[:-1], k // group_size), dtype=mx.float32)
+    zero = mx.zeros_like(unit)
+    # scale 1 and bias 0 give each code itself, exactly (codes are below 2^8)
+    return mx.dequantize(weight, unit, zero, group_size=group_size, bits=bits).astype(mx.uint8)
+
+
+def pack(codes: mx.array, bits: int) -> mx.array:
+    """uint8 codes [..., K] of at most ``bits`` bits packed as MLX packs them: uint32 [..., K * bits / 32]."""
+    per_word = 32 // bits
+    fields = codes.astype(mx.uint32).reshape(*codes.shape[:-1], -1, per_word)
+    shifts = mx.arange(per_word, dtype=mx.uint32) * bits
+    return (fields << shifts).sum(axis=-1).astype(mx.uint32)  # disjoint bit fields: the sum is their OR
+
+
+def _repackable(layer: nn.Module) -> bool:
+    return (
+        layer.bits in WIDER
+        and getattr(layer, "mode", "affine") == "affine"
+        and layer.group_size in mlxd_qmatmul.GROUP_SIZES
+        and layer.get("biases") is not None
+        and layer["weight"].dtype == mx.uint32
+    )
+
+
+def repack_for_kernel(layers: list) -> dict[int, int]:
+    """Repack each of ``layers`` that ``WIDER`` widens (see the module docstring); returns stored width ->
+    layers repacked."""
+    repacked: dict[int, int] = {}
+    for layer in layers:
+        if not _repackable(layer):
+            continue
+        stored = layer.bits
+        layer["weight"] = pack(codes(layer["weight"], stored, layer.group_size), WIDER[stored])
+        layer.bits = WIDER[stored]
+        mx.eval(layer["weight"])  # one layer's float codes at a time
+        repacked[stored] = repacked.get(stored, 0) + 1
+    return repacked
