@@ -63,3 +63,47 @@ def test_quantized_experts_run_on_the_kernel_token_equal_to_mlx_lm(name, bits, g
     for i, (row, single) in enumerate(zip(rows, singles)):
         assert row == single, f"{name}: batched row {i} differs from it alone"
     assert generate_with_prompt_lookup(engine, prompts[0], NEW_TOKENS).tokens == singles[0]
+
+
+def test_a_saved_mixed_precision_experts_checkpoint_loads_onto_the_kernel(tmp_path, monkeypatch):
+    """The loader's own path: mlx-lm builds the quantized layers from the saved config (a 6-bit experts layer,
+    4-bit others, bfloat16 scales); ``load`` puts them all on the kernel, and greedy output through the
+    engine equals the same checkpoint with every layer dequantized to float32."""
+    import json
+
+    from mlx_lm.models import qwen3_moe
+    from mlx_lm.utils import load_tokenizer, save
+
+    from mlxd_engine import Engine, load
+    from mlxd_engine.loading.kernel_layers import KernelQuantizedSwitchLinear
+    from mlxd_engine.loading.loader import embedded_model_path
+    from mlxd_scheduler.single_sequence import generate_plain
+
+    from .architectures import ARCHITECTURES
+
+    source = embedded_model_path()
+    vocab = json.loads((source / "config.json").read_text())["vocab_size"]
+    config = dict(ARCHITECTURES["qwen3_moe"][1], vocab_size=vocab)
+    mx.random.seed(5)
+    model = qwen3_moe.Model(qwen3_moe.ModelArgs.from_dict(config))
+    model.set_dtype(mx.bfloat16)
+
+    def recipe(path, module):
+        if not hasattr(module, "to_quantized") or path.endswith(".gate"):  # the router stays float
+            return False
+        return {"group_size": 32, "bits": 6 if "layers.1.mlp.switch_mlp.down_proj" in path else 4}
+
+    nn.quantize(model, class_predicate=recipe)
+    config["quantization"] = {"group_size": 32, "bits": 4}
+    config["quantization"].update({"model.layers.1.mlp.switch_mlp.down_proj": {"group_size": 32, "bits": 6}})
+    save(tmp_path, source, model, load_tokenizer(source), config)
+
+    loaded = load(tmp_path)
+    assert "repacked exactly from 6 bits" in loaded.weights, loaded.weights
+    down = loaded.model.model.layers[1].mlp.switch_mlp.down_proj
+    assert type(down) is KernelQuantizedSwitchLinear and down.bits == 8
+    monkeypatch.setenv("MLXD_CPU_WEIGHTS", "dequantized")
+    dense = load(tmp_path)
+    prompt = [(11 * i + 5) % vocab for i in range(70)]
+    want = generate_plain(Engine(dense, max_sequences=1), prompt, 24).tokens
+    assert generate_plain(Engine(loaded, max_sequences=1), prompt, 24).tokens == want
