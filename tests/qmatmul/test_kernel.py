@@ -15,6 +15,8 @@ import pytest
 
 import mlxd_qmatmul
 
+from .tiny_llama import tiny_llama
+
 pytestmark = pytest.mark.skipif(not mlxd_qmatmul.available(), reason=mlxd_qmatmul.unavailable_reason())
 
 
@@ -217,21 +219,7 @@ def test_refuses_formats_it_does_not_take():
 
 
 def _tiny_quantized_model(bits):
-    from mlx_lm.models import llama
-
-    args = llama.ModelArgs(
-        model_type="llama",
-        hidden_size=128,
-        num_hidden_layers=2,
-        intermediate_size=256,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        rms_norm_eps=1e-5,
-        vocab_size=300,
-        tie_word_embeddings=True,
-    )
-    mx.random.seed(7)
-    model = llama.Model(args)
+    model = tiny_llama()
     nn.quantize(model, group_size=64, bits=bits)
     model.set_dtype(mx.float32)
     mx.eval(model.parameters())

@@ -15,6 +15,8 @@ import pytest
 
 import mlxd_qmatmul
 
+from .tiny_llama import tiny_llama
+
 pytestmark = pytest.mark.skipif(not mlxd_qmatmul.available(), reason=mlxd_qmatmul.unavailable_reason())
 
 
@@ -22,21 +24,7 @@ def _mixed_model(seed: int = 7):
     """A tiny llama quantized as mlx-lm's mixed recipes do it: v_proj and down_proj of layer 1 at 6 bits,
     the rest 4-bit, o_proj of layer 0 at 3 bits; and up_proj of layer 0 in MXFP4 (a mode the kernel does not
     take)."""
-    from mlx_lm.models import llama
-
-    args = llama.ModelArgs(
-        model_type="llama",
-        hidden_size=128,
-        num_hidden_layers=2,
-        intermediate_size=256,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        rms_norm_eps=1e-5,
-        vocab_size=300,
-        tie_word_embeddings=True,
-    )
-    mx.random.seed(seed)
-    model = llama.Model(args)
+    model = tiny_llama(seed)
 
     def recipe(path, module):
         if not hasattr(module, "to_quantized"):
