@@ -71,13 +71,18 @@ def quantized_layers(model: nn.Module) -> list:
     return [m for _, m in model.named_modules() if _is_quantized(m)]
 
 
+def _dense_bytes(layer) -> int:
+    """Bytes a quantized layer's weight takes dequantized to float32."""
+    weight = layer["weight"]
+    return weight.size * 32 // layer.bits * 4 if weight.dtype == mx.uint32 else weight.size * 4
+
+
 def dequantized_bytes(model: nn.Module) -> int:
     """Bytes the model's parameters take in float32 once every quantized layer is dequantized."""
     total = 0
     packed: set[int] = set()  # ids of the quantized layers' own arrays (counted by their unpacked size)
     for layer in quantized_layers(model):
-        weight = layer["weight"]
-        total += weight.size * 32 // layer.bits * 4 if weight.dtype == mx.uint32 else weight.size * 4
+        total += _dense_bytes(layer)
         packed.update(id(layer[key]) for key in ("weight", "scales", "biases") if key in layer)
     return total + sum(array.size * 4 for _, array in _flat_parameters(model) if id(array) not in packed)
 
@@ -190,8 +195,7 @@ def _place_the_rest(model: nn.Module, rest: list, budget: int) -> str:
     formats = ", ".join(sorted({f"{getattr(m, 'mode', 'affine')} {m.bits}-bit" for m in rest}))
     now = sum(array.nbytes for _, array in _flat_parameters(model))
     extra = sum(
-        (m["weight"].size * 32 // m.bits if m["weight"].dtype == mx.uint32 else m["weight"].size) * 4
-        - sum(m[key].nbytes for key in ("weight", "scales", "biases") if m.get(key) is not None)
+        _dense_bytes(m) - sum(m[key].nbytes for key in ("weight", "scales", "biases") if m.get(key) is not None)
         for m in rest
     )
     if now + extra > budget:

@@ -106,9 +106,10 @@ _KERNEL_CLASSES: dict[type, type] = {
 }
 
 
-def _takes(layer) -> bool:
+def takes(layer, bits: int | None = None) -> bool:
+    """Whether the kernel takes the quantized layer's format (at ``bits`` instead of its own, when given)."""
     return (
-        mlxd_qmatmul.supports(layer.bits, layer.group_size, getattr(layer, "mode", "affine"))
+        mlxd_qmatmul.supports(bits or layer.bits, layer.group_size, getattr(layer, "mode", "affine"))
         and layer.get("biases") is not None
         and getattr(layer, "global_scale", None) is None
         and layer["weight"].dtype == mx.uint32
@@ -118,7 +119,7 @@ def _takes(layer) -> bool:
 def kernel_layers(model: nn.Module) -> list:
     """The model's quantized layers the kernel can run (before or after ``use_kernel``)."""
     kinds = tuple(_KERNEL_CLASSES)
-    return [m for _, m in model.named_modules() if isinstance(m, kinds) and _takes(m)]
+    return [m for _, m in model.named_modules() if isinstance(m, kinds) and takes(m)]
 
 
 def runs_on_kernel(model) -> bool:

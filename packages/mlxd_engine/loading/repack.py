@@ -17,9 +17,8 @@ stored width; the others are left as they are.
 from __future__ import annotations
 
 import mlx.core as mx
-import mlx.nn as nn
 
-import mlxd_qmatmul
+from .kernel_layers import takes
 
 WIDER = {2: 4, 3: 4, 5: 8, 6: 8}  # stored width -> the width the kernel reads it at
 
@@ -41,22 +40,12 @@ def pack(codes: mx.array, bits: int) -> mx.array:
     return (fields << shifts).sum(axis=-1).astype(mx.uint32)  # disjoint bit fields: the sum is their OR
 
 
-def _repackable(layer: nn.Module) -> bool:
-    return (
-        layer.bits in WIDER
-        and getattr(layer, "mode", "affine") == "affine"
-        and layer.group_size in mlxd_qmatmul.GROUP_SIZES
-        and layer.get("biases") is not None
-        and layer["weight"].dtype == mx.uint32
-    )
-
-
 def repack_for_kernel(layers: list) -> dict[int, int]:
     """Repack each of ``layers`` that ``WIDER`` widens (see the module docstring); returns stored width ->
     layers repacked."""
     repacked: dict[int, int] = {}
     for layer in layers:
-        if not _repackable(layer):
+        if layer.bits not in WIDER or not takes(layer, bits=WIDER[layer.bits]):
             continue
         stored = layer.bits
         layer["weight"] = pack(codes(layer["weight"], stored, layer.group_size), WIDER[stored])

@@ -21,10 +21,6 @@ void check(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument("mlxd gather_quantized_matmul: " + what);
 }
 
-int scale_type_of(const mx::array& scales) {
-  return scales.dtype() == mx::float16 ? kScaleFloat16 : scales.dtype() == mx::bfloat16 ? kScaleBFloat16 : kScaleFloat32;
-}
-
 // The products of rows already in order of their expert: rows [start[e], start[e + 1]) of `x` (dense) take
 // expert e, and write the same rows of `y` [rows, N].
 void run_experts(const float* x, float* y, const std::vector<int>& start, const mx::array& w, const mx::array& scales,
@@ -73,9 +69,7 @@ void run_experts(const float* x, float* y, const std::vector<int>& start, const 
 mx::array gather_quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
                                   const mx::array& biases, const mx::array& experts, int group_size, int bits,
                                   mx::StreamOrDevice s) {
-  check(bits == 4 || bits == 8, "bits must be 4 or 8, got " + std::to_string(bits));
-  check(group_size == 32 || group_size == 64 || group_size == 128,
-        "group size must be 32, 64 or 128, got " + std::to_string(group_size));
+  check_format(bits, group_size, "gather_quantized_matmul");
   check(x.ndim() >= 1 && mx::issubdtype(x.dtype(), mx::floating), "x must be a floating-point array");
   check(w.dtype() == mx::uint32 && w.ndim() == 3, "weights must be a 3-D uint32 array [experts, N, K * bits / 32]");
   const int E = w.shape(0), N = w.shape(1), K = x.shape(-1);
@@ -88,9 +82,7 @@ mx::array gather_quantized_matmul(const mx::array& x, const mx::array& w, const 
   check(static_cast<size_t>(experts.size()) * K == x.size(), "experts must name one expert a row of x");
   auto stream = mx::to_stream(s, mx::Device::cpu);
   check(stream.device == mx::Device::cpu, "runs on the CPU only");
-  const auto& st = scales.dtype();
-  const bool as_stored = st == biases.dtype() && (st == mx::float32 || st == mx::float16 || st == mx::bfloat16);
-  const mx::Dtype scale_dtype = as_stored ? st : mx::float32;
+  const mx::Dtype scale_dtype = read_scale_dtype(scales, biases);
   mx::Shape shape = x.shape();
   shape.back() = N;
   auto out = mx::array(shape, mx::float32, std::make_shared<CpuGatherQuantizedMatmul>(stream, group_size, bits),

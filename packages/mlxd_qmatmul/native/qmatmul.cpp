@@ -89,10 +89,29 @@ mx::array row_contiguous(const mx::array& a, const mx::Stream& stream) {
   return mx::contiguous(a, false, stream);
 }
 
+void check_format(int bits, int group_size, const std::string& op) {
+  if (bits != 4 && bits != 8) {
+    throw std::invalid_argument("mlxd " + op + ": bits must be 4 or 8, got " + std::to_string(bits));
+  }
+  if (group_size != 32 && group_size != 64 && group_size != 128) {
+    throw std::invalid_argument("mlxd " + op + ": group size must be 32, 64 or 128, got " + std::to_string(group_size));
+  }
+}
+
+mx::Dtype read_scale_dtype(const mx::array& scales, const mx::array& biases) {
+  const auto& st = scales.dtype();
+  const bool as_stored = st == biases.dtype() && (st == mx::float32 || st == mx::float16 || st == mx::bfloat16);
+  return as_stored ? st : mx::float32;
+}
+
+int scale_type_of(const mx::array& scales) {
+  return scales.dtype() == mx::float16    ? kScaleFloat16
+         : scales.dtype() == mx::bfloat16 ? kScaleBFloat16
+                                          : kScaleFloat32;
+}
+
 PackedLinear checked_packed(const PackedLinear& p, int K, const mx::Stream& stream) {
-  check(p.bits == 4 || p.bits == 8, "bits must be 4 or 8, got " + std::to_string(p.bits));
-  check(p.group_size == 32 || p.group_size == 64 || p.group_size == 128,
-        "group size must be 32, 64 or 128, got " + std::to_string(p.group_size));
+  check_format(p.bits, p.group_size, "quantized_matmul");
   check(p.weight.dtype() == mx::uint32 && p.weight.ndim() == 2, "weights must be a 2-D uint32 array");
   const int N = p.weight.shape(0);
   const int weight_k = p.weight.shape(1) * 32 / p.bits;
@@ -108,10 +127,7 @@ PackedLinear checked_packed(const PackedLinear& p, int K, const mx::Stream& stre
   }
   check(total == N, "the output sizes sum to " + std::to_string(total) + ", the weights have " + std::to_string(N) +
                         " rows");
-  // scales and biases are read as stored when both are float32, float16 or bfloat16; otherwise as float32
-  const auto& st = p.scales.dtype();
-  const bool as_stored = st == p.biases.dtype() && (st == mx::float32 || st == mx::float16 || st == mx::bfloat16);
-  const mx::Dtype scale_dtype = as_stored ? st : mx::float32;
+  const mx::Dtype scale_dtype = read_scale_dtype(p.scales, p.biases);
   return PackedLinear{row_contiguous(p.weight, stream), row_contiguous(mx::astype(p.scales, scale_dtype, stream), stream),
                       row_contiguous(mx::astype(p.biases, scale_dtype, stream), stream), p.group_size, p.bits, p.sizes,
                       p.int8 && int8_available(p.bits)};
@@ -170,9 +186,7 @@ int kernel_threads(int) {
 std::vector<Problem> packed_problems(const mx::array& w, const mx::array& scales, const mx::array& biases,
                                      int group_size, int bits, const std::vector<int>& sizes,
                                      const std::vector<float*>& outs, int M, int K) {
-  const int scale_type = scales.dtype() == mx::float16    ? kScaleFloat16
-                         : scales.dtype() == mx::bfloat16 ? kScaleBFloat16
-                                                          : kScaleFloat32;
+  const int scale_type = scale_type_of(scales);
   const int64_t row_bytes = static_cast<int64_t>(K) * bits / 8;
   const int64_t groups = K / group_size;
   std::vector<Problem> problems;

@@ -1,6 +1,8 @@
 // The MLX primitive: a quantized matmul for MLX's affine format that runs on the CPU kernels here.
 #pragma once
 
+#include <string>
+
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
 #include "kernel.h"
@@ -45,6 +47,16 @@ const float* dense_floats(const mx::array& a, std::vector<float>& copy);
 // An input array as the primitives read it: itself when already evaluated and row-contiguous (the loaded
 // weights), else through a Contiguous op (every op in the graph is one more dispatch per step).
 mx::array row_contiguous(const mx::array& a, const mx::Stream& stream);
+
+// Raises std::invalid_argument ("mlxd <op>: ...") unless bits and group size are ones the kernels take.
+void check_format(int bits, int group_size, const std::string& op);
+
+// The dtype the kernels read scales and biases in: as stored when both are float32, float16 or bfloat16 (a half
+// value widens to float32 exactly as it is read), otherwise float32.
+mx::Dtype read_scale_dtype(const mx::array& scales, const mx::array& biases);
+
+// The kernels' ScaleType of scales already in read_scale_dtype.
+int scale_type_of(const mx::array& scales);
 
 // A packed quantized weight in MLX's affine format and the output sizes of its parts (q/k/v, gate/up; one
 // part for a plain layer).
