@@ -1,17 +1,19 @@
 """GGUF files turned into mlx-lm checkpoint directories, once per file content.
 
 Contract:
-- ``convert_gguf(gguf_path, out_dir)`` reads the file with MLX's own GGUF reader and writes a complete
+- ``convert_gguf(gguf_path, out_dir)`` reads the file (see ``read_gguf``) and writes a complete
   mlx-lm checkpoint into ``out_dir`` (``config.json``, ``model.safetensors``, ``tokenizer.json``,
   ``tokenizer_config.json``, ``generation_config.json``). It writes into a temporary sibling directory
   and renames it at the end, so a crash never leaves a half directory. ``out_dir`` must not exist or
   be empty.
 - ``cached_conversion(gguf_path)`` returns ``<cache>/gguf/<sha256 of the file>/``, converting first
   when it is absent (``cache_dir.mlxd_cache_dir``).
-- Supported: architectures llama and qwen2. Q4_0 / Q4_1 / Q8_0 tensors stay quantized: MLX reads them
-  as affine quantization (group size 32) with the GGUF's own scales and offsets, so no weight value
-  changes. Every other type arrives dequantized by MLX and is stored as it arrives, except that a
-  float32 tensor is stored float16 when the checkpoint's scales are float16 and the cast is exact.
+- Supported: architectures llama and qwen2. Tensors are read with llama.cpp's ``gguf`` package
+  (``gguf_blocks``): Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K stay quantized as MLX's affine format
+  (group size 32, 4, 5 or 8 bits) with the file's own codes, scales and offsets, so no weight value
+  changes; every other quantized type is dequantized and stored float16; float tensors are stored as they
+  are, except that a float32 tensor is stored float16 when the checkpoint's scales are all float16 and the
+  cast is exact.
 - llama.cpp permutes the rows of llama's attn_q / attn_k so that RoPE rotates consecutive pairs; those
   rows are permuted back (Hugging Face layout, mlx-lm ``rope_traditional`` false). qwen2 is not permuted.
 - Anything a user can cause (not a GGUF, truncated, unsupported architecture or tensor, unknown
@@ -31,16 +33,17 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import gguf
 import mlx.core as mx
 
 from ..errors import GGUFError
 from .cache_dir import mlxd_cache_dir
+from .gguf_blocks import GROUP, GGUFBlockError, read_tensor
 from .gguf_tokenizer import build_tokenizer, tokenizer_config
 
 log = logging.getLogger("mlxd.gguf")
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
-GROUP_SIZE = 32  # MLX's GGUF reader packs Q4_0 / Q4_1 / Q8_0 blocks as groups of 32
 HASH_CHUNK_BYTES = 1 << 20
 
 # llama.cpp's tensor stems -> mlx-lm's module names (scripts/write_stories_gguf.py writes by their inverse)
@@ -64,28 +67,33 @@ _HF_CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 def read_gguf(gguf_path: str | Path) -> tuple[dict[str, mx.array], dict[str, Any]]:
     """Tensors and metadata of a GGUF file; metadata values become plain Python values.
 
+    Read with llama.cpp's own reader (the ``gguf`` package); quantized tensors become MLX arrays as
+    ``gguf_blocks`` describes (``<stem>.weight``, ``<stem>.scales``, ``<stem>.biases`` for the affine types).
+
     Raises:
-        GGUFError: the file is missing, unreadable, truncated or not a GGUF file.
+        GGUFError: the file is missing, unreadable, truncated or not a GGUF file, or holds a tensor type
+            that cannot be read.
     """
     path = Path(gguf_path).expanduser()
     if not path.is_file():
         raise GGUFError(f"GGUF file {str(gguf_path)!r} does not exist")
-    tensors: dict[str, mx.array]
-    metadata: dict[str, Any]
     try:
-        # MLX types load() as one of its return forms; with return_metadata it is (tensors, metadata)
-        tensors, metadata = mx.load(str(path), format="gguf", return_metadata=True)  # type: ignore[assignment]
-    except Exception as error:  # mlx raises RuntimeError / ValueError with terse text for bad files
+        reader = gguf.GGUFReader(path)
+    except Exception as error:  # the reader raises ValueError / IndexError / OSError with terse text for bad files
         raise GGUFError(
             f"cannot read {path.name} as a GGUF file (unreadable, truncated or not GGUF): {error}"
         ) from error
-    return tensors, {key: _plain(value) for key, value in metadata.items()}
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, mx.array):
-        return value.item() if value.ndim == 0 else value.tolist()
-    return value
+    metadata = {key: field.contents() for key, field in reader.fields.items() if not key.startswith("GGUF.")}
+    tensors: dict[str, mx.array] = {}
+    for tensor in reader.tensors:
+        try:
+            parts = read_tensor(tensor)
+        except GGUFBlockError as error:
+            raise GGUFError(f"{error} (in {path.name})") from error
+        stem = tensor.name.removesuffix(".weight")
+        for part, value in parts.items():
+            tensors[tensor.name if part == "weight" else f"{stem}.{part}"] = value
+    return tensors, metadata
 
 
 def _float32_text(value: float) -> float:
@@ -146,10 +154,10 @@ def _quantization_config(bits: dict[str, int]) -> dict | None:
     if not bits:
         return None
     common = Counter(bits.values()).most_common(1)[0][0]
-    config: dict[str, Any] = {"group_size": GROUP_SIZE, "bits": common}
+    config: dict[str, Any] = {"group_size": GROUP, "bits": common}
     for module, module_bits in sorted(bits.items()):
         if module_bits != common:
-            config[module] = {"group_size": GROUP_SIZE, "bits": module_bits}
+            config[module] = {"group_size": GROUP, "bits": module_bits}
     return config
 
 

@@ -1,0 +1,252 @@
+"""GGUF tensors read block by block (``loading/gguf_blocks.py``): the affine types keep their codes, the rest are
+dequantized, and files of llama.cpp's usual types (Q4_K_M, Q5_K_M, Q5_0, ...) convert, load and decode.
+
+MLX's own GGUF reader refused any file with a Q5_0, Q5_1, Q5_K, Q3_K or IQ tensor, dropped MXFP4 tensors, and
+handed Q4_K over as float16 values. llama.cpp's ``gguf`` package is the reference here: every weight of a
+converted checkpoint must equal what it dequantizes from the file.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFWriter, quants
+
+from mlxd_engine.loading import gguf_blocks
+from mlxd_engine.loading.gguf_import import GGUFError, convert_gguf, hf_tensor_name, unpermute_rows
+
+from .test_gguf_import import EMBEDDED_TOKENIZER, gpt2_tokenizer_metadata, write_tiny_gguf
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import write_gguf_quants  # noqa: E402
+
+T = GGMLQuantizationType
+AFFINE_BITS = {T.Q4_0: 4, T.Q4_1: 4, T.Q5_0: 5, T.Q5_1: 5, T.Q8_0: 8, T.Q4_K: 4, T.Q5_K: 5}
+FACTOR_AT = {T.Q4_1: (0, 2), T.Q5_1: (0, 2), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (-2,), T.TQ2_0: (-2,)}
+
+
+class Tensor:
+    """The fields of ``gguf.ReaderTensor`` that ``read_tensor`` reads."""
+
+    def __init__(self, kind: GGMLQuantizationType, data: np.ndarray, name: str = "blk.0.ffn_up.weight"):
+        self.name, self.tensor_type, self.data = name, kind, data
+
+
+def random_blocks(kind: GGMLQuantizationType, rows: int, k: int, seed: int) -> np.ndarray:
+    """Random codes and scale bytes, with small positive float16 factors where the block keeps them."""
+    rng = np.random.default_rng(seed)
+    size, nbytes = GGML_QUANT_SIZES[kind]
+    raw = rng.integers(0, 256, size=(rows, k // size, nbytes), dtype=np.uint8)
+    for at in FACTOR_AT.get(kind, (0,)):
+        factor = np.abs(rng.standard_normal((rows, k // size, 1)) * 0.01).astype(np.float16)
+        raw[..., at : at + 2 or None] = factor.view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("kind", list(AFFINE_BITS), ids=lambda kind: kind.name)
+@pytest.mark.parametrize("rows, k", [(3, 256), (5, 768), (2, 1536), (1030, 256)])  # 1030: past ROWS_AT_ONCE
+def test_affine_types_keep_every_weight(kind, rows, k):
+    data = random_blocks(kind, rows, k, seed=rows * k)
+    parts = gguf_blocks.read_tensor(Tensor(kind, data))
+    bits = AFFINE_BITS[kind]
+    assert parts["weight"].dtype == mx.uint32 and parts["weight"].shape == (rows, k * bits // 32)
+    assert parts["scales"].shape == parts["biases"].shape == (rows, k // 32)
+    # the legacy types' float16 factors stay float16; the K types' products with 6-bit integers need float32
+    assert parts["scales"].dtype == (mx.float32 if kind in (T.Q4_K, T.Q5_K) else mx.float16)
+    ours = mx.dequantize(
+        parts["weight"],
+        parts["scales"].astype(mx.float32),
+        parts["biases"].astype(mx.float32),
+        group_size=32,
+        bits=bits,
+    )
+    np.testing.assert_array_equal(np.array(ours), quants.dequantize(data, kind))
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 5, 6, 8])
+def test_packing_is_mlx_packing(bits):
+    mx.random.seed(bits)
+    weight, scales, biases = mx.quantize(mx.random.normal((6, 256)), group_size=32, bits=bits)
+    ones, zeros = mx.ones_like(scales), mx.zeros_like(biases)
+    codes = np.array(mx.dequantize(weight, ones, zeros, group_size=32, bits=bits)).astype(np.uint8)
+    np.testing.assert_array_equal(gguf_blocks.pack(codes, bits), np.array(weight))
+
+
+@pytest.mark.parametrize("kind", [T.Q6_K, T.IQ4_NL, T.TQ2_0], ids=lambda kind: kind.name)
+@pytest.mark.parametrize("rows", [4, 1030])
+def test_other_types_are_dequantized_to_float16(kind, rows):
+    data = random_blocks(kind, rows, 512, seed=5)
+    parts = gguf_blocks.read_tensor(Tensor(kind, data))
+    assert list(parts) == ["weight"] and parts["weight"].dtype == mx.float16 and parts["weight"].shape == (rows, 512)
+    expected = quants.dequantize(data, kind).astype(np.float16)
+    np.testing.assert_array_equal(np.array(parts["weight"]), expected)
+
+
+def test_float_tensors_keep_their_type():
+    values = np.arange(12, dtype=np.float32).reshape(3, 4) / 7
+    assert gguf_blocks.read_tensor(Tensor(T.F32, values))["weight"].dtype == mx.float32
+    half = gguf_blocks.read_tensor(Tensor(T.F16, values.astype(np.float16)))["weight"]
+    assert half.dtype == mx.float16 and np.array_equal(np.array(half), values.astype(np.float16))
+    bf16_bits = (values.view(np.uint32) >> 16).astype(np.uint16)  # bfloat16 is the top half of float32
+    bf16 = gguf_blocks.read_tensor(Tensor(T.BF16, bf16_bits.view(np.uint8).reshape(3, 8)))["weight"]
+    assert bf16.dtype == mx.bfloat16 and bf16.shape == (3, 4)
+    np.testing.assert_array_equal(
+        np.array(bf16.astype(mx.float32)), (bf16_bits.astype(np.uint32) << 16).view(np.float32)
+    )
+
+
+# ---- whole files ----
+
+
+def tiny_llama_256():
+    """A random untied 2-layer llama whose matrices are multiples of 256 wide, so K types apply."""
+    from mlx.utils import tree_flatten, tree_unflatten
+    from mlx_lm.models import llama
+
+    args = llama.ModelArgs(
+        model_type="llama",
+        hidden_size=256,
+        num_hidden_layers=2,
+        intermediate_size=512,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        vocab_size=2048,
+        max_position_embeddings=1024,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+    )
+    model = llama.Model(args)
+    mx.random.seed(17)
+    params = [
+        (name, mx.random.normal(p.shape) * (0.05 if p.ndim > 1 else 0.1) + (1.0 if "norm" in name else 0.0))
+        for name, p in tree_flatten(model.parameters())
+    ]
+    model.update(tree_unflatten(params))
+    mx.eval(model.parameters())
+    return model, args
+
+
+@pytest.fixture(scope="module")
+def float_gguf(tmp_path_factory) -> Path:
+    model, args = tiny_llama_256()
+    path = tmp_path_factory.mktemp("gguf-blocks") / "tiny-f32.gguf"
+    return write_tiny_gguf(path, model, args, gpt2_tokenizer_metadata(EMBEDDED_TOKENIZER, "gpt2"))
+
+
+RECIPES = {  # the types each recipe must have written for this model
+    "q4_k_m": {"Q4_K", "Q6_K"},
+    "q5_k_m": {"Q5_K", "Q6_K"},
+    "q5_0": {"Q5_0"},
+    "q5_1": {"Q5_1"},
+    "q4_1": {"Q4_1"},
+    "q8_0": {"Q8_0"},
+}
+
+
+@pytest.fixture(scope="module")
+def quantized_ggufs(float_gguf, tmp_path_factory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("gguf-recipes")
+    paths = {}
+    for recipe, kinds in RECIPES.items():
+        written = write_gguf_quants.requantize(float_gguf, out / f"{recipe}.gguf", recipe)
+        assert set(written.values()) - {"F32"} == kinds, recipe
+        paths[recipe] = out / f"{recipe}.gguf"
+    return paths
+
+
+def expected_weights(path: Path) -> dict[str, tuple[GGMLQuantizationType, np.ndarray]]:
+    """mlx-lm name -> (type, what llama.cpp's package dequantizes, q/k rows back in Hugging Face order)."""
+    reader = GGUFReader(path)
+    heads = {"q_proj": 4, "k_proj": 2}
+    expected = {}
+    for tensor in reader.tensors:
+        values = quants.dequantize(np.asarray(tensor.data), tensor.tensor_type).astype(np.float32)
+        name = hf_tensor_name(tensor.name)
+        projection = name.split(".")[-2]
+        if projection in heads:
+            values = np.array(unpermute_rows(mx.array(values), heads[projection]))
+        expected[name] = (T(tensor.tensor_type), values)
+    return expected
+
+
+@pytest.mark.parametrize("recipe", list(RECIPES))
+def test_converted_weights_equal_llama_cpp_s_own(recipe, quantized_ggufs, tmp_path):
+    path = quantized_ggufs[recipe]
+    out = convert_gguf(path, tmp_path / recipe)
+    weights = mx.load(str(out / "model.safetensors"))
+    config = json.loads((out / "config.json").read_text())
+    quantization = config["quantization"]
+    assert quantization["group_size"] == 32
+    checked = 0
+    for name, (kind, values) in expected_weights(path).items():
+        module = name.removesuffix(".weight")
+        if kind in AFFINE_BITS:
+            bits = quantization.get(module, quantization)["bits"]
+            assert bits == AFFINE_BITS[kind], name
+            scales, biases = (weights[f"{module}.{part}"].astype(mx.float32) for part in ("scales", "biases"))
+            ours = np.array(mx.dequantize(weights[name], scales, biases, group_size=32, bits=bits))
+            np.testing.assert_array_equal(ours, values, err_msg=name)
+        elif kind == T.F32:
+            np.testing.assert_array_equal(np.array(weights[name].astype(mx.float32)), values, err_msg=name)
+        else:  # Q6_K: float16 values
+            assert f"{module}.scales" not in weights and weights[name].dtype == mx.float16
+            np.testing.assert_array_equal(np.array(weights[name]), values.astype(np.float16), err_msg=name)
+        checked += 1
+    assert checked == 2 * (7 + 2) + 3  # 7 matrices and 2 norms a layer; embedding, output, final norm
+
+
+@pytest.mark.skipif(sys.platform == "darwin", reason="the CPU weight rule is the CPU backend's")
+@pytest.mark.parametrize("recipe", ["q4_k_m", "q5_0"])
+def test_k_quant_and_5_bit_files_run_on_the_kernel_as_their_dequantized_form(
+    recipe, quantized_ggufs, tmp_path, monkeypatch
+):
+    """Greedy through the engine (steps, batched rows, prompt lookup's verify) with the kernel on the affine
+    layers equals the same file with every layer dequantized to float32."""
+    import mlxd_qmatmul
+    from mlxd_engine import Engine, load
+    from mlxd_engine.loading.kernel_layers import KernelQuantizedLinear
+    from mlxd_scheduler.single_sequence import generate_plain, generate_with_prompt_lookup
+
+    if not mlxd_qmatmul.available():
+        pytest.skip(mlxd_qmatmul.unavailable_reason())
+    monkeypatch.setenv("MLXD_CACHE_DIR", str(tmp_path / "cache"))
+
+    def engine(choice: str) -> Engine:
+        monkeypatch.setenv("MLXD_CPU_WEIGHTS", choice)
+        loaded = load(str(quantized_ggufs[recipe]))
+        if choice == "kernel":
+            assert "on the CPU quantized-matmul kernel" in loaded.weights, loaded.weights
+            down = [layer.mlp.down_proj for layer in loaded.model.model.layers]
+            # q4_k_m: layer 1's down_proj (and v_proj) are Q6_K, float values off the kernel; the rest Q4_K
+            want = [True, recipe != "q4_k_m"]
+            assert [isinstance(layer, KernelQuantizedLinear) for layer in down] == want
+        return Engine(loaded, max_sequences=2)
+
+    kernel, dense = engine("kernel"), engine("dequantized")
+    prompt = [(11 * i + 5) % 2000 for i in range(48)] * 2  # repeats: prompt lookup finds drafts
+    want = generate_plain(dense, prompt, 24).tokens
+    assert generate_plain(kernel, prompt, 24).tokens == want
+    looked_up = generate_with_prompt_lookup(kernel, prompt, 24)
+    assert looked_up.tokens == want and looked_up.verify_rounds > 0
+
+
+def test_a_type_that_cannot_be_read_is_named(tmp_path):
+    path = tmp_path / "q8_1.gguf"
+    writer = GGUFWriter(str(path), "llama")
+    size, nbytes = GGML_QUANT_SIZES[T.Q8_1]
+    writer.add_tensor("token_embd.weight", np.zeros((4, 256 // size * nbytes), np.uint8), raw_dtype=T.Q8_1)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(GGUFError, match=r"'token_embd.weight' has type Q8_1.*q8_1.gguf"):
+        convert_gguf(path, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
