@@ -121,3 +121,33 @@ def test_full_queue_answers_429_with_retry_after(stories_only):
     finally:
         gateway.stop()
         stop_daemon(daemon, endpoint)
+
+
+def test_a_late_daemon_delays_new_requests_instead_of_failing_them(stories_only):
+    """A daemon that answers no probe for a few seconds (here stopped with SIGSTOP: a tick longer than two
+    probes, or a machine whose other work starves it) is marked down, but a request arriving then waits for
+    it, as a busy server's queue would, and succeeds once it answers again: not a 503."""
+    endpoint = private_endpoint("late")
+    daemon = start_daemon(endpoint, "-m", str(STORIES), "--max-batch", "4")
+    gateway = Gateway([endpoint])
+    body = {"prompt": "Once", "n_predict": 4}
+    try:
+        assert gateway.client.post("/completion", json=body, timeout=30).status_code == 200
+        daemon.send_signal(signal.SIGSTOP)
+        try:
+            wait_health(gateway, 503, 15)  # two unanswered probes: down
+            results: list[httpx.Response] = []
+            waiting = threading.Thread(
+                target=lambda: results.append(gateway.client.post("/completion", json=body, timeout=60))
+            )
+            waiting.start()
+            time.sleep(1.5)
+            assert not results, "the request did not wait for the late daemon"
+        finally:
+            daemon.send_signal(signal.SIGCONT)
+        waiting.join(timeout=60)
+        assert [r.status_code for r in results] == [200], [r.text[:200] for r in results]
+        assert wait_health(gateway, 200, 10) < 10
+    finally:
+        gateway.stop()
+        stop_daemon(daemon, endpoint)

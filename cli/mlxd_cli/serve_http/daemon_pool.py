@@ -11,7 +11,11 @@ Contract:
       is the whole stalled-daemon timeout: it counts time, not probes, so probes made for /health do
       not shorten it, and no per-call timeout fires before it (``REPLY_TIMEOUT_S`` is only a backstop
       for a daemon that answers probes yet never replies to one request).
-      Down only stops new requests (a daemon busy with a long prefill may answer probes late).
+      Down only stops new requests (a daemon busy with a long prefill may answer probes late). A new
+      request that finds no daemon up waits for one that is only *late* (its connection open, probes
+      unanswered but not yet for the stalled-daemon timeout) instead of failing: a single daemon whose
+      tick outlasts two probes, or that the machine's other work starves, then delays requests the way
+      a busy server does, and they fail only once it counts as stalled (or its connection drops).
     * A daemon that exits or is killed is noticed at once, not after missed probes: its client's
       socket monitor reports the dropped connection, which fails the requests waiting on it with
       ``disconnected`` (a stream then ends with an error event) and marks the daemon down. While
@@ -60,6 +64,7 @@ DOWN_AFTER_MISSES = 2  # one late answer under load is not an outage
 # far above a busy daemon's longest tick (docs/benchmark_results/code_notes.md#stalled-daemon).
 STALLED_DAEMON_TIMEOUT_S = 30.0
 PROBE_TIMEOUT_S = 1.0
+LATE_DAEMON_POLL_S = 0.05  # how often a request waiting for a late daemon looks again
 # Per-reply wait on the protocol client: a backstop far above STALLED_DAEMON_TIMEOUT_S, for a daemon that
 # answers probes but never replies to one request. A stalled or dead daemon is noticed well before this.
 REPLY_TIMEOUT_S = 600.0
@@ -264,6 +269,21 @@ class DaemonPool:
         """The daemons that answered their last probe."""
         return [handle for handle in self.handles if handle.up]
 
+    def _late(self, handle: DaemonHandle) -> bool:
+        """Down only because its probes go unanswered on an open connection, not yet for the stalled timeout."""
+        return not handle.up and not handle.client.connection_lost and handle.unanswered_since is not None
+
+    async def choose(self, exclude: set[str] | frozenset[str] = frozenset()) -> DaemonHandle:
+        """``pick``, except that with no daemon up it waits while one not in ``exclude`` is late (see the module
+        docstring); raises ``NoDaemonAvailable`` as ``pick`` once none is."""
+        while True:
+            try:
+                return self.pick(exclude)
+            except NoDaemonAvailable:
+                if not any(self._late(handle) for handle in self.handles if handle.endpoint not in exclude):
+                    raise
+            await asyncio.sleep(LATE_DAEMON_POLL_S)
+
     def pick(self, exclude: set[str] | frozenset[str] = frozenset()) -> DaemonHandle:
         """The up daemon with the fewest requests in flight; ties go round-robin.
 
@@ -310,7 +330,7 @@ class DaemonPool:
         """
         tried: set[str] = set()
         while True:
-            handle = self.pick(tried)
+            handle = await self.choose(tried)
             tried.add(handle.endpoint)
             replies = handle.client.generate(make_request(handle))
             handle.in_flight += 1
@@ -367,7 +387,7 @@ class DaemonPool:
         """
         tried: set[str] = set()
         while True:
-            handle = self.pick(tried)
+            handle = await self.choose(tried)
             tried.add(handle.endpoint)
             handle.in_flight += 1
             try:
