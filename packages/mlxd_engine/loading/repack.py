@@ -7,6 +7,8 @@ words (element j of a word at bits ``bits * j``). A 2- or 3-bit code is a 4-bit 
 are the same numbers, and the kernel reads them at 4 or 8 bits a weight where the float32 rule would read 32.
 mlx-lm's mixed recipes (``--quant-predicate mixed_4_6``: 6-bit v_proj and down_proj beside 4-bit layers) and
 mlx-community's 3-, 5- and 6-bit checkpoints then run on the kernel like 4- and 8-bit ones.
+Reading 5 bits as stored (5/8 of the bytes) was measured no faster: the product is then bound by the
+decode (docs/benchmark_results/code_notes.md#mixed-precision).
 
 Contract: ``repack_for_kernel(layers)`` changes each quantized layer (``QuantizedLinear``,
 ``QuantizedEmbedding``, mlx-lm's ``QuantizedSwitchLinear``) in place whose width is in ``WIDER``, its mode
