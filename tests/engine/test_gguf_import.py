@@ -422,6 +422,25 @@ def test_load_reuses_the_cache(tiny_llama_gguf, tmp_path, monkeypatch):
     assert [p.name for p in (tmp_path / "cache" / "gguf").iterdir()] == [converted.name]  # no partial dirs left
 
 
+def test_an_older_converter_s_conversion_is_converted_again(tiny_llama_gguf, tmp_path, monkeypatch):
+    """A conversion cached by an earlier mlxd (no version file, or an older version) is replaced, once, so a
+    converter that reads more of the file (K types as their codes) reaches files converted before it."""
+    path, _ = tiny_llama_gguf
+    monkeypatch.setenv("MLXD_CACHE_DIR", str(tmp_path / "cache"))
+    converted = cached_conversion(path)
+    assert gguf_import.converter_version(converted) == gguf_import.CONVERTER_VERSION
+    (converted / gguf_import.VERSION_FILE).unlink()  # as an earlier mlxd left it
+    (converted / "stale-marker").write_text("from the old conversion")
+    assert cached_conversion(path) == converted
+    assert gguf_import.converter_version(converted) == gguf_import.CONVERTER_VERSION
+    assert not (converted / "stale-marker").exists()
+    assert [p.name for p in (tmp_path / "cache" / "gguf").iterdir()] == [converted.name]  # nothing else left
+    conversions = []
+    real_convert = gguf_import.convert_gguf
+    monkeypatch.setattr(gguf_import, "convert_gguf", lambda *a: conversions.append(a) or real_convert(*a))
+    assert cached_conversion(path) == converted and conversions == []  # current now: used as it is
+
+
 # ---- files that must be refused ----
 
 

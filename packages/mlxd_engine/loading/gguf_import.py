@@ -7,7 +7,8 @@ Contract:
   and renames it at the end, so a crash never leaves a half directory. ``out_dir`` must not exist or
   be empty.
 - ``cached_conversion(gguf_path)`` returns ``<cache>/gguf/<sha256 of the file>/``, converting first
-  when it is absent (``cache_dir.mlxd_cache_dir``).
+  when it is absent (``cache_dir.mlxd_cache_dir``), or again when an older converter wrote it
+  (``CONVERTER_VERSION``, kept in the directory's ``mlxd_conversion.json``).
 - Supported: architectures llama and qwen2. Tensors are read with llama.cpp's ``gguf`` package
   (``gguf_blocks``): Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K stay quantized as MLX's affine format
   (group size 32, 4, 5 or 8 bits) with the file's own codes, scales and offsets, so no weight value
@@ -45,6 +46,10 @@ log = logging.getLogger("mlxd.gguf")
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 HASH_CHUNK_BYTES = 1 << 20
+# Bumped whenever a conversion of the same file comes out different, so that the cache converts it again:
+# 2 reads the blocks with llama.cpp's gguf package (Q4_K / Q5_* kept as their codes, not float16 values).
+CONVERTER_VERSION = 2
+VERSION_FILE = "mlxd_conversion.json"
 
 # llama.cpp's tensor stems -> mlx-lm's module names (scripts/write_stories_gguf.py writes by their inverse)
 GLOBAL_TENSORS = {"token_embd": "model.embed_tokens", "output": "lm_head", "output_norm": "model.norm"}
@@ -322,6 +327,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
         _write_json(scratch / "config.json", config)
         _write_json(scratch / "tokenizer_config.json", tokenizer_config(meta, config["max_position_embeddings"]))
         _write_json(scratch / "generation_config.json", _generation_config(meta))
+        _write_json(scratch / VERSION_FILE, {"converter_version": CONVERTER_VERSION, "source": source.name})
         if out.exists():
             out.rmdir()  # empty, checked above
         os.rename(scratch, out)
@@ -362,7 +368,10 @@ def cached_conversion(gguf_path: str | Path, sha256: str | None = None) -> Path:
     except OSError as error:
         raise GGUFError(f"cannot read {source}: {error}") from error
     if (target / "config.json").is_file():
-        return target
+        if converter_version(target) >= CONVERTER_VERSION:
+            return target
+        log.info("converting %s again into %s (the cached conversion is an older converter's)", source.name, target)
+        return _replace_conversion(source, target)
     log.info("converting %s into %s (once)", source.name, target)
     try:
         convert_gguf(source, target)
@@ -370,4 +379,30 @@ def cached_conversion(gguf_path: str | Path, sha256: str | None = None) -> Path:
         if (target / "config.json").is_file():  # another process converted the same file meanwhile
             return target
         raise
+    return target
+
+
+def converter_version(directory: Path) -> int:
+    """The converter version that wrote a conversion directory (0: one written before versions were kept)."""
+    try:
+        return int(json.loads((directory / VERSION_FILE).read_text()).get("converter_version", 0))
+    except (OSError, ValueError, AttributeError):
+        return 0
+
+
+def _replace_conversion(source: Path, target: Path) -> Path:
+    """Convert ``source`` beside ``target`` and swap it in; a process that swapped first wins (same content)."""
+    fresh = target.with_name(f".{target.name}.v{CONVERTER_VERSION}-{os.getpid()}")
+    stale = target.with_name(f".{target.name}.stale-{os.getpid()}")
+    shutil.rmtree(fresh, ignore_errors=True)
+    convert_gguf(source, fresh)
+    try:
+        os.rename(target, stale)
+        os.rename(fresh, target)
+    except OSError as error:
+        if converter_version(target) < CONVERTER_VERSION:  # not another process's fresh conversion either
+            raise GGUFError(f"cannot replace {target}: {error}") from error
+    finally:
+        shutil.rmtree(fresh, ignore_errors=True)
+        shutil.rmtree(stale, ignore_errors=True)
     return target
