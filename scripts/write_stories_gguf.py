@@ -114,6 +114,7 @@ def write_gguf(checkpoint: Path, out: Path) -> Path:
     os.close(descriptor)
     try:
         mx.save_gguf(temporary, tensors, metadata)
+        os.chmod(temporary, 0o644)  # mkstemp's 0600 would keep the file from other users (a llama-server run as one)
         os.replace(temporary, out)
     finally:
         Path(temporary).unlink(missing_ok=True)
