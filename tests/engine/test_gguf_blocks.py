@@ -19,6 +19,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFWriter,
 
 from mlxd_engine.loading import gguf_blocks
 from mlxd_engine.loading.gguf_import import GGUFError, convert_gguf, hf_tensor_name, unpermute_rows
+from mlxd_engine.loading.repack import pack
 
 from .test_gguf_import import EMBEDDED_TOKENIZER, gpt2_tokenizer_metadata, write_tiny_gguf
 
@@ -76,7 +77,7 @@ def test_packing_is_mlx_packing(bits):
     weight, scales, biases = mx.quantize(mx.random.normal((6, 256)), group_size=32, bits=bits)
     ones, zeros = mx.ones_like(scales), mx.zeros_like(biases)
     codes = np.array(mx.dequantize(weight, ones, zeros, group_size=32, bits=bits)).astype(np.uint8)
-    np.testing.assert_array_equal(gguf_blocks.pack(codes, bits), np.array(weight))
+    np.testing.assert_array_equal(pack(codes, bits), np.array(weight))
 
 
 @pytest.mark.parametrize("kind", [T.Q6_K, T.IQ4_NL, T.TQ2_0], ids=lambda kind: kind.name)

@@ -24,8 +24,10 @@ import mlx.core as mx
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, ReaderTensor, quants
 
+from .repack import pack
+
 GROUP = 32  # every affine type here has one scale and bias per 32 weights
-ROWS_AT_ONCE = 1024  # rows unpacked or dequantized at a time, so a vocabulary-sized tensor needs no copies of itself
+ROWS_AT_ONCE = 1024  # rows dequantized at a time, so a vocabulary-sized tensor needs no float32 copy of itself
 
 
 class GGUFBlockError(ValueError):
@@ -98,29 +100,12 @@ _AFFINE = {
     GGMLQuantizationType.Q4_K: (4, _k_affine),
     GGMLQuantizationType.Q5_K: (5, _k_affine),
 }
-AFFINE_TYPES = frozenset(_AFFINE)
 
 
-def pack(codes: np.ndarray, bits: int) -> np.ndarray:
-    """uint8 codes [..., K] packed as MLX packs them, a little-endian bit stream: uint32 [..., K * bits / 32]."""
-    if bits == 8:
-        return np.ascontiguousarray(codes).view("<u4")
-    if bits == 4:
-        return np.ascontiguousarray(codes[..., 0::2] | (codes[..., 1::2] << 4)).view("<u4")
-    rows = codes.reshape(-1, codes.shape[-1])
-    out = np.empty((len(rows), codes.shape[-1] * bits // 32), "<u4")
-    for start in range(0, len(rows), ROWS_AT_ONCE):  # a bit a byte: bounded by rows at a time
-        fields = (rows[start : start + ROWS_AT_ONCE, :, None] >> np.arange(bits, dtype=np.uint8)) & 1
-        stream = np.packbits(fields.reshape(len(fields), -1), axis=-1, bitorder="little")
-        out[start : start + ROWS_AT_ONCE] = stream.view("<u4")
-    return out.reshape(*codes.shape[:-1], -1)
-
-
-def _smallest_exact(values: np.ndarray) -> np.ndarray:
-    """float16 when that holds every value exactly, else float32."""
-    values = values.astype(np.float32)
-    half = values.astype(np.float16)
-    return half if np.array_equal(half.astype(np.float32), values) else values
+def float16_if_exact(x: mx.array) -> mx.array:
+    """``x`` as float16 when float16 holds every value exactly, else as it is (``gguf_import`` uses it too)."""
+    half = x.astype(mx.float16)
+    return half if mx.array_equal(half.astype(x.dtype), x).item() else x
 
 
 def read_tensor(tensor: ReaderTensor) -> dict[str, mx.array]:
@@ -136,11 +121,13 @@ def read_tensor(tensor: ReaderTensor) -> dict[str, mx.array]:
         block_size, block_bytes = GGML_QUANT_SIZES[kind]
         rows, n_groups = data.shape[:-1], data.shape[-1] // block_bytes * block_size // GROUP
         q, scales, biases = decode(data.reshape(-1, block_bytes), kind)
-        pair = _smallest_exact(np.concatenate([scales.reshape(*rows, n_groups), biases.reshape(*rows, n_groups)], -1))
+        pair = float16_if_exact(
+            mx.array(np.concatenate([scales.reshape(*rows, n_groups), biases.reshape(*rows, n_groups)], -1), mx.float32)
+        )
         return {
             "weight": mx.array(pack(q.reshape(*rows, n_groups * GROUP), bits)),
-            "scales": mx.array(pair[..., :n_groups]),
-            "biases": mx.array(pair[..., n_groups:]),
+            "scales": pair[..., :n_groups],
+            "biases": pair[..., n_groups:],
         }
     flat = data.reshape(-1, data.shape[-1])
     try:

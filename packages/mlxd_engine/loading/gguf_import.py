@@ -39,7 +39,7 @@ import mlx.core as mx
 
 from ..errors import GGUFError
 from .cache_dir import mlxd_cache_dir
-from .gguf_blocks import GROUP, GGUFBlockError, read_tensor
+from .gguf_blocks import GROUP, GGUFBlockError, float16_if_exact, read_tensor
 from .gguf_tokenizer import build_tokenizer, tokenizer_config
 
 log = logging.getLogger("mlxd.gguf")
@@ -169,9 +169,7 @@ def _quantization_config(bits: dict[str, int]) -> dict | None:
 def _stored(x: mx.array, scales_dtype) -> mx.array:
     """float32 as float16 when the checkpoint's scales are float16 and the cast loses nothing."""
     if scales_dtype is not None and x.dtype == mx.float32 and scales_dtype == mx.float16:
-        half = x.astype(mx.float16)
-        if mx.array_equal(half.astype(mx.float32), x).item():
-            return half
+        return float16_if_exact(x)
     return x
 
 

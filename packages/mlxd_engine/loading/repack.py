@@ -13,16 +13,19 @@ decode (docs/benchmark_results/code_notes.md#mixed-precision).
 Contract: ``repack_for_kernel(layers)`` changes each quantized layer (``QuantizedLinear``,
 ``QuantizedEmbedding``, mlx-lm's ``QuantizedSwitchLinear``) in place whose width is in ``WIDER``, its mode
 affine, its group size one the kernel takes and its biases present, and returns how many it changed of each
-stored width; the others are left as they are.
+stored width; the others are left as they are. ``codes`` and ``pack`` read and write MLX's packing of any width
+(the GGUF import packs its blocks' codes with ``pack`` too).
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
+import numpy as np
 
 from .kernel_layers import takes
 
 WIDER = {2: 4, 3: 4, 5: 8, 6: 8}  # stored width -> the width the kernel reads it at
+ROWS_AT_ONCE = 1024  # rows packed a bit at a time together: bounds the temporary at 8 bytes a bit of a row
 
 
 def codes(weight: mx.array, bits: int, group_size: int) -> mx.array:
@@ -34,12 +37,20 @@ def codes(weight: mx.array, bits: int, group_size: int) -> mx.array:
     return mx.dequantize(weight, unit, zero, group_size=group_size, bits=bits).astype(mx.uint8)
 
 
-def pack(codes: mx.array, bits: int) -> mx.array:
-    """uint8 codes [..., K] of at most ``bits`` bits packed as MLX packs them: uint32 [..., K * bits / 32]."""
-    per_word = 32 // bits
-    fields = codes.astype(mx.uint32).reshape(*codes.shape[:-1], -1, per_word)
-    shifts = mx.arange(per_word, dtype=mx.uint32) * bits
-    return (fields << shifts).sum(axis=-1).astype(mx.uint32)  # disjoint bit fields: the sum is their OR
+def pack(codes: np.ndarray, bits: int) -> np.ndarray:
+    """uint8 codes [..., K] of at most ``bits`` bits packed as MLX packs them, a little-endian bit stream (code j
+    at bits ``bits * j``): uint32 [..., K * bits / 32]. Any width; 4 and 8 bits without the bit-at-a-time pass."""
+    if bits == 8:
+        return np.ascontiguousarray(codes).view("<u4")
+    if bits == 4:
+        return np.ascontiguousarray(codes[..., 0::2] | (codes[..., 1::2] << 4)).view("<u4")
+    rows = codes.reshape(-1, codes.shape[-1])
+    out = np.empty((len(rows), codes.shape[-1] * bits // 32), "<u4")
+    for start in range(0, len(rows), ROWS_AT_ONCE):  # a bit a byte: bounded by rows at a time
+        fields = (rows[start : start + ROWS_AT_ONCE, :, None] >> np.arange(bits, dtype=np.uint8)) & 1
+        stream = np.packbits(fields.reshape(len(fields), -1), axis=-1, bitorder="little")
+        out[start : start + ROWS_AT_ONCE] = stream.view("<u4")
+    return out.reshape(*codes.shape[:-1], -1)
 
 
 def repack_for_kernel(layers: list) -> dict[int, int]:
@@ -50,7 +61,7 @@ def repack_for_kernel(layers: list) -> dict[int, int]:
         if layer.bits not in WIDER or not takes(layer, bits=WIDER[layer.bits]):
             continue
         stored = layer.bits
-        layer["weight"] = pack(codes(layer["weight"], stored, layer.group_size), WIDER[stored])
+        layer["weight"] = mx.array(pack(np.array(codes(layer["weight"], stored, layer.group_size)), WIDER[stored]))
         layer.bits = WIDER[stored]
         mx.eval(layer["weight"])  # one layer's float codes at a time
         repacked[stored] = repacked.get(stored, 0) + 1
