@@ -47,6 +47,10 @@ from __future__ import annotations
 
 BITS = (4, 8)
 GROUP_SIZES = (32, 64, 128)
+# Groups of 16 weights, 8-bit codes only: not an MLX format (mx.quantize refuses 16), the form mlxd gives
+# llama.cpp's K-quants with 16-weight sub-blocks (Q6_K, Q3_K, Q2_K) read from a GGUF file
+# (mlxd_engine.loading.group16).
+SMALL_GROUP = 16
 INT8_BLOCK = 8  # elements of x sharing one scale on the int8-activation kernel (kInt8Block in native/kernel.h)
 
 
@@ -87,7 +91,7 @@ def unavailable_reason() -> str:
 
 
 def supports(bits: int, group_size: int, mode: str = "affine") -> bool:
-    return mode == "affine" and bits in BITS and group_size in GROUP_SIZES
+    return mode == "affine" and bits in BITS and (group_size in GROUP_SIZES or (group_size, bits) == (SMALL_GROUP, 8))
 
 
 def quantized_matmul(x, w, scales, biases, group_size: int, bits: int, int8_activations: bool = False):

@@ -19,6 +19,8 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFWriter,
 
 from mlxd_engine.loading import gguf_blocks
 from mlxd_engine.loading.gguf_import import GGUFError, convert_gguf, hf_tensor_name, unpermute_rows
+from mlxd_engine.loading.group16 import GROUP16_FILE
+from mlxd_engine.loading.kernel_layers import dequantized
 from mlxd_engine.loading.repack import pack
 
 from .test_gguf_import import EMBEDDED_TOKENIZER, gpt2_tokenizer_metadata, write_tiny_gguf
@@ -30,7 +32,17 @@ import write_gguf_quants  # noqa: E402
 
 T = GGMLQuantizationType
 AFFINE_BITS = {T.Q4_0: 4, T.Q4_1: 4, T.Q5_0: 5, T.Q5_1: 5, T.Q8_0: 8, T.Q4_K: 4, T.Q5_K: 5}
-FACTOR_AT = {T.Q4_1: (0, 2), T.Q5_1: (0, 2), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (-2,), T.TQ2_0: (-2,)}
+FACTOR_AT = {
+    T.Q4_1: (0, 2),
+    T.Q5_1: (0, 2),
+    T.Q4_K: (0, 2),
+    T.Q5_K: (0, 2),
+    T.Q6_K: (-2,),
+    T.Q3_K: (-2,),
+    T.Q2_K: (-4, -2),
+    T.TQ2_0: (-2,),
+}
+SMALL_GROUPS = (T.Q6_K, T.Q3_K, T.Q2_K)
 
 
 class Tensor:
@@ -80,7 +92,23 @@ def test_packing_is_mlx_packing(bits):
     np.testing.assert_array_equal(pack(codes, bits), np.array(weight))
 
 
-@pytest.mark.parametrize("kind", [T.Q6_K, T.IQ4_NL, T.TQ2_0], ids=lambda kind: kind.name)
+@pytest.mark.parametrize("kind", SMALL_GROUPS, ids=lambda kind: kind.name)
+@pytest.mark.parametrize("rows, k", [(3, 256), (5, 768), (1030, 256)])
+def test_groups_of_16_keep_exact_values_and_their_codes(kind, rows, k):
+    data = random_blocks(kind, rows, k, seed=rows + k)
+    parts = gguf_blocks.read_tensor(Tensor(kind, data))
+    want = quants.dequantize(data, kind)
+    assert set(parts) == {"weight", "codes", "code_scales", "code_biases"}
+    assert parts["weight"].shape == (rows, k) and parts["codes"].shape == (rows, k // 4)
+    assert parts["code_scales"].shape == parts["code_biases"].shape == (rows, k // 16)
+    np.testing.assert_array_equal(np.array(parts["weight"].astype(mx.float32)), want)  # float16 only where exact
+    codes = np.array(parts["codes"]).view(np.uint8)
+    assert codes.max() < {T.Q6_K: 64, T.Q3_K: 8, T.Q2_K: 4}[kind]
+    ours = dequantized(parts["codes"], parts["code_scales"], parts["code_biases"], 16, 8)
+    np.testing.assert_array_equal(np.array(ours), want)
+
+
+@pytest.mark.parametrize("kind", [T.IQ4_NL, T.TQ2_0], ids=lambda kind: kind.name)
 @pytest.mark.parametrize("rows", [4, 1030])
 def test_other_types_are_dequantized_to_float16(kind, rows):
     data = random_blocks(kind, rows, 512, seed=5)
@@ -106,8 +134,8 @@ def test_float_tensors_keep_their_type():
 # ---- whole files ----
 
 
-def tiny_llama_256():
-    """A random untied 2-layer llama whose matrices are multiples of 256 wide, so K types apply."""
+def tiny_llama_256(tied: bool = False):
+    """A random 2-layer llama (untied unless ``tied``) whose matrices are multiples of 256 wide, so K types apply."""
     from mlx.utils import tree_flatten, tree_unflatten
     from mlx_lm.models import llama
 
@@ -122,7 +150,7 @@ def tiny_llama_256():
         vocab_size=2048,
         max_position_embeddings=1024,
         rope_theta=10000.0,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
     )
     model = llama.Model(args)
     mx.random.seed(17)
@@ -149,6 +177,7 @@ RECIPES = {  # the types each recipe must have written for this model
     "q5_1": {"Q5_1"},
     "q4_1": {"Q4_1"},
     "q8_0": {"Q8_0"},
+    "q6_k": {"Q6_K"},
 }
 
 
@@ -184,9 +213,10 @@ def test_converted_weights_equal_llama_cpp_s_own(recipe, quantized_ggufs, tmp_pa
     out = convert_gguf(path, tmp_path / recipe)
     weights = mx.load(str(out / "model.safetensors"))
     config = json.loads((out / "config.json").read_text())
-    quantization = config["quantization"]
+    quantization = config.get("quantization", {"group_size": 32})
     assert quantization["group_size"] == 32
-    checked = 0
+    codes = mx.load(str(out / GROUP16_FILE)) if (out / GROUP16_FILE).exists() else {}
+    checked = small = 0
     for name, (kind, values) in expected_weights(path).items():
         module = name.removesuffix(".weight")
         if kind in AFFINE_BITS:
@@ -197,15 +227,19 @@ def test_converted_weights_equal_llama_cpp_s_own(recipe, quantized_ggufs, tmp_pa
             np.testing.assert_array_equal(ours, values, err_msg=name)
         elif kind == T.F32:
             np.testing.assert_array_equal(np.array(weights[name].astype(mx.float32)), values, err_msg=name)
-        else:  # Q6_K: float16 values
-            assert f"{module}.scales" not in weights and weights[name].dtype == mx.float16
-            np.testing.assert_array_equal(np.array(weights[name]), values.astype(np.float16), err_msg=name)
+        else:  # Q6_K: exact values, and their codes in groups of 16 beside the checkpoint
+            assert kind == T.Q6_K and f"{module}.scales" not in weights
+            np.testing.assert_array_equal(np.array(weights[name].astype(mx.float32)), values, err_msg=name)
+            parts = [codes[f"{module}.{part}"] for part in ("weight", "scales", "biases")]
+            np.testing.assert_array_equal(np.array(dequantized(*parts, 16, 8)), values, err_msg=name)
+            small += 1
         checked += 1
     assert checked == 2 * (7 + 2) + 3  # 7 matrices and 2 norms a layer; embedding, output, final norm
+    assert len(codes) == 3 * small and (small > 0) == ("Q6_K" in RECIPES[recipe])
 
 
 @pytest.mark.skipif(sys.platform == "darwin", reason="the CPU weight rule is the CPU backend's")
-@pytest.mark.parametrize("recipe", ["q4_k_m", "q5_0"])
+@pytest.mark.parametrize("recipe", ["q4_k_m", "q5_0", "q6_k"])
 def test_k_quant_and_5_bit_files_run_on_the_kernel_as_their_dequantized_form(
     recipe, quantized_ggufs, tmp_path, monkeypatch
 ):
@@ -226,9 +260,12 @@ def test_k_quant_and_5_bit_files_run_on_the_kernel_as_their_dequantized_form(
         if choice == "kernel":
             assert "on the CPU quantized-matmul kernel" in loaded.weights, loaded.weights
             down = [layer.mlp.down_proj for layer in loaded.model.model.layers]
-            # q4_k_m: layer 1's down_proj (and v_proj) are Q6_K, float values off the kernel; the rest Q4_K
-            want = [True, recipe != "q4_k_m"]
-            assert [isinstance(layer, KernelQuantizedLinear) for layer in down] == want
+            assert all(isinstance(layer, KernelQuantizedLinear) for layer in down)
+            # q4_k_m: layer 1's down_proj (and v_proj) are Q6_K, 8-bit codes in groups of 16; the rest Q4_K
+            want = {"q4_k_m": [32, 16], "q5_0": [32, 32], "q6_k": [16, 16]}[recipe]
+            assert [layer.group_size for layer in down] == want
+            if recipe != "q5_0":
+                assert "in groups of 16" in loaded.weights
         return Engine(loaded, max_sequences=2)
 
     kernel, dense = engine("kernel"), engine("dequantized")
@@ -237,6 +274,37 @@ def test_k_quant_and_5_bit_files_run_on_the_kernel_as_their_dequantized_form(
     assert generate_plain(kernel, prompt, 24).tokens == want
     looked_up = generate_with_prompt_lookup(kernel, prompt, 24)
     assert looked_up.tokens == want and looked_up.verify_rounds > 0
+
+
+@pytest.mark.skipif(sys.platform == "darwin", reason="the CPU weight rule is the CPU backend's")
+def test_a_tied_q6_k_embedding_is_the_output_head_on_the_kernel(tmp_path, monkeypatch):
+    """A tied model's Q6_K embedding: rows looked up from the codes, the output head a kernel product; greedy
+    equals the float32 form of the same file."""
+    import mlxd_qmatmul
+    from mlxd_engine import Engine, load
+    from mlxd_engine.loading.kernel_layers import KernelQuantizedEmbedding
+    from mlxd_scheduler.single_sequence import generate_plain
+
+    if not mlxd_qmatmul.available():
+        pytest.skip(mlxd_qmatmul.unavailable_reason())
+    monkeypatch.setenv("MLXD_CACHE_DIR", str(tmp_path / "cache"))
+    model, args = tiny_llama_256(tied=True)
+    source = write_tiny_gguf(tmp_path / "tied.gguf", model, args, gpt2_tokenizer_metadata(EMBEDDED_TOKENIZER, "gpt2"))
+    path = tmp_path / "tied-q6_k.gguf"
+    assert set(write_gguf_quants.requantize(source, path, "q6_k").values()) - {"F32"} == {"Q6_K"}
+
+    def engine(choice: str) -> Engine:
+        monkeypatch.setenv("MLXD_CPU_WEIGHTS", choice)
+        loaded = load(str(path))
+        embedding = loaded.model.model.embed_tokens
+        if choice == "kernel":
+            assert isinstance(embedding, KernelQuantizedEmbedding) and embedding.group_size == 16
+            assert "lm_head" not in dict(loaded.model.named_modules())
+        return Engine(loaded, max_sequences=2)
+
+    kernel, dense = engine("kernel"), engine("dequantized")
+    prompt = [(7 * i + 3) % 2000 for i in range(40)]
+    assert generate_plain(kernel, prompt, 16).tokens == generate_plain(dense, prompt, 16).tokens
 
 
 def test_a_type_that_cannot_be_read_is_named(tmp_path):

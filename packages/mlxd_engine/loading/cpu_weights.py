@@ -10,7 +10,8 @@ Contract: ``apply_cpu_weight_rule(model, budget_bytes)`` changes the model in pl
 - On Metal and CUDA nothing changes (the checkpoint runs as stored).
 - On the CPU every float16 / bfloat16 parameter is cast to float32 (exact: every such value is a
   float32 value). When mlxd's CPU quantized-matmul kernel is built (``mlxd_qmatmul``) and takes some
-  quantized layers (2/3/5/6-bit ones too, repacked exactly at 4 or 8 bits: ``repack.py``), those stay
+  quantized layers (2/3/5/6-bit ones too, repacked exactly at 4 or 8 bits: ``repack.py``; a GGUF file's
+  Q6_K / Q3_K / Q2_K tensors as 8-bit groups of 16 in place of their float values: ``group16.py``), those stay
   quantized and run on it (``kernel_layers.py``) if the timing at load
   says it beats float32 weights on decode's shapes (both timings are logged), sibling projections of one
   input packed into one product each (``projection_groups.py``); their scales and biases then
@@ -31,13 +32,15 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
 
 import mlxd_qmatmul
 
-from .kernel_layers import kernel_layers, measure, use_kernel
+from .group16 import swap_in
+from .kernel_layers import dequantized, kernel_layers, measure, use_kernel
 from .projection_groups import group_projections, grouping_wanted
 from .repack import repack_for_kernel
 
@@ -97,8 +100,12 @@ def _floating(dtype) -> bool:
     return mx.issubdtype(dtype, mx.floating)
 
 
-def apply_cpu_weight_rule(model: nn.Module, budget_bytes: int | None = None, choice: str | None = None) -> WeightForm:
-    """Apply the rule of the module docstring to ``model`` (in place). ``choice`` overrides the environment."""
+def apply_cpu_weight_rule(
+    model: nn.Module, budget_bytes: int | None = None, choice: str | None = None, group16: Path | None = None
+) -> WeightForm:
+    """Apply the rule of the module docstring to ``model`` (in place). ``choice`` overrides the environment;
+    ``group16``: a GGUF conversion's file of 8-bit groups of 16 (``group16.py``), whose layers take the kernel
+    in place of their float copies wherever the kernel may run."""
     if not isinstance(model, nn.Module):
         return WeightForm("stored", "weights as stored (not an mlx module)")
     if mx.default_device() != mx.cpu:
@@ -108,6 +115,9 @@ def apply_cpu_weight_rule(model: nn.Module, budget_bytes: int | None = None, cho
         raise ValueError(f"{ENV}={choice!r}: expected one of {', '.join(CHOICES)}")
     if choice == "stored":
         return WeightForm("stored", f"weights as stored ({ENV}=stored; float16 math on the CPU is slow)")
+    small_groups = 0
+    if group16 is not None and choice in ("auto", "kernel", "kernel-int8") and mlxd_qmatmul.available():
+        small_groups = swap_in(model, group16)  # quantized layers from here on, like the checkpoint's own
     low_precision = [a for _, a in _flat_parameters(model) if _floating(a.dtype) and a.dtype != mx.float32]
     stored_scales = {
         id(layer): (layer["scales"], layer["biases"]) for layer in quantized_layers(model) if "biases" in layer
@@ -121,6 +131,9 @@ def apply_cpu_weight_rule(model: nn.Module, budget_bytes: int | None = None, cho
     budget = default_budget_bytes() if budget_bytes is None else budget_bytes
     kernel_form = _try_kernel(model, layers, choice, cast, stored_scales, budget)
     if kernel_form is not None:
+        if small_groups:
+            note = f"; {small_groups} of them 8-bit in groups of 16 (the GGUF file's Q6_K / Q3_K / Q2_K tensors)"
+            return WeightForm(kernel_form.form, kernel_form.detail + note)
         return kernel_form
     needed = dequantized_bytes(model)
     if choice == "quantized" or (choice == "auto" and needed > budget):
@@ -165,15 +178,20 @@ def dequantize_layers(model: nn.Module, layers: list) -> None:
         ):
             continue  # another library's quantized layer stays as it is (as mlx-lm's dequantize_model leaves it)
         bias = "bias" in module
-        weight = mx.dequantize(
-            module["weight"],
-            module["scales"],
-            module.get("biases"),
-            group_size=module.group_size,
-            bits=module.bits,
-            mode=getattr(module, "mode", "affine"),
-            global_scale=getattr(module, "global_scale", None),
-            dtype=mx.float32,  # what the CPU computes in (MXFP4 and NVFP4 would come out as bfloat16)
+        small = module.group_size not in mlxd_qmatmul.GROUP_SIZES  # mlxd's own 8-bit groups of 16 (group16)
+        weight = (
+            dequantized(module["weight"], module["scales"], module["biases"], module.group_size, module.bits)
+            if small
+            else mx.dequantize(
+                module["weight"],
+                module["scales"],
+                module.get("biases"),
+                group_size=module.group_size,
+                bits=module.bits,
+                mode=getattr(module, "mode", "affine"),
+                global_scale=getattr(module, "global_scale", None),
+                dtype=mx.float32,  # what the CPU computes in (MXFP4 and NVFP4 would come out as bfloat16)
+            )
         )
         if isinstance(module, nn.QuantizedEmbedding):
             dense: nn.Module = nn.Embedding(*weight.shape)

@@ -9,12 +9,15 @@ and their weights are the same numbers: 4 bits for Q4_*, 5 for Q5_* and 8 for Q8
 float16 where that holds them exactly (the legacy types always), else float32 (the K types' products of a
 float16 factor and a 6-bit integer).
 
-The other types (Q2_K, Q3_K and Q6_K, whose groups are 16 weights, the IQ and ternary types, MXFP4) have no
-MLX affine form: they are dequantized with llama.cpp's own Python package (``gguf``) and stored as float16,
-as MLX's reader did for the types it knew.
+Q2_K, Q3_K and Q6_K are affine in groups of 16 weights, which MLX's format does not have (its groups are 32
+or more): they become their exact float values (float16 where that holds them, else float32) and, for mlxd's
+CPU kernel, the same weights as 8-bit codes in groups of 16 (``group16``). The other types (IQ, ternary,
+MXFP4) are dequantized with llama.cpp's own Python package (``gguf``) and stored as float16, as MLX's reader
+did for the types it knew.
 
 Contract: ``read_tensor(tensor)`` takes a ``gguf.ReaderTensor`` and returns ``{"weight": w}`` (float values,
-the tensor's numpy-order shape) or ``{"weight": packed uint32, "scales": s, "biases": b}`` as MLX arrays
+the tensor's numpy-order shape), ``{"weight": packed uint32, "scales": s, "biases": b}``, or for the groups
+of 16 ``{"weight": w, "codes": packed uint32, "code_scales": s, "code_biases": b}``, as MLX arrays
 (bfloat16 tensors stay bfloat16); a type ``gguf`` cannot decode raises ``GGUFBlockError`` naming it.
 """
 
@@ -91,6 +94,48 @@ def _k_affine(blocks: np.ndarray, kind: GGMLQuantizationType) -> tuple[np.ndarra
     return q.reshape(-1, 256), d * sc, -(dmin * mn)
 
 
+def _shifted(packed: np.ndarray, width: int, shifts: int, bits: int) -> np.ndarray:
+    """Each row of ``width``-byte chunks read ``shifts`` times, ``bits`` bits apart: codes in chunk-major order."""
+    chunks = packed.reshape(len(packed), -1, 1, width)
+    steps = (np.arange(shifts, dtype=np.uint8) * bits).reshape(1, 1, shifts, 1)
+    return ((chunks >> steps) & np.uint8((1 << bits) - 1)).reshape(len(packed), -1)
+
+
+def _q6_k(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q6_K: 256 weights in 16 groups of 16; w = d * sc * (q - 32), q of 6 bits, sc a signed byte."""
+    low = _shifted(blocks[:, :128], 64, 2, 4)
+    high = _shifted(blocks[:, 128:192], 32, 4, 2)
+    scale = _halves(blocks, 208) * blocks[:, 192:208].view(np.int8).astype(np.float32)
+    return low | (high << 4), scale, -32.0 * scale
+
+
+def _q3_k(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q3_K: 256 weights in 16 groups of 16; w = d * (sc - 32) * (q - 4), q of 3 bits (its high bit kept apart,
+    set meaning +4), sc of 6 bits packed as 4 + 2."""
+    packed = blocks[:, 96:108]
+    low = _shifted(packed[:, :8], 8, 2, 4)
+    high = _shifted(packed[:, 8:12], 4, 4, 2)
+    scale = _halves(blocks, 108) * (((low | (high << 4)).astype(np.float32)) - 32.0)
+    q = _shifted(blocks[:, 32:96], 32, 4, 2) | (_shifted(blocks[:, :32], 32, 8, 1) << 2)
+    return q, scale, -4.0 * scale
+
+
+def _q2_k(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q2_K: 256 weights in 16 groups of 16; w = d * sc * q - dmin * m, q of 2 bits, sc and m of 4."""
+    packed = blocks[:, :16]
+    q = _shifted(blocks[:, 16:80], 32, 4, 2)
+    return q, _halves(blocks, 80) * (packed & 0x0F), -(_halves(blocks, 82) * (packed >> 4))
+
+
+# Types whose every run of 16 weights is affine in a code of at most 6 bits: kept exactly as 8-bit codes in groups
+# of 16 besides their float values, for mlxd's CPU kernel (``group16``).
+SMALL_GROUP = 16
+_SMALL_GROUPS = {
+    GGMLQuantizationType.Q6_K: _q6_k,
+    GGMLQuantizationType.Q3_K: _q3_k,
+    GGMLQuantizationType.Q2_K: _q2_k,
+}
+
 _AFFINE = {
     GGMLQuantizationType.Q4_0: (4, _legacy),
     GGMLQuantizationType.Q4_1: (4, _legacy),
@@ -106,6 +151,22 @@ def float16_if_exact(x: mx.array) -> mx.array:
     """``x`` as float16 when float16 holds every value exactly, else as it is (``gguf_import`` uses it too)."""
     half = x.astype(mx.float16)
     return half if mx.array_equal(half.astype(x.dtype), x).item() else x
+
+
+def _small_groups(data: np.ndarray, kind: GGMLQuantizationType) -> dict[str, mx.array]:
+    """A Q6_K / Q3_K / Q2_K tensor: its float values (those ``gguf`` dequantizes to, bit for bit: float16 where that
+    holds them exactly) and the same weights as 8-bit codes in groups of 16 with float32 scales and biases."""
+    block_size, block_bytes = GGML_QUANT_SIZES[kind]
+    rows, n_groups = data.shape[:-1], data.shape[-1] // block_bytes * block_size // SMALL_GROUP
+    q, scales, biases = _SMALL_GROUPS[kind](data.reshape(-1, block_bytes))
+    scales, biases = scales.reshape(*rows, n_groups), biases.reshape(*rows, n_groups)
+    values = q.reshape(*rows, n_groups, SMALL_GROUP).astype(np.float32) * scales[..., None] + biases[..., None]
+    return {
+        "weight": float16_if_exact(mx.array(values.reshape(*rows, n_groups * SMALL_GROUP))),
+        "codes": mx.array(pack(q.reshape(*rows, n_groups * SMALL_GROUP), 8)),
+        "code_scales": mx.array(scales),
+        "code_biases": mx.array(biases),
+    }
 
 
 def read_tensor(tensor: ReaderTensor) -> dict[str, mx.array]:
@@ -129,6 +190,8 @@ def read_tensor(tensor: ReaderTensor) -> dict[str, mx.array]:
             "scales": pair[..., :n_groups],
             "biases": pair[..., n_groups:],
         }
+    if kind in _SMALL_GROUPS:
+        return _small_groups(data, kind)
     flat = data.reshape(-1, data.shape[-1])
     try:
         values = np.concatenate(

@@ -12,9 +12,11 @@ Contract:
 - Supported: architectures llama and qwen2. Tensors are read with llama.cpp's ``gguf`` package
   (``gguf_blocks``): Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K stay quantized as MLX's affine format
   (group size 32, 4, 5 or 8 bits) with the file's own codes, scales and offsets, so no weight value
-  changes; every other quantized type is dequantized and stored float16; float tensors are stored as they
-  are, except that a float32 tensor is stored float16 when the checkpoint's scales are all float16 and the
-  cast is exact.
+  changes; Q6_K / Q3_K / Q2_K (groups of 16) are stored as their exact values, and their codes as 8-bit groups
+  of 16 in ``GROUP16_FILE`` beside the checkpoint, for mlxd's CPU kernel (``group16``; mlx-lm reads the
+  directory without it); every other quantized type is dequantized and stored float16; float tensors are
+  stored as they are, except that a float32 tensor is stored float16 when the checkpoint's scales are all
+  float16 and the cast is exact.
 - llama.cpp permutes the rows of llama's attn_q / attn_k so that RoPE rotates consecutive pairs; those
   rows are permuted back (Hugging Face layout, mlx-lm ``rope_traditional`` false). qwen2 is not permuted.
 - Anything a user can cause (not a GGUF, truncated, unsupported architecture or tensor, unknown
@@ -41,14 +43,16 @@ from ..errors import GGUFError
 from .cache_dir import mlxd_cache_dir
 from .gguf_blocks import GROUP, GGUFBlockError, float16_if_exact, read_tensor
 from .gguf_tokenizer import build_tokenizer, tokenizer_config
+from .group16 import CODE_PARTS, GROUP16_FILE, split_codes
 
 log = logging.getLogger("mlxd.gguf")
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 HASH_CHUNK_BYTES = 1 << 20
 # Bumped whenever a conversion of the same file comes out different, so that the cache converts it again:
-# 2 reads the blocks with llama.cpp's gguf package (Q4_K / Q5_* kept as their codes, not float16 values).
-CONVERTER_VERSION = 2
+# 2 reads the blocks with llama.cpp's gguf package (Q4_K / Q5_* kept as their codes, not float16 values);
+# 3 keeps Q6_K / Q3_K / Q2_K's exact values (not rounded to float16) and writes their codes (GROUP16_FILE).
+CONVERTER_VERSION = 3
 VERSION_FILE = "mlxd_conversion.json"
 
 # llama.cpp's tensor stems -> mlx-lm's module names (scripts/write_stories_gguf.py writes by their inverse)
@@ -64,8 +68,8 @@ BLOCK_TENSORS = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-_SUFFIXES = ("weight", "scales", "biases", "bias")
-_BLOCK_NAME = re.compile(r"blk\.(\d+)\.([a-z_]+)\.([a-z]+)")
+_SUFFIXES = ("weight", "scales", "biases", "bias", *CODE_PARTS)
+_BLOCK_NAME = re.compile(r"blk\.(\d+)\.([a-z_]+)\.([a-z_]+)")
 _HF_CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 
 
@@ -307,7 +311,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
     arch = _check_architecture(meta, source)
     n_head = int(meta.get(f"{arch}.attention.head_count", 0)) or 1
     n_head_kv = int(meta.get(f"{arch}.attention.head_count_kv", n_head))
-    weights = convert_tensors(tensors, arch, n_head, n_head_kv)
+    weights, codes = split_codes(convert_tensors(tensors, arch, n_head, n_head_kv))
     missing = [name for name in _required(arch, int(meta.get(f"{arch}.block_count", 0))) if name not in weights]
     if missing:
         raise GGUFError(f"{source.name} lacks {len(missing)} tensors a {arch} model needs, e.g. {missing[:3]}")
@@ -321,6 +325,8 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
         raise GGUFError(f"cannot write {out}: {error}") from error
     try:
         mx.save_safetensors(str(scratch / "model.safetensors"), weights, metadata={"format": "mlx"})
+        if codes:
+            mx.save_safetensors(str(scratch / GROUP16_FILE), codes, metadata={"format": "mlxd-group16"})
         tokenizer.save(str(scratch / "tokenizer.json"))
         _write_json(scratch / "config.json", config)
         _write_json(scratch / "tokenizer_config.json", tokenizer_config(meta, config["max_position_embeddings"]))

@@ -2,7 +2,8 @@
 
 Contract: ``use_kernel(model)`` turns every mlx ``QuantizedLinear`` / ``QuantizedEmbedding`` and mlx-lm
 ``QuantizedSwitchLinear`` (a mixture of experts' weights) whose format the kernel takes (affine, 4 or 8 bits,
-group 32/64/128, with biases) into the subclasses here, in place: same parameters, same results within
+group 32/64/128, with biases; ``group16`` makes layers of 8-bit groups of 16, a GGUF file's K-quant
+sub-blocks, directly as these classes) into the subclasses here, in place: same parameters, same results within
 float32 rounding, the weights staying quantized in memory (their scales and biases too may stay float16 or
 bfloat16 as stored: the kernel widens them as it reads, and every other use here widens them first, so the
 values are those of a float32 copy). Up to ``max_rows`` input rows go through the kernel; more rows (prompt
@@ -48,12 +49,24 @@ def packed_product(x, weight, scales, biases, group_size: int, bits: int, max_ro
     rows = x.size // x.shape[-1] if x.ndim else 1
     if rows <= max_rows:
         return mlxd_qmatmul.quantized_matmul(x, weight, scales, biases, group_size, bits, int8_activations)
-    dense = mx.dequantize(weight, _wide(scales), _wide(biases), group_size=group_size, bits=bits)
-    return x @ dense.T
+    return x @ dequantized(weight, scales, biases, group_size, bits).T
 
 
 def _wide(array):
     return array if array.dtype == mx.float32 else array.astype(mx.float32)
+
+
+def dequantized(weight, scales, biases, group_size: int, bits: int):
+    """The float32 weights of a packed affine matrix (or rows of one) in any format the kernel takes: MLX's own
+    dequantize, or for 8-bit groups of 16 (not an MLX format) each byte times its group's scale plus its bias,
+    the same float32 operations."""
+    if group_size in mlxd_qmatmul.GROUP_SIZES:
+        return mx.dequantize(weight, _wide(scales), _wide(biases), group_size=group_size, bits=bits)
+    if bits != 8:
+        raise ValueError(f"no dequantization for {bits}-bit weights in groups of {group_size}")
+    codes = weight.view(mx.uint8).astype(mx.float32)
+    grouped = codes.reshape(*scales.shape, group_size)
+    return (grouped * _wide(scales)[..., None] + _wide(biases)[..., None]).reshape(codes.shape)
 
 
 class KernelQuantizedLinear(nn.QuantizedLinear):
@@ -70,13 +83,7 @@ class KernelQuantizedEmbedding(nn.QuantizedEmbedding):
     kernel_int8 = False
 
     def __call__(self, x):
-        return mx.dequantize(
-            self["weight"][x],
-            _wide(self["scales"][x]),
-            _wide(self["biases"][x]),
-            group_size=self.group_size,
-            bits=self.bits,
-        )
+        return dequantized(self["weight"][x], self["scales"][x], self["biases"][x], self.group_size, self.bits)
 
     def as_linear(self, x):
         return _kernel_or_blas(x, self, self.kernel_max_rows, self.kernel_int8)
@@ -137,7 +144,7 @@ def use_kernel(model: nn.Module, max_rows: int = DEFAULT_MAX_ROWS, int8_activati
             continue  # switched already
         layer.__class__ = _KERNEL_CLASSES[type(layer)]
         layer.kernel_max_rows = max_rows
-        layer.kernel_int8 = int8_activations and mlxd_qmatmul.int8_available(layer.bits)
+        layer.kernel_int8 = int8_activations and mlxd_qmatmul.int8_available(layer.bits) and layer.group_size >= 32
         count += 1
     return count
 
@@ -206,14 +213,14 @@ def measure(
     packed = [(w + 0, s + 0, b + 0) for _ in range(copies)]
     # float32 copies likewise, two where one would sit in cache (one of 64 MB or more streams from memory anyway)
     dense_copies = 1 if w.size * 4 * 32 // bits >= (64 << 20) else 2
-    dense = [mx.dequantize(pw, _wide(ps), _wide(pb), group_size=gs, bits=bits) for pw, ps, pb in packed[:dense_copies]]
+    dense = [dequantized(pw, ps, pb, gs, bits) for pw, ps, pb in packed[:dense_copies]]
     mx.eval(packed, dense)
     out_dims, in_dims = dense[0].shape
     # dequantizing costs the same whatever the rows: timed once, the dequantize-then-BLAS path at n rows is
     # that plus the float32 product of n rows (timing the pair at every row count took most of a load:
     # code_notes.md#load-timing)
     pw, ps, pb = packed[-1]
-    dequantize_once = best_ms(lambda: mx.dequantize(pw, _wide(ps), _wide(pb), group_size=gs, bits=bits), 1)
+    dequantize_once = best_ms(lambda: dequantized(pw, ps, pb, gs, bits), 1)
     kernel, float32, dequant = {}, {}, {}
     for n in rows:
         x = mx.random.normal((n, in_dims), key=mx.random.key(n))

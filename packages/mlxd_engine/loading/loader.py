@@ -27,6 +27,7 @@ from ..cache_layout import CacheLayout, check_servable, model_layers, read_cache
 from ..errors import ModelLoadError
 from .cpu_weights import apply_cpu_weight_rule
 from .gguf_import import cached_conversion
+from .group16 import GROUP16_FILE
 from .model_config import config_value
 from .sharding import check_shardable, shard_model
 
@@ -132,7 +133,9 @@ def load(
     model_type = str(config_value(config, args, "model_type") or getattr(module, "model_type", "unknown"))
     if distributed is not None:
         check_shardable(module, distributed[0], distributed[1].size(), model_type, config)  # before heavy work
-    weights = apply_cpu_weight_rule(module, cpu_weight_budget)  # before sharding: it knows mlx's own layers
+    # before sharding: it knows mlx's own layers; a GGUF conversion's groups of 16 only unsharded (group16.py)
+    group16 = path / GROUP16_FILE if distributed is None and (path / GROUP16_FILE).is_file() else None
+    weights = apply_cpu_weight_rule(module, cpu_weight_budget, group16=group16)
     if distributed is not None:
         import mlx.core as mx
 

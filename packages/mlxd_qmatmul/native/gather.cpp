@@ -70,6 +70,7 @@ mx::array gather_quantized_matmul(const mx::array& x, const mx::array& w, const 
                                   const mx::array& biases, const mx::array& experts, int group_size, int bits,
                                   mx::StreamOrDevice s) {
   check_format(bits, group_size, "gather_quantized_matmul");
+  check(group_size >= 32, "an experts layer's group size must be 32, 64 or 128");
   check(x.ndim() >= 1 && mx::issubdtype(x.dtype(), mx::floating), "x must be a floating-point array");
   check(w.dtype() == mx::uint32 && w.ndim() == 3, "weights must be a 3-D uint32 array [experts, N, K * bits / 32]");
   const int E = w.shape(0), N = w.shape(1), K = x.shape(-1);

@@ -93,8 +93,9 @@ void check_format(int bits, int group_size, const std::string& op) {
   if (bits != 4 && bits != 8) {
     throw std::invalid_argument("mlxd " + op + ": bits must be 4 or 8, got " + std::to_string(bits));
   }
-  if (group_size != 32 && group_size != 64 && group_size != 128) {
-    throw std::invalid_argument("mlxd " + op + ": group size must be 32, 64 or 128, got " + std::to_string(group_size));
+  if (group_size != 32 && group_size != 64 && group_size != 128 && !(group_size == 16 && bits == 8)) {
+    throw std::invalid_argument("mlxd " + op + ": group size must be 32, 64 or 128 (or 16 for 8 bits), got " +
+                                std::to_string(group_size));
   }
 }
 
@@ -117,6 +118,7 @@ PackedLinear checked_packed(const PackedLinear& p, int K, const mx::Stream& stre
   const int weight_k = p.weight.shape(1) * 32 / p.bits;
   check(K == weight_k, "x has " + std::to_string(K) + " features, the weights take " + std::to_string(weight_k));
   check(K % p.group_size == 0, "the input size is not a multiple of the group size");
+  check(p.group_size != 16 || K % 32 == 0, "with groups of 16 the input size must be a multiple of 32");
   const mx::Shape groups{N, K / p.group_size};
   check(p.scales.shape() == groups && p.biases.shape() == groups, "scales and biases must be [N, K / group_size]");
   check(!p.sizes.empty(), "sizes must name at least one output");
@@ -130,7 +132,7 @@ PackedLinear checked_packed(const PackedLinear& p, int K, const mx::Stream& stre
   const mx::Dtype scale_dtype = read_scale_dtype(p.scales, p.biases);
   return PackedLinear{row_contiguous(p.weight, stream), row_contiguous(mx::astype(p.scales, scale_dtype, stream), stream),
                       row_contiguous(mx::astype(p.biases, scale_dtype, stream), stream), p.group_size, p.bits, p.sizes,
-                      p.int8 && int8_available(p.bits)};
+                      p.int8 && int8_available(p.bits) && p.group_size >= 32};
 }
 
 std::vector<mx::array> quantized_matmul_split(const mx::array& x, const mx::array& w, const mx::array& scales,
@@ -149,7 +151,7 @@ std::vector<mx::array> quantized_matmul_split(const mx::array& x, const mx::arra
     shape.back() = size;
     shapes.push_back(shape);
   }
-  const bool int8 = int8_activations && int8_available(bits);
+  const bool int8 = int8_activations && int8_available(bits) && group_size >= 32;
   auto outs = mx::array::make_arrays(
       shapes, std::vector<mx::Dtype>(sizes.size(), mx::float32),
       std::make_shared<CpuQuantizedMatmul>(stream, group_size, bits, int8, sizes),
@@ -211,7 +213,8 @@ void run_products(const float* x, std::vector<Problem> problems, bool int8) {
   }
   const Isa& isa = select_isa();
   const Problem& first = problems.front();
-  const bool amx = first.M >= amx_min_rows(first.bits) && amx_kernel() != nullptr;
+  // AMX's tiles are 32 weights deep, one group of 32 or more: groups of 16 stay on the vector kernel
+  const bool amx = first.M >= amx_min_rows(first.bits) && first.group_size >= 32 && amx_kernel() != nullptr;
   // the vector kernels' copy of x: all of a product's columns, or on AMX the columns past its last whole
   // tile of 16 (none when every part's width is a multiple of 16)
   const bool vector_columns = !amx || std::any_of(problems.begin(), problems.end(), [](const Problem& p) {
