@@ -94,14 +94,15 @@ def test_packing_is_mlx_packing(bits):
 
 @pytest.mark.parametrize("kind", SMALL_GROUPS, ids=lambda kind: kind.name)
 @pytest.mark.parametrize("rows, k", [(3, 256), (5, 768), (1030, 256)])
-def test_groups_of_16_keep_exact_values_and_their_codes(kind, rows, k):
+def test_groups_of_16_keep_float16_values_and_their_exact_codes(kind, rows, k):
     data = random_blocks(kind, rows, k, seed=rows + k)
     parts = gguf_blocks.read_tensor(Tensor(kind, data))
     want = quants.dequantize(data, kind)
     assert set(parts) == {"weight", "codes", "code_scales", "code_biases"}
     assert parts["weight"].shape == (rows, k) and parts["codes"].shape == (rows, k // 4)
     assert parts["code_scales"].shape == parts["code_biases"].shape == (rows, k // 16)
-    np.testing.assert_array_equal(np.array(parts["weight"].astype(mx.float32)), want)  # float16 only where exact
+    assert parts["weight"].dtype == mx.float16
+    np.testing.assert_array_equal(np.array(parts["weight"]), want.astype(np.float16))
     codes = np.array(parts["codes"]).view(np.uint8)
     assert codes.max() < {T.Q6_K: 64, T.Q3_K: 8, T.Q2_K: 4}[kind]
     ours = dequantized(parts["codes"], parts["code_scales"], parts["code_biases"], 16, 8)
@@ -227,9 +228,9 @@ def test_converted_weights_equal_llama_cpp_s_own(recipe, quantized_ggufs, tmp_pa
             np.testing.assert_array_equal(ours, values, err_msg=name)
         elif kind == T.F32:
             np.testing.assert_array_equal(np.array(weights[name].astype(mx.float32)), values, err_msg=name)
-        else:  # Q6_K: exact values, and their codes in groups of 16 beside the checkpoint
-            assert kind == T.Q6_K and f"{module}.scales" not in weights
-            np.testing.assert_array_equal(np.array(weights[name].astype(mx.float32)), values, err_msg=name)
+        else:  # Q6_K: float16 values, and their codes in groups of 16 beside the checkpoint
+            assert kind == T.Q6_K and f"{module}.scales" not in weights and weights[name].dtype == mx.float16
+            np.testing.assert_array_equal(np.array(weights[name]), values.astype(np.float16), err_msg=name)
             parts = [codes[f"{module}.{part}"] for part in ("weight", "scales", "biases")]
             np.testing.assert_array_equal(np.array(dequantized(*parts, 16, 8)), values, err_msg=name)
             small += 1
@@ -274,6 +275,30 @@ def test_k_quant_and_5_bit_files_run_on_the_kernel_as_their_dequantized_form(
     assert generate_plain(kernel, prompt, 24).tokens == want
     looked_up = generate_with_prompt_lookup(kernel, prompt, 24)
     assert looked_up.tokens == want and looked_up.verify_rounds > 0
+
+
+@pytest.mark.skipif(sys.platform == "darwin", reason="the CPU weight rule is the CPU backend's")
+@pytest.mark.parametrize("choice", ["auto", "dequantized", "quantized"])
+def test_without_the_kernel_groups_of_16_are_float32_values(choice, quantized_ggufs, tmp_path, monkeypatch):
+    """Where the kernel does not run, a Q6_K matrix is a float32 Linear: llama.cpp's exact values from the codes
+    file, or with ``quantized`` (MLX's kernels, which take no groups of 16) the checkpoint's float16 values."""
+    import mlx.nn as nn
+
+    import mlxd_qmatmul
+    from mlxd_engine import load
+
+    monkeypatch.setenv("MLXD_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("MLXD_CPU_WEIGHTS", choice)
+    monkeypatch.setattr(mlxd_qmatmul, "available", lambda: False)  # as a machine where it was not built
+    path = quantized_ggufs["q4_k_m"]
+    loaded = load(str(path))
+    down = loaded.model.model.layers[1].mlp.down_proj  # Q6_K in this mix
+    assert type(down) is nn.Linear and down.weight.dtype == mx.float32
+    _, values = expected_weights(path)["model.layers.1.mlp.down_proj.weight"]
+    want = values.astype(np.float16).astype(np.float32) if choice == "quantized" else values
+    np.testing.assert_array_equal(np.array(down.weight), want)
+    if choice != "quantized":
+        assert "groups of 16" in loaded.weights
 
 
 @pytest.mark.skipif(sys.platform == "darwin", reason="the CPU weight rule is the CPU backend's")

@@ -104,8 +104,8 @@ def apply_cpu_weight_rule(
     model: nn.Module, budget_bytes: int | None = None, choice: str | None = None, group16: Path | None = None
 ) -> WeightForm:
     """Apply the rule of the module docstring to ``model`` (in place). ``choice`` overrides the environment;
-    ``group16``: a GGUF conversion's file of 8-bit groups of 16 (``group16.py``), whose layers take the kernel
-    in place of their float copies wherever the kernel may run."""
+    ``group16``: a GGUF conversion's file of 8-bit groups of 16 (``group16.py``), whose layers replace their
+    float16 copies (unless ``quantized``: MLX's kernels do not take them) and run on the kernel or as float32."""
     if not isinstance(model, nn.Module):
         return WeightForm("stored", "weights as stored (not an mlx module)")
     if mx.default_device() != mx.cpu:
@@ -115,9 +115,7 @@ def apply_cpu_weight_rule(
         raise ValueError(f"{ENV}={choice!r}: expected one of {', '.join(CHOICES)}")
     if choice == "stored":
         return WeightForm("stored", f"weights as stored ({ENV}=stored; float16 math on the CPU is slow)")
-    small_groups = 0
-    if group16 is not None and choice in ("auto", "kernel", "kernel-int8") and mlxd_qmatmul.available():
-        small_groups = swap_in(model, group16)  # quantized layers from here on, like the checkpoint's own
+    small_groups = swap_in(model, group16) if group16 is not None and choice != "quantized" else 0
     low_precision = [a for _, a in _flat_parameters(model) if _floating(a.dtype) and a.dtype != mx.float32]
     stored_scales = {
         id(layer): (layer["scales"], layer["biases"]) for layer in quantized_layers(model) if "biases" in layer
@@ -135,6 +133,14 @@ def apply_cpu_weight_rule(
             note = f"; {small_groups} of them 8-bit in groups of 16 (the GGUF file's Q6_K / Q3_K / Q2_K tensors)"
             return WeightForm(kernel_form.form, kernel_form.detail + note)
         return kernel_form
+    small = [layer for layer in layers if layer.group_size not in mlxd_qmatmul.GROUP_SIZES]
+    if small:  # groups of 16 off the kernel: no MLX kernel takes them, so their float32 values
+        dequantize_layers(model, small)
+        layers = [layer for layer in layers if layer.group_size in mlxd_qmatmul.GROUP_SIZES]
+        cast += f"; {len(small)} layers of 8-bit groups of 16 (the GGUF file's K-quants) dequantized to float32"
+        if not layers:
+            mx.eval(model.parameters())
+            return WeightForm("float32", f"weights: {cast}")
     needed = dequantized_bytes(model)
     if choice == "quantized" or (choice == "auto" and needed > budget):
         why = (

@@ -10,10 +10,10 @@ float16 where that holds them exactly (the legacy types always), else float32 (t
 float16 factor and a 6-bit integer).
 
 Q2_K, Q3_K and Q6_K are affine in groups of 16 weights, which MLX's format does not have (its groups are 32
-or more): they become their exact float values (float16 where that holds them, else float32) and, for mlxd's
-CPU kernel, the same weights as 8-bit codes in groups of 16 (``group16``). The other types (IQ, ternary,
-MXFP4) are dequantized with llama.cpp's own Python package (``gguf``) and stored as float16, as MLX's reader
-did for the types it knew.
+or more): they become float16 values, as MLX's reader made them (what mlx-lm and GPU backends read), and, for
+mlxd on the CPU, the same weights exactly as 8-bit codes in groups of 16 (``group16``). The other types (IQ,
+ternary, MXFP4) are dequantized with llama.cpp's own Python package (``gguf``) and stored as float16, as MLX's
+reader did for the types it knew.
 
 Contract: ``read_tensor(tensor)`` takes a ``gguf.ReaderTensor`` and returns ``{"weight": w}`` (float values,
 the tensor's numpy-order shape), ``{"weight": packed uint32, "scales": s, "biases": b}``, or for the groups
@@ -154,15 +154,15 @@ def float16_if_exact(x: mx.array) -> mx.array:
 
 
 def _small_groups(data: np.ndarray, kind: GGMLQuantizationType) -> dict[str, mx.array]:
-    """A Q6_K / Q3_K / Q2_K tensor: its float values (those ``gguf`` dequantizes to, bit for bit: float16 where that
-    holds them exactly) and the same weights as 8-bit codes in groups of 16 with float32 scales and biases."""
+    """A Q6_K / Q3_K / Q2_K tensor: its values as float16 (as for the other types) and the same weights exactly, as
+    8-bit codes in groups of 16 with float32 scales and biases (bit-equal to what ``gguf`` dequantizes to)."""
     block_size, block_bytes = GGML_QUANT_SIZES[kind]
     rows, n_groups = data.shape[:-1], data.shape[-1] // block_bytes * block_size // SMALL_GROUP
     q, scales, biases = _SMALL_GROUPS[kind](data.reshape(-1, block_bytes))
     scales, biases = scales.reshape(*rows, n_groups), biases.reshape(*rows, n_groups)
     values = q.reshape(*rows, n_groups, SMALL_GROUP).astype(np.float32) * scales[..., None] + biases[..., None]
     return {
-        "weight": float16_if_exact(mx.array(values.reshape(*rows, n_groups * SMALL_GROUP))),
+        "weight": mx.array(values.reshape(*rows, n_groups * SMALL_GROUP).astype(np.float16)),
         "codes": mx.array(pack(q.reshape(*rows, n_groups * SMALL_GROUP), 8)),
         "code_scales": mx.array(scales),
         "code_biases": mx.array(biases),

@@ -12,11 +12,10 @@ Contract:
 - Supported: architectures llama and qwen2. Tensors are read with llama.cpp's ``gguf`` package
   (``gguf_blocks``): Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K stay quantized as MLX's affine format
   (group size 32, 4, 5 or 8 bits) with the file's own codes, scales and offsets, so no weight value
-  changes; Q6_K / Q3_K / Q2_K (groups of 16) are stored as their exact values, and their codes as 8-bit groups
-  of 16 in ``GROUP16_FILE`` beside the checkpoint, for mlxd's CPU kernel (``group16``; mlx-lm reads the
-  directory without it); every other quantized type is dequantized and stored float16; float tensors are
-  stored as they are, except that a float32 tensor is stored float16 when the checkpoint's scales are all
-  float16 and the cast is exact.
+  changes; every other quantized type is dequantized and stored float16, and Q6_K / Q3_K / Q2_K (groups of 16)
+  also exactly, as 8-bit codes in groups of 16 in ``GROUP16_FILE`` beside the checkpoint, which mlxd reads on
+  the CPU (``group16``; mlx-lm reads the directory without it); float tensors are stored as they are, except
+  that a float32 tensor is stored float16 when the checkpoint's scales are all float16 and the cast is exact.
 - llama.cpp permutes the rows of llama's attn_q / attn_k so that RoPE rotates consecutive pairs; those
   rows are permuted back (Hugging Face layout, mlx-lm ``rope_traditional`` false). qwen2 is not permuted.
 - Anything a user can cause (not a GGUF, truncated, unsupported architecture or tensor, unknown
@@ -51,7 +50,7 @@ SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 HASH_CHUNK_BYTES = 1 << 20
 # Bumped whenever a conversion of the same file comes out different, so that the cache converts it again:
 # 2 reads the blocks with llama.cpp's gguf package (Q4_K / Q5_* kept as their codes, not float16 values);
-# 3 keeps Q6_K / Q3_K / Q2_K's exact values (not rounded to float16) and writes their codes (GROUP16_FILE).
+# 3 writes Q6_K / Q3_K / Q2_K's codes in groups of 16 (GROUP16_FILE).
 CONVERTER_VERSION = 3
 VERSION_FILE = "mlxd_conversion.json"
 

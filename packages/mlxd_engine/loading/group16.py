@@ -1,12 +1,14 @@
 """A GGUF file's K-quants with sub-blocks of 16 weights (Q6_K, Q3_K, Q2_K) on mlxd's CPU kernel as 8-bit codes.
 
 MLX's affine format has groups of 32 weights or more, so those tensors have no MLX quantized form: a converted
-checkpoint stores their exact float values (what mlx-lm and every other backend read), and mlxd's CPU rule
-would run them as float32, 4 bytes a weight where the file spends 0.8 (Q6_K). Their every run of 16 weights is
+checkpoint stores them as float16 values (what mlx-lm and GPU backends read), and mlxd's CPU rule would run them
+as float32, 4 bytes a weight where the file spends 0.8 (Q6_K). Their every run of 16 weights is
 ``scale * q + bias`` with a code of at most 6 bits, so the conversion also writes each such tensor as 8-bit
 codes in groups of 16 with float32 scales and biases (1.5 bytes a weight) into ``GROUP16_FILE`` beside the
-checkpoint; on the CPU with the kernel, mlxd's loader puts kernel layers of those codes in place of the float
-layers. The weights are the same numbers either way (``gguf_blocks``: bit-equal to llama.cpp's dequantization).
+checkpoint. On the CPU, mlxd's loader puts layers of those codes in place of the float layers: they run on the
+kernel, or, where the kernel does not run, are dequantized to float32 (no MLX kernel takes groups of 16). Either
+way the weights are llama.cpp's own numbers (``gguf_blocks``: bit-equal to its dequantization), not float16
+roundings of them.
 
 Contract:
 - ``split_codes(tensors)``: the converted tensors without their ``CODE_PARTS``, and those parts as the
@@ -14,7 +16,8 @@ Contract:
 - ``swap_in(model, path)``: replaces each float ``Linear`` / ``Embedding`` that the file names by a
   ``KernelQuantizedLinear`` / ``KernelQuantizedEmbedding`` of group size 16 and 8 bits holding the file's
   arrays (a bias kept); a module missing from the model, of another kind or of another shape is left as it
-  is. Returns how many it replaced. Only where the kernel runs: MLX itself has no group size 16.
+  is. Returns how many it replaced. The layers need the kernel or ``kernel_layers.dequantized``: MLX itself has
+  no group size 16 (``cpu_weights`` dequantizes them where the kernel does not take them).
 """
 
 from __future__ import annotations
