@@ -301,6 +301,19 @@ def test_without_the_kernel_groups_of_16_are_float32_values(choice, quantized_gg
         assert "groups of 16" in loaded.weights
 
 
+def test_a_damaged_codes_file_leaves_the_float_layers(quantized_ggufs, tmp_path, caplog):
+    from mlx_lm.utils import load as mlx_lm_load
+
+    from mlxd_engine.loading.group16 import swap_in
+
+    out = convert_gguf(quantized_ggufs["q4_k_m"], tmp_path / "converted")
+    model, _ = mlx_lm_load(str(out))
+    damaged = tmp_path / GROUP16_FILE
+    damaged.write_bytes((out / GROUP16_FILE).read_bytes()[:100])
+    assert swap_in(model, damaged) == 0 and "cannot read" in caplog.text
+    assert swap_in(model, out / GROUP16_FILE) == 3  # the output head, layer 1's down_proj and v_proj
+
+
 @pytest.mark.skipif(sys.platform == "darwin", reason="the CPU weight rule is the CPU backend's")
 def test_a_tied_q6_k_embedding_is_the_output_head_on_the_kernel(tmp_path, monkeypatch):
     """A tied model's Q6_K embedding: rows looked up from the codes, the output head a kernel product; greedy

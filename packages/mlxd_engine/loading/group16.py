@@ -16,12 +16,14 @@ Contract:
 - ``swap_in(model, path)``: replaces each float ``Linear`` / ``Embedding`` that the file names by a
   ``KernelQuantizedLinear`` / ``KernelQuantizedEmbedding`` of group size 16 and 8 bits holding the file's
   arrays (a bias kept); a module missing from the model, of another kind or of another shape is left as it
-  is. Returns how many it replaced. The layers need the kernel or ``kernel_layers.dequantized``: MLX itself has
-  no group size 16 (``cpu_weights`` dequantizes them where the kernel does not take them).
+  is, and so is every one when the file cannot be read (logged). Returns how many it replaced. The layers
+  need the kernel or ``kernel_layers.dequantized``: MLX itself has no group size 16 (``cpu_weights``
+  dequantizes them where the kernel does not take them).
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import mlx.core as mx
@@ -29,6 +31,8 @@ import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
 from .kernel_layers import KernelQuantizedEmbedding, KernelQuantizedLinear
+
+log = logging.getLogger("mlxd.engine")
 
 GROUP16_FILE = "mlxd_group16.safetensors"
 GROUP_SIZE, BITS = 16, 8
@@ -76,7 +80,11 @@ def _layer(old: nn.Module, weight: mx.array, scales: mx.array, biases: mx.array)
 
 def swap_in(model: nn.Module, path: str | Path) -> int:
     """See the module's contract."""
-    arrays = mx.load(str(path))
+    try:
+        arrays = mx.load(str(path))
+    except (OSError, RuntimeError, ValueError) as error:  # damaged or cut short: the float layers stay
+        log.warning("cannot read %s (%s); its layers run from the checkpoint's float values", path, error)
+        return 0
     assert isinstance(arrays, dict)  # a safetensors file loads as a dict of arrays
     modules = dict(model.named_modules())
     replaced = []
