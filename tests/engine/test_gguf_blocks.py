@@ -135,13 +135,16 @@ def test_float_tensors_keep_their_type():
 # ---- whole files ----
 
 
-def tiny_llama_256(tied: bool = False):
-    """A random 2-layer llama (untied unless ``tied``) whose matrices are multiples of 256 wide, so K types apply."""
+def tiny_llama_256(tied: bool = False, arch: str = "llama"):
+    """A random 2-layer llama or qwen3 (untied unless ``tied``) whose matrices are multiples of 256 wide, so K
+    types apply."""
     from mlx.utils import tree_flatten, tree_unflatten
-    from mlx_lm.models import llama
+    from mlx_lm.models import llama, qwen3
 
-    args = llama.ModelArgs(
-        model_type="llama",
+    family = {"llama": llama, "qwen3": qwen3}[arch]
+    args = family.ModelArgs(
+        **({"head_dim": 128} if arch == "qwen3" else {}),
+        model_type=arch,
         hidden_size=256,
         num_hidden_layers=2,
         intermediate_size=512,
@@ -153,7 +156,7 @@ def tiny_llama_256(tied: bool = False):
         rope_theta=10000.0,
         tie_word_embeddings=tied,
     )
-    model = llama.Model(args)
+    model = family.Model(args)
     mx.random.seed(17)
     params = [
         (name, mx.random.normal(p.shape) * (0.05 if p.ndim > 1 else 0.1) + (1.0 if "norm" in name else 0.0))
@@ -312,6 +315,35 @@ def test_a_damaged_codes_file_leaves_the_float_layers(quantized_ggufs, tmp_path,
     damaged.write_bytes((out / GROUP16_FILE).read_bytes()[:100])
     assert swap_in(model, damaged) == 0 and "cannot read" in caplog.text
     assert swap_in(model, out / GROUP16_FILE) == 3  # the output head, layer 1's down_proj and v_proj
+
+
+@pytest.mark.skipif(sys.platform == "darwin", reason="the CPU weight rule is the CPU backend's")
+def test_a_qwen3_q4_k_m_file_runs_on_the_kernel_as_its_dequantized_form(tmp_path, monkeypatch):
+    import mlxd_qmatmul
+    from mlxd_engine import Engine, load
+    from mlxd_scheduler.single_sequence import generate_plain, generate_with_prompt_lookup
+
+    if not mlxd_qmatmul.available():
+        pytest.skip(mlxd_qmatmul.unavailable_reason())
+    monkeypatch.setenv("MLXD_CACHE_DIR", str(tmp_path / "cache"))
+    model, args = tiny_llama_256(tied=True, arch="qwen3")
+    source = write_tiny_gguf(tmp_path / "qwen3.gguf", model, args, gpt2_tokenizer_metadata(EMBEDDED_TOKENIZER, "qwen2"))
+    path = tmp_path / "qwen3-q4_k_m.gguf"
+    assert {"Q4_K", "Q6_K"} <= set(write_gguf_quants.requantize(source, path, "q4_k_m").values())
+
+    def engine(choice: str) -> Engine:
+        monkeypatch.setenv("MLXD_CPU_WEIGHTS", choice)
+        loaded = load(str(path))
+        assert loaded.model_type == "qwen3"
+        if choice == "kernel":
+            assert "on the CPU quantized-matmul kernel" in loaded.weights and "groups of 16" in loaded.weights
+        return Engine(loaded, max_sequences=2)
+
+    kernel, dense = engine("kernel"), engine("dequantized")
+    prompt = [(11 * i + 5) % 2000 for i in range(40)] * 2
+    want = generate_plain(dense, prompt, 20).tokens
+    assert generate_plain(kernel, prompt, 20).tokens == want
+    assert generate_with_prompt_lookup(kernel, prompt, 20).tokens == want
 
 
 @pytest.mark.skipif(sys.platform == "darwin", reason="the CPU weight rule is the CPU backend's")

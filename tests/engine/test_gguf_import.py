@@ -58,6 +58,8 @@ LLAMA_CPP_BLOCK_NAMES = {
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
 }
 
 
@@ -231,11 +233,13 @@ def llama_cpp_name(name: str) -> str:
 
 
 def tiny_model(arch: str, vocab_size: int, tie: bool, seed: int = 3):
-    """A random 2-layer llama / qwen2 (all parameters random, norms around 1)."""
-    from mlx_lm.models import llama, qwen2
+    """A random 2-layer llama / qwen2 / qwen3 (all parameters random, norms around 1; qwen3's heads 24 wide,
+    not hidden / heads)."""
+    from mlx_lm.models import llama, qwen2, qwen3
 
-    family = {"llama": llama, "qwen2": qwen2}[arch]
+    family = {"llama": llama, "qwen2": qwen2, "qwen3": qwen3}[arch]
     args = family.ModelArgs(
+        **({"head_dim": 24} if arch == "qwen3" else {}),
         model_type=arch,
         hidden_size=64,
         num_hidden_layers=2,
@@ -322,6 +326,7 @@ def write_tiny_gguf(path: Path, model, args, tokenizer_metadata: dict) -> Path:
         f"{arch}.context_length": u32(args.max_position_embeddings),
         f"{arch}.rope.freq_base": mx.array(args.rope_theta, dtype=mx.float32),
         f"{arch}.attention.layer_norm_rms_epsilon": mx.array(args.rms_norm_eps, dtype=mx.float32),
+        **({f"{arch}.attention.key_length": u32(args.head_dim)} if getattr(args, "head_dim", None) else {}),
         **tokenizer_metadata,
     }
     mx.save_gguf(str(path), tensors, metadata)
@@ -373,6 +378,29 @@ def test_tiny_qwen2_round_trip(tmp_path):
     assert (
         reference.encode("12345").ids != Tokenizer.from_file(str(EMBEDDED_TOKENIZER)).encode("12345").ids
     )  # the regex mattered
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_tiny_qwen3_round_trip(tmp_path, tie):
+    """qwen3: a norm on each head's queries and keys, heads wider than hidden / heads, not permuted."""
+    model, args = tiny_model("qwen3", vocab_size=2048, tie=tie)
+    path = write_tiny_gguf(
+        tmp_path / "tiny-qwen3.gguf", model, args, gpt2_tokenizer_metadata(EMBEDDED_TOKENIZER, "qwen2")
+    )
+    out = convert_gguf(path, tmp_path / "qwen3")
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "qwen3" and config["head_dim"] == 24 and config["tie_word_embeddings"] is tie
+    assert_same_logits(model, out, [9, 8, 7, 1000, 2047])
+
+
+def test_a_qwen3_file_without_its_query_norms_is_refused(tmp_path):
+    model, args = tiny_model("qwen3", vocab_size=2048, tie=True)
+    path = write_tiny_gguf(tmp_path / "q.gguf", model, args, gpt2_tokenizer_metadata(EMBEDDED_TOKENIZER, "qwen2"))
+    tensors, metadata = mx.load(str(path), return_metadata=True)
+    kept = {name: value for name, value in tensors.items() if "attn_q_norm" not in name}
+    mx.save_gguf(str(tmp_path / "no-norms.gguf"), kept, metadata)
+    with pytest.raises(GGUFError, match=r"lacks 2 tensors a qwen3 model needs.*q_norm"):
+        convert_gguf(tmp_path / "no-norms.gguf", tmp_path / "out")
 
 
 def test_tiny_llama_with_sentencepiece_tokenizer(tmp_path):
@@ -454,7 +482,9 @@ def test_missing_gguf_path_gets_the_load_error(tmp_path):
 def test_unsupported_architecture(tmp_path):
     path = tmp_path / "mamba.gguf"
     mx.save_gguf(str(path), {"token_embd.weight": mx.zeros((8, 4))}, {"general.architecture": "mamba"})
-    with pytest.raises(GGUFError, match=r"GGUF architecture 'mamba' is not supported \(supported: llama, qwen2\)"):
+    with pytest.raises(
+        GGUFError, match=r"GGUF architecture 'mamba' is not supported \(supported: llama, qwen2, qwen3\)"
+    ):
         convert_gguf(path, tmp_path / "out")
 
 

@@ -9,7 +9,8 @@ Contract:
 - ``cached_conversion(gguf_path)`` returns ``<cache>/gguf/<sha256 of the file>/``, converting first
   when it is absent (``cache_dir.mlxd_cache_dir``), or again when an older converter wrote it
   (``CONVERTER_VERSION``, kept in the directory's ``mlxd_conversion.json``).
-- Supported: architectures llama and qwen2. Tensors are read with llama.cpp's ``gguf`` package
+- Supported: architectures llama, qwen2 and qwen3 (qwen2's layout with a norm on each head's queries and
+  keys, and a head size of its own). Tensors are read with llama.cpp's ``gguf`` package
   (``gguf_blocks``): Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K stay quantized as MLX's affine format
   (group size 32, 4, 5 or 8 bits) with the file's own codes, scales and offsets, so no weight value
   changes; every other quantized type is dequantized and stored float16, and Q6_K / Q3_K / Q2_K (groups of 16)
@@ -17,7 +18,7 @@ Contract:
   the CPU (``group16``; mlx-lm reads the directory without it); float tensors are stored as they are, except
   that a float32 tensor is stored float16 when the checkpoint's scales are all float16 and the cast is exact.
 - llama.cpp permutes the rows of llama's attn_q / attn_k so that RoPE rotates consecutive pairs; those
-  rows are permuted back (Hugging Face layout, mlx-lm ``rope_traditional`` false). qwen2 is not permuted.
+  rows are permuted back (Hugging Face layout, mlx-lm ``rope_traditional`` false). qwen2 / qwen3 are not permuted.
 - Anything a user can cause (not a GGUF, truncated, unsupported architecture or tensor, unknown
   tokenizer) raises ``GGUFError`` (a ``ModelLoadError``) whose message names the file or the thing.
 """
@@ -46,7 +47,7 @@ from .group16 import CODE_PARTS, GROUP16_FILE, split_codes
 
 log = logging.getLogger("mlxd.gguf")
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 HASH_CHUNK_BYTES = 1 << 20
 # Bumped whenever a conversion of the same file comes out different, so that the cache converts it again:
 # 2 reads the blocks with llama.cpp's gguf package (Q4_K / Q5_* kept as their codes, not float16 values);
@@ -69,7 +70,8 @@ BLOCK_TENSORS = {
 }
 _SUFFIXES = ("weight", "scales", "biases", "bias", *CODE_PARTS)
 _BLOCK_NAME = re.compile(r"blk\.(\d+)\.([a-z_]+)\.([a-z_]+)")
-_HF_CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+_HF_CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+QK_NORM_TENSORS = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}  # qwen3's
 
 
 def read_gguf(gguf_path: str | Path) -> tuple[dict[str, mx.array], dict[str, Any]]:
@@ -117,14 +119,15 @@ def hf_tensor_name(gguf_name: str) -> str:
     ``blk.3.attn_q.scales`` -> ``model.layers.3.self_attn.q_proj.scales``.
 
     Raises:
-        GGUFError: a name outside the llama / qwen2 layout.
+        GGUFError: a name outside the llama / qwen2 / qwen3 layout.
     """
     stem, _, suffix = gguf_name.rpartition(".")
     if suffix in _SUFFIXES and stem in GLOBAL_TENSORS:
         return f"{GLOBAL_TENSORS[stem]}.{suffix}"
     match = _BLOCK_NAME.fullmatch(gguf_name)
-    if match and match.group(2) in BLOCK_TENSORS and match.group(3) in _SUFFIXES:
-        return f"model.layers.{match.group(1)}.{BLOCK_TENSORS[match.group(2)]}.{match.group(3)}"
+    modules = {**BLOCK_TENSORS, **QK_NORM_TENSORS}
+    if match and match.group(2) in modules and match.group(3) in _SUFFIXES:
+        return f"model.layers.{match.group(1)}.{modules[match.group(2)]}.{match.group(3)}"
     raise GGUFError(
         f"GGUF tensor {gguf_name!r} has no counterpart in the supported architectures {SUPPORTED_ARCHITECTURES}"
     )
@@ -177,12 +180,14 @@ def _stored(x: mx.array, scales_dtype) -> mx.array:
 
 
 def _required(arch: str, n_layers: int) -> list[str]:
-    """Tensors (mlx-lm names, without the output layer) a llama / qwen2 checkpoint must have."""
+    """Tensors (mlx-lm names, without the output layer) a llama / qwen2 / qwen3 checkpoint must have."""
     names = ["model.embed_tokens.weight", "model.norm.weight"]
     for i in range(n_layers):
         names += [f"model.layers.{i}.{module}.weight" for module in BLOCK_TENSORS.values()]
         if arch == "qwen2":
             names += [f"model.layers.{i}.self_attn.{p}_proj.bias" for p in "qkv"]
+        if arch == "qwen3":
+            names += [f"model.layers.{i}.{module}.weight" for module in QK_NORM_TENSORS.values()]
     return names
 
 
