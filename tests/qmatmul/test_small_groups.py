@@ -41,7 +41,7 @@ def test_products_of_every_row_count_match_the_dequantized_weights(scale_dtype):
     rng = np.random.default_rng(16)
     for n, k in ((1, 32), (37, 256), (70, 544), (300, 1536)):
         w, s, b, dense = random_small_groups(rng, n, k, scale_dtype)
-        for rows in (1, 2, 3, 5, 6, 8, 9, 11, 16, 17, 72):  # 6 and more would be AMX's at groups of 32
+        for rows in (1, 2, 3, 5, 6, 8, 9, 11, 16, 17, 72):  # 8 and more on AMX where the CPU has it
             x = rng.standard_normal((rows, k)).astype(np.float32)
             _close_to(mlxd_qmatmul.quantized_matmul(mx.array(x), w, s, b, 16, 8), x, dense)
 
@@ -65,20 +65,23 @@ def test_every_instruction_set_agrees(tmp_path):
         "w = mx.array(codes.view(np.uint32).reshape(70, 96))\n"
         "s = mx.array((rng.integers(-32, 32, (70, 24)) / 1024).astype(np.float32)); b = -32 * s\n"
         "x = mx.array(rng.standard_normal((11, 384)).astype(np.float32))\n"
-        "print(q.kernel_isa()); np.save(sys.argv[1], np.array(q.quantized_matmul(x, w, s, b, 16, 8)))\n"
+        "print(q.kernel_isa() + ('+amx' if q.amx_available() else ''))\n"
+        "np.save(sys.argv[1], np.array(q.quantized_matmul(x, w, s, b, 16, 8)))\n"
     )
     results = {}
-    for isa in ("avx512", "avx2", "sse2", "neon"):
-        path = tmp_path / f"{isa}.npy"
+    for isa, amx in (("avx512", "1"), ("avx512", "0"), ("avx2", "1"), ("sse2", "1"), ("neon", "1")):
+        path = tmp_path / f"{isa}-{amx}.npy"
         done = subprocess.run(
             [sys.executable, "-c", script, str(path)],
             capture_output=True,
             text=True,
-            env={**os.environ, "MLXD_QMM_ISA": isa},
+            env={**os.environ, "MLXD_QMM_ISA": isa, "MLXD_QMM_AMX": amx},
             check=True,
         )
         results[done.stdout.strip()] = np.load(path)
     assert len(results) >= 2  # the chosen path and the portable one at least
+    if mlxd_qmatmul.amx_available():  # 11 rows: AMX's 16-deep tiles, against the vector kernel
+        assert {"avx512+amx", "avx512"} <= set(results)
     first = next(iter(results.values()))
     for isa, got in results.items():
         np.testing.assert_allclose(got, first, rtol=1e-5, atol=1e-5 * np.abs(first).max(), err_msg=isa)

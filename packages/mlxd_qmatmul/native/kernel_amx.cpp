@@ -32,19 +32,24 @@ struct alignas(64) TileConfig {
   uint8_t rows[16];
 };
 
-// Tiles 0 and 1: C of two column tiles (`rows` x rows x 16 floats); 2-4: x's pieces (A, `rows` x 32
-// bfloat16); 5 and 6: decoded weights (B, 16 pair rows x 16 columns).
-void configure(int rows) {
+// Tiles 0 and 1: C of two column tiles (`rows` x rows x 16 floats); 2-4: x's pieces (A, `rows` x `depth`
+// bfloat16); 5 and 6: decoded weights (B, depth / 2 pair rows x 16 columns). The depth is 32, or 16 for
+// groups of 16 weights (each half of a decoded chunk its own product).
+void configure(int rows, int depth) {
   thread_local int configured = -1;
-  if (configured == rows) return;
+  if (configured == rows * 64 + depth) return;
   TileConfig cfg{};
   cfg.palette = 1;
-  for (int t = 0; t < 5; ++t) {
+  for (int t = 0; t < 2; ++t) {
     cfg.rows[t] = static_cast<uint8_t>(rows);
     cfg.colsb[t] = 64;
   }
+  for (int t = 2; t < 5; ++t) {
+    cfg.rows[t] = static_cast<uint8_t>(rows);
+    cfg.colsb[t] = static_cast<uint16_t>(2 * depth);
+  }
   for (int t = 5; t < 7; ++t) {
-    cfg.rows[t] = 16;
+    cfg.rows[t] = static_cast<uint8_t>(depth / 2);
     cfg.colsb[t] = 64;
   }
   // the compiler does not see the tile-config load read `cfg`: without this barrier it may drop the stores
@@ -52,7 +57,7 @@ void configure(int rows) {
   // tile instruction faulted)
   asm volatile("" : : "r"(&cfg) : "memory");
   _tile_loadconfig(&cfg);
-  configured = rows;
+  configured = rows * 64 + depth;
 }
 
 // Decoded weights run this many 32-element chunks ahead of the tile products that read them.
@@ -246,7 +251,8 @@ void widen_columns(const Problem& p, const void* base, int n, int groups, int g,
 // tiles go to one of two buffers and are scaled into the sums while the next group's tile products run.
 template <int T, int GS, int BITS>
 void column_tiles(const Problem& p, int n, uint16_t* decoded, int ring, float* widened) {
-  constexpr int kChunksPerGroup = GS / 32;
+  constexpr int kChunksPerGroup = GS >= 32 ? GS / 32 : 1;  // groups of 16: each chunk's halves, one group each
+  constexpr int kGroupsPerChunk = GS >= 32 ? 1 : 32 / GS;
   constexpr int kChunkValues = 16 * 32;  // bfloat16 values of one decoded B tile
   const AmxRows& x = *p.amx;
   const int groups = p.K / GS, chunks = p.K / 32;
@@ -317,10 +323,11 @@ void column_tiles(const Problem& p, int n, uint16_t* decoded, int ring, float* w
       _tile_zero(0);
       if constexpr (T == 2) _tile_zero(1);
       for (int kc = 0; kc < kChunksPerGroup; ++kc) {
-        const int c = g * kChunksPerGroup + kc;
-        if (decoding && c + kDecodeAhead < chunks) decode(c + kDecodeAhead);
-        const uint16_t* weights = decoded + static_cast<int64_t>(c % ring) * T * kChunkValues;
-        const uint32_t* a = pieces + static_cast<int64_t>(c) * kAmxChunkWords;
+        const int c = g / kGroupsPerChunk * kChunksPerGroup + kc, half = g % kGroupsPerChunk;
+        if (decoding && half == 0 && c + kDecodeAhead < chunks) decode(c + kDecodeAhead);
+        // a group of 16: its half of the chunk's B pair rows (8 of 16) and of x's A columns (16 of 32)
+        const uint16_t* weights = decoded + static_cast<int64_t>(c % ring) * T * kChunkValues + half * kChunkValues / 2;
+        const uint32_t* a = pieces + static_cast<int64_t>(c) * kAmxChunkWords + half * 8;
         _tile_loadd(5, weights, 64);
         if constexpr (T == 2) _tile_loadd(6, weights + kChunkValues, 64);
         _tile_loadd(2, a, 64);
@@ -348,7 +355,7 @@ void column_tiles(const Problem& p, int n, uint16_t* decoded, int ring, float* w
 
 template <int GS, int BITS>
 void amx_columns(const Problem& p, int n0, int n1) {
-  configure(amx_tile_rows(p.M));  // A and C as tall as a row tile (the last tile's spare rows are zero)
+  configure(amx_tile_rows(p.M), GS >= 32 ? 32 : GS);  // A and C as tall as a row tile (spare rows are zero)
   constexpr int kSmallRing = kDecodeAhead + 1;
   alignas(64) uint16_t small[kSmallRing * 2 * 16 * 32];
   uint16_t* decoded = small;
@@ -434,6 +441,7 @@ void amx_prepare(const float* x, int M, int K, int group_size, uint32_t* pieces,
 void kernel_amx(const Problem& p, int n0, int n1) {
   const int tiled = n0 + (n1 - n0) / 16 * 16;  // whole tiles of 16 weight rows here, the rest on AVX-512
   switch (p.group_size * 16 + p.bits) {
+    case 16 * 16 + 8: amx_columns<16, 8>(p, n0, tiled); break;
     case 32 * 16 + 4: amx_columns<32, 4>(p, n0, tiled); break;
     case 64 * 16 + 4: amx_columns<64, 4>(p, n0, tiled); break;
     case 128 * 16 + 4: amx_columns<128, 4>(p, n0, tiled); break;

@@ -213,8 +213,7 @@ void run_products(const float* x, std::vector<Problem> problems, bool int8) {
   }
   const Isa& isa = select_isa();
   const Problem& first = problems.front();
-  // AMX's tiles are 32 weights deep, one group of 32 or more: groups of 16 stay on the vector kernel
-  const bool amx = first.M >= amx_min_rows(first.bits) && first.group_size >= 32 && amx_kernel() != nullptr;
+  const bool amx = first.M >= amx_min_rows(first.bits) && amx_kernel() != nullptr;
   // the vector kernels' copy of x: all of a product's columns, or on AMX the columns past its last whole
   // tile of 16 (none when every part's width is a multiple of 16)
   const bool vector_columns = !amx || std::any_of(problems.begin(), problems.end(), [](const Problem& p) {
