@@ -60,6 +60,8 @@ LLAMA_CPP_BLOCK_NAMES = {
     "mlp.down_proj": "ffn_down",
     "self_attn.q_norm": "attn_q_norm",
     "self_attn.k_norm": "attn_k_norm",
+    "self_attn.qkv_proj": "attn_qkv",  # phi3's fused projections
+    "mlp.gate_up_proj": "ffn_up",
 }
 
 
@@ -235,11 +237,12 @@ def llama_cpp_name(name: str) -> str:
 def tiny_model(arch: str, vocab_size: int, tie: bool, seed: int = 3):
     """A random 2-layer llama / qwen2 / qwen3 (all parameters random, norms around 1; qwen3's heads 24 wide,
     not hidden / heads)."""
-    from mlx_lm.models import llama, qwen2, qwen3
+    from mlx_lm.models import llama, phi3, qwen2, qwen3
 
-    family = {"llama": llama, "qwen2": qwen2, "qwen3": qwen3}[arch]
+    family = {"llama": llama, "qwen2": qwen2, "qwen3": qwen3, "phi3": phi3}[arch]
+    extra = {"qwen3": {"head_dim": 24}, "phi3": {"partial_rotary_factor": 0.5}}.get(arch, {})
     args = family.ModelArgs(
-        **({"head_dim": 24} if arch == "qwen3" else {}),
+        **extra,
         model_type=arch,
         hidden_size=64,
         num_hidden_layers=2,
@@ -327,6 +330,11 @@ def write_tiny_gguf(path: Path, model, args, tokenizer_metadata: dict) -> Path:
         f"{arch}.rope.freq_base": mx.array(args.rope_theta, dtype=mx.float32),
         f"{arch}.attention.layer_norm_rms_epsilon": mx.array(args.rms_norm_eps, dtype=mx.float32),
         **({f"{arch}.attention.key_length": u32(args.head_dim)} if getattr(args, "head_dim", None) else {}),
+        **(
+            {f"{arch}.rope.dimension_count": u32(int(args.hidden_size // args.num_attention_heads * rotary))}
+            if (rotary := getattr(args, "partial_rotary_factor", 1.0)) != 1.0
+            else {}
+        ),
         **tokenizer_metadata,
     }
     mx.save_gguf(str(path), tensors, metadata)
@@ -391,6 +399,30 @@ def test_tiny_qwen3_round_trip(tmp_path, tie):
     config = json.loads((out / "config.json").read_text())
     assert config["model_type"] == "qwen3" and config["head_dim"] == 24 and config["tie_word_embeddings"] is tie
     assert_same_logits(model, out, [9, 8, 7, 1000, 2047])
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_tiny_phi3_round_trip(tmp_path, tie):
+    """phi3: q/k/v in one matrix and gate/up in another, rotary embeddings on half of each head, not permuted."""
+    model, args = tiny_model("phi3", vocab_size=2048, tie=tie)
+    path = write_tiny_gguf(
+        tmp_path / "tiny-phi3.gguf", model, args, gpt2_tokenizer_metadata(EMBEDDED_TOKENIZER, "gpt2")
+    )
+    out = convert_gguf(path, tmp_path / "phi3")
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "phi3" and config["partial_rotary_factor"] == 0.5
+    assert config["tie_word_embeddings"] is tie
+    assert_same_logits(model, out, [9, 8, 7, 1000, 2047])
+
+
+def test_a_phi3_file_with_longrope_factors_is_refused(tmp_path):
+    model, args = tiny_model("phi3", vocab_size=2048, tie=True)
+    path = write_tiny_gguf(tmp_path / "p.gguf", model, args, gpt2_tokenizer_metadata(EMBEDDED_TOKENIZER, "gpt2"))
+    tensors, metadata = mx.load(str(path), return_metadata=True)
+    tensors["rope_factors_long.weight"] = mx.ones((4,))
+    mx.save_gguf(str(tmp_path / "longrope.gguf"), tensors, metadata)
+    with pytest.raises(GGUFError, match="longrope"):
+        convert_gguf(tmp_path / "longrope.gguf", tmp_path / "out")
 
 
 def test_a_qwen3_file_without_its_query_norms_is_refused(tmp_path):
@@ -483,7 +515,7 @@ def test_unsupported_architecture(tmp_path):
     path = tmp_path / "mamba.gguf"
     mx.save_gguf(str(path), {"token_embd.weight": mx.zeros((8, 4))}, {"general.architecture": "mamba"})
     with pytest.raises(
-        GGUFError, match=r"GGUF architecture 'mamba' is not supported \(supported: llama, qwen2, qwen3\)"
+        GGUFError, match=r"GGUF architecture 'mamba' is not supported \(supported: llama, qwen2, qwen3, phi3\)"
     ):
         convert_gguf(path, tmp_path / "out")
 

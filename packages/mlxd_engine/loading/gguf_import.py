@@ -9,16 +9,18 @@ Contract:
 - ``cached_conversion(gguf_path)`` returns ``<cache>/gguf/<sha256 of the file>/``, converting first
   when it is absent (``cache_dir.mlxd_cache_dir``), or again when an older converter wrote it
   (``CONVERTER_VERSION``, kept in the directory's ``mlxd_conversion.json``).
-- Supported: architectures llama, qwen2 and qwen3 (qwen2's layout with a norm on each head's queries and
-  keys, and a head size of its own). Tensors are read with llama.cpp's ``gguf`` package
-  (``gguf_blocks``): Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K stay quantized as MLX's affine format
-  (group size 32, 4, 5 or 8 bits) with the file's own codes, scales and offsets, so no weight value
-  changes; every other quantized type is dequantized and stored float16, and Q6_K / Q3_K / Q2_K (groups of 16)
+- Supported: architectures llama, qwen2, qwen3 (qwen2's layout with a norm on each head's queries and
+  keys, and a head size of its own) and phi3 (q/k/v in one matrix, gate/up in one; rotary embeddings on part
+  of each head allowed; the 128k models' longrope scaling is refused). Tensors are read with llama.cpp's
+  ``gguf`` package (``gguf_blocks``): Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K stay quantized as MLX's
+  affine format (group size 32, 4, 5 or 8 bits) with the file's own codes, scales and offsets, so no weight
+  value changes; every other quantized type is dequantized and stored float16, and Q6_K / Q3_K / Q2_K (groups of 16)
   also exactly, as 8-bit codes in groups of 16 in ``GROUP16_FILE`` beside the checkpoint, which mlxd reads on
   the CPU (``group16``; mlx-lm reads the directory without it); float tensors are stored as they are, except
   that a float32 tensor is stored float16 when the checkpoint's scales are all float16 and the cast is exact.
 - llama.cpp permutes the rows of llama's attn_q / attn_k so that RoPE rotates consecutive pairs; those
-  rows are permuted back (Hugging Face layout, mlx-lm ``rope_traditional`` false). qwen2 / qwen3 are not permuted.
+  rows are permuted back (Hugging Face layout, mlx-lm ``rope_traditional`` false). qwen2 / qwen3 / phi3 are not
+  permuted.
 - Anything a user can cause (not a GGUF, truncated, unsupported architecture or tensor, unknown
   tokenizer) raises ``GGUFError`` (a ``ModelLoadError``) whose message names the file or the thing.
 """
@@ -47,7 +49,7 @@ from .group16 import CODE_PARTS, GROUP16_FILE, split_codes
 
 log = logging.getLogger("mlxd.gguf")
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3")
 HASH_CHUNK_BYTES = 1 << 20
 # Bumped whenever a conversion of the same file comes out different, so that the cache converts it again:
 # 2 reads the blocks with llama.cpp's gguf package (Q4_K / Q5_* kept as their codes, not float16 values);
@@ -70,7 +72,21 @@ BLOCK_TENSORS = {
 }
 _SUFFIXES = ("weight", "scales", "biases", "bias", *CODE_PARTS)
 _BLOCK_NAME = re.compile(r"blk\.(\d+)\.([a-z_]+)\.([a-z_]+)")
-_HF_CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+_HF_CLASSES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+}
+# phi3's fused projections (its ffn_up holds gate and up, as mlx-lm's gate_up_proj)
+PHI3_TENSORS = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_qkv": "self_attn.qkv_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_up": "mlp.gate_up_proj",
+    "ffn_down": "mlp.down_proj",
+}
 QK_NORM_TENSORS = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}  # qwen3's
 
 
@@ -113,19 +129,19 @@ def _float32_text(value: float) -> float:
     return float(str(np.float32(value)))
 
 
-def hf_tensor_name(gguf_name: str) -> str:
-    """The mlx-lm name of a llama.cpp tensor name.
+def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str:
+    """The mlx-lm name of a llama.cpp tensor name in a file of architecture ``arch``.
 
     ``blk.3.attn_q.scales`` -> ``model.layers.3.self_attn.q_proj.scales``.
 
     Raises:
-        GGUFError: a name outside the llama / qwen2 / qwen3 layout.
+        GGUFError: a name outside the llama / qwen2 / qwen3 / phi3 layout.
     """
     stem, _, suffix = gguf_name.rpartition(".")
     if suffix in _SUFFIXES and stem in GLOBAL_TENSORS:
         return f"{GLOBAL_TENSORS[stem]}.{suffix}"
     match = _BLOCK_NAME.fullmatch(gguf_name)
-    modules = {**BLOCK_TENSORS, **QK_NORM_TENSORS}
+    modules = PHI3_TENSORS if arch == "phi3" else {**BLOCK_TENSORS, **QK_NORM_TENSORS}
     if match and match.group(2) in modules and match.group(3) in _SUFFIXES:
         return f"model.layers.{match.group(1)}.{modules[match.group(2)]}.{match.group(3)}"
     raise GGUFError(
@@ -180,10 +196,11 @@ def _stored(x: mx.array, scales_dtype) -> mx.array:
 
 
 def _required(arch: str, n_layers: int) -> list[str]:
-    """Tensors (mlx-lm names, without the output layer) a llama / qwen2 / qwen3 checkpoint must have."""
+    """Tensors (mlx-lm names, without the output layer) a llama / qwen2 / qwen3 / phi3 checkpoint must have."""
     names = ["model.embed_tokens.weight", "model.norm.weight"]
+    block = PHI3_TENSORS if arch == "phi3" else BLOCK_TENSORS
     for i in range(n_layers):
-        names += [f"model.layers.{i}.{module}.weight" for module in BLOCK_TENSORS.values()]
+        names += [f"model.layers.{i}.{module}.weight" for module in block.values()]
         if arch == "qwen2":
             names += [f"model.layers.{i}.self_attn.{p}_proj.bias" for p in "qkv"]
         if arch == "qwen3":
@@ -197,7 +214,7 @@ def convert_tensors(tensors: dict[str, mx.array], arch: str, n_head: int, n_head
     scales_dtype = scales_dtypes.pop() if len(scales_dtypes) == 1 else None
     converted = {}
     for gguf_name, x in tensors.items():
-        name = hf_tensor_name(gguf_name)
+        name = hf_tensor_name(gguf_name, arch)
         if arch == "llama" and ".self_attn.q_proj." in name:
             x = unpermute_rows(x, n_head)
         elif arch == "llama" and ".self_attn.k_proj." in name:
@@ -222,12 +239,16 @@ def model_config(meta: dict[str, Any], tensors: dict[str, mx.array], quantizatio
     if arch == "qwen2" and head_dim != hidden // n_head:
         raise GGUFError(f"qwen2 with head size {head_dim} != hidden / heads is not supported by mlx-lm's qwen2")
     rotary = meta.get(f"{arch}.rope.dimension_count", head_dim)
-    if rotary != head_dim:
-        raise GGUFError(f"partial rotary embeddings ({rotary} of {head_dim} dims) are not supported")
+    if rotary != head_dim and arch != "phi3":
+        raise GGUFError(f"partial rotary embeddings ({rotary} of {head_dim} dims) are not supported for {arch}")
     embed = tensors["model.embed_tokens.weight"]
     config: dict[str, Any] = {"architectures": [_HF_CLASSES[arch]], "model_type": arch}
     if arch == "llama":
         config.update(attention_bias="model.layers.0.self_attn.q_proj.bias" in tensors, mlp_bias=False)
+    if arch == "phi3":
+        config.update(
+            partial_rotary_factor=rotary / head_dim, original_max_position_embeddings=int(field("context_length"))
+        )
     config.update(
         hidden_size=hidden,
         intermediate_size=int(field("feed_forward_length")),
@@ -313,6 +334,8 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
         raise GGUFError(f"{out} exists and is not an empty directory")
     tensors, meta = read_gguf(source)
     arch = _check_architecture(meta, source)
+    if any(name.startswith("rope_factors") for name in tensors):
+        raise GGUFError(f"{source.name}: longrope rotary scaling (its rope_factors tensors) is not supported")
     n_head = int(meta.get(f"{arch}.attention.head_count", 0)) or 1
     n_head_kv = int(meta.get(f"{arch}.attention.head_count_kv", n_head))
     weights, codes = split_codes(convert_tensors(tensors, arch, n_head, n_head_kv))
