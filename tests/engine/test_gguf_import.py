@@ -389,29 +389,25 @@ def test_tiny_qwen2_round_trip(tmp_path):
 
 
 @pytest.mark.parametrize("tie", [True, False])
-def test_tiny_qwen3_round_trip(tmp_path, tie):
-    """qwen3: a norm on each head's queries and keys, heads wider than hidden / heads, not permuted."""
-    model, args = tiny_model("qwen3", vocab_size=2048, tie=tie)
+@pytest.mark.parametrize(
+    "arch, pre, expected",
+    [
+        # a norm on each head's queries and keys, heads wider than hidden / heads
+        ("qwen3", "qwen2", {"head_dim": 24}),
+        # q/k/v in one matrix and gate/up in another, rotary embeddings on half of each head
+        ("phi3", "gpt2", {"partial_rotary_factor": 0.5}),
+    ],
+)
+def test_tiny_qwen3_and_phi3_round_trip(tmp_path, tie, arch, pre, expected):
+    """Neither is permuted; mlx-lm's logits from the converted directory."""
+    model, args = tiny_model(arch, vocab_size=2048, tie=tie)
     path = write_tiny_gguf(
-        tmp_path / "tiny-qwen3.gguf", model, args, gpt2_tokenizer_metadata(EMBEDDED_TOKENIZER, "qwen2")
+        tmp_path / f"tiny-{arch}.gguf", model, args, gpt2_tokenizer_metadata(EMBEDDED_TOKENIZER, pre)
     )
-    out = convert_gguf(path, tmp_path / "qwen3")
+    out = convert_gguf(path, tmp_path / arch)
     config = json.loads((out / "config.json").read_text())
-    assert config["model_type"] == "qwen3" and config["head_dim"] == 24 and config["tie_word_embeddings"] is tie
-    assert_same_logits(model, out, [9, 8, 7, 1000, 2047])
-
-
-@pytest.mark.parametrize("tie", [True, False])
-def test_tiny_phi3_round_trip(tmp_path, tie):
-    """phi3: q/k/v in one matrix and gate/up in another, rotary embeddings on half of each head, not permuted."""
-    model, args = tiny_model("phi3", vocab_size=2048, tie=tie)
-    path = write_tiny_gguf(
-        tmp_path / "tiny-phi3.gguf", model, args, gpt2_tokenizer_metadata(EMBEDDED_TOKENIZER, "gpt2")
-    )
-    out = convert_gguf(path, tmp_path / "phi3")
-    config = json.loads((out / "config.json").read_text())
-    assert config["model_type"] == "phi3" and config["partial_rotary_factor"] == 0.5
-    assert config["tie_word_embeddings"] is tie
+    assert config["model_type"] == arch and config["tie_word_embeddings"] is tie
+    assert {key: config[key] for key in expected} == expected
     assert_same_logits(model, out, [9, 8, 7, 1000, 2047])
 
 

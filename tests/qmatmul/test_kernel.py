@@ -15,6 +15,7 @@ import pytest
 
 import mlxd_qmatmul
 
+from .every_isa import results_on_every_isa
 from .tiny_llama import tiny_llama
 
 pytestmark = pytest.mark.skipif(not mlxd_qmatmul.available(), reason=mlxd_qmatmul.unavailable_reason())
@@ -109,9 +110,6 @@ def test_every_instruction_set_agrees(tmp_path):
     """The narrower paths (forced with MLXD_QMM_ISA, the AMX kernel turned off with MLXD_QMM_AMX=0) give
     the same results as the chosen one; 11 rows take the AMX kernel where the CPU has it, 70 columns its
     16-column tiles and a tail on AVX-512."""
-    import subprocess
-    import sys
-
     script = (
         "import mlx.core as mx, numpy as np, mlxd_qmatmul as q\n"
         "w = mx.random.normal((70, 384), key=mx.random.key(3)); x = mx.random.normal((11, 384), key=mx.random.key(4))\n"
@@ -121,20 +119,7 @@ def test_every_instruction_set_agrees(tmp_path):
         "    out.append(np.array(q.quantized_matmul(x, wq, s, b, 128, bits)))\n"
         "print(q.kernel_isa() + ('+amx' if q.amx_available() else '')); np.save(sys.argv[1], np.stack(out))\n"
     )
-    results = {}
-    for isa, amx in (("avx512", "1"), ("avx512", "0"), ("avx2", "1"), ("sse2", "1"), ("neon", "1")):
-        path = tmp_path / f"{isa}-{amx}.npy"
-        done = subprocess.run(
-            [sys.executable, "-c", "import sys\n" + script, str(path)],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "MLXD_QMM_ISA": isa, "MLXD_QMM_AMX": amx},
-            check=True,
-        )
-        results[done.stdout.strip()] = np.load(path)
-    assert len(results) >= 2  # the chosen path and the portable one at least
-    if mlxd_qmatmul.amx_available():
-        assert {"avx512+amx", "avx512"} <= set(results)
+    results = results_on_every_isa(script, tmp_path)
     first = next(iter(results.values()))
     for isa, got in results.items():
         np.testing.assert_allclose(got, first, rtol=1e-5, atol=1e-4, err_msg=isa)

@@ -3,16 +3,14 @@ kernel: not an MLX format, so the reference is the float64 product of the dequan
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import mlx.core as mx
 import numpy as np
 import pytest
 
 import mlxd_qmatmul
 from mlxd_engine.loading.kernel_layers import dequantized
+
+from .every_isa import results_on_every_isa
 
 pytestmark = pytest.mark.skipif(not mlxd_qmatmul.available(), reason=mlxd_qmatmul.unavailable_reason())
 
@@ -59,7 +57,7 @@ def test_dequantized_is_the_same_float32_arithmetic():
 @pytest.mark.integration  # starts processes
 def test_every_instruction_set_agrees(tmp_path):
     script = (
-        "import sys, mlx.core as mx, numpy as np, mlxd_qmatmul as q\n"
+        "import mlx.core as mx, numpy as np, mlxd_qmatmul as q\n"
         "rng = np.random.default_rng(5)\n"
         "codes = rng.integers(0, 64, (70, 384), dtype=np.uint8)\n"
         "w = mx.array(codes.view(np.uint32).reshape(70, 96))\n"
@@ -68,20 +66,7 @@ def test_every_instruction_set_agrees(tmp_path):
         "print(q.kernel_isa() + ('+amx' if q.amx_available() else ''))\n"
         "np.save(sys.argv[1], np.array(q.quantized_matmul(x, w, s, b, 16, 8)))\n"
     )
-    results = {}
-    for isa, amx in (("avx512", "1"), ("avx512", "0"), ("avx2", "1"), ("sse2", "1"), ("neon", "1")):
-        path = tmp_path / f"{isa}-{amx}.npy"
-        done = subprocess.run(
-            [sys.executable, "-c", script, str(path)],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "MLXD_QMM_ISA": isa, "MLXD_QMM_AMX": amx},
-            check=True,
-        )
-        results[done.stdout.strip()] = np.load(path)
-    assert len(results) >= 2  # the chosen path and the portable one at least
-    if mlxd_qmatmul.amx_available():  # 11 rows: AMX's 16-deep tiles, against the vector kernel
-        assert {"avx512+amx", "avx512"} <= set(results)
+    results = results_on_every_isa(script, tmp_path)
     first = next(iter(results.values()))
     for isa, got in results.items():
         np.testing.assert_allclose(got, first, rtol=1e-5, atol=1e-5 * np.abs(first).max(), err_msg=isa)
