@@ -13,7 +13,9 @@ Contract:
   and imports; ``unavailable_reason()`` says why not, for the log (the engine then keeps its float32 rule).
 - ``quantized_matmul(x, w, scales, biases, group_size, bits)`` equals
   ``mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size=..., bits=..., mode="affine")``
-  within float32 rounding, for bits 4 and 8 and group sizes 32, 64, 128; CPU only; float32 math.
+  within float32 rounding, for bits 4 and 8 and group sizes 32, 64, 128; CPU only; float32 math. 8 bits also
+  in groups of 16 (``SMALL_GROUP``), which MLX does not have: the float64 product of the dequantized weights
+  within float32 rounding (a GGUF file's K-quant sub-blocks, ``mlxd_engine.loading.group16``).
 - ``rope(x, offset, dims, traditional, base, scale)``: RoPE as one op, bit-identical to ``mx.fast.rope`` on
   the CPU (same formula, MLX's own exp / sin / cos).
 - ``rms_norm(x, weight, eps)``: RMSNorm as one op, bit-identical to ``mx.fast.rms_norm`` on the CPU.
