@@ -159,10 +159,19 @@ def _small_groups(data: np.ndarray, kind: GGMLQuantizationType) -> dict[str, mx.
     block_size, block_bytes = GGML_QUANT_SIZES[kind]
     rows, n_groups = data.shape[:-1], data.shape[-1] // block_bytes * block_size // SMALL_GROUP
     q, scales, biases = _SMALL_GROUPS[kind](data.reshape(-1, block_bytes))
+    q = q.reshape(-1, n_groups, SMALL_GROUP)
+    scales, biases = scales.reshape(-1, n_groups, 1), biases.reshape(-1, n_groups, 1)
+    values = np.concatenate(  # ROWS_AT_ONCE rows at a time: no float32 copy of a vocabulary-sized tensor
+        [
+            (
+                q[i : i + ROWS_AT_ONCE].astype(np.float32) * scales[i : i + ROWS_AT_ONCE] + biases[i : i + ROWS_AT_ONCE]
+            ).astype(np.float16)
+            for i in range(0, len(q), ROWS_AT_ONCE)
+        ]
+    )
     scales, biases = scales.reshape(*rows, n_groups), biases.reshape(*rows, n_groups)
-    values = q.reshape(*rows, n_groups, SMALL_GROUP).astype(np.float32) * scales[..., None] + biases[..., None]
     return {
-        "weight": mx.array(values.reshape(*rows, n_groups * SMALL_GROUP).astype(np.float16)),
+        "weight": mx.array(values.reshape(*rows, n_groups * SMALL_GROUP)),
         "codes": mx.array(pack(q.reshape(*rows, n_groups * SMALL_GROUP), 8)),
         "code_scales": mx.array(scales),
         "code_biases": mx.array(biases),
