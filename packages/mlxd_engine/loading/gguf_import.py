@@ -88,6 +88,13 @@ PHI3_TENSORS = {
     "ffn_down": "mlp.down_proj",
 }
 QK_NORM_TENSORS = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}  # qwen3's
+# each architecture's block tensors: what its names map to, and what every layer must have
+ARCH_BLOCK_TENSORS = {
+    "llama": BLOCK_TENSORS,
+    "qwen2": BLOCK_TENSORS,
+    "qwen3": {**BLOCK_TENSORS, **QK_NORM_TENSORS},
+    "phi3": PHI3_TENSORS,
+}
 
 
 def read_gguf(gguf_path: str | Path) -> tuple[dict[str, mx.array], dict[str, Any]]:
@@ -141,7 +148,7 @@ def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str:
     if suffix in _SUFFIXES and stem in GLOBAL_TENSORS:
         return f"{GLOBAL_TENSORS[stem]}.{suffix}"
     match = _BLOCK_NAME.fullmatch(gguf_name)
-    modules = PHI3_TENSORS if arch == "phi3" else {**BLOCK_TENSORS, **QK_NORM_TENSORS}
+    modules = ARCH_BLOCK_TENSORS[arch]
     if match and match.group(2) in modules and match.group(3) in _SUFFIXES:
         return f"model.layers.{match.group(1)}.{modules[match.group(2)]}.{match.group(3)}"
     raise GGUFError(
@@ -198,13 +205,10 @@ def _stored(x: mx.array, scales_dtype) -> mx.array:
 def _required(arch: str, n_layers: int) -> list[str]:
     """Tensors (mlx-lm names, without the output layer) a llama / qwen2 / qwen3 / phi3 checkpoint must have."""
     names = ["model.embed_tokens.weight", "model.norm.weight"]
-    block = PHI3_TENSORS if arch == "phi3" else BLOCK_TENSORS
     for i in range(n_layers):
-        names += [f"model.layers.{i}.{module}.weight" for module in block.values()]
+        names += [f"model.layers.{i}.{module}.weight" for module in ARCH_BLOCK_TENSORS[arch].values()]
         if arch == "qwen2":
             names += [f"model.layers.{i}.self_attn.{p}_proj.bias" for p in "qkv"]
-        if arch == "qwen3":
-            names += [f"model.layers.{i}.{module}.weight" for module in QK_NORM_TENSORS.values()]
     return names
 
 
