@@ -120,10 +120,13 @@ def load(
             raise ModelLoadError(f"cannot read {path / 'config.json'}: {error}") from error
         _check_architecture(config)
         name = str(path)
+    # a GGUF conversion's groups of 16 (group16.py), unsharded only: the model is then loaded lazily, so that the
+    # float layers they replace on the CPU are never read
+    group16 = path / GROUP16_FILE if distributed is None and (path / GROUP16_FILE).is_file() else None
     try:
         # return_config=True: three values (mlx-lm's annotation names the two of the default)
         module, tokenizer, config = mlx_lm_load(  # type: ignore[misc]
-            name, return_config=True, lazy=distributed is not None
+            name, return_config=True, lazy=distributed is not None or group16 is not None
         )
     except ValueError as error:
         if "not supported" in str(error):
@@ -133,15 +136,14 @@ def load(
     model_type = str(config_value(config, args, "model_type") or getattr(module, "model_type", "unknown"))
     if distributed is not None:
         check_shardable(module, distributed[0], distributed[1].size(), model_type, config)  # before heavy work
-    # before sharding: it knows mlx's own layers; a GGUF conversion's groups of 16 only unsharded (group16.py)
-    group16 = path / GROUP16_FILE if distributed is None and (path / GROUP16_FILE).is_file() else None
-    weights = apply_cpu_weight_rule(module, cpu_weight_budget, group16=group16)
-    if distributed is not None:
+    weights = apply_cpu_weight_rule(module, cpu_weight_budget, group16=group16)  # before sharding: mlx's own layers
+    if distributed is not None or group16 is not None:
         import mlx.core as mx
 
-        mode, group = distributed
-        shard_model(module, mode, group, model_type, config)
-        mx.eval(module.parameters())
+        if distributed is not None:
+            mode, group = distributed
+            shard_model(module, mode, group, model_type, config)
+        mx.eval(module.parameters())  # what the lazy load left (the rule evaluates what it changes)
     try:
         n_layers = len(model_layers(module))
     except AttributeError as error:
