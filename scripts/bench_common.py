@@ -93,17 +93,17 @@ def command_line() -> str:
     )
 
 
-def serving_engine(model: str, rows: int = 8, max_kv: int = 4096):
+def serving_engine(model: str, rows: int = 8, max_kv: int = 4096, kv_dtype: str = "float32"):
     """The model loaded as mlxd serves it (the CPU weight rule) in an engine of ``rows`` slots and a
-    ``max_kv``-token bound, its step settings tuned as mlxd does at start-up: the in-process benchmarks'
-    engine. Returns (loaded, engine)."""
+    ``max_kv``-token bound (keys and values kept as ``kv_dtype``: ``mlxd --kv-dtype``), its step settings
+    tuned as mlxd does at start-up: the in-process benchmarks' engine. Returns (loaded, engine)."""
     from mlxd_daemon.model_setup import load_for_serving
     from mlxd_daemon.options import DaemonOptions
     from mlxd_daemon.step_tuning import tune_steps
-    from mlxd_engine import Engine
+    from mlxd_engine import Engine, parse_kv_dtype
 
     loaded = load_for_serving(DaemonOptions(model=model, max_batch=rows))
-    engine = Engine(loaded, max_sequences=rows, max_kv_size=max_kv)
+    engine = Engine(loaded, max_sequences=rows, max_kv_size=max_kv, kv_dtype=parse_kv_dtype(kv_dtype))
     tune_steps(engine)
     return loaded, engine
 

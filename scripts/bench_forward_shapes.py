@@ -38,8 +38,9 @@ def main() -> None:
         default=0,
         help="row i starts at context + spread x i (rows at different positions, as when serving)",
     )
+    parser.add_argument("--kv-dtype", default="float32", choices=["float32", "float16"], help="as mlxd --kv-dtype")
     args = parser.parse_args()
-    loaded, engine = serving_engine(args.model)
+    loaded, engine = serving_engine(args.model, kv_dtype=args.kv_dtype)
     calibrate_forward_cost(engine)
     shapes = [(int(r), int(w)) for r in args.rows.split(",") for w in args.widths.split(",")]
     # before any shape is timed; at the mean context of the rows each shape runs (row i: context + spread x i)

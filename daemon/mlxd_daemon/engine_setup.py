@@ -6,7 +6,7 @@ of a group (``distributed.serve_follower``), so neither imports the other for it
 
 from __future__ import annotations
 
-from mlxd_engine import Engine, LoadedModel, kv_bytes_per_token
+from mlxd_engine import Engine, LoadedModel, kv_bytes_per_token, parse_kv_dtype
 
 from .options import DaemonOptions
 
@@ -18,7 +18,9 @@ def pool_tokens(loaded: LoadedModel, options: DaemonOptions) -> int | None:
     if options.kv_memory_fraction:
         import psutil
 
-        return int(psutil.virtual_memory().total * options.kv_memory_fraction) // kv_bytes_per_token(loaded)
+        return int(psutil.virtual_memory().total * options.kv_memory_fraction) // stored_bytes_per_token(
+            loaded, options
+        )
     return None
 
 
@@ -30,7 +32,12 @@ def prefix_cache_budget(loaded: LoadedModel, options: DaemonOptions) -> int:
     import psutil
 
     tokens = pool_tokens(loaded, options) or options.max_batch * (options.max_kv_size or loaded.context_length)
-    return min(tokens * kv_bytes_per_token(loaded) // 4, psutil.virtual_memory().total // 10)
+    return min(tokens * stored_bytes_per_token(loaded, options) // 4, psutil.virtual_memory().total // 10)
+
+
+def stored_bytes_per_token(loaded: LoadedModel, options: DaemonOptions) -> int:
+    """K and V bytes a token takes in storage under --kv-dtype."""
+    return kv_bytes_per_token(loaded, kv_dtype=parse_kv_dtype(options.kv_dtype))
 
 
 def build_engine(loaded: LoadedModel, options: DaemonOptions) -> Engine:
@@ -42,6 +49,7 @@ def build_engine(loaded: LoadedModel, options: DaemonOptions) -> Engine:
         max_kv_size=options.max_kv_size,
         storage=options.storage_backend,
         kv_block_size=options.kv_block_size,
+        kv_dtype=parse_kv_dtype(options.kv_dtype),
         kv_pool_tokens=pool_tokens(loaded, options),
         compile_decode=False if loaded.group is not None else None,
         # a group's ranks replay rank 0's engine operations; the cache's own choices are not among them

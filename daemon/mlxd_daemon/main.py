@@ -15,7 +15,7 @@ import click
 
 from mlxd_drafters import PromptLookupConfig
 from mlxd_protocol.sampling_rules import RNG_KINDS
-from mlxd_protocol.serving_defaults import REASONING_MODES
+from mlxd_protocol.serving_defaults import KV_DTYPE_NAMES, REASONING_MODES
 
 from .chat_templates import resolve_chat_template
 from .control_commands import endpoint_option, status_command, stop_command
@@ -175,6 +175,14 @@ DEFAULTS = DaemonOptions()  # the one home of mlxd's defaults: its options read 
     show_default=True,
     type=click.IntRange(1),
     help="paged: tokens per block",
+)
+@click.option(
+    "--kv-dtype",
+    default=DEFAULTS.kv_dtype,
+    show_default=True,
+    type=click.Choice(KV_DTYPE_NAMES),
+    help="keys and values of a model computing in float32 (the CPU backend) kept as float16: half the KV "
+    "memory and the bytes each forward's attention reads, as llama.cpp's default cache; output rounds them",
 )
 @click.option(
     "--kv-pool-tokens", default=DEFAULTS.kv_pool_tokens, type=click.IntRange(1), help="paged: pool size in tokens"
@@ -342,6 +350,7 @@ def cli(
     shared_draft_prompts,
     storage_backend,
     kv_block_size,
+    kv_dtype,
     kv_pool_tokens,
     kv_memory_fraction,
     prefix_cache_bytes,
@@ -389,6 +398,7 @@ def cli(
         shared_draft_prompts=shared_draft_prompts,
         storage_backend=storage_backend,
         kv_block_size=kv_block_size,
+        kv_dtype=kv_dtype,
         kv_pool_tokens=kv_pool_tokens,
         kv_memory_fraction=kv_memory_fraction,
         prefix_cache_bytes=prefix_cache_bytes,

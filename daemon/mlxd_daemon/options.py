@@ -38,6 +38,7 @@ class DaemonOptions:
     shared_draft_prompts: bool = False  # store whole prompts too, not only outputs
     storage_backend: str = "contiguous"  # or "paged"
     kv_block_size: int = 64
+    kv_dtype: str = "float32"  # or "float16": float32 keys and values kept at half the bytes (storage/kv_dtype.py)
     kv_pool_tokens: int | None = None  # paged pool size; None: from kv_memory_fraction, else max_batch x max_kv_size
     kv_memory_fraction: float | None = None  # paged pool as a fraction of the machine's memory
     # prefix cache: bytes kept of finished requests' prompt + output state (None: a quarter of the KV bound,

@@ -24,6 +24,7 @@ from .sequence import Emitted, Sequence, StepHandle
 from .standalone import prefill_and_record, read_and_record, step_and_record
 from .storage.kv_backend import STORAGE_BACKENDS, KVStorage, make_kv_storage
 from .storage.kv_bound import at_kv_bound, kv_room
+from .storage.kv_dtype import KV_DTYPES, parse_kv_dtype
 from .storage.kv_storage import SlotKVStorage
 from .verify_round import RoundOutcome, verify_round, verify_rows, verify_rows_timed
 
@@ -59,6 +60,7 @@ __all__ = [
     "ModelLoadError",
     "PromptTooLong",
     "RoundOutcome",
+    "KV_DTYPES",
     "STORAGE_BACKENDS",
     "SamplerChain",
     "SamplingParams",
@@ -74,6 +76,7 @@ __all__ = [
     "kv_room",
     "load",
     "make_kv_storage",
+    "parse_kv_dtype",
     "memory_usage",
     "prefill_and_record",
     "prompt_lookup_eligibility",

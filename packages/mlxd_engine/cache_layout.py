@@ -84,6 +84,7 @@ class CacheLayout:
     entries: list[CacheEntry]
     mask_axes: int | None = 4  # see the module docstring
     kv_bytes_per_token: int | None = None  # measured by the probe; None for stubs
+    kv_value_dtype: mx.Dtype | None = None  # the dtype keys and values came in, in the probe
     vocab_size: int | None = None  # the logits' width, measured by the probe
     notes: list[str] = field(default_factory=list)  # what the probe found, for the log
 
@@ -250,6 +251,7 @@ def _probe(model, layout: CacheLayout) -> None:
         row1_moved = not bool(mx.allclose(first[1], second[1], rtol=1e-4, atol=1e-4))
         layout.vocab_size = int(first.shape[-1])
         layout.kv_bytes_per_token = sum(k[1] * k[3] * dtype.size + v[1] * v[3] * dtype.size for k, v, dtype in record)
+        layout.kv_value_dtype = record[0][2]
         if row0_still and row1_moved:
             layout.mask_axes = axes
             if axes != 4:
@@ -265,14 +267,19 @@ def _probe(model, layout: CacheLayout) -> None:
     log.warning("model type %r: %s (%s)", layout.model_type, layout.notes[-1], "; ".join(failures))
 
 
-def kv_bytes_per_token(loaded: LoadedModel, bytes_per_value: int | None = None) -> int:
+def kv_bytes_per_token(
+    loaded: LoadedModel, bytes_per_value: int | None = None, kv_dtype: mx.Dtype | None = None
+) -> int:
     """K and V bytes one token occupies across all cache entries.
 
     Measured by the cache-layout probe (every entry's own head count and size, in the dtype the loaded
-    weights produce); ``bytes_per_value``, or a model the probe did not run on (stubs, refused layouts),
-    takes the config's heads and head size instead (4 bytes a value unless given)."""
+    weights produce; float32 values kept as ``kv_dtype`` where it is given: storage/kv_dtype.py);
+    ``bytes_per_value``, or a model the probe did not run on (stubs, refused layouts), takes the config's
+    heads and head size instead (4 bytes a value unless given)."""
     layout = loaded.layout()
     if bytes_per_value is None and layout.kv_bytes_per_token is not None:
+        if kv_dtype is not None and layout.kv_value_dtype is not None and layout.kv_value_dtype == mx.float32:
+            return layout.kv_bytes_per_token * kv_dtype.size // 4
         return layout.kv_bytes_per_token
     args = getattr(loaded.model, "args", None)
     text = getattr(args, "text_config", None)

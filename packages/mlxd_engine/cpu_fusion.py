@@ -85,7 +85,8 @@ _FUSED: dict[type, type] = {nn.RMSNorm: FusedRMSNorm, nn.RoPE: FusedRoPE}
 
 def cpu_attention(queries, keys, values, cache, scale, mask, sinks=None):
     """mlx-lm's ``scaled_dot_product_attention``, as the extension's one op where it applies: the CPU,
-    float32, a few queries, no sinks, an unquantized cache, no mask / "causal" / a mask array."""
+    float32 queries over float32 or float16 keys and values, no sinks, an unquantized cache, no mask /
+    "causal" / a mask array."""
     if _one_op_attention_applies(queries, keys, values, cache, mask, sinks):
         causal = isinstance(mask, str)
         return mlxd_qmatmul.attention(queries, keys, values, scale, causal, None if causal else mask)
@@ -97,8 +98,8 @@ def _one_op_attention_applies(queries, keys, values, cache, mask, sinks) -> bool
         return False
     if not (queries.ndim == keys.ndim == values.ndim == 4):
         return False
-    if not (queries.dtype == keys.dtype == values.dtype == mx.float32):
-        return False
+    if queries.dtype != mx.float32 or keys.dtype != values.dtype or keys.dtype not in (mx.float32, mx.float16):
+        return False  # float16 keys and values: a cache kept in half precision (storage/kv_dtype.py)
     if isinstance(mask, str):
         return mask == "causal" and keys.shape[2] >= queries.shape[2]
     return mask is None or (isinstance(mask, mx.array) and mask.dtype in (mx.bool_, mx.float32) and mask.ndim <= 4)

@@ -63,7 +63,8 @@ class Engine:
 
     The model's cache layout (``cache_layout.py``) sizes the storage (one view per cache entry) and shapes
     the batched masks; a layout the engine does not serve raises ``ModelLoadError`` here too, for a
-    ``LoadedModel`` that did not come from ``load``."""
+    ``LoadedModel`` that did not come from ``load``. ``kv_dtype`` (float16, or None: as computed) is the dtype
+    float32 keys and values are kept in (``storage/kv_dtype.py``)."""
 
     # What the scheduler and the daemon ask of a distributed group (daemon/mlxd_daemon/distributed.py's Leader
     # overrides all three): why its ranks parted, None while they are in step; a single-process engine never loses them.
@@ -87,9 +88,11 @@ class Engine:
         compile_decode: bool | None = None,
         prefix_cache_bytes: int = 0,
         prefix_cache_entries: int = DEFAULT_MAX_ENTRIES,
+        kv_dtype: mx.Dtype | None = None,
     ):
         self.loaded = loaded
         self.model = loaded.model
+        self.kv_dtype = kv_dtype
         self.layout = loaded.layout()
         check_servable(self.layout)
         wanted = fusion_wanted() if fuse_cpu_layers is None else fuse_cpu_layers
@@ -112,6 +115,7 @@ class Engine:
             kv_block_size,
             kv_pool_tokens,
             mask_axes=self.layout.mask_axes,
+            kv_dtype=kv_dtype,
         )
         if len(kv_entries) < len(leaves):  # sliding windows or recurrent state: rows beside the KV backend
             self.storage = RowStorage(self.storage, self.layout.entries, max_sequences)

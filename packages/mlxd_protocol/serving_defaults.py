@@ -7,7 +7,8 @@ alike; the daemon's ``HostLimits`` and the engine's ``GrammarLimits`` both take 
 library only: the scheduler and the engine may not import the daemon, and the daemon's options may not
 load mlx (which importing the scheduler or the engine does), so the one home all can read is here, as with
 ``sampling_rules``. The values an option of mlxd takes that a tool passes on to a daemon it starts are
-written here too (``REASONING_MODES``: ``mlxd --reasoning``, ``mlx-serve-http --reasoning``).
+written here too (``REASONING_MODES``: ``mlxd --reasoning``, ``mlx-serve-http --reasoning``;
+``KV_DTYPE_NAMES``: ``--kv-dtype`` of both).
 """
 
 MAX_BATCH = 8  # rows decoded together (mlxd --max-batch)
@@ -25,3 +26,7 @@ MAX_GRAMMAR_REPEAT = 1000  # a repetition count, multiplied through nested group
 # mlxd --reasoning: thinking in the chat template, on (= auto) or off (mlxd_daemon/reasoning.py); mlx-serve-http
 # takes the same values for a daemon it starts
 REASONING_MODES = ("on", "off", "auto")
+
+# mlxd --kv-dtype: the dtype float32 keys and values are kept in (mlxd_engine/storage/kv_dtype.py); mlx-serve-http
+# takes the same values for a daemon it starts
+KV_DTYPE_NAMES = ("float32", "float16")

@@ -15,3 +15,4 @@ def test_only_the_options_given_are_passed():
         "--no-shared-drafts",
     ]
     assert daemon_args(None, None, None, shared_drafts=True) == ["--shared-drafts"]
+    assert daemon_args(None, None, None, kv_dtype="float16") == ["--kv-dtype", "float16"]

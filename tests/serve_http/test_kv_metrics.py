@@ -42,3 +42,30 @@ def test_paged_pool_use_in_status_and_metrics():
     finally:
         gateway.stop()
         stop_daemon(daemon, endpoint)
+
+
+def test_a_float16_cache_takes_half_the_pool_bytes():
+    """``mlxd --kv-dtype float16``: stories260K's 5 layers x 4 key heads x 8 values, keys and values, take
+    2 bytes a value (640 bytes a token, 1280 as float32) and the replies come as before."""
+    endpoint = private_endpoint("h")
+    daemon = start_daemon(
+        endpoint,
+        "-m",
+        str(STORIES),
+        "--decode-storage-backend",
+        "paged",
+        "--kv-pool-tokens",
+        "2048",
+        "--kv-dtype",
+        "float16",
+    )
+    gateway = Gateway([endpoint])
+    try:
+        reply = gateway.client.post("/v1/completions", json={"prompt": "Once upon a time", "max_tokens": 8})
+        assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 8
+        with Client(endpoint, timeout_s=5) as client:
+            kv = client.status().memory["kv"]
+        assert kv["allocated_bytes"] == 2048 * 640, kv
+    finally:
+        gateway.stop()
+        stop_daemon(daemon, endpoint)

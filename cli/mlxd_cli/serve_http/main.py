@@ -5,6 +5,7 @@
                    [--api-key KEY] [--allowed-hosts NAMES] [--cors-origins ORIGINS] [--cors-methods M]
                    [--cors-headers H] [--cors-credentials/--no-cors-credentials]
                    [--draft-kind KIND] [--draft-block-size N] [--prompt-lookup-max-batch N] [--no-shared-drafts]
+                   [--kv-dtype float32|float16]
                    [--seed N] [--chat-template NAME|JINJA] [--chat-template-file FILE] [--reasoning on|off|auto]
                    [--n-predict N] [--metrics/--no-metrics] [--slots/--no-slots] [--webui/--no-webui] [--ui-mcp-proxy]
                    [--verbose-replies]
@@ -27,7 +28,7 @@ import click
 
 from mlxd_protocol.autostart import AutostartError, daemon_answers, start_daemon
 from mlxd_protocol.endpoints import default_endpoint, parse_endpoint
-from mlxd_protocol.serving_defaults import REASONING_MODES
+from mlxd_protocol.serving_defaults import KV_DTYPE_NAMES, REASONING_MODES
 
 from .app import DEFAULT_MAX_BODY_BYTES, Settings, create_app
 from .http_timeouts import header_timeout_protocol
@@ -46,6 +47,7 @@ def daemon_args(
     reasoning: str | None = None,
     shared_drafts: bool | None = None,
     context_shift: bool | None = None,
+    kv_dtype: str | None = None,
 ) -> list[str]:
     """The ``mlxd`` options for a daemon this command starts.
 
@@ -59,6 +61,7 @@ def daemon_args(
         reasoning: ``--reasoning`` (on, off or auto), or None.
         shared_drafts: ``--shared-drafts`` / ``--no-shared-drafts``, or None (the daemon's default).
         context_shift: ``--context-shift`` / ``--no-context-shift``, or None (the daemon's default: off).
+        kv_dtype: ``--kv-dtype`` (float32 or float16), or None (the daemon's default: float32).
 
     Returns:
         The argument list (empty when all are None).
@@ -72,6 +75,7 @@ def daemon_args(
         ("--chat-template", chat_template),
         ("--chat-template-file", chat_template_file),
         ("--reasoning", reasoning),
+        ("--kv-dtype", kv_dtype),
     ):
         if value is not None:
             args += [flag, str(value)]
@@ -162,6 +166,13 @@ def daemon_args(
     default=None,
     type=click.IntRange(0),
     help="verify gate of a daemon started here: no verify rounds above this many rows",
+)
+@click.option(
+    "--kv-dtype",
+    default=None,
+    type=click.Choice(KV_DTYPE_NAMES),
+    help="for a daemon started here: keys and values kept as float16 (half the KV memory and reads, as "
+    "llama-server's default cache) or float32 (the default)",
 )
 @click.option(
     "--context-shift/--no-context-shift",
@@ -288,6 +299,7 @@ def main(
     draft_kind,
     draft_block_size,
     prompt_lookup_max_batch,
+    kv_dtype,
     context_shift,
     shared_drafts,
     seed,
@@ -323,6 +335,7 @@ def main(
         reasoning,
         shared_drafts,
         context_shift,
+        kv_dtype,
     )
     hosts = list(dict.fromkeys(name.strip() for value in hosts for name in value.split(",") if name.strip()))
     aliases = split_names(alias)

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
+import mlx.core as mx
+
 from .kv_storage import SlotKVStorage
 from .paged_kv_storage import PagedKVStorage
 
@@ -29,6 +31,7 @@ class KVStorage(Protocol):
     max_capacity: int  # most tokens one sequence may hold
     # the form of batched mask arrays the model's attention broadcasts (masks.shape_mask)
     mask_axes: int | None
+    kv_dtype: mx.Dtype | None
 
     def fits(self, tokens: int) -> bool:
         """Whether a sequence that may grow to ``tokens`` could ever be held."""
@@ -117,6 +120,7 @@ def make_kv_storage(
     block_size: int,
     pool_tokens: int | None = None,
     mask_axes: int | None = 4,
+    kv_dtype: mx.Dtype | None = None,
 ) -> KVStorage:
     """Build the storage backend named ``backend``.
 
@@ -128,6 +132,7 @@ def make_kv_storage(
         block_size: Tokens per block (paged only).
         pool_tokens: Pool size in tokens (paged only; None: ``max_sequences`` x ``max_kv_size``).
         mask_axes: The batched mask form the model takes (``CacheLayout.mask_axes``).
+        kv_dtype: The dtype float32 keys and values are kept in (``kv_dtype.py``; None: as they come).
     Returns:
         The storage.
     Raises:
@@ -138,4 +143,5 @@ def make_kv_storage(
         raise ValueError(f"unknown KV storage backend {backend!r}; known: {', '.join(STORAGE_BACKENDS)}")
     storage = build(n_layers, max_sequences, max_kv_size, block_size, pool_tokens)
     storage.mask_axes = mask_axes
+    storage.kv_dtype = kv_dtype
     return storage

@@ -31,6 +31,7 @@ import mlxd_qmatmul
 
 from ..errors import KVStorageFull
 from ..masks import shape_mask
+from .kv_dtype import stored_dtype
 
 GROW_CHUNK = 256
 # new keys and values of rows at different positions written by the extension's one op on the CPU
@@ -134,6 +135,7 @@ class SlotKVStorage:
     max_forward_tokens: int | None = None  # any number of appends per forward
     compiles_forward = True  # compiled_decode.py reads and writes these slot buffers directly
     mask_axes: int | None = 4  # set by make_kv_storage from the model's cache layout
+    kv_dtype: mx.Dtype | None = None  # float32 keys and values kept in this dtype (kv_dtype.py), set likewise
 
     def __init__(self, n_layers: int, n_slots: int, max_capacity: int):
         self.n_layers = n_layers
@@ -261,6 +263,7 @@ class SlotKVStorage:
         keys = self.keys[layer]
         if keys is not None and keys.shape[2] == self.capacity:
             return
+        dtype = stored_dtype(self.kv_dtype, dtype)
         k_new = mx.zeros((self.n_slots, kv_heads, self.capacity, k_dim), dtype)
         v_new = mx.zeros((self.n_slots, kv_heads, self.capacity, v_dim), dtype)
         if keys is not None:

@@ -43,6 +43,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import KVStorageFull
+from .kv_dtype import stored_dtype
 from .kv_storage import commit_pending, drop_pending, row_mask
 
 DEFAULT_BLOCK_SIZE = 64
@@ -87,6 +88,7 @@ class PagedKVStorage:
     max_forward_tokens: int | None = None  # any number of appends per forward
     compiles_forward = False  # a forward gathers each row's blocks; the compiled one reads slot buffers
     mask_axes: int | None = 4  # set by make_kv_storage from the model's cache layout
+    kv_dtype: mx.Dtype | None = None  # float32 keys and values kept in this dtype (kv_dtype.py), set likewise
 
     def __init__(
         self,
@@ -333,6 +335,7 @@ class PagedKVStorage:
 
     def ensure_layer(self, layer: int, kv_heads: int, k_dim: int, v_dim: int, dtype) -> None:
         if self.keys[layer] is None:
+            dtype = stored_dtype(self.kv_dtype, dtype)
             self.keys[layer] = mx.zeros((self.n_blocks, kv_heads, self.block_size, k_dim), dtype)
             self.values[layer] = mx.zeros((self.n_blocks, kv_heads, self.block_size, v_dim), dtype)
 

@@ -66,6 +66,9 @@ class RowStorage:
         self.rings = {
             i: WindowRing(leaf.window, slack, n_slots) for i, leaf in enumerate(leaves) if leaf.kind == SLIDING_WINDOW
         }
+        self.kv_dtype = inner.kv_dtype
+        for ring in self.rings.values():
+            ring.kv_dtype = inner.kv_dtype
         self.recurrent = {
             i: RecurrentState(leaf.size, n_slots) for i, leaf in enumerate(leaves) if leaf.kind == RECURRENT
         }

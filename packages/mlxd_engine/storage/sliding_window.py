@@ -19,11 +19,14 @@ from __future__ import annotations
 import mlx.core as mx
 
 from ..masks import shape_mask
+from .kv_dtype import stored_dtype
 from .kv_storage import GROW_CHUNK, scatter_tokens
 
 
 class WindowRing:
     """One sliding-window entry's ring buffers for every row (see the module docstring)."""
+
+    kv_dtype: mx.Dtype | None = None  # float32 keys and values kept in this dtype (kv_dtype.py)
 
     def __init__(self, window: int, slack: int, n_slots: int):
         self.window = window
@@ -42,6 +45,7 @@ class WindowRing:
         if held >= min(length, self.size):
             return
         cells = min(self.size, -(-length // GROW_CHUNK) * GROW_CHUNK)
+        dtype = stored_dtype(self.kv_dtype, dtype)
         keys = mx.zeros((self.n_slots, kv_heads, cells, k_dim), dtype)
         values = mx.zeros((self.n_slots, kv_heads, cells, v_dim), dtype)
         if self.keys is not None:

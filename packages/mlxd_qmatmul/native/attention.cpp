@@ -26,14 +26,6 @@ void check(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument("mlxd attention: " + what);
 }
 
-// A dot product of n floats, the second with a stride (vector_math's dot where both are dense).
-float strided_dot(const float* a, const float* b, int64_t b_stride, int n) {
-  if (b_stride == 1) return dot(a, b, n);
-  float sum = 0.0f;
-  for (int i = 0; i < n; ++i) sum += a[i] * b[i * b_stride];
-  return sum;
-}
-
 struct AttentionJob {
   mx::array q, k, v;
   std::optional<mx::array> mask;
@@ -122,23 +114,63 @@ float masked_softmax_numerators(float* scores, int visible, const bool* bool_row
   return exp_shifted_sum(scores, visible, top);
 }
 
+// One (batch, key head)'s keys or values as the loops read them: float32 rows where they are, or float16 rows
+// (a cache kept at half the bytes) widened into `scratch` a block at a time. Widening is exact, so the sums
+// are those of float32 rows holding the same values.
+struct HeadRows {
+  const float* wide = nullptr;     // float32 rows, `row_step` elements apart
+  const uint16_t* half = nullptr;  // float16 rows (IEEE halves), likewise
+  int64_t row_step = 0, col_step = 1;
+  int width = 0;
+  std::vector<float> scratch;
+
+  HeadRows(const mx::array& a, int b, int head) : row_step(a.strides()[2]), col_step(a.strides()[3]), width(a.shape(3)) {
+    const int64_t first = b * a.strides()[0] + head * a.strides()[1];
+    if (a.dtype() == mx::float16) {
+      half = reinterpret_cast<const uint16_t*>(a.data<mx::float16_t>()) + first;
+    } else {
+      wide = a.data<float>() + first;
+    }
+  }
+  // rows [s0, s0 + count) as floats, dense within a row; *step is the distance between rows
+  const float* rows(int s0, int count, int64_t* step) {
+    if (wide != nullptr && col_step == 1) {
+      *step = row_step;
+      return wide + s0 * row_step;
+    }
+    scratch.resize(static_cast<size_t>(count) * width);
+    if (half != nullptr && col_step == 1) {
+      widen_halves(half + s0 * row_step, row_step, count, width, scratch.data());
+    } else {
+      for (int s = 0; s < count; ++s) {
+        for (int d = 0; d < width; ++d) {
+          const int64_t at = (s0 + s) * row_step + d * col_step;
+          scratch[static_cast<size_t>(s) * width + d] = half != nullptr ? half_to_float(half[at]) : wide[at];
+        }
+      }
+    }
+    *step = width;
+    return scratch.data();
+  }
+};
+
 // The rows of (batch, head) pairs [pair0, pair1).
 void run_attention_pairs(const AttentionJob& job, int pair0, int pair1) {
-  const auto &q = job.q, &k = job.k, &v = job.v;
+  const auto& q = job.q;
   const int Hq = q.shape(1), L = q.shape(2), D = q.shape(3);
-  const int Hkv = k.shape(1), S = k.shape(2), Dv = v.shape(3);
+  const int Hkv = job.k.shape(1), S = job.k.shape(2), Dv = job.v.shape(3);
   const int repeats = Hq / Hkv;
-  const auto &qs = q.strides(), &ks = k.strides(), &vs = v.strides();
+  const auto& qs = q.strides();
   const float* q_data = q.data<float>();
-  const float* k_data = k.data<float>();
-  const float* v_data = v.data<float>();
   const MaskRows mask(job.mask);
   std::vector<float> query(D), scores(S), acc(Dv);
   for (int pair = pair0; pair < pair1; ++pair) {
     const int b = pair / Hq, h = pair % Hq;
     const int kvh = h / repeats;
-    const float* k_head = k_data + b * ks[0] + kvh * ks[1];
-    const float* v_head = v_data + b * vs[0] + kvh * vs[1];
+    HeadRows keys(job.k, b, kvh), values(job.v, b, kvh);
+    int64_t k_step = 0, v_step = 0;
+    const float* k_head = keys.rows(0, S, &k_step);  // the head's keys and values as dense float rows
+    const float* v_head = values.rows(0, S, &v_step);
     for (int l = 0; l < L; ++l) {
       if (job.padding(b, l)) {
         std::fill_n(job.out_row(b, h, l), Dv, 0.0f);
@@ -148,23 +180,11 @@ void run_attention_pairs(const AttentionJob& job, int pair0, int pair1) {
       for (int d = 0; d < D; ++d) query[d] = job.scale * q_row[d * qs[3]];
       int visible = job.causal ? std::min(S, l + 1 + (S - L)) : S;
       if (mask.hidden) visible = visible_by_mask(mask.bool_row(b, h, l), mask.strides[3], visible);
-      // scores of the visible keys (dense keys eight at a time), masked, then softmax's exponentials
-      if (ks[3] == 1) {
-        dots(query.data(), k_head, ks[2], visible, D, scores.data());
-      } else {
-        for (int s = 0; s < visible; ++s) scores[s] = strided_dot(query.data(), k_head + s * ks[2], ks[3], D);
-      }
+      // scores of the visible keys (eight at a time), masked, then softmax's exponentials
+      dots(query.data(), k_head, k_step, visible, D, scores.data());
       const float total = masked_softmax_numerators(scores.data(), visible, mask.bool_row(b, h, l),
                                                     mask.float_row(b, h, l), mask.strides[3]);
-      if (vs[3] == 1) {
-        weighted_sum(scores.data(), v_head, vs[2], visible, Dv, acc.data());
-      } else {
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        for (int s = 0; s < visible; ++s) {
-          const float* v_row = v_head + s * vs[2];
-          for (int d = 0; d < Dv; ++d) acc[d] += scores[s] * v_row[d * vs[3]];
-        }
-      }
+      weighted_sum(scores.data(), v_head, v_step, visible, Dv, acc.data());
       float* dst = job.out_row(b, h, l);
       const float inverse = 1.0f / total;
       for (int d = 0; d < Dv; ++d) dst[d] = acc[d] * inverse;
@@ -186,14 +206,13 @@ constexpr int64_t kGroupScores = 1 << 18;
 // weighted sum key by key), but the keys and values are read a block at a time for all the rows at once
 // instead of once per query from L2.
 void run_attention_rows(const AttentionJob& job, int group, int r0, int r1) {
-  const auto &q = job.q, &k = job.k, &v = job.v;
+  const auto& q = job.q;
   const int Hq = q.shape(1), L = q.shape(2), D = q.shape(3);
-  const int Hkv = k.shape(1), S = k.shape(2), Dv = v.shape(3);
+  const int Hkv = job.k.shape(1), S = job.k.shape(2), Dv = job.v.shape(3);
   const int repeats = Hq / Hkv;
-  const auto &qs = q.strides(), &ks = k.strides(), &vs = v.strides();
+  const auto& qs = q.strides();
   const int b = group / Hkv, kvh = group % Hkv;
-  const float* k_head = k.data<float>() + b * ks[0] + kvh * ks[1];
-  const float* v_head = v.data<float>() + b * vs[0] + kvh * vs[1];
+  HeadRows keys(job.k, b, kvh), values(job.v, b, kvh);
   const MaskRows mask(job.mask);
   const int rows = r1 - r0;
   std::vector<float> queries(static_cast<size_t>(rows) * D), scores(static_cast<size_t>(rows) * S);
@@ -212,10 +231,12 @@ void run_attention_rows(const AttentionJob& job, int group, int r0, int r1) {
   }
   // scores, a block of keys at a time for every row (blocks start at multiples of eight, as dots' groups)
   for (int s0 = 0; s0 < most; s0 += kKeyBlock) {
+    int64_t step = 0;
+    const float* block = keys.rows(s0, std::min(kKeyBlock, most - s0), &step);
     for (int i = 0; i < rows; ++i) {
       const int count = std::min(kKeyBlock, visible[i] - s0);
       if (count > 0) {
-        dots(queries.data() + static_cast<size_t>(i) * D, k_head + s0 * ks[2], ks[2], count, D,
+        dots(queries.data() + static_cast<size_t>(i) * D, block, step, count, D,
              scores.data() + static_cast<size_t>(i) * S + s0);
       }
     }
@@ -232,10 +253,12 @@ void run_attention_rows(const AttentionJob& job, int group, int r0, int r1) {
   }
   // weighted values, a block of keys at a time for every row, each row's sums continued key by key
   for (int s0 = 0; s0 < most; s0 += kKeyBlock) {
+    int64_t step = 0;
+    const float* block = values.rows(s0, std::min(kKeyBlock, most - s0), &step);
     for (int i = 0; i < rows; ++i) {
       const int count = std::min(kKeyBlock, visible[i] - s0);
       if (count > 0) {
-        weighted_sum_add(scores.data() + static_cast<size_t>(i) * S + s0, v_head + s0 * vs[2], vs[2], count, Dv,
+        weighted_sum_add(scores.data() + static_cast<size_t>(i) * S + s0, block, step, count, Dv,
                          accs.data() + static_cast<size_t>(i) * Dv);
       }
     }
@@ -289,8 +312,9 @@ void run_attention(const AttentionJob& job) {
 void check_attention_inputs(const mx::array& q, const mx::array& k, const mx::array& v, bool causal,
                             const std::optional<mx::array>& mask) {
   check(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4, "q, k and v must have 4 dimensions");
-  check(q.dtype() == mx::float32 && k.dtype() == mx::float32 && v.dtype() == mx::float32,
-        "q, k and v must be float32");
+  check(q.dtype() == mx::float32, "q must be float32");
+  check((k.dtype() == mx::float32 || k.dtype() == mx::float16) && v.dtype() == k.dtype(),
+        "k and v must both be float32 or both float16");
   check(k.shape(0) == q.shape(0) && v.shape(0) == q.shape(0), "q, k and v must have the same batch size");
   check(k.shape(3) == q.shape(3), "q and k must have the same head size");
   check(k.shape(1) == v.shape(1) && k.shape(2) == v.shape(2), "k and v must have the same heads and length");

@@ -13,7 +13,8 @@ namespace mx = mlx::core;
 namespace mlxd_qmm {
 
 // mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=...) for float32 q [B, Hq, L, D],
-// k [B, Hkv, S, D], v [B, Hkv, S, Dv] (any strides; Hq a multiple of Hkv), with no mask, the causal mask
+// k [B, Hkv, S, D], v [B, Hkv, S, Dv] (any strides; Hq a multiple of Hkv; k and v float32, or both float16:
+// a cache kept in half precision, widened exactly as it is read), with no mask, the causal mask
 // (queries at the last L key positions), or a boolean or additive float32 mask that broadcasts to
 // [B, Hq, L, S]. Equal within float32 rounding (another summation order). Raises std::invalid_argument
 // for other inputs.

@@ -40,7 +40,50 @@ bool use_avx2() {
 #endif
 }
 
+bool use_f16c() {
+#if defined(__x86_64__) || defined(_M_X64)
+  static const bool f16c = use_avx2() && __builtin_cpu_supports("f16c");
+  return f16c;
+#else
+  return false;
+#endif
+}
+
 }  // namespace
+
+float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1fu;
+  uint32_t mantissa = h & 0x3ffu;
+  uint32_t bits;
+  if (exponent == 0x1fu) {
+    bits = sign | 0x7f800000u | (mantissa << 13);  // infinity or NaN
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    bits = sign;  // a signed zero
+  } else {
+    // a subnormal half is a normal float: shift its mantissa up to the hidden bit
+    uint32_t shifts = 0;
+    while ((mantissa & 0x400u) == 0) {
+      mantissa <<= 1;
+      ++shifts;
+    }
+    bits = sign | ((113 - shifts) << 23) | ((mantissa & 0x3ffu) << 13);
+  }
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+
+void widen_halves(const uint16_t* src, int64_t src_stride, int64_t rows, int64_t n, float* dst) {
+#if defined(__x86_64__) || defined(_M_X64)
+  if (use_f16c()) return detail::widen_halves_f16c(src, src_stride, rows, n, dst);
+#endif
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t d = 0; d < n; ++d) dst[r * n + d] = half_to_float(src[r * src_stride + d]);
+  }
+}
 
 float exp_shifted_sum(float* x, int64_t n, float shift) {
 #if defined(__x86_64__) || defined(_M_X64)

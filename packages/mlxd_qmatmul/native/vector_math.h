@@ -32,7 +32,15 @@ void weighted_sum(const float* p, const float* v, int64_t v_stride, int64_t S, i
 // what the pieces before left in acc (starting from zeros), give weighted_sum's result to the bit.
 void weighted_sum_add(const float* p, const float* v, int64_t v_stride, int64_t S, int64_t n, float* acc);
 
+// An IEEE half-precision float (its bits) as a float: exact (every half is a float).
+float half_to_float(uint16_t h);
+
+// dst[r * n + d] = the half src[r * src_stride + d] as a float, for r < rows and d < n: rows of float16 keys
+// or values widened (exactly) for the loops above.
+void widen_halves(const uint16_t* src, int64_t src_stride, int64_t rows, int64_t n, float* dst);
+
 namespace detail {
+void widen_halves_f16c(const uint16_t* src, int64_t src_stride, int64_t rows, int64_t n, float* dst);
 void dots_avx2(const float* q, const float* k, int64_t k_stride, int64_t S, int64_t n, float* out);
 void weighted_sum_add_avx2(const float* p, const float* v, int64_t v_stride, int64_t S, int64_t n, float* acc);
 float dot_avx2(const float* a, const float* b, int64_t n);

@@ -1,0 +1,36 @@
+"""The dtype KV storage keeps keys and values in (``mlxd --kv-dtype``).
+
+Keys and values come out of the model in the dtype it computes in: float32 on the CPU backend, where mlxd
+runs every model in float32. Kept as float16 instead they take half the memory and half the bytes every
+forward's attention reads, which at a long context or many rows is as much as the weights (llama.cpp keeps
+its cache in float16 by default). The CPU attention op widens them exactly as it reads them, and every
+forward (prefill, step, verify) reads the rounded values from storage, so greedy output with prompt lookup
+stays token for token that of plain decode; against a float32 cache it is a rounding of keys and values.
+
+Contract:
+- ``KV_DTYPES`` maps the names ``--kv-dtype`` takes to the dtype float32 keys and values are kept in
+  ("float32": as they come).
+- ``stored_dtype(kv_dtype, dtype)``: what a storage allocates for keys and values of ``dtype``: ``kv_dtype``
+  where it is set and ``dtype`` is float32, else ``dtype`` (a bfloat16 or float16 model's cache is kept as
+  it is; a model computing in float32 on a GPU backend is narrowed the same way).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from mlxd_protocol.serving_defaults import KV_DTYPE_NAMES
+
+KV_DTYPES: dict[str, mx.Dtype | None] = dict(zip(KV_DTYPE_NAMES, (None, mx.float16)))
+
+
+def parse_kv_dtype(name: str) -> mx.Dtype | None:
+    """The dtype ``--kv-dtype NAME`` stands for; ValueError naming the choices for another name."""
+    if name not in KV_DTYPES:
+        raise ValueError(f"unknown KV dtype {name!r}; known: {', '.join(KV_DTYPES)}")
+    return KV_DTYPES[name]
+
+
+def stored_dtype(kv_dtype: mx.Dtype | None, dtype: mx.Dtype) -> mx.Dtype:
+    """The dtype keys and values of ``dtype`` are kept in under ``kv_dtype`` (see the module's contract)."""
+    return kv_dtype if kv_dtype is not None and dtype == mx.float32 else dtype
