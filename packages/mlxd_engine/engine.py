@@ -117,6 +117,8 @@ class Engine:
             mask_axes=self.layout.mask_axes,
             kv_dtype=kv_dtype,
         )
+        if kv_dtype is not None:
+            log.info("keys and values of float32 kept as %s", str(kv_dtype).rsplit(".", 1)[-1])
         if len(kv_entries) < len(leaves):  # sliding windows or recurrent state: rows beside the KV backend
             self.storage = RowStorage(self.storage, self.layout.entries, max_sequences)
             limit = self.storage.max_forward_tokens

@@ -34,6 +34,7 @@ def test_paged_pool_use_in_status_and_metrics():
             kv = client.status().memory["kv"]
         # idle: only the prefix cache's entry holds blocks (the finished request's one block, shared by no one)
         assert kv["backend"] == "paged" and kv["blocks"] == 64 and kv["blocks_reserved"] == 0
+        assert kv["dtype"] == "float32"  # stories260K computes in float32 and keeps it so by default
         assert kv["blocks_used"] == kv["blocks_cached"] == kv["blocks_cache_only"] == 1, kv
         metrics = gateway.client.get("/metrics").text
         assert 'mlxd_daemon_kv_blocks{daemon="0"} 64' in metrics
@@ -65,7 +66,7 @@ def test_a_float16_cache_takes_half_the_pool_bytes():
         assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 8
         with Client(endpoint, timeout_s=5) as client:
             kv = client.status().memory["kv"]
-        assert kv["allocated_bytes"] == 2048 * 640, kv
+        assert kv["allocated_bytes"] == 2048 * 640 and kv["dtype"] == "float16", kv
     finally:
         gateway.stop()
         stop_daemon(daemon, endpoint)

@@ -10,6 +10,8 @@ stays token for token that of plain decode; against a float32 cache it is a roun
 Contract:
 - ``KV_DTYPES`` maps the names ``--kv-dtype`` takes to the dtype float32 keys and values are kept in
   ("float32": as they come).
+- ``held_dtype(buffers)``: the name of the dtype a storage's key buffers hold ("float16", "float32", ...; None
+  before its first write), for its ``usage()`` (status and metrics).
 - ``stored_dtype(kv_dtype, dtype)``: what a storage allocates for keys and values of ``dtype``: ``kv_dtype``
   where it is set and ``dtype`` is float32, else ``dtype`` (a bfloat16 or float16 model's cache is kept as
   it is; a model computing in float32 on a GPU backend is narrowed the same way).
@@ -34,3 +36,9 @@ def parse_kv_dtype(name: str) -> mx.Dtype | None:
 def stored_dtype(kv_dtype: mx.Dtype | None, dtype: mx.Dtype) -> mx.Dtype:
     """The dtype keys and values of ``dtype`` are kept in under ``kv_dtype`` (see the module's contract)."""
     return kv_dtype if kv_dtype is not None and dtype == mx.float32 else dtype
+
+
+def held_dtype(buffers: list) -> str | None:
+    """The dtype name of the first allocated buffer in ``buffers`` (None while none is)."""
+    first = next((b for b in buffers if b is not None), None)
+    return None if first is None else str(first.dtype).rsplit(".", 1)[-1]

@@ -31,7 +31,7 @@ import mlxd_qmatmul
 
 from ..errors import KVStorageFull
 from ..masks import shape_mask
-from .kv_dtype import stored_dtype
+from .kv_dtype import held_dtype, stored_dtype
 
 GROW_CHUNK = 256
 # new keys and values of rows at different positions written by the extension's one op on the CPU
@@ -187,6 +187,7 @@ class SlotKVStorage:
             "slots_free": len(self._free),
             "capacity_tokens": self.capacity,
             "allocated_bytes": per_token * self.capacity * self.n_slots,
+            "dtype": held_dtype(self.keys),
         }
 
     def arrays(self) -> list:

@@ -43,7 +43,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import KVStorageFull
-from .kv_dtype import stored_dtype
+from .kv_dtype import held_dtype, stored_dtype
 from .kv_storage import commit_pending, drop_pending, row_mask
 
 DEFAULT_BLOCK_SIZE = 64
@@ -208,6 +208,7 @@ class PagedKVStorage:
             "blocks_cache_only": cache_only,
             "blocks_shared": int(np.count_nonzero(self._refs > 1)),
             "allocated_bytes": self.bytes_per_block() * self.n_blocks,
+            "dtype": held_dtype(self.keys),
         }
 
     def arrays(self) -> list:

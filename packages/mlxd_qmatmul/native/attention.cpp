@@ -132,6 +132,7 @@ struct HeadRows {
       wide = a.data<float>() + first;
     }
   }
+  bool dense_halves() const { return half != nullptr && col_step == 1; }
   // rows [s0, s0 + count) as floats, dense within a row; *step is the distance between rows
   const float* rows(int s0, int count, int64_t* step) {
     if (wide != nullptr && col_step == 1) {
@@ -195,6 +196,9 @@ void run_attention_pairs(const AttentionJob& job, int pair0, int pair1) {
 // Keys a block of the grouped path: K's and V's rows of one block (2 x 64 keys x 64 floats, 32 KB) stay in L1
 // while every query of the group reads them.
 constexpr int kKeyBlock = 64;
+// Query rows of a group up to which float16 keys and values are read as they are (each row widening what it
+// reads, in registers); more rows share one widened copy of each block.
+constexpr int kDirectHalfRows = 4;
 // Scores the grouped path holds at once (rows x keys, 1 MB): a prompt chunk over a long context takes its
 // rows a few at a time.
 constexpr int64_t kGroupScores = 1 << 18;
@@ -230,12 +234,17 @@ void run_attention_rows(const AttentionJob& job, int group, int r0, int r1) {
     most = std::max(most, seen);
   }
   // scores, a block of keys at a time for every row (blocks start at multiples of eight, as dots' groups)
+  // float16 keys and values: read as they are by a few rows, widened once a block for many (the same sums)
+  const bool direct = rows <= kDirectHalfRows && keys.dense_halves() && values.dense_halves();
   for (int s0 = 0; s0 < most; s0 += kKeyBlock) {
-    int64_t step = 0;
-    const float* block = keys.rows(s0, std::min(kKeyBlock, most - s0), &step);
+    int64_t step = keys.row_step;
+    const float* block = direct ? nullptr : keys.rows(s0, std::min(kKeyBlock, most - s0), &step);
     for (int i = 0; i < rows; ++i) {
       const int count = std::min(kKeyBlock, visible[i] - s0);
-      if (count > 0) {
+      if (count > 0 && direct) {
+        dots(queries.data() + static_cast<size_t>(i) * D, keys.half + s0 * step, step, count, D,
+             scores.data() + static_cast<size_t>(i) * S + s0);
+      } else if (count > 0) {
         dots(queries.data() + static_cast<size_t>(i) * D, block, step, count, D,
              scores.data() + static_cast<size_t>(i) * S + s0);
       }
@@ -253,11 +262,14 @@ void run_attention_rows(const AttentionJob& job, int group, int r0, int r1) {
   }
   // weighted values, a block of keys at a time for every row, each row's sums continued key by key
   for (int s0 = 0; s0 < most; s0 += kKeyBlock) {
-    int64_t step = 0;
-    const float* block = values.rows(s0, std::min(kKeyBlock, most - s0), &step);
+    int64_t step = values.row_step;
+    const float* block = direct ? nullptr : values.rows(s0, std::min(kKeyBlock, most - s0), &step);
     for (int i = 0; i < rows; ++i) {
       const int count = std::min(kKeyBlock, visible[i] - s0);
-      if (count > 0) {
+      if (count > 0 && direct) {
+        weighted_sum_add(scores.data() + static_cast<size_t>(i) * S + s0, values.half + s0 * step, step, count, Dv,
+                         accs.data() + static_cast<size_t>(i) * Dv);
+      } else if (count > 0) {
         weighted_sum_add(scores.data() + static_cast<size_t>(i) * S + s0, block, step, count, Dv,
                          accs.data() + static_cast<size_t>(i) * Dv);
       }

@@ -151,4 +151,39 @@ void weighted_sum_add(const float* p, const float* v, int64_t v_stride, int64_t 
   }
 }
 
+namespace {
+
+// The portable forms of dot and weighted_sum_add over float16 keys or values: the same operations in the same
+// order as over float32 ones holding the widened values.
+float dot_of_halves(const float* a, const uint16_t* b, int64_t n) {
+  float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) part[j] += a[i + j] * half_to_float(b[i + j]);
+  }
+  float sum = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+  for (; i < n; ++i) sum += a[i] * half_to_float(b[i]);
+  return sum;
+}
+
+}  // namespace
+
+void dots(const float* q, const uint16_t* k, int64_t k_stride, int64_t S, int64_t n, float* out) {
+#if defined(__x86_64__) || defined(_M_X64)
+  if (use_f16c()) return detail::dots_half_avx2(q, k, k_stride, S, n, out);
+#endif
+  for (int64_t s = 0; s < S; ++s) out[s] = dot_of_halves(q, k + s * k_stride, n);
+}
+
+void weighted_sum_add(const float* p, const uint16_t* v, int64_t v_stride, int64_t S, int64_t n, float* acc) {
+#if defined(__x86_64__) || defined(_M_X64)
+  if (use_f16c()) return detail::weighted_sum_add_half_avx2(p, v, v_stride, S, n, acc);
+#endif
+  for (int64_t s = 0; s < S; ++s) {
+    if (p[s] == 0.0f) continue;
+    const uint16_t* row = v + s * v_stride;
+    for (int64_t i = 0; i < n; ++i) acc[i] += p[s] * half_to_float(row[i]);
+  }
+}
+
 }  // namespace mlxd_qmm

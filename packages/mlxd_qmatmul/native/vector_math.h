@@ -39,7 +39,14 @@ float half_to_float(uint16_t h);
 // or values widened (exactly) for the loops above.
 void widen_halves(const uint16_t* src, int64_t src_stride, int64_t rows, int64_t n, float* dst);
 
+// dots and weighted_sum_add over float16 keys or values (IEEE halves), widened as they are read: the results
+// of the float32 forms over the widened values, to the bit.
+void dots(const float* q, const uint16_t* k, int64_t k_stride, int64_t S, int64_t n, float* out);
+void weighted_sum_add(const float* p, const uint16_t* v, int64_t v_stride, int64_t S, int64_t n, float* acc);
+
 namespace detail {
+void dots_half_avx2(const float* q, const uint16_t* k, int64_t k_stride, int64_t S, int64_t n, float* out);
+void weighted_sum_add_half_avx2(const float* p, const uint16_t* v, int64_t v_stride, int64_t S, int64_t n, float* acc);
 void widen_halves_f16c(const uint16_t* src, int64_t src_stride, int64_t rows, int64_t n, float* dst);
 void dots_avx2(const float* q, const float* k, int64_t k_stride, int64_t S, int64_t n, float* out);
 void weighted_sum_add_avx2(const float* p, const float* v, int64_t v_stride, int64_t S, int64_t n, float* acc);

@@ -90,14 +90,27 @@ void swiglu_rows_avx2(const float* gate, const float* up, float* out, int64_t n)
   }
 }
 
-float dot_avx2(const float* a, const float* b, int64_t n) {
+namespace {
+
+// Eight keys' or values' elements as floats: float32 as they are, float16 (IEEE halves) widened exactly.
+__m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+__m256 load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+float value(float x) { return x; }
+float value(uint16_t h) { return _cvtsh_ss(h); }
+
+template <typename T>
+float dot_of(const float* a, const T* b, int64_t n) {
   __m256 sum = _mm256_setzero_ps();
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) sum = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), sum);
+  for (; i + 8 <= n; i += 8) sum = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b + i), sum);
   float total = hsum(sum);
-  for (; i < n; ++i) total += a[i] * b[i];
+  for (; i < n; ++i) total += a[i] * value(b[i]);
   return total;
 }
+
+}  // namespace
+
+float dot_avx2(const float* a, const float* b, int64_t n) { return dot_of(a, b, n); }
 
 void axpy_avx2(float a, const float* x, float* y, int64_t n) {
   const __m256 by = _mm256_set1_ps(a);
@@ -118,7 +131,10 @@ void widen_halves_f16c(const uint16_t* src, int64_t src_stride, int64_t rows, in
   }
 }
 
-void dots_avx2(const float* q, const float* k, int64_t k_stride, int64_t S, int64_t n, float* out) {
+namespace {
+
+template <typename T>
+void dots_of(const float* q, const T* k, int64_t k_stride, int64_t S, int64_t n, float* out) {
   const int64_t dense = n / 8 * 8;
   int64_t s = 0;
   // eight keys at a time: eight lanes of partial sums each, reduced together by a tree of horizontal adds
@@ -127,7 +143,7 @@ void dots_avx2(const float* q, const float* k, int64_t k_stride, int64_t S, int6
     for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
     for (int64_t d = 0; d < dense; d += 8) {
       const __m256 qd = _mm256_loadu_ps(q + d);
-      for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k + (s + j) * k_stride + d), acc[j]);
+      for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qd, load8(k + (s + j) * k_stride + d), acc[j]);
     }
     const __m256 t0 = _mm256_hadd_ps(acc[0], acc[1]), t1 = _mm256_hadd_ps(acc[2], acc[3]);
     const __m256 t2 = _mm256_hadd_ps(acc[4], acc[5]), t3 = _mm256_hadd_ps(acc[6], acc[7]);
@@ -138,17 +154,18 @@ void dots_avx2(const float* q, const float* k, int64_t k_stride, int64_t S, int6
       alignas(32) float rest[8];
       for (int j = 0; j < 8; ++j) {
         float r = 0.0f;
-        for (int64_t d = dense; d < n; ++d) r += q[d] * k[(s + j) * k_stride + d];
+        for (int64_t d = dense; d < n; ++d) r += q[d] * value(k[(s + j) * k_stride + d]);
         rest[j] = r;
       }
       sums = _mm256_add_ps(sums, _mm256_load_ps(rest));
     }
     _mm256_storeu_ps(out + s, sums);
   }
-  for (; s < S; ++s) out[s] = dot_avx2(q, k + s * k_stride, n);
+  for (; s < S; ++s) out[s] = dot_of(q, k + s * k_stride, n);
 }
 
-void weighted_sum_add_avx2(const float* p, const float* v, int64_t v_stride, int64_t S, int64_t n, float* acc) {
+template <typename T>
+void weighted_sum_add_of(const float* p, const T* v, int64_t v_stride, int64_t S, int64_t n, float* acc) {
   int64_t d = 0;
   // four blocks of eight columns at a time, the keys' weights broadcast once per key
   for (; d + 32 <= n; d += 32) {
@@ -156,11 +173,11 @@ void weighted_sum_add_avx2(const float* p, const float* v, int64_t v_stride, int
     __m256 a2 = _mm256_loadu_ps(acc + d + 16), a3 = _mm256_loadu_ps(acc + d + 24);
     for (int64_t s = 0; s < S; ++s) {
       const __m256 w = _mm256_set1_ps(p[s]);
-      const float* row = v + s * v_stride + d;
-      a0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(row), a0);
-      a1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 8), a1);
-      a2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 16), a2);
-      a3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 24), a3);
+      const T* row = v + s * v_stride + d;
+      a0 = _mm256_fmadd_ps(w, load8(row), a0);
+      a1 = _mm256_fmadd_ps(w, load8(row + 8), a1);
+      a2 = _mm256_fmadd_ps(w, load8(row + 16), a2);
+      a3 = _mm256_fmadd_ps(w, load8(row + 24), a3);
     }
     _mm256_storeu_ps(acc + d, a0);
     _mm256_storeu_ps(acc + d + 8, a1);
@@ -169,14 +186,33 @@ void weighted_sum_add_avx2(const float* p, const float* v, int64_t v_stride, int
   }
   for (; d + 8 <= n; d += 8) {
     __m256 a = _mm256_loadu_ps(acc + d);
-    for (int64_t s = 0; s < S; ++s) a = _mm256_fmadd_ps(_mm256_set1_ps(p[s]), _mm256_loadu_ps(v + s * v_stride + d), a);
+    for (int64_t s = 0; s < S; ++s) a = _mm256_fmadd_ps(_mm256_set1_ps(p[s]), load8(v + s * v_stride + d), a);
     _mm256_storeu_ps(acc + d, a);
   }
   for (; d < n; ++d) {
     float a = acc[d];
-    for (int64_t s = 0; s < S; ++s) a += p[s] * v[s * v_stride + d];
+    for (int64_t s = 0; s < S; ++s) a += p[s] * value(v[s * v_stride + d]);
     acc[d] = a;
   }
+}
+
+}  // namespace
+
+void dots_avx2(const float* q, const float* k, int64_t k_stride, int64_t S, int64_t n, float* out) {
+  dots_of(q, k, k_stride, S, n, out);
+}
+
+void dots_half_avx2(const float* q, const uint16_t* k, int64_t k_stride, int64_t S, int64_t n, float* out) {
+  dots_of(q, k, k_stride, S, n, out);
+}
+
+void weighted_sum_add_avx2(const float* p, const float* v, int64_t v_stride, int64_t S, int64_t n, float* acc) {
+  weighted_sum_add_of(p, v, v_stride, S, n, acc);
+}
+
+void weighted_sum_add_half_avx2(const float* p, const uint16_t* v, int64_t v_stride, int64_t S, int64_t n,
+                                float* acc) {
+  weighted_sum_add_of(p, v, v_stride, S, n, acc);
 }
 
 }  // namespace mlxd_qmm::detail
