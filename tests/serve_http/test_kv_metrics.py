@@ -11,19 +11,15 @@ from tests.serve_http.conftest import Gateway
 pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason=f"{STORIES} is not present")
 
 
+def _paged_daemon(name: str, *options: str):
+    """stories260K served from a paged pool of 2048 tokens, with ``options``: (endpoint, process)."""
+    endpoint = private_endpoint(name)
+    args = ("-m", str(STORIES), "--decode-storage-backend", "paged", "--kv-pool-tokens", "2048", *options)
+    return endpoint, start_daemon(endpoint, *args)
+
+
 def test_paged_pool_use_in_status_and_metrics():
-    endpoint = private_endpoint("k")
-    daemon = start_daemon(
-        endpoint,
-        "-m",
-        str(STORIES),
-        "--decode-storage-backend",
-        "paged",
-        "--kv-pool-tokens",
-        "2048",
-        "--kv-block-size",
-        "32",
-    )
+    endpoint, daemon = _paged_daemon("k", "--kv-block-size", "32")
     gateway = Gateway([endpoint])
     try:
         assert (
@@ -48,18 +44,7 @@ def test_paged_pool_use_in_status_and_metrics():
 def test_a_float16_cache_takes_half_the_pool_bytes():
     """``mlxd --kv-dtype float16``: stories260K's 5 layers x 4 key heads x 8 values, keys and values, take
     2 bytes a value (640 bytes a token, 1280 as float32) and the replies come as before."""
-    endpoint = private_endpoint("h")
-    daemon = start_daemon(
-        endpoint,
-        "-m",
-        str(STORIES),
-        "--decode-storage-backend",
-        "paged",
-        "--kv-pool-tokens",
-        "2048",
-        "--kv-dtype",
-        "float16",
-    )
+    endpoint, daemon = _paged_daemon("h", "--kv-dtype", "float16")
     gateway = Gateway([endpoint])
     try:
         reply = gateway.client.post("/v1/completions", json={"prompt": "Once upon a time", "max_tokens": 8})
