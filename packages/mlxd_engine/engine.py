@@ -43,6 +43,7 @@ from .ragged import is_ragged, ragged_wanted, real_lengths
 from .sampling.chain import SamplerChain, SamplingParams, post_sampling_logprobs, sample_rows, token_logprobs
 from .sequence import Emitted, Sequence, StepHandle
 from .storage.kv_backend import make_kv_storage
+from .storage.kv_dtype import dtype_name
 from .storage.kv_storage import SlotState
 from .storage.paged_kv_storage import DEFAULT_BLOCK_SIZE, SharedPrefix
 from .storage.prefix_cache import DEFAULT_MAX_ENTRIES, PrefixCache
@@ -118,7 +119,7 @@ class Engine:
             kv_dtype=kv_dtype,
         )
         if kv_dtype is not None:
-            log.info("keys and values of float32 kept as %s", str(kv_dtype).rsplit(".", 1)[-1])
+            log.info("keys and values of float32 kept as %s", dtype_name(kv_dtype))
         if len(kv_entries) < len(leaves):  # sliding windows or recurrent state: rows beside the KV backend
             self.storage = RowStorage(self.storage, self.layout.entries, max_sequences)
             limit = self.storage.max_forward_tokens

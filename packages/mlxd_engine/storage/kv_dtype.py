@@ -41,4 +41,9 @@ def stored_dtype(kv_dtype: mx.Dtype | None, dtype: mx.Dtype) -> mx.Dtype:
 def held_dtype(buffers: list) -> str | None:
     """The dtype name of the first allocated buffer in ``buffers`` (None while none is)."""
     first = next((b for b in buffers if b is not None), None)
-    return None if first is None else str(first.dtype).rsplit(".", 1)[-1]
+    return None if first is None else dtype_name(first.dtype)
+
+
+def dtype_name(dtype: mx.Dtype) -> str:
+    """The name of ``dtype`` without its module: "float16" for ``mx.float16`` (printed "mlx.core.float16")."""
+    return str(dtype).rsplit(".", 1)[-1]

@@ -13,6 +13,7 @@
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "dispatch.h"
+#include "kernel.h"  // half_to_float
 #include "vector_math.h"
 
 namespace mlxd_qmm {

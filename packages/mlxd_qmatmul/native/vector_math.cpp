@@ -2,6 +2,8 @@
 // where the CPU has AVX2 and FMA.
 #include "vector_math.h"
 
+#include "kernel.h"  // half_to_float
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -40,6 +42,33 @@ bool use_avx2() {
 #endif
 }
 
+// A key's or value's element as a float: float32 as it is, float16 (an IEEE half) widened exactly.
+float value(float x) { return x; }
+float value(uint16_t h) { return half_to_float(h); }
+
+// The portable dot product (eight scalar partial sums) and weighted sum (key by key, zero weights skipped), over
+// float32 or float16 keys and values: the same operations in the same order for both.
+template <typename T>
+float portable_dot(const float* a, const T* b, int64_t n) {
+  float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) part[j] += a[i + j] * value(b[i + j]);
+  }
+  float sum = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+  for (; i < n; ++i) sum += a[i] * value(b[i]);
+  return sum;
+}
+
+template <typename T>
+void portable_weighted_sum_add(const float* p, const T* v, int64_t v_stride, int64_t S, int64_t n, float* acc) {
+  for (int64_t s = 0; s < S; ++s) {
+    if (p[s] == 0.0f) continue;
+    const T* row = v + s * v_stride;
+    for (int64_t i = 0; i < n; ++i) acc[i] += p[s] * value(row[i]);
+  }
+}
+
 bool use_f16c() {
 #if defined(__x86_64__) || defined(_M_X64)
   static const bool f16c = use_avx2() && __builtin_cpu_supports("f16c");
@@ -50,31 +79,6 @@ bool use_f16c() {
 }
 
 }  // namespace
-
-float half_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exponent = (h >> 10) & 0x1fu;
-  uint32_t mantissa = h & 0x3ffu;
-  uint32_t bits;
-  if (exponent == 0x1fu) {
-    bits = sign | 0x7f800000u | (mantissa << 13);  // infinity or NaN
-  } else if (exponent != 0) {
-    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-  } else if (mantissa == 0) {
-    bits = sign;  // a signed zero
-  } else {
-    // a subnormal half is a normal float: shift its mantissa up to the hidden bit
-    uint32_t shifts = 0;
-    while ((mantissa & 0x400u) == 0) {
-      mantissa <<= 1;
-      ++shifts;
-    }
-    bits = sign | ((113 - shifts) << 23) | ((mantissa & 0x3ffu) << 13);
-  }
-  float out;
-  std::memcpy(&out, &bits, sizeof(out));
-  return out;
-}
 
 void widen_halves(const uint16_t* src, int64_t src_stride, int64_t rows, int64_t n, float* dst) {
 #if defined(__x86_64__) || defined(_M_X64)
@@ -109,32 +113,11 @@ void swiglu_rows(const float* gate, const float* up, float* out, int64_t n) {
   }
 }
 
-float dot(const float* a, const float* b, int64_t n) {
-#if defined(__x86_64__) || defined(_M_X64)
-  if (use_avx2()) return detail::dot_avx2(a, b, n);
-#endif
-  float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int j = 0; j < 8; ++j) part[j] += a[i + j] * b[i + j];
-  }
-  float sum = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
-  for (; i < n; ++i) sum += a[i] * b[i];
-  return sum;
-}
-
-void axpy(float a, const float* x, float* y, int64_t n) {
-#if defined(__x86_64__) || defined(_M_X64)
-  if (use_avx2()) return detail::axpy_avx2(a, x, y, n);
-#endif
-  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
-}
-
 void dots(const float* q, const float* k, int64_t k_stride, int64_t S, int64_t n, float* out) {
 #if defined(__x86_64__) || defined(_M_X64)
   if (use_avx2()) return detail::dots_avx2(q, k, k_stride, S, n, out);
 #endif
-  for (int64_t s = 0; s < S; ++s) out[s] = dot(q, k + s * k_stride, n);
+  for (int64_t s = 0; s < S; ++s) out[s] = portable_dot(q, k + s * k_stride, n);
 }
 
 void weighted_sum(const float* p, const float* v, int64_t v_stride, int64_t S, int64_t n, float* acc) {
@@ -146,44 +129,21 @@ void weighted_sum_add(const float* p, const float* v, int64_t v_stride, int64_t 
 #if defined(__x86_64__) || defined(_M_X64)
   if (use_avx2()) return detail::weighted_sum_add_avx2(p, v, v_stride, S, n, acc);
 #endif
-  for (int64_t s = 0; s < S; ++s) {
-    if (p[s] != 0.0f) axpy(p[s], v + s * v_stride, acc, n);
-  }
+  portable_weighted_sum_add(p, v, v_stride, S, n, acc);
 }
-
-namespace {
-
-// The portable forms of dot and weighted_sum_add over float16 keys or values: the same operations in the same
-// order as over float32 ones holding the widened values.
-float dot_of_halves(const float* a, const uint16_t* b, int64_t n) {
-  float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int j = 0; j < 8; ++j) part[j] += a[i + j] * half_to_float(b[i + j]);
-  }
-  float sum = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
-  for (; i < n; ++i) sum += a[i] * half_to_float(b[i]);
-  return sum;
-}
-
-}  // namespace
 
 void dots(const float* q, const uint16_t* k, int64_t k_stride, int64_t S, int64_t n, float* out) {
 #if defined(__x86_64__) || defined(_M_X64)
   if (use_f16c()) return detail::dots_half_avx2(q, k, k_stride, S, n, out);
 #endif
-  for (int64_t s = 0; s < S; ++s) out[s] = dot_of_halves(q, k + s * k_stride, n);
+  for (int64_t s = 0; s < S; ++s) out[s] = portable_dot(q, k + s * k_stride, n);
 }
 
 void weighted_sum_add(const float* p, const uint16_t* v, int64_t v_stride, int64_t S, int64_t n, float* acc) {
 #if defined(__x86_64__) || defined(_M_X64)
   if (use_f16c()) return detail::weighted_sum_add_half_avx2(p, v, v_stride, S, n, acc);
 #endif
-  for (int64_t s = 0; s < S; ++s) {
-    if (p[s] == 0.0f) continue;
-    const uint16_t* row = v + s * v_stride;
-    for (int64_t i = 0; i < n; ++i) acc[i] += p[s] * half_to_float(row[i]);
-  }
+  portable_weighted_sum_add(p, v, v_stride, S, n, acc);
 }
 
 }  // namespace mlxd_qmm

@@ -15,14 +15,9 @@ float exp_shifted_sum(float* x, int64_t n, float shift);
 // out[i] = (gate[i] * sigmoid(gate[i])) * up[i]: mlx.nn.silu(gate) * up, as mlx-lm's swiglu; bit-identical.
 void swiglu_rows(const float* gate, const float* up, float* out, int64_t n);
 
-// The dot product of n dense floats (eight lanes of partial sums where AVX2 is there, else eight scalar
-// partial sums): within float32 rounding of a left-to-right sum.
-float dot(const float* a, const float* b, int64_t n);
-
-// y[i] += a * x[i] for n dense floats.
-void axpy(float a, const float* x, float* y, int64_t n);
-
-// out[s] = dot(q, k + s * k_stride) for s < S, over n dense floats each (attention's scores of one query).
+// out[s] = the dot product of q and k + s * k_stride for s < S, over n dense floats each (attention's scores of
+// one query; eight lanes of partial sums where AVX2 is there, else eight scalar partial sums: within float32
+// rounding of a left-to-right sum).
 void dots(const float* q, const float* k, int64_t k_stride, int64_t S, int64_t n, float* out);
 
 // acc[d] = sum over s < S of p[s] * v[s * v_stride + d], for d < n (attention's weighted values).
@@ -31,9 +26,6 @@ void weighted_sum(const float* p, const float* v, int64_t v_stride, int64_t S, i
 // acc[d] += the same, continuing weighted_sum's sums key by key: keys [0, S) taken in pieces, each added to
 // what the pieces before left in acc (starting from zeros), give weighted_sum's result to the bit.
 void weighted_sum_add(const float* p, const float* v, int64_t v_stride, int64_t S, int64_t n, float* acc);
-
-// An IEEE half-precision float (its bits) as a float: exact (every half is a float).
-float half_to_float(uint16_t h);
 
 // dst[r * n + d] = the half src[r * src_stride + d] as a float, for r < rows and d < n: rows of float16 keys
 // or values widened (exactly) for the loops above.
@@ -50,8 +42,6 @@ void weighted_sum_add_half_avx2(const float* p, const uint16_t* v, int64_t v_str
 void widen_halves_f16c(const uint16_t* src, int64_t src_stride, int64_t rows, int64_t n, float* dst);
 void dots_avx2(const float* q, const float* k, int64_t k_stride, int64_t S, int64_t n, float* out);
 void weighted_sum_add_avx2(const float* p, const float* v, int64_t v_stride, int64_t S, int64_t n, float* acc);
-float dot_avx2(const float* a, const float* b, int64_t n);
-void axpy_avx2(float a, const float* x, float* y, int64_t n);
 float exp_shifted_sum_avx2(float* x, int64_t n, float shift);
 void swiglu_rows_avx2(const float* gate, const float* up, float* out, int64_t n);
 }  // namespace detail

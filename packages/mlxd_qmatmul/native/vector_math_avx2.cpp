@@ -110,24 +110,13 @@ float dot_of(const float* a, const T* b, int64_t n) {
 
 }  // namespace
 
-float dot_avx2(const float* a, const float* b, int64_t n) { return dot_of(a, b, n); }
-
-void axpy_avx2(float a, const float* x, float* y, int64_t n) {
-  const __m256 by = _mm256_set1_ps(a);
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(by, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-  for (; i < n; ++i) y[i] += a * x[i];
-}
-
 void widen_halves_f16c(const uint16_t* src, int64_t src_stride, int64_t rows, int64_t n, float* dst) {
   for (int64_t r = 0; r < rows; ++r) {
     const uint16_t* from = src + r * src_stride;
     float* to = dst + r * n;
     int64_t d = 0;
-    for (; d + 8 <= n; d += 8) {
-      _mm256_storeu_ps(to + d, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(from + d))));
-    }
-    for (; d < n; ++d) to[d] = _cvtsh_ss(from[d]);
+    for (; d + 8 <= n; d += 8) _mm256_storeu_ps(to + d, load8(from + d));
+    for (; d < n; ++d) to[d] = value(from[d]);
   }
 }
 
