@@ -34,7 +34,7 @@ ifeq ($(UNAME),Linux)
 	    echo "could not install OpenBLAS; using MLX's bundled BLAS (slow)"; \
 	  else echo "no OpenBLAS found; using MLX's bundled BLAS (slow): apt-get install libopenblas0-pthread"; fi; \
 	fi
-	@echo "BLAS preload: $$($(PY) -m mlxd_fast_blas || true)"
+	@echo "BLAS: $$($(PY) -m mlxd_fast_blas --env || true)"
 endif
 
 # The web UI's browser tests drive Debian's headless Chromium (chromium + chromium-driver, never a downloaded
@@ -63,14 +63,14 @@ default-model: $(STAMP)
 	  echo "default model not available (see above): mlxd will serve the embedded tiny model"
 
 test: setup
-	LD_PRELOAD="$$($(PY) -m mlxd_fast_blas)" $(PY) -m pytest
+	env $$($(PY) -m mlxd_fast_blas --env) $(PY) -m pytest
 
 test-fast: setup
-	LD_PRELOAD="$$($(PY) -m mlxd_fast_blas)" $(PY) -m pytest -m "not slow"
+	env $$($(PY) -m mlxd_fast_blas --env) $(PY) -m pytest -m "not slow"
 
 # The focused tests (no daemon, gateway, server or child process; tests/markers.py): under a minute.
 test-unit: setup
-	LD_PRELOAD="$$($(PY) -m mlxd_fast_blas)" $(PY) -m pytest -m "unit and not slow"
+	env $$($(PY) -m mlxd_fast_blas --env) $(PY) -m pytest -m "unit and not slow"
 
 demo: setup
 	bash scripts/demo.sh

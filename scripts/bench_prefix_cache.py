@@ -64,17 +64,14 @@ def parse_arguments() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def blas_preload() -> str:
-    """The OpenBLAS preload mlxd uses on Linux CPU, for mlx_lm.server ("" where none applies)."""
-    found = subprocess.run([sys.executable, "-m", "mlxd_fast_blas"], capture_output=True, text=True)
+def blas_environment() -> str:
+    """The OpenBLAS variables mlxd uses on Linux CPU as NAME=value words, for mlx_lm.server ("" where none apply)."""
+    found = subprocess.run([sys.executable, "-m", "mlxd_fast_blas", "--env"], capture_output=True, text=True)
     return found.stdout.strip() if found.returncode == 0 else ""
 
 
 def bench_command(args: argparse.Namespace, urls: dict[str, str], mlx_lm_model: Path) -> list[str]:
-    mlx_lm = (
-        f"env LD_PRELOAD='{blas_preload()}' '{sys.executable}' -m mlx_lm server --model '{mlx_lm_model}' "
-        "--port {port}"
-    )
+    mlx_lm = f"env {blas_environment()} '{sys.executable}' -m mlx_lm server --model '{mlx_lm_model}' --port {{port}}"
     return [
         str(BIN / "mlx-bench"),
         "--target",

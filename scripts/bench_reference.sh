@@ -50,8 +50,9 @@ stop_daemons() {
 }
 trap stop_daemons EXIT
 
-# mlxd re-executes itself with OpenBLAS preloaded on Linux CPU; give mlx_lm.server the same BLAS.
-PRELOAD=$("$PY" -m mlxd_fast_blas 2>/dev/null || true)
+# mlxd re-executes itself with OpenBLAS preloaded on Linux CPU (and its kernels chosen where the library does
+# not know the CPU); give mlx_lm.server the same BLAS.
+BLAS_ENV=$("$PY" -m mlxd_fast_blas --env 2>/dev/null || true)
 umask 022
 mkdir -p "$OUT"
 
@@ -71,7 +72,7 @@ done
 "${BENCH[@]}" \
     --serve "off=env MLXD_ENDPOINT=$OFF_EP '$ROOT/$BIN/mlx-serve-http' --port {port} -m '$MODEL'" \
     --serve "on=env MLXD_ENDPOINT=$ON_EP '$ROOT/$BIN/mlx-serve-http' --port {port} -m '$MODEL' --draft-kind prompt-lookup" \
-    --serve "mlx_lm=env LD_PRELOAD='$PRELOAD' '$PY' -m mlx_lm server --model '$MLX_LM_DIR/model' --port {port}" \
+    --serve "mlx_lm=env $BLAS_ENV '$PY' -m mlx_lm server --model '$MLX_LM_DIR/model' --port {port}" \
     --target-model mlx_lm=default_model \
     --baseline off \
     "${STYLE_ARGS[@]}" \

@@ -6,8 +6,11 @@ calls to it (docs/benchmark_results/code_notes.md#fast-blas).
 
 Contract: ``ensure_fast_blas()`` is called first thing by every entry point that imports mlx. On Linux,
 unless ``MLXD_FAST_BLAS=0``, it looks for an OpenBLAS (``MLXD_OPENBLAS`` names one explicitly) and, if
-it is not already preloaded, re-executes the process with it in ``LD_PRELOAD``. It never imports mlx.
-``blas_in_use()`` says what the running process has mapped, for the log line at start-up.
+it is not already preloaded, re-executes the process with it in ``LD_PRELOAD``, and with
+``OPENBLAS_CORETYPE`` where the library does not know this CPU and would run generic kernels
+(``openblas_core``). It never imports mlx. ``blas_in_use()`` says what the running process has mapped and
+which kernels it runs, for the log line at start-up. ``python -m mlxd_fast_blas`` prints the
+``LD_PRELOAD`` value, and with ``--env`` both assignments, for a process started from a shell or a Makefile.
 
 A server chooses its OpenBLAS thread count by timing the loaded model (``mlxd_daemon.step_tuning``);
 ``explicit_blas_threads()`` is the count the environment fixes instead (``MLXD_BLAS_THREADS``, else
@@ -22,6 +25,8 @@ import logging
 import os
 import sys
 from pathlib import Path
+
+from mlxd_fast_blas.openblas_core import CORE_ENV, forced_core, loaded_core
 
 DISABLE_ENV = "MLXD_FAST_BLAS"
 THREADS_ENV = "MLXD_BLAS_THREADS"
@@ -68,14 +73,36 @@ def preload_value() -> str | None:
     return f"{library}:{current}" if current else library
 
 
+def preload_environment() -> dict[str, str]:
+    """The variables that enable the fast path for a process started now: ``LD_PRELOAD``, and
+    ``OPENBLAS_CORETYPE`` where the library would not pick this CPU's kernels (empty where nothing applies)."""
+    value = preload_value()
+    if value is None:
+        return {}
+    environment = {"LD_PRELOAD": value}
+    library = find_openblas()
+    core = forced_core(library) if library else None
+    if core is not None:
+        environment[CORE_ENV] = core
+    return environment
+
+
 def ensure_fast_blas() -> None:
-    """Re-exec the current process with OpenBLAS preloaded when that applies and is not done yet."""
+    """Re-exec the current process with OpenBLAS preloaded (and its kernels chosen, where the library does
+    not know this CPU) when that applies and is not done yet."""
     if os.environ.get(_REEXEC_MARK):
         return  # already re-executed once: never loop
     value = preload_value()
-    if value is None or value == os.environ.get("LD_PRELOAD"):
+    if value is None:
         return
-    os.environ["LD_PRELOAD"] = value
+    if value != os.environ.get("LD_PRELOAD"):
+        wanted = preload_environment()
+    else:  # preloaded by whoever started us: only the kernels may be missing
+        core = forced_core(None)
+        wanted = {CORE_ENV: core} if core is not None else {}
+    if not wanted:
+        return
+    os.environ.update(wanted)
     os.environ[_REEXEC_MARK] = "1"
     argv = list(getattr(sys, "orig_argv", [sys.executable, *sys.argv]))
     try:
@@ -118,13 +145,28 @@ def blas_in_use() -> str:
         return "unknown"
     for line in maps.splitlines():
         if "libopenblas" in line:
-            return f"openblas ({line.split()[-1]})"
+            return f"openblas ({line.split()[-1]}{_kernels_note()})"
     return "bundled reference BLAS (slow; install libopenblas0-pthread or set MLXD_OPENBLAS)"
 
 
+def _kernels_note() -> str:
+    """', <kernel set> kernels' of the loaded OpenBLAS, naming OPENBLAS_CORETYPE when that chose them."""
+    try:
+        core = loaded_core(ctypes.CDLL(None))
+    except OSError:
+        core = None
+    if core is None:
+        return ""
+    return f", {core} kernels" + (f" ({CORE_ENV})" if os.environ.get(CORE_ENV, "").strip() else "")
+
+
 def main() -> None:
-    """``python -m mlxd_fast_blas``: print the LD_PRELOAD value for the fast path (empty if none)."""
-    print(preload_value() or "")
+    """``python -m mlxd_fast_blas``: print the LD_PRELOAD value for the fast path (empty if none); with
+    ``--env``, every variable it needs as NAME=value words (for ``env $(python -m mlxd_fast_blas --env) ...``)."""
+    if "--env" in sys.argv[1:]:
+        print(" ".join(f"{name}={value}" for name, value in preload_environment().items()))
+    else:
+        print(preload_value() or "")
 
 
 if __name__ == "__main__":
