@@ -14,6 +14,8 @@ import pytest
 import mlxd_qmatmul
 from mlxd_engine import cpu_fusion
 
+from .every_isa import results_on_every_isa
+
 pytestmark = pytest.mark.skipif(not mlxd_qmatmul.available(), reason=mlxd_qmatmul.unavailable_reason())
 
 
@@ -74,3 +76,30 @@ def test_mixed_or_half_queries_are_refused_by_the_op_and_kept_off_it_by_mlx_lm_a
     assert float(mx.abs(out - want).max()) < 1e-5
     half_q = cpu_fusion.cpu_attention(q.astype(mx.float16), k, k, None, 0.2, "causal")  # MLX's path
     assert half_q.dtype == mx.float16
+
+
+@pytest.mark.integration  # starts a process
+def test_every_instruction_set_reads_halves_as_their_float32_values(tmp_path):
+    """The portable forms (MLXD_QMM_ISA=sse2, what a CPU without AVX2 runs) and the AVX2 ones read float16
+    keys and values directly at decode (up to 4 query rows a key head) and widened beyond: each path gives its
+    own float32 result to the bit, and every path agrees with MLX's attention."""
+    script = (
+        "import mlx.core as mx, numpy as np, mlxd_qmatmul as q\n"
+        "rng = np.random.default_rng(5); out = []\n"
+        "for L in (1, 4, 9):\n"
+        "    qs = mx.array(rng.normal(size=(2, 6, L, 64)).astype(np.float32))\n"
+        "    k = mx.array(rng.normal(size=(2, 2, L + 70, 64)).astype(np.float16))\n"
+        "    v = mx.array(rng.normal(size=(2, 2, L + 70, 64)).astype(np.float16))\n"
+        "    got = q.attention(qs, k, v, 0.125, True, None)\n"
+        "    wide = q.attention(qs, k.astype(mx.float32), v.astype(mx.float32), 0.125, True, None)\n"
+        "    assert np.array_equal(np.array(got), np.array(wide)), L\n"
+        "    want = mx.fast.scaled_dot_product_attention(qs, k.astype(mx.float32), v.astype(mx.float32), "
+        "scale=0.125, mask='causal')\n"
+        "    assert float(mx.abs(got - want).max()) < 1e-5, L\n"
+        "    out.append(np.array(got).ravel())\n"
+        "print(q.kernel_isa() + ('+amx' if q.amx_available() else '')); np.save(sys.argv[1], np.concatenate(out))\n"
+    )
+    results = results_on_every_isa(script, tmp_path)
+    first = next(iter(results.values()))
+    for isa, got in results.items():
+        np.testing.assert_allclose(got, first, rtol=1e-5, atol=1e-5, err_msg=isa)

@@ -2,7 +2,7 @@
 // where the CPU has AVX2 and FMA.
 #include "vector_math.h"
 
-#include "kernel.h"  // half_to_float
+#include "kernel.h"  // half_to_float, select_isa
 
 #include <cmath>
 #include <cstring>
@@ -33,9 +33,12 @@ float mlx_exp(float in) {
   return scale * x;
 }
 
+// Where the CPU has AVX2 and FMA, unless the kernels' instruction set is the portable one (MLXD_QMM_ISA=sse2
+// chooses it on any x86-64 CPU, which is how the portable forms are tested there).
 bool use_avx2() {
 #if defined(__x86_64__) || defined(_M_X64)
-  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                           std::strcmp(select_isa().name, "sse2") != 0;
   return avx2;
 #else
   return false;
