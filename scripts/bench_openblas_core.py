@@ -57,15 +57,6 @@ def measure(model: str, prompt: int, repeats: int) -> dict:
     return out
 
 
-def core_in(environment: dict) -> str:
-    """The kernel set OpenBLAS runs in a process started with ``environment``."""
-    code = "import ctypes; from mlxd_fast_blas.openblas_core import loaded_core; print(loaded_core(ctypes.CDLL(None)))"
-    env = {key: value for key, value in os.environ.items() if key != "OPENBLAS_CORETYPE"}
-    return subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={**env, **environment}
-    ).stdout.strip()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", action="append", default=None, help="repeatable; default: embedded")
@@ -81,12 +72,12 @@ def main() -> None:
 
     from bench_common import command_line, machine_facts
     from mlxd_fast_blas import find_openblas
-    from mlxd_fast_blas.openblas_core import core_to_force, cpu_flags
+    from mlxd_fast_blas.openblas_core import core_started_with, core_to_force, cpu_flags
 
     library = find_openblas()
     if library is None:
         sys.exit("no system OpenBLAS here: nothing to compare")
-    own = core_in({"LD_PRELOAD": library})  # the library's own pick, OPENBLAS_CORETYPE unset
+    own = core_started_with({"LD_PRELOAD": library})  # the library's own pick, OPENBLAS_CORETYPE unset
     chosen = core_to_force(own, cpu_flags())
     if chosen is None:
         sys.exit(f"OpenBLAS picks {own} kernels here and mlxd asks for no other: nothing to compare")

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import ctypes
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 CORE_ENV = "OPENBLAS_CORETYPE"
@@ -115,3 +117,14 @@ def forced_core(library_path: str | None) -> str | None:
     except OSError:
         return None
     return None if detected is None else core_to_force(detected, flags)
+
+
+def core_started_with(environment: dict[str, str]) -> str:
+    """The kernel set OpenBLAS runs in a Python process started with ``environment`` added to this one's
+    (without its ``OPENBLAS_CORETYPE`` unless ``environment`` names one): for benchmarks and tests."""
+    code = "import ctypes; from mlxd_fast_blas.openblas_core import loaded_core; print(loaded_core(ctypes.CDLL(None)))"
+    env = {key: value for key, value in os.environ.items() if key != CORE_ENV}
+    env["PYTHONPATH"] = os.pathsep.join(path for path in sys.path if path)
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={**env, **environment}
+    ).stdout.strip()

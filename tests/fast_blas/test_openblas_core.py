@@ -71,23 +71,11 @@ def test_a_process_started_with_the_printed_environment_runs_the_cpus_kernels(mo
     ).stdout.split()
     environment = dict(word.split("=", 1) for word in printed)
     assert environment["LD_PRELOAD"] == fast_blas.find_openblas()
-    own_pick = _core_in({"LD_PRELOAD": environment["LD_PRELOAD"]})  # what the library picks by itself
-    started = _core_in(environment)
+    own_pick = core.core_started_with({"LD_PRELOAD": environment["LD_PRELOAD"]})  # what the library picks by itself
+    started = core.core_started_with(environment)
     own_tier, cpu_tier = core.core_tier(own_pick), core.cpu_tier(core.cpu_flags())
     if own_tier is not None and own_tier < 2 and cpu_tier > own_tier:  # a generic pick on a newer CPU
         assert core.core_tier(started) == cpu_tier, (own_pick, started)
     else:
         assert started == own_pick and core.CORE_ENV not in environment
     assert fast_blas.blas_in_use().startswith(("openblas", "bundled"))
-
-
-def _core_in(environment: dict) -> str:
-    """The kernel set OpenBLAS runs in a process started with ``environment``."""
-    code = "import ctypes; from mlxd_fast_blas.openblas_core import loaded_core; print(loaded_core(ctypes.CDLL(None)))"
-    return subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={**environment, "PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(p for p in sys.path if p)},
-    ).stdout.strip()
