@@ -41,6 +41,7 @@ import mlx.nn as nn
 
 from .errors import ModelLoadError
 from .masks import shape_mask
+from .storage.kv_dtype import stored_dtype
 
 if TYPE_CHECKING:  # the loader imports this module
     from .loading.loader import LoadedModel
@@ -278,9 +279,10 @@ def kv_bytes_per_token(
     heads and head size instead (4 bytes a value unless given)."""
     layout = loaded.layout()
     if bytes_per_value is None and layout.kv_bytes_per_token is not None:
-        if kv_dtype is not None and layout.kv_value_dtype is not None and layout.kv_value_dtype == mx.float32:
-            return layout.kv_bytes_per_token * kv_dtype.size // 4
-        return layout.kv_bytes_per_token
+        computed = layout.kv_value_dtype
+        if computed is None:
+            return layout.kv_bytes_per_token
+        return layout.kv_bytes_per_token * stored_dtype(kv_dtype, computed).size // computed.size
     args = getattr(loaded.model, "args", None)
     text = getattr(args, "text_config", None)
     args = type("Args", (), text) if isinstance(text, dict) else (text or args)

@@ -93,7 +93,6 @@ class Engine:
     ):
         self.loaded = loaded
         self.model = loaded.model
-        self.kv_dtype = kv_dtype
         self.layout = loaded.layout()
         check_servable(self.layout)
         wanted = fusion_wanted() if fuse_cpu_layers is None else fuse_cpu_layers

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -166,13 +167,21 @@ void run_attention_pairs(const AttentionJob& job, int pair0, int pair1) {
   const float* q_data = q.data<float>();
   const MaskRows mask(job.mask);
   std::vector<float> query(D), scores(S), acc(Dv);
+  // the key head's keys and values as dense float rows, made once for the query heads that share it
+  std::optional<HeadRows> keys, values;
+  const float *k_head = nullptr, *v_head = nullptr;
+  int64_t k_step = 0, v_step = 0;
+  int held = -1;  // the (batch, key head) they hold
   for (int pair = pair0; pair < pair1; ++pair) {
     const int b = pair / Hq, h = pair % Hq;
     const int kvh = h / repeats;
-    HeadRows keys(job.k, b, kvh), values(job.v, b, kvh);
-    int64_t k_step = 0, v_step = 0;
-    const float* k_head = keys.rows(0, S, &k_step);  // the head's keys and values as dense float rows
-    const float* v_head = values.rows(0, S, &v_step);
+    if (b * Hkv + kvh != held) {
+      keys.emplace(job.k, b, kvh);
+      values.emplace(job.v, b, kvh);
+      k_head = keys->rows(0, S, &k_step);
+      v_head = values->rows(0, S, &v_step);
+      held = b * Hkv + kvh;
+    }
     for (int l = 0; l < L; ++l) {
       if (job.padding(b, l)) {
         std::fill_n(job.out_row(b, h, l), Dv, 0.0f);
