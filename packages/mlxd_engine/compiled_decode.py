@@ -41,6 +41,7 @@ from collections.abc import Callable
 import mlx.core as mx
 
 from .masks import shape_mask
+from .storage.kv_dtype import narrowed
 from .storage.kv_storage import scatter_tokens
 
 log = logging.getLogger("mlxd.engine")
@@ -98,6 +99,7 @@ class _TracedView:
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         # keys: [B, kv_heads, T, k_dim]; the buffers: [slots, kv_heads, capacity, k_dim]
+        keys, values = narrowed(keys, self.keys.dtype), narrowed(values, self.values.dtype)
         if self.start is not None:
             # one row: a slice update at (slot, position) writes all its new tokens (faster than a scatter)
             self.keys = mx.slice_update(self.keys, keys, self.start, axes=(0, 2))

@@ -172,7 +172,9 @@ def write_rows(buffer, rows, index):
     """``buffer`` with ``rows`` (``index.size`` rows of its last axis, row-major) written at its rows
     ``index`` (int32, distinct; ``buffer`` viewed as ``[size / D, D]``) as one CPU op: the same result as
     ``flat = buffer.reshape(-1, D); flat[index] = rows.reshape(-1, D)``, in place when nothing else holds the
-    buffer (as MLX's slice updates), else on a copy. Any dtype (``rows``' the buffer's)."""
+    buffer (as MLX's slice updates), else on a copy. Any dtype (``rows``' the buffer's), or float32 rows into a
+    float16 buffer: each value then rounds as a cast would, except that one past half's range is kept as +-65504
+    rather than inf."""
     if _ext is None:
         raise RuntimeError(_REASON)
     return _ext.write_rows(buffer, rows, index)

@@ -72,3 +72,51 @@ def test_kv_dtype_names():
     assert stored_dtype(mx.float16, mx.float32) == mx.float16
     assert stored_dtype(mx.float16, mx.bfloat16) == mx.bfloat16  # a half-precision model's cache as it is
     assert stored_dtype(None, mx.float32) == mx.float32
+
+
+def _with_huge_keys_and_values(model, factor: float = 1e5):
+    """``model`` with its k and v projections scaled so that some keys and values pass float16's range."""
+    import mlx.nn as nn
+
+    for name, module in model.named_modules():
+        if name.endswith(("k_proj", "v_proj")) and isinstance(module, nn.Linear):
+            module.weight = module.weight * factor
+    mx.eval(model.parameters())
+    return model
+
+
+@pytest.mark.parametrize("name, storage", [("llama", "contiguous"), ("llama", "paged"), ("gemma3_text", "contiguous")])
+def test_keys_and_values_past_float16s_range_saturate_instead_of_turning_attention_into_nan(name, storage):
+    from mlxd_engine import SamplingParams, prefill_and_record
+    from mlxd_engine.storage.kv_dtype import HALF_MAX
+
+    if not available(name):
+        pytest.skip(f"the installed mlx-lm has no {name}")
+    model = _with_huge_keys_and_values(build(name, seed=3))
+    full = Engine(loaded(name, model=model), max_sequences=2, storage=storage)
+    half = Engine(loaded(name, model=model), max_sequences=2, storage=storage, kv_dtype=mx.float16)
+    tokens = prompt(120, 0)
+    alone(full, tokens, 4)
+    assert max(mx.abs(a).max().item() for a in _kv_arrays(full)) > HALF_MAX  # the case this test is about
+    alone(half, tokens, 4)  # prefill, then compiled and plain steps
+    assert batched(half, [tokens, prompt(60, 1)], 4)  # rows at different positions: the one-op row writes
+    arrays = _kv_arrays(half)
+    assert all(a.dtype == mx.float16 and mx.isfinite(a).all().item() for a in arrays)
+    assert max(mx.abs(a).max().item() for a in arrays) == HALF_MAX
+    seq = half.add_sequence(tokens, SamplingParams(), 8)
+    while prefill_and_record(half, seq) is None:
+        pass
+    logits = half.verify(seq, [seq.tokens[-1], 5, 6])  # a verify forward reads every stored key
+    assert mx.isfinite(logits).all().item()
+    half.release(seq)
+
+
+def test_narrowing_rounds_in_range_values_as_a_cast_does():
+    from mlxd_engine.storage.kv_dtype import HALF_MAX, narrowed
+
+    x = mx.array([1.0001, -3.14159, 65519.0, 65520.0, -1e9, float("nan"), 6e-8])
+    got = narrowed(x, mx.float16)
+    assert got.dtype == mx.float16
+    assert got[:3].tolist() == x[:3].astype(mx.float16).tolist() and got[6].item() == x[6:].astype(mx.float16).item()
+    assert got[3:5].tolist() == [HALF_MAX, -HALF_MAX] and got[5].item() != got[5].item()  # NaN stays NaN
+    assert narrowed(x, mx.float32) is x and narrowed(x, mx.bfloat16).dtype == mx.bfloat16

@@ -14,6 +14,8 @@ import mlxd_qmatmul
 from mlxd_engine.storage import kv_storage
 from mlxd_engine.storage.kv_storage import scatter_tokens, token_rows
 
+from .every_isa import results_on_every_isa
+
 pytestmark = pytest.mark.skipif(not mlxd_qmatmul.available(), reason=mlxd_qmatmul.unavailable_reason())
 
 
@@ -80,7 +82,7 @@ def test_mismatched_inputs_are_refused_with_a_message():
     buffer = mx.zeros((2, 3, 16, 8))
     with pytest.raises(ValueError, match="one row of the buffer's last axis per index entry"):
         mlxd_qmatmul.write_rows(buffer, mx.zeros((1, 3, 2, 8)), mx.arange(5, dtype=mx.int32))
-    with pytest.raises(ValueError, match="same dtype"):
+    with pytest.raises(ValueError, match="rows must have the buffer's dtype"):
         mlxd_qmatmul.write_rows(buffer, mx.zeros((2, 8), dtype=mx.float16), mx.arange(2, dtype=mx.int32))
     with pytest.raises(ValueError, match="int32"):
         mlxd_qmatmul.write_rows(buffer, mx.zeros((2, 8)), mx.arange(2, dtype=mx.int64))
@@ -99,3 +101,54 @@ def test_the_storage_writes_a_forwards_tokens_the_same_either_way(monkeypatch, n
         got = scatter_tokens(mx.array(buffer), mx.array(slots), mx.array(positions), mx.array(half))
         assert got.dtype == mx.float32
         assert np.array_equal(np.array(got), _expected(buffer, slots, positions, half.astype(np.float32)))
+
+
+def _narrowing_values(rng, n: int) -> np.ndarray:
+    """float32 values across float16's range and past it: normal, tiny (half's subnormals), ties, huge, NaN."""
+    values = np.concatenate(
+        [
+            rng.normal(size=n) * rng.choice([1e-6, 1e-3, 1.0, 300.0, 6e4], size=n),
+            [65504.0, 65519.0, 65520.0, -65520.0, 1e9, -3e38, 6e-8, -5.9e-8, 1.0 + 2.0**-11, 2049.0],
+        ]
+    ).astype(np.float32)
+    values[3] = np.nan
+    return values
+
+
+def test_float32_rows_narrow_into_a_float16_buffer_as_a_cast_except_past_halfs_range():
+    rng = np.random.default_rng(5)
+    for dim in (1, 7, 8, 13, 64):  # the vector loop's tail too
+        new = _narrowing_values(rng, 3 * dim)[: 3 * dim].reshape(1, 3, 1, dim)
+        buffer = mx.zeros((2, 3, 4, dim), dtype=mx.float16)
+        index = token_rows(mx.array([1]), mx.array([[2]]), 3, 4)
+        for rows in (mx.array(new), mx.array(np.ascontiguousarray(new.transpose(0, 1, 3, 2))).swapaxes(2, 3)):
+            got = mlxd_qmatmul.write_rows(buffer, rows, index)  # dense rows, then rows with a strided last axis
+            assert got.dtype == mx.float16
+            written = np.array(got)[1, :, 2, :].reshape(-1)
+            flat = new.reshape(-1)
+            inside = np.abs(flat) <= 65504
+            cast = np.array(mx.array(flat).astype(mx.float16))
+            assert np.array_equal(written[inside].view(np.uint16), cast[inside].view(np.uint16))
+            past = ~inside & ~np.isnan(flat)
+            assert np.array_equal(written[past], np.sign(flat[past]) * np.float16(65504))
+            assert np.array_equal(np.isnan(written), np.isnan(flat))
+            assert not np.array(got)[0].any() and not np.array(got)[1, :, [0, 1, 3]].any()
+
+
+def test_every_instruction_set_narrows_to_the_same_halves(tmp_path):
+    script = """
+import mlx.core as mx, numpy as np
+import mlxd_qmatmul as q
+from mlxd_engine.storage.kv_storage import token_rows
+rng = np.random.default_rng(9)
+values = np.concatenate([rng.normal(size=200) * rng.choice([1e-6, 1.0, 6e4], size=200), [7e4, -7e4]])
+new = mx.array(values.astype(np.float32).reshape(1, 2, 1, 101))
+got = q.write_rows(mx.zeros((1, 2, 3, 101), dtype=mx.float16), new, token_rows(mx.array([0]), mx.array([[1]]), 2, 3))
+print(q.kernel_isa() + ("+amx" if q.amx_available() else ""))
+np.save(sys.argv[1], np.array(got).view(np.uint16))
+"""
+    results = results_on_every_isa(script, tmp_path)
+    first = next(iter(results.values()))
+    for isa, got in results.items():
+        assert np.array_equal(got, first), isa
+    assert 65504 in np.abs(first.view(np.float16).astype(np.float32))

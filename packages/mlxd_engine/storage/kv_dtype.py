@@ -15,6 +15,10 @@ Contract:
 - ``stored_dtype(kv_dtype, dtype)``: what a storage allocates for keys and values of ``dtype``: ``kv_dtype``
   where it is set and ``dtype`` is float32, else ``dtype`` (a bfloat16 or float16 model's cache is kept as
   it is; a model computing in float32 on a GPU backend is narrowed the same way).
+- ``narrowed(x, dtype)``: new keys or values as a storage of ``dtype`` writes them. Into float16 a wider float
+  saturates at +-65504 (``HALF_MAX``) rather than overflowing to inf: one key past half's range would make every
+  later attention score over it inf or NaN, and the row's output NaN from then on. Values in range round exactly
+  as a plain cast rounds them.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from __future__ import annotations
 import mlx.core as mx
 
 from mlxd_protocol.serving_defaults import KV_DTYPE_NAMES
+
+HALF_MAX = 65504.0  # the largest finite float16
 
 KV_DTYPES: dict[str, mx.Dtype | None] = dict(zip(KV_DTYPE_NAMES, (None, mx.float16)))
 
@@ -36,6 +42,15 @@ def parse_kv_dtype(name: str) -> mx.Dtype | None:
 def stored_dtype(kv_dtype: mx.Dtype | None, dtype: mx.Dtype) -> mx.Dtype:
     """The dtype keys and values of ``dtype`` are kept in under ``kv_dtype`` (see the module's contract)."""
     return kv_dtype if kv_dtype is not None and dtype == mx.float32 else dtype
+
+
+def narrowed(x: mx.array, dtype: mx.Dtype) -> mx.array:
+    """``x`` in ``dtype`` for a storage's buffers (see the module's contract): as it is when it has that dtype."""
+    if x.dtype == dtype:
+        return x
+    if dtype == mx.float16 and mx.issubdtype(x.dtype, mx.floating):
+        return mx.clip(x, -HALF_MAX, HALF_MAX).astype(dtype)
+    return x.astype(dtype)
 
 
 def held_dtype(buffers: list) -> str | None:

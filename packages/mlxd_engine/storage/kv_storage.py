@@ -31,7 +31,7 @@ import mlxd_qmatmul
 
 from ..errors import KVStorageFull
 from ..masks import shape_mask
-from .kv_dtype import held_dtype, stored_dtype
+from .kv_dtype import held_dtype, narrowed, stored_dtype
 
 GROW_CHUNK = 256
 # new keys and values of rows at different positions written by the extension's one op on the CPU
@@ -113,17 +113,24 @@ def scatter_tokens(buffer: mx.array, rows: mx.array, positions: mx.array, new: m
     return write_token_rows(buffer, new, token_rows(rows, positions, heads, capacity))
 
 
+def writes_natively() -> bool:
+    """Whether ``write_token_rows`` writes with the extension's one op (on the CPU), else MLX's scatter."""
+    return _NATIVE_WRITES and mx.default_device() == mx.cpu
+
+
 def write_token_rows(buffer: mx.array, new: mx.array, index: mx.array) -> mx.array:
     """``buffer`` with ``new``'s rows of its last axis (in row-major order) written at its rows ``index``
     (``buffer`` seen as [size / dim, dim]; ``token_rows`` says where a forward's tokens go). On the CPU the
     extension's one op writes them (MLX's scatter builds a dozen index ops around each); elsewhere one
     scatter over the buffer's flattened rows."""
-    if _NATIVE_WRITES and mx.default_device() == mx.cpu:
-        # as an assignment would, new values take the buffer's dtype (a layer's values may differ from its keys)
-        return mlxd_qmatmul.write_rows(buffer, new if new.dtype == buffer.dtype else new.astype(buffer.dtype), index)
+    if writes_natively():
+        # new values take the buffer's dtype (a layer's values may differ from its keys); the op narrows float32
+        # into float16 itself, as ``narrowed`` does, without a cast op
+        native = new.dtype == mx.float32 and buffer.dtype == mx.float16
+        return mlxd_qmatmul.write_rows(buffer, new if native else narrowed(new, buffer.dtype), index)
     dim = buffer.shape[-1]
     flat = buffer.reshape(-1, dim)
-    flat[index] = new.reshape(-1, dim)
+    flat[index] = narrowed(new, buffer.dtype).reshape(-1, dim)
     return flat.reshape(buffer.shape)
 
 
@@ -355,7 +362,10 @@ class LayerView:
         s.ensure_layer(layer, kv_heads, k_dim, values.shape[3], keys.dtype)
         k_buf, v_buf = s.keys[layer], s.values[layer]
         first = plan.slots[0]
-        if plan.contiguous and plan.uniform:
+        # keys and values into a float16 cache: the one-op row writes narrow them as they write, no cast op
+        narrowing = keys.dtype != k_buf.dtype or values.dtype != v_buf.dtype
+        if plan.contiguous and plan.uniform and not (narrowing and writes_natively()):
+            keys, values = narrowed(keys, k_buf.dtype), narrowed(values, v_buf.dtype)
             start = plan.starts[0]
             k_buf[first : first + len(plan.slots), :, start : start + n, :] = keys
             v_buf[first : first + len(plan.slots), :, start : start + n, :] = values

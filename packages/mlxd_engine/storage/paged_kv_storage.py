@@ -43,7 +43,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import KVStorageFull
-from .kv_dtype import held_dtype, stored_dtype
+from .kv_dtype import held_dtype, narrowed, stored_dtype
 from .kv_storage import commit_pending, drop_pending, row_mask
 
 DEFAULT_BLOCK_SIZE = 64
@@ -396,6 +396,7 @@ class PagedLayerView:
         batch, kv_heads, n, k_dim = keys.shape
         s.ensure_layer(self.layer, kv_heads, k_dim, values.shape[3], keys.dtype)
         k_pool, v_pool = s.keys[self.layer], s.values[self.layer]
+        keys, values = narrowed(keys, k_pool.dtype), narrowed(values, v_pool.dtype)
         # one scatter per layer: token t of row r goes to (write_blocks[r*T+t], :, write_offsets[r*T+t])
         k_pool[plan.write_blocks, :, plan.write_offsets] = keys.transpose(0, 2, 1, 3).reshape(
             batch * n, kv_heads, k_dim

@@ -19,7 +19,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from ..masks import shape_mask
-from .kv_dtype import stored_dtype
+from .kv_dtype import narrowed, stored_dtype
 from .kv_storage import GROW_CHUNK, scatter_tokens
 
 
@@ -74,6 +74,7 @@ class RingView:
         first_cell = self.starts[0] % ring.size
         if len(self.rows) == 1 and first_cell + n <= ring.size:
             row = self.rows[0]
+            keys, values = narrowed(keys, k_buf.dtype), narrowed(values, v_buf.dtype)  # scatter_tokens narrows too
             k_buf[row : row + 1, :, first_cell : first_cell + n] = keys
             v_buf[row : row + 1, :, first_cell : first_cell + n] = values
         else:

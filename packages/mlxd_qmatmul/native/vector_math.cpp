@@ -4,13 +4,19 @@
 
 #include "kernel.h"  // half_to_float, select_isa
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
+#include "mlx/types/half_types.h"
+
 namespace mlxd_qmm {
 
 namespace {
+
+constexpr float kHalfMax = 65504.0f;  // the largest finite IEEE half
+static_assert(sizeof(mlx::core::float16_t) == sizeof(uint16_t));
 
 // mlx/backend/cpu/simd/math.h's exp for one float.
 float mlx_exp(float in) {
@@ -89,6 +95,21 @@ void widen_halves(const uint16_t* src, int64_t src_stride, int64_t rows, int64_t
 #endif
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t d = 0; d < n; ++d) dst[r * n + d] = half_to_float(src[r * src_stride + d]);
+  }
+}
+
+void narrow_to_halves(const float* src, int64_t n, uint16_t* dst) {
+  int64_t i = 0;
+#if defined(__x86_64__) || defined(_M_X64)
+  if (use_f16c()) {
+    i = n / 8 * 8;
+    detail::narrow_to_halves_f16c(src, i, dst);
+  }
+#endif
+  for (; i < n; ++i) {
+    // std::clamp keeps a NaN (both its comparisons are false); MLX's own conversion rounds the rest
+    const mlx::core::float16_t half(std::clamp(src[i], -kHalfMax, kHalfMax));
+    std::memcpy(dst + i, &half, sizeof(uint16_t));
   }
 }
 

@@ -31,6 +31,11 @@ void weighted_sum_add(const float* p, const float* v, int64_t v_stride, int64_t 
 // or values widened (exactly) for the loops above.
 void widen_halves(const uint16_t* src, int64_t src_stride, int64_t rows, int64_t n, float* dst);
 
+// dst[i] = src[i] as an IEEE half for i < n, rounded to nearest even as MLX's cast rounds it, except that a value
+// past half's range (|x| > 65504) becomes +-65504 rather than infinity; NaN stays NaN. Keys and values written
+// into a float16 cache (write_rows).
+void narrow_to_halves(const float* src, int64_t n, uint16_t* dst);
+
 // dots and weighted_sum_add over float16 keys or values (IEEE halves), widened as they are read: the results
 // of the float32 forms over the widened values, to the bit.
 void dots(const float* q, const uint16_t* k, int64_t k_stride, int64_t S, int64_t n, float* out);
@@ -40,6 +45,7 @@ namespace detail {
 void dots_half_avx2(const float* q, const uint16_t* k, int64_t k_stride, int64_t S, int64_t n, float* out);
 void weighted_sum_add_half_avx2(const float* p, const uint16_t* v, int64_t v_stride, int64_t S, int64_t n, float* acc);
 void widen_halves_f16c(const uint16_t* src, int64_t src_stride, int64_t rows, int64_t n, float* dst);
+void narrow_to_halves_f16c(const float* src, int64_t n, uint16_t* dst);  // n a multiple of 8
 void dots_avx2(const float* q, const float* k, int64_t k_stride, int64_t S, int64_t n, float* out);
 void weighted_sum_add_avx2(const float* p, const float* v, int64_t v_stride, int64_t S, int64_t n, float* acc);
 float exp_shifted_sum_avx2(float* x, int64_t n, float shift);

@@ -120,6 +120,15 @@ void widen_halves_f16c(const uint16_t* src, int64_t src_stride, int64_t rows, in
   }
 }
 
+void narrow_to_halves_f16c(const float* src, int64_t n, uint16_t* dst) {
+  const __m256 most = _mm256_set1_ps(65504.0f), least = _mm256_set1_ps(-65504.0f);
+  for (int64_t i = 0; i < n; i += 8) {
+    // min and max give their second operand where either is NaN: x second, so a NaN passes through
+    const __m256 x = _mm256_max_ps(least, _mm256_min_ps(most, _mm256_loadu_ps(src + i)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+}
+
 namespace {
 
 template <typename T>

@@ -8,6 +8,7 @@
 
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
+#include "vector_math.h"  // narrow_to_halves
 
 namespace mlxd_qmm {
 
@@ -35,7 +36,8 @@ void copy_elements(const mx::array& src, char* dst) {
 
 mx::array write_rows(const mx::array& buffer, const mx::array& rows, const mx::array& index, mx::StreamOrDevice s) {
   check(buffer.ndim() >= 1 && buffer.size() > 0, "the buffer must have at least one axis and elements");
-  check(rows.dtype() == buffer.dtype(), "rows and buffer must have the same dtype");
+  check(rows.dtype() == buffer.dtype() || (rows.dtype() == mx::float32 && buffer.dtype() == mx::float16),
+        "rows must have the buffer's dtype (or be float32 for a float16 buffer)");
   check(index.ndim() == 1 && index.dtype() == mx::int32, "the index must be one axis of int32");
   const int64_t D = buffer.shape(-1);
   check(static_cast<int64_t>(rows.size()) == static_cast<int64_t>(index.size()) * D,
@@ -70,11 +72,14 @@ void CpuWriteRows::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out
   encoder.set_input_array(inputs[1]);
   encoder.set_input_array(inputs[2]);
   encoder.set_output_array(out);
-  encoder.dispatch([rows = inputs[1], index = inputs[2], out = out.data<char>(), limit = out.size()]() {
+  encoder.dispatch([rows = inputs[1], index = inputs[2], out = out.data<char>(), limit = out.size(),
+                    out_item = out.itemsize()]() {
     // rows in row-major order over their leading axes (any strides), D elements each
     const int nd = rows.ndim();
     const int64_t n = index.size(), D = rows.shape(nd - 1), col_step = rows.strides()[nd - 1];
     const size_t item = rows.itemsize(), row_bytes = static_cast<size_t>(D) * item;
+    const bool narrow = out_item != item;  // float32 rows into a float16 buffer
+    std::vector<float> gathered(narrow && col_step != 1 ? D : 0);
     const int32_t* at = index.data<int32_t>();
     const int64_t index_step = index.strides()[0];
     const char* src = rows.data<char>();
@@ -86,8 +91,17 @@ void CpuWriteRows::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out
       const int64_t row = at[i * index_step];
       // an index outside the buffer writes nothing (the callers' indices come from the storage's own plan)
       if (row < 0 || (row + 1) * D > static_cast<int64_t>(limit)) continue;
-      char* dst = out + row * static_cast<int64_t>(row_bytes);
       const char* from = src + offset * static_cast<int64_t>(item);
+      if (narrow) {
+        const float* values = reinterpret_cast<const float*>(from);
+        if (col_step != 1) {
+          for (int64_t d = 0; d < D; ++d) gathered[d] = values[d * col_step];
+          values = gathered.data();
+        }
+        narrow_to_halves(values, D, reinterpret_cast<uint16_t*>(out) + row * D);
+        continue;
+      }
+      char* dst = out + row * static_cast<int64_t>(row_bytes);
       if (col_step == 1) {
         std::memcpy(dst, from, row_bytes);
       } else {

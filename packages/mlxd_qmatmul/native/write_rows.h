@@ -13,7 +13,9 @@ namespace mlxd_qmm {
 // written at its rows `index` [N] (int32, distinct: buffer viewed as [size / D, D]). The result takes over
 // the buffer's memory when nothing else holds it (as MLX's own slice updates do), else copies it first. The
 // same result as `flat = buffer.reshape(-1, D); flat[index] = rows.reshape(-1, D)`, without the index
-// arithmetic MLX's scatter builds around it. Raises std::invalid_argument for mismatched inputs.
+// arithmetic MLX's scatter builds around it. `rows` has the buffer's dtype, or is float32 for a float16 buffer:
+// then each value is narrowed as it is written (narrow_to_halves: rounded as a cast, saturated at +-65504
+// rather than infinity), which saves the cast's op. Raises std::invalid_argument for mismatched inputs.
 mx::array write_rows(const mx::array& buffer, const mx::array& rows, const mx::array& index, mx::StreamOrDevice s = {});
 
 class CpuWriteRows : public mx::UnaryPrimitive {
