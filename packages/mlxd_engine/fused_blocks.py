@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -110,24 +111,75 @@ def _fusable(block: Any) -> bool:
     return qkv.sizes[1:] == [attn.n_kv_heads * head_dim] * 2
 
 
+@dataclass(frozen=True)
+class FusedArguments:
+    """A fused layer's arguments to its two ops that do not change from call to call (its weights, norms, head
+    shapes, RoPE settings), gathered on its first call: a decode step builds 30 layers' ops, and reading these
+    through nn.Module's attribute lookups again each time cost about a third of the step's graph building. A
+    plain object, not a tuple, so nn.Module keeps it as an attribute, outside the layer's parameters."""
+
+    max_rows: int  # the kernel's row limit of the q/k/v product (more rows: the stock layer)
+    attention_input: tuple  # attention_input's arguments between x and the offset (norm weight ... head_dim)
+    rope: tuple  # (dims, traditional, base, scale)
+    bias: Any  # the packed q/k/v bias, or None
+    qk_norms: tuple | None
+    int8: bool
+    scale: float
+    block_output: tuple  # block_output's arguments after the attention's scale
+
+    @classmethod
+    def of(cls, block: FusedBlock) -> FusedArguments:
+        attn, mlp = block.self_attn, block.mlp
+        qkv = attn.q_proj.projection_group
+        rope = attn.rope
+        w, scales, biases, group_size, bits, int8 = _packed(qkv)
+        norm = block.input_layernorm
+        return cls(
+            max_rows=min(layer.kernel_max_rows for layer in qkv.layers),
+            attention_input=(
+                norm.weight,
+                norm.eps,
+                (w, scales, biases, group_size, bits, qkv.sizes),
+                attn.n_heads,
+                attn.n_kv_heads,
+                qkv.sizes[0] // attn.n_heads,
+            ),
+            rope=(rope.dims, rope.traditional, rope.base, rope.scale),
+            bias=qkv.bias,
+            qk_norms=(attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps) if block.fused_qk_norm else None,
+            int8=int8,
+            scale=attn.scale,
+            block_output=(
+                _packed(attn.o_proj),
+                block.post_attention_layernorm.weight,
+                block.post_attention_layernorm.eps,
+                _packed(mlp.gate_proj.projection_group),
+                _packed(mlp.down_proj),
+            ),
+        )
+
+
 class FusedBlock:
     """The fused ``__call__`` of a family's TransformerBlock (mixed in before it: ``super().__call__`` is the
-    stock layer)."""
+    stock layer). Its weights are read on its first fused call (``FusedArguments``): a model's weights do not
+    change once it is loaded and fused."""
 
     fused_qk_norm = False  # set on each family's class: its heads go through q_norm / k_norm
+    fused_arguments: FusedArguments | None = None  # gathered on the first fused call
     self_attn: Any  # the family's modules (annotations only: nn.Module holds them)
     mlp: Any
     input_layernorm: Any
     post_attention_layernorm: Any
 
     def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
-        attn, mlp = self.self_attn, self.mlp
-        qkv = attn.q_proj.projection_group
+        fused = self.fused_arguments
+        if fused is None:
+            fused = self.fused_arguments = FusedArguments.of(self)
         rows = x.size // x.shape[-1] if x.ndim else 0
         if (
             x.dtype != mx.float32
             or x.ndim != 3
-            or rows > min(layer.kernel_max_rows for layer in qkv.layers)
+            or rows > fused.max_rows
             or hasattr(cache, "bits")
             or mx.default_device() != mx.cpu
         ):
@@ -135,24 +187,9 @@ class FusedBlock:
         offset = cache.offset if cache is not None else 0
         if not isinstance(offset, mx.array):
             offset = mx.array(offset, dtype=mx.int32)
-        rope = attn.rope
-        qk_norms = (attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps) if self.fused_qk_norm else None
-        w, scales, biases, group_size, bits, int8 = _packed(qkv)
         lengths = lengths_for(x)  # a verify forward of rows of different widths: their real tokens only
         queries, keys, values = mlxd_qmatmul.attention_input(
-            x,
-            self.input_layernorm.weight,
-            self.input_layernorm.eps,
-            (w, scales, biases, group_size, bits, qkv.sizes),
-            attn.n_heads,
-            attn.n_kv_heads,
-            qkv.sizes[0] // attn.n_heads,
-            offset,
-            (rope.dims, rope.traditional, rope.base, rope.scale),
-            qkv.bias,
-            qk_norms,
-            int8,
-            lengths,
+            x, *fused.attention_input, offset, fused.rope, fused.bias, fused.qk_norms, fused.int8, lengths
         )
         if cache is not None:
             keys, values = cache.update_and_fetch(keys, values)
@@ -160,19 +197,7 @@ class FusedBlock:
             return self._stock_tail(x, queries, keys, values, mask, cache)
         causal = isinstance(mask, str)
         return mlxd_qmatmul.block_output(
-            x,
-            queries,
-            keys,
-            values,
-            None if causal else mask,
-            causal,
-            attn.scale,
-            _packed(attn.o_proj),
-            self.post_attention_layernorm.weight,
-            self.post_attention_layernorm.eps,
-            _packed(mlp.gate_proj.projection_group),
-            _packed(mlp.down_proj),
-            lengths,
+            x, queries, keys, values, None if causal else mask, causal, fused.scale, *fused.block_output, lengths
         )
 
     def _stock_tail(self, x, queries, keys, values, mask, cache) -> mx.array:
