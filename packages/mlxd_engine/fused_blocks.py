@@ -119,13 +119,15 @@ class FusedArguments:
     plain object, not a tuple, so nn.Module keeps it as an attribute, outside the layer's parameters."""
 
     max_rows: int  # the kernel's row limit of the q/k/v product (more rows: the stock layer)
-    attention_input: tuple  # attention_input's arguments between x and the offset (norm weight ... head_dim)
+    # attention_input's arguments between x and the offset: norm weight, eps, q/k/v, heads, kv heads, head_dim
+    attention_input: tuple[mx.array, float, tuple, int, int, int]
     rope: tuple  # (dims, traditional, base, scale)
     bias: Any  # the packed q/k/v bias, or None
     qk_norms: tuple | None
     int8: bool
     scale: float
-    block_output: tuple  # block_output's arguments after the attention's scale
+    # block_output's arguments after the attention's scale: o, norm weight, eps, gate/up, down
+    block_output: tuple[tuple, mx.array, float, tuple, tuple]
 
     @classmethod
     def of(cls, block: FusedBlock) -> FusedArguments:
