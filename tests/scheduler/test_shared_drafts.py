@@ -8,6 +8,7 @@ from mlxd_drafters import PromptLookupConfig, SharedStoreConfig
 from mlxd_engine import Engine
 from mlxd_scheduler import BatchScheduler, Request, SchedulerOptions
 
+from .stub_model import VERIFY_PAYS
 from .test_batch_scheduler import Collector
 
 # two "sessions" whose prompts differ at the start but ask for the same thing at the end
@@ -23,7 +24,12 @@ def _scheduler(loaded, shared: bool, max_batch: int = 4, records: list | None = 
         shared_drafts=SharedStoreConfig(include_prompts=False) if shared else None,
     )
     sink = records.append if records is not None else None
-    return BatchScheduler(Engine(loaded, max_sequences=max_batch, prefix_cache_bytes=0), options, sink)
+    scheduler = BatchScheduler(Engine(loaded, max_sequences=max_batch, prefix_cache_bytes=0), options, sink)
+    if scheduler.prompt_lookup is not None:
+        # the verify gate's costs pinned (stub_model.StubCost): which drafts get verified, and so the accepted
+        # counts these tests read, must not hang on how fast this machine runs the forwards
+        scheduler.prompt_lookup.cost_model = VERIFY_PAYS
+    return scheduler
 
 
 def _run(scheduler, requests, together=False):
