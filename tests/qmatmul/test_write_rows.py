@@ -139,11 +139,11 @@ def test_every_instruction_set_narrows_to_the_same_halves(tmp_path):
     script = """
 import mlx.core as mx, numpy as np
 import mlxd_qmatmul as q
-from mlxd_engine.storage.kv_storage import token_rows
 rng = np.random.default_rng(9)
 values = np.concatenate([rng.normal(size=200) * rng.choice([1e-6, 1.0, 6e4], size=200), [7e4, -7e4]])
 new = mx.array(values.astype(np.float32).reshape(1, 2, 1, 101))
-got = q.write_rows(mx.zeros((1, 2, 3, 101), dtype=mx.float16), new, token_rows(mx.array([0]), mx.array([[1]]), 2, 3))
+index = mx.array([1, 4], dtype=mx.int32)  # slot 0, position 1 of each of 2 heads in [1, 2, 3, 101]: rows 1 and 4
+got = q.write_rows(mx.zeros((1, 2, 3, 101), dtype=mx.float16), new, index)
 print(q.kernel_isa() + ("+amx" if q.amx_available() else ""))
 np.save(sys.argv[1], np.array(got).view(np.uint16))
 """
