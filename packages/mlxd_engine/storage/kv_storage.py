@@ -118,16 +118,22 @@ def writes_natively() -> bool:
     return _NATIVE_WRITES and mx.default_device() == mx.cpu
 
 
+def narrows_natively(new: mx.array, buffer: mx.array) -> bool:
+    """Whether ``write_token_rows`` narrows ``new`` into ``buffer`` inside the extension's op (float32 into
+    float16, as ``narrowed`` does, without a cast op)."""
+    return new.dtype == mx.float32 and buffer.dtype == mx.float16 and writes_natively()
+
+
 def write_token_rows(buffer: mx.array, new: mx.array, index: mx.array) -> mx.array:
     """``buffer`` with ``new``'s rows of its last axis (in row-major order) written at its rows ``index``
     (``buffer`` seen as [size / dim, dim]; ``token_rows`` says where a forward's tokens go). On the CPU the
     extension's one op writes them (MLX's scatter builds a dozen index ops around each); elsewhere one
     scatter over the buffer's flattened rows."""
     if writes_natively():
-        # new values take the buffer's dtype (a layer's values may differ from its keys); the op narrows float32
-        # into float16 itself, as ``narrowed`` does, without a cast op
-        native = new.dtype == mx.float32 and buffer.dtype == mx.float16
-        return mlxd_qmatmul.write_rows(buffer, new if native else narrowed(new, buffer.dtype), index)
+        # new values take the buffer's dtype (a layer's values may differ from its keys)
+        return mlxd_qmatmul.write_rows(
+            buffer, new if narrows_natively(new, buffer) else narrowed(new, buffer.dtype), index
+        )
     dim = buffer.shape[-1]
     flat = buffer.reshape(-1, dim)
     flat[index] = narrowed(new, buffer.dtype).reshape(-1, dim)
@@ -362,9 +368,9 @@ class LayerView:
         s.ensure_layer(layer, kv_heads, k_dim, values.shape[3], keys.dtype)
         k_buf, v_buf = s.keys[layer], s.values[layer]
         first = plan.slots[0]
-        # keys and values into a float16 cache: the one-op row writes narrow them as they write, no cast op
-        narrowing = keys.dtype != k_buf.dtype or values.dtype != v_buf.dtype
-        if plan.contiguous and plan.uniform and not (narrowing and writes_natively()):
+        # keys and values into a float16 cache on the CPU: the one-op row writes narrow them, no cast op
+        native = narrows_natively(keys, k_buf) and narrows_natively(values, v_buf)
+        if plan.contiguous and plan.uniform and not native:
             keys, values = narrowed(keys, k_buf.dtype), narrowed(values, v_buf.dtype)
             start = plan.starts[0]
             k_buf[first : first + len(plan.slots), :, start : start + n, :] = keys
