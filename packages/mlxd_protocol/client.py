@@ -35,6 +35,7 @@ from .client_common import (  # noqa: F401  (DaemonError, DaemonTimeout, new_req
     new_request_id,
     read_tick,
     resolve_auth_token,
+    something_listens,
     tokenize_request,
     unwrap_reply,
 )
@@ -212,6 +213,8 @@ class Client:
         Returns:
             True when a Status arrived in time.
         """
+        if not something_listens(self.endpoint):
+            return False  # at once: nothing is there to answer
         request = StatusRequest(id=new_request_id())
         try:
             self._send(request)

@@ -6,6 +6,7 @@ blocking client re-exports these names (``from mlxd_protocol.client import Daemo
 """
 
 import os
+import socket
 import uuid
 from typing import TypeVar
 
@@ -112,6 +113,31 @@ def connect_dealer(context: zmq.Context[SocketT], endpoint: str) -> SocketT:
     socket.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
     socket.connect(endpoint)
     return socket
+
+
+def something_listens(endpoint: str, timeout_s: float = 0.25) -> bool:
+    """Whether anything accepts connections at ``endpoint``: False only where none can (an ipc socket file that
+    does not exist or refuses, a tcp port that refuses), so a probe of a daemon that is not there answers at once
+    instead of waiting out its timeout (each daemon start and each autostart probes first). True when unsure.
+
+    Raises:
+        ValueError: The endpoint is malformed.
+    """
+    parsed = parse_endpoint(endpoint)
+    try:
+        if parsed.scheme == "ipc":
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                probe.settimeout(timeout_s)
+                probe.connect(str(parsed.path))
+        else:
+            assert parsed.host is not None and parsed.port is not None
+            host = parsed.host.removeprefix("[").removesuffix("]")
+            socket.create_connection((host, parsed.port), timeout=timeout_s).close()
+    except (FileNotFoundError, ConnectionRefusedError):
+        return False
+    except OSError:  # a timeout, an unresolved name, a permission: let the ping find out
+        return True
+    return True
 
 
 def unwrap_reply(reply: Message, expected: type[ReplyT]) -> ReplyT:

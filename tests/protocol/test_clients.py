@@ -1,6 +1,7 @@
 """Blocking and asyncio clients against a fake daemon (a ROUTER in a thread) on an ipc socket."""
 
 import asyncio
+import socket
 import threading
 import time
 
@@ -32,6 +33,7 @@ from mlxd_protocol import (
 )
 from mlxd_protocol.async_client import CLIENT_CLOSED
 from mlxd_protocol.client import Client
+from mlxd_protocol.client_common import something_listens
 
 STATUS_FIELDS = dict(
     model="fake",
@@ -199,6 +201,26 @@ def test_blocking_timeouts_and_ping_against_a_silent_daemon(endpoint):
 def test_ping_is_false_when_nobody_listens(endpoint):
     with Client(endpoint, timeout_s=0.1) as client:
         assert client.ping(0.1) is False
+
+
+def test_a_ping_where_nothing_can_listen_answers_without_waiting_out_its_timeout(endpoint, tmp_path):
+    # each daemon start and each autostart pings first: a missing socket, a stale one or a refusing port
+    # must not cost the ping's whole timeout
+    with Client(endpoint) as client:
+        started = time.monotonic()
+        assert client.ping(30.0) is False
+        assert time.monotonic() - started < 10.0
+    stale = tmp_path / "stale.sock"
+    with socket.socket(socket.AF_UNIX) as bound:
+        bound.bind(str(stale))  # the file a killed daemon leaves behind: nothing accepts on it
+    assert stale.exists() and not something_listens(f"ipc://{stale}")
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))  # a port held but not listening refuses connections
+        assert not something_listens(f"tcp://127.0.0.1:{held.getsockname()[1]}")
+        held.listen()
+        assert something_listens(f"tcp://127.0.0.1:{held.getsockname()[1]}")
+    with FakeDaemon(endpoint), Client(endpoint, timeout_s=2.0) as client:
+        assert something_listens(endpoint) and client.ping(1.0)
 
 
 def test_blocking_generate_times_out_between_messages_and_cancels(endpoint):
