@@ -33,12 +33,20 @@ struct Ops {
     lo = _mm512_permutexvar_ps(q, g.table);
     hi = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), g.table);
   }
+  static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
+  static void in_register(F& v) { __asm__("" : "+v"(v)); }
+  template <int HALF>
+  static F nibble_half(const Group& g, const uint8_t* p) {
+    const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm512_permutexvar_ps(HALF == 0 ? q : _mm512_srli_epi32(q, 4), g.table);
+  }
   static F bytes(const Group& g, const uint8_t* p) {
     const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), g.scale, g.bias);
   }
 };
 
+#define MLXD_SPLIT_TILES 1
 #include "kernel_tiles.inc"
 
 }  // namespace
