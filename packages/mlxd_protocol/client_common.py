@@ -135,7 +135,7 @@ def something_listens(endpoint: str, timeout_s: float = 0.25) -> bool:
             socket.create_connection((host, parsed.port), timeout=timeout_s).close()
     except (FileNotFoundError, ConnectionRefusedError):
         return False
-    except OSError:  # a timeout, an unresolved name, a permission: let the ping find out
+    except (OSError, UnicodeError):  # a timeout, an unresolved or unencodable name, a permission: let the ping find out
         return True
     return True
 

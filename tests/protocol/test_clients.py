@@ -221,6 +221,11 @@ def test_a_ping_where_nothing_can_listen_answers_without_waiting_out_its_timeout
         assert something_listens(f"tcp://127.0.0.1:{held.getsockname()[1]}")
     with FakeDaemon(endpoint), Client(endpoint, timeout_s=2.0) as client:
         assert something_listens(endpoint) and client.ping(1.0)
+    # a host name the resolver cannot even encode (a label over 63 characters): unsure, and the ping never raises
+    odd = f"tcp://{'a' * 70}.example:5555"
+    assert something_listens(odd)
+    with Client(odd, timeout_s=0.5) as client:
+        assert client.ping(0.1) is False
 
 
 def test_blocking_generate_times_out_between_messages_and_cancels(endpoint):
