@@ -4,7 +4,8 @@
     chain is done. Where the call returns only when a few ops are left, the submitting thread hands over
     the ops one by one as earlier ones finish (a wake-up an op), and the work a caller does after it
     overlaps only the graph's last ops.
-(b) A loop of the engine's pipelined one-row decode steps (``submit_step`` with the step before as its
+(b) The ops of one decode step's graph (one row, up to the sampled token), counted by kind.
+(c) A loop of the engine's pipelined one-row decode steps (``submit_step`` with the step before as its
     lookahead, as the scheduler runs them): per step, the wall time, the submitting thread's CPU time
     (``time.thread_time``) and the whole process's CPU time, each round from a fresh prompt.
 
@@ -14,7 +15,10 @@ Run: chrt -f 1 .venv/bin/python scripts/bench_eval_handoffs.py --model ../shared
 from __future__ import annotations
 
 import argparse
+import collections
+import re
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -44,6 +48,21 @@ def chain_handoffs(lengths: list[int], repeats: int = 5) -> None:
             mx.eval(y)
             best = min(best, (returned, time.perf_counter() - started), key=lambda pair: pair[1])
         print(f"| {n} | {best[0] * 1e6:.0f} | {best[1] * 1e6:.0f} |")
+
+
+def step_ops(engine, context: int) -> None:
+    """The ops of one decode step's graph (the engine's forward and the argmax), counted from
+    ``mx.export_to_dot``: built, counted, then evaluated and dropped with the row."""
+    rows = prefilled_rows(engine, [context], context + 16)
+    graph = mx.argmax(engine._forward(rows, mx.array([[rows[0].tokens[-1]]]))[:, -1, :], axis=-1)
+    with tempfile.NamedTemporaryFile("w+", suffix=".dot") as dot:
+        mx.export_to_dot(dot.name, graph)
+        kinds = collections.Counter(re.findall(r'label\s*=\s*"([A-Za-z_0-9]+)"', dot.read()))
+    mx.eval(graph)
+    for row in rows:
+        engine.release(row, keep_prefix=False)
+    ops = sum(kinds.values())
+    print(f"\nOps in one decode step: {ops}: " + ", ".join(f"{n} {kind}" for kind, n in kinds.most_common()))
 
 
 def decode_steps(engine, context: int, steps: int, rounds: int) -> None:
@@ -79,6 +98,7 @@ def main() -> None:
     print(f"Machine: {machine_facts()}\n")
     chain_handoffs([5, 10, 20, 100, 760])
     _, engine = serving_engine(args.model)
+    step_ops(engine, args.context)
     print(f"\nModel: {args.model}; one row from {args.context} tokens of context, {args.steps} steps a round")
     decode_steps(engine, args.context, args.steps, args.rounds)
 

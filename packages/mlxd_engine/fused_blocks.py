@@ -8,12 +8,15 @@ gate/up packed by ``projection_groups``; no biases but qwen2's q/k/v; int8 activ
 RMSNorm and RoPE modules, into that class's fused subclass: same parameters, same module tree. Returns how many
 layers are fused. A fused layer called with float32 input of at most the kernel's row limit runs
 ``mlxd_qmatmul.attention_input``, the cache's ``update_and_fetch`` (unchanged: every storage kind, the
-compiled step's buffers), then ``mlxd_qmatmul.block_output``; the result is bit-identical to the layer's
-own ops on the kernel (tests/engine/test_fused_blocks.py). In a verify forward of rows of different widths
-both ops compute the real tokens only (``ragged.py``). Anything else (prompt chunks past the row limit,
-another dtype, a quantized cache, a mask or cache the one-op attention does not take) runs the layer's
-stock ``__call__``. Applied by ``Engine`` with the other CPU fusions; ``MLXD_FUSE_BLOCKS=0`` keeps layers
-op by op. Why: docs/benchmark_results/code_notes.md#fused-blocks.
+compiled step's buffers), then ``mlxd_qmatmul.block_output``; where the cache writes in place
+(``update_in_place``: the contiguous storage, rows in adjacent slots) the writes, then
+``mlxd_qmatmul.block_output_span`` over the layer's whole buffers, without the slices' ops. Either way the
+result is bit-identical to the layer's own ops on the kernel (tests/engine/test_fused_blocks.py). In a verify
+forward of rows of different widths both ops compute the real tokens only (``ragged.py``). Anything else
+(prompt chunks past the row limit, another dtype, a quantized cache, a mask or cache the one-op attention does
+not take) runs the layer's stock ``__call__``. Applied by ``Engine`` with the other CPU fusions;
+``MLXD_FUSE_BLOCKS=0`` keeps layers op by op. Why: docs/benchmark_results/code_notes.md#fused-blocks,
+#eval-handoffs.
 """
 
 from __future__ import annotations
@@ -194,6 +197,9 @@ class FusedBlock:
             x, *fused.attention_input, offset, fused.rope, fused.bias, fused.qk_norms, fused.int8, lengths
         )
         if cache is not None:
+            written = self._write_and_finish(x, queries, keys, values, mask, cache, fused, lengths)
+            if written is not None:
+                return written
             keys, values = cache.update_and_fetch(keys, values)
         if not _one_op_attention_applies(queries, keys, values, cache, mask, None):
             return self._stock_tail(x, queries, keys, values, mask, cache)
@@ -201,6 +207,27 @@ class FusedBlock:
         return mlxd_qmatmul.block_output(
             x, queries, keys, values, None if causal else mask, causal, fused.scale, *fused.block_output, lengths
         )
+
+    def _write_and_finish(self, x, queries, keys, values, mask, cache, fused: FusedArguments, lengths):
+        """The cache write, then ``block_output`` reading the layer's buffers itself, where the storage writes
+        in place (``update_in_place``: rows in adjacent slots) and the one-op attention takes what it reads;
+        else None, with nothing written."""
+        update = getattr(cache, "update_in_place", None)
+        if update is None or hasattr(cache, "bits"):
+            return None
+        causal = isinstance(mask, str)
+        if causal and (mask != "causal" or cache.plan.read_length < queries.shape[2]):
+            return None
+        if not causal and mask is not None and not (mask.dtype in (mx.bool_, mx.float32) and mask.ndim <= 4):
+            return None
+        written = update(keys, values)
+        if written is None:
+            return None
+        k_buf, v_buf, first_slot, read_length = written
+        return mlxd_qmatmul.block_output_span(
+            x, queries, k_buf, v_buf, first_slot, read_length, None if causal else mask, causal, fused.scale,
+            *fused.block_output, lengths,
+        )  # fmt: skip
 
     def _stock_tail(self, x, queries, keys, values, mask, cache) -> mx.array:
         """The layer after its cache update, op by op (a mask the one-op attention does not take)."""

@@ -283,6 +283,56 @@ def block_output(
     )
 
 
+def block_output_span(
+    x,
+    q,
+    k_buf,
+    v_buf,
+    first_slot: int,
+    read_length: int,
+    mask,
+    causal: bool,
+    attention_scale: float,
+    o,
+    norm_weight,
+    eps: float,
+    gate_up,
+    down,
+    lengths=None,
+):
+    """``block_output`` over a layer's whole key and value buffers [slots, kv_heads, capacity, dim] (the
+    forward's new rows already written): the attention reads slots [first_slot, first_slot + B) at positions
+    [0, read_length), as ``block_output`` reads those slices of them. The same bits, without the slices' ops on
+    the CPU stream (docs/benchmark_results/code_notes.md#eval-handoffs)."""
+    if _ext is None:
+        raise RuntimeError(_REASON)
+    hidden = gate_up[0].shape[0] // 2
+    (*o_args, o_int8), (*gu_args, gu_int8), (*d_args, d_int8) = (
+        tuple(w) + (False,) * (6 - len(w)) for w in (o, gate_up, down)
+    )
+    return _ext.block_output_span(
+        x,
+        q,
+        k_buf,
+        v_buf,
+        first_slot,
+        read_length,
+        mask,
+        causal,
+        attention_scale,
+        *o_args,
+        norm_weight,
+        eps,
+        *gu_args,
+        hidden,
+        *d_args,
+        o_int8,
+        gu_int8,
+        d_int8,
+        lengths,
+    )
+
+
 def amx_available() -> bool:
     """Whether products of several rows (6 or more) run on the AMX kernel here: an Intel CPU with AMX, the
     OS granting its tile state, and ``MLXD_QMM_AMX`` not ``0``."""

@@ -292,3 +292,41 @@ def test_the_fused_ops_refuse_inputs_they_do_not_take():
         mlxd_qmatmul.block_output(
             x, q, kv, kv, None, False, 0.25, (*o, 32, 4), norm, 1e-5, (*bad_gate_up, 32, 4), (*down, 32, 4)
         )
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
+def test_the_layer_over_a_span_of_the_buffers_is_the_layer_over_their_slices(dtype):
+    layer, head_dim = _first_fused_layer("llama")
+    attn = layer.self_attn
+    slots, capacity, kv_heads, n = 4, 24, attn.n_kv_heads, 2
+    x = mx.random.normal((2, n, 64), key=mx.random.key(5))
+    starts = [7, 3]  # rows in slots 1 and 2, at different positions: the mask says what each reads
+    queries, _, _ = _attention_input(layer, x, mx.array(starts, dtype=mx.int32))
+    k_buf, v_buf = (
+        mx.random.normal((slots, kv_heads, capacity, head_dim), key=mx.random.key(s)).astype(dtype) for s in (6, 7)
+    )
+    read_length = max(starts) + n
+    query_at = mx.array(starts)[:, None, None, None] + mx.arange(n)[None, None, :, None]
+    mask = mx.arange(read_length)[None, None, None, :] <= query_at
+    fields = ("weight", "scales", "biases", "group_size", "bits")
+    o, gate_up, down = (
+        tuple(getattr(m, f) for f in fields)
+        for m in (attn.o_proj, layer.mlp.gate_proj.projection_group, layer.mlp.down_proj)
+    )
+    norm = (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps)
+    for first, rows, m in ((1, 2, mask), (0, 1, None)):
+        keys, values = k_buf[first : first + rows, :, :read_length], v_buf[first : first + rows, :, :read_length]
+        q = queries[:rows]
+        want = mlxd_qmatmul.block_output(x[:rows], q, keys, values, m, False, attn.scale, o, *norm, gate_up, down)
+        got = mlxd_qmatmul.block_output_span(
+            x[:rows], q, k_buf, v_buf, first, read_length, m, False, attn.scale, o, *norm, gate_up, down
+        )
+        assert np.array_equal(np.array(got), np.array(want))
+    with pytest.raises(ValueError, match="span"):  # slots 3 and 4 of 4
+        mlxd_qmatmul.block_output_span(
+            x, queries, k_buf, v_buf, 3, read_length, mask, False, attn.scale, o, *norm, gate_up, down
+        )
+    with pytest.raises(ValueError, match="span"):  # past the capacity
+        mlxd_qmatmul.block_output_span(
+            x, queries, k_buf, v_buf, 0, capacity + 1, None, False, attn.scale, o, *norm, gate_up, down
+        )

@@ -341,8 +341,16 @@ class RowPlan:
         ``capacity``: made once, shared by every layer's writes."""
         key = ("token_rows", heads, capacity, n)
         if key not in self._derived:
-            positions = self.array("starts")[:, None] + mx.arange(n)[None, :]
-            self._derived[key] = token_rows(self.array("slots"), positions, heads, capacity)
+            # ``token_rows``' index, counted here: an array made from numbers is no op on the stream
+            self._derived[key] = mx.array(
+                [
+                    (slot * heads + head) * capacity + start + i
+                    for slot, start in zip(self.slots, self.starts)
+                    for head in range(heads)
+                    for i in range(n)
+                ],
+                dtype=mx.int32,
+            )
         return self._derived[key]
 
     def array(self, name: str) -> mx.array:
@@ -395,6 +403,22 @@ class LayerView:
             )
         index = plan.array("slots")
         return mx.take(k_buf[:, :, :length, :], index, axis=0), mx.take(v_buf[:, :, :length, :], index, axis=0)
+
+    def update_in_place(self, keys: mx.array, values: mx.array) -> tuple | None:
+        """``update_and_fetch`` for a layer op that reads the buffers itself: the forward's keys and values
+        written (one extension op each), and (key buffer, value buffer, first slot, read length) returned
+        instead of slices of the buffers, or None (nothing written) where the rows are not adjacent slots or the
+        writes are not the extension's. The slices' two ops a layer go (code_notes.md#eval-handoffs)."""
+        s, layer, plan = self.storage, self.layer, self.plan
+        if not plan.contiguous or not writes_natively():
+            return None
+        _, kv_heads, n, k_dim = keys.shape
+        s.ensure_layer(layer, kv_heads, k_dim, values.shape[3], keys.dtype)
+        k_buf, v_buf = s.keys[layer], s.values[layer]
+        index = plan.token_rows(kv_heads, k_buf.shape[2], n)
+        k_buf, v_buf = write_token_rows(k_buf, keys, index), write_token_rows(v_buf, values, index)
+        s.keys[layer], s.values[layer] = k_buf, v_buf
+        return k_buf, v_buf, plan.slots[0], plan.read_length
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
         plan = self.plan

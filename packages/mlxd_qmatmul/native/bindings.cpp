@@ -93,6 +93,31 @@ NB_MODULE(_ext, m) {
       "h + down(swiglu(gate, up)) with gate, up from rms_norm(h) @ gate_up; bit-identical to those ops run one by "
       "one. lengths (one count per batch entry): only each entry's first tokens are computed, the rest (padding) "
       "come out as x.");
+  m.def(
+      "block_output_span",
+      [](const mx::array& x, const mx::array& q, const mx::array& k_buf, const mx::array& v_buf, int first_slot,
+         int read_length, const std::optional<mx::array>& mask, bool causal, float attention_scale,
+         const mx::array& o_w, const mx::array& o_scales, const mx::array& o_biases, int o_group_size, int o_bits,
+         const mx::array& norm_weight, float eps, const mx::array& gu_w, const mx::array& gu_scales,
+         const mx::array& gu_biases, int gu_group_size, int gu_bits, int hidden, const mx::array& d_w,
+         const mx::array& d_scales, const mx::array& d_biases, int d_group_size, int d_bits, bool o_int8,
+         bool gu_int8, bool d_int8, const std::optional<mx::array>& lengths) {
+        const int D = x.ndim() == 3 ? x.shape(2) : 0;
+        const int rows = q.ndim() == 4 ? q.shape(0) : 0;
+        return mlxd_qmm::block_output_span(
+            x, q, k_buf, v_buf, {first_slot, rows, read_length}, mask, causal, attention_scale,
+            {o_w, o_scales, o_biases, o_group_size, o_bits, {D}, o_int8}, norm_weight, eps,
+            {gu_w, gu_scales, gu_biases, gu_group_size, gu_bits, {hidden, hidden}, gu_int8},
+            {d_w, d_scales, d_biases, d_group_size, d_bits, {D}, d_int8}, lengths);
+      },
+      "x"_a, "q"_a, "k_buf"_a, "v_buf"_a, "first_slot"_a, "read_length"_a, "mask"_a.none(), "causal"_a,
+      "attention_scale"_a, "o_w"_a, "o_scales"_a, "o_biases"_a, "o_group_size"_a, "o_bits"_a, "norm_weight"_a,
+      "eps"_a, "gu_w"_a, "gu_scales"_a, "gu_biases"_a, "gu_group_size"_a, "gu_bits"_a, "hidden"_a, "d_w"_a,
+      "d_scales"_a, "d_biases"_a, "d_group_size"_a, "d_bits"_a, "o_int8"_a = false, "gu_int8"_a = false,
+      "d_int8"_a = false, "lengths"_a.none() = nb::none(),
+      "block_output over the layer's whole key and value buffers [slots, kv_heads, capacity, dim]: the attention "
+      "reads slots [first_slot, first_slot + batch) at positions [0, read_length), as block_output reads those "
+      "slices of them; the same bits, without the slice ops.");
   m.def("int8_available", &mlxd_qmm::int8_available, "bits"_a,
         "Whether products of this many bits run on the int8-activation kernel when asked.");
   m.def("kernel_isa", &mlxd_qmm::kernel_isa, "The instruction set the kernels use on this CPU.");

@@ -211,16 +211,19 @@ std::vector<mx::Shape> CpuAttentionInput::output_shapes(const std::vector<mx::ar
   return {{B, heads_, L, head_dim_}, {B, kv_heads_, L, head_dim_}, {B, kv_heads_, L, head_dim_}};
 }
 
-mx::array block_output(const mx::array& x, const mx::array& q, const mx::array& keys, const mx::array& values,
-                       const std::optional<mx::array>& mask, bool causal, float attention_scale,
-                       const PackedLinear& o, const mx::array& norm_weight, float eps, const PackedLinear& gate_up,
-                       const PackedLinear& down, const std::optional<mx::array>& lengths, mx::StreamOrDevice s) {
+namespace {
+
+// block_output's inputs (keys and values: the attention's, or with a span the layer's buffers) and primitive.
+std::pair<std::vector<mx::array>, std::shared_ptr<CpuBlockOutput>> block_output_op(
+    const mx::array& x, const mx::array& q, const mx::array& keys, const mx::array& values,
+    const std::optional<mx::array>& mask, bool causal, float attention_scale, const PackedLinear& o,
+    const mx::array& norm_weight, float eps, const PackedLinear& gate_up, const PackedLinear& down,
+    const std::optional<mx::array>& lengths, const std::optional<CacheSpan>& span, const mx::Stream& stream) {
   check(x.ndim() == 3 && x.dtype() == mx::float32, "x must be a float32 [batch, tokens, hidden] array");
-  auto stream = mx::to_stream(s, mx::Device::cpu);
   check(stream.device == mx::Device::cpu, "runs on the CPU only");
-  check_attention_inputs(q, keys, values, causal, mask);
   const int B = x.shape(0), L = x.shape(1), D = x.shape(2);
-  check(q.shape(0) == B && q.shape(2) == L, "the queries must be [batch, heads, tokens, head_dim] of x's batch and tokens");
+  check(q.ndim() == 4 && q.shape(0) == B && q.shape(2) == L,
+        "the queries must be [batch, heads, tokens, head_dim] of x's batch and tokens");
   check(o.sizes.size() == 1 && o.sizes[0] == D, "the output projection must give the hidden size");
   check(gate_up.sizes.size() == 2 && gate_up.sizes[0] == gate_up.sizes[1], "gate/up must have two parts of one size");
   check(down.sizes.size() == 1 && down.sizes[0] == D, "the down projection must give the hidden size");
@@ -236,10 +239,52 @@ mx::array block_output(const mx::array& x, const mx::array& q, const mx::array& 
   if (lengths.has_value()) inputs.push_back(lengths_input(*lengths, B, stream));
   CpuBlockOutput::Formats formats{ow.group_size, ow.bits,  gw.group_size, gw.bits, dw.group_size,
                                   dw.bits,       gw.sizes, ow.int8,       gw.int8, dw.int8};
-  return mx::array(x.shape(), mx::float32,
-                   std::make_shared<CpuBlockOutput>(stream, attention_scale, causal, eps, std::move(formats),
-                                                    lengths.has_value()),
-                   std::move(inputs));
+  return {std::move(inputs), std::make_shared<CpuBlockOutput>(stream, attention_scale, causal, eps, std::move(formats),
+                                                              mask.has_value(), lengths.has_value(), span)};
+}
+
+// A span's keys or values: [rows, kv_heads, read_length, head_dim] of a buffer [slots, kv_heads, capacity,
+// head_dim] from slot first_slot on, sharing its memory and strides: what MLX's slice of the buffer would be,
+// made in the op's task instead of as an op of its own.
+mx::array span_view(const mx::array& buffer, const CacheSpan& span) {
+  mx::array view(mx::Shape{span.rows, buffer.shape(1), span.read_length, buffer.shape(3)}, buffer.dtype(), nullptr, {});
+  const bool whole = span.read_length == buffer.shape(2) && buffer.flags().row_contiguous;
+  view.copy_shared_buffer(buffer, buffer.strides(), {whole, whole, false}, buffer.data_size(),
+                          span.first_slot * buffer.strides()[0]);
+  return view;
+}
+
+}  // namespace
+
+mx::array block_output(const mx::array& x, const mx::array& q, const mx::array& keys, const mx::array& values,
+                       const std::optional<mx::array>& mask, bool causal, float attention_scale,
+                       const PackedLinear& o, const mx::array& norm_weight, float eps, const PackedLinear& gate_up,
+                       const PackedLinear& down, const std::optional<mx::array>& lengths, mx::StreamOrDevice s) {
+  check_attention_inputs(q, keys, values, causal, mask);
+  auto [inputs, op] = block_output_op(x, q, keys, values, mask, causal, attention_scale, o, norm_weight, eps, gate_up,
+                                      down, lengths, std::nullopt, mx::to_stream(s, mx::Device::cpu));
+  return mx::array(x.shape(), mx::float32, std::move(op), std::move(inputs));
+}
+
+mx::array block_output_span(const mx::array& x, const mx::array& q, const mx::array& k_buf, const mx::array& v_buf,
+                            const CacheSpan& span, const std::optional<mx::array>& mask, bool causal,
+                            float attention_scale, const PackedLinear& o, const mx::array& norm_weight, float eps,
+                            const PackedLinear& gate_up, const PackedLinear& down,
+                            const std::optional<mx::array>& lengths, mx::StreamOrDevice s) {
+  check(k_buf.ndim() == 4 && v_buf.ndim() == 4 && k_buf.shape(0) == v_buf.shape(0) &&
+            k_buf.shape(1) == v_buf.shape(1) && k_buf.shape(2) == v_buf.shape(2),
+        "the key and value buffers must be [slots, kv_heads, capacity, dim] of one slots, heads and capacity");
+  check(span.rows > 0 && span.rows == q.shape(0) && span.first_slot >= 0 &&
+            span.first_slot + span.rows <= k_buf.shape(0) && span.read_length > 0 &&
+            span.read_length <= k_buf.shape(2),
+        "the span must be one slot per batch entry inside the buffers");
+  // what the attention reads: the span's views (checked as block_output checks its keys and values)
+  check_attention_inputs(q, mx::zeros({span.rows, k_buf.shape(1), span.read_length, k_buf.shape(3)}, k_buf.dtype()),
+                         mx::zeros({span.rows, v_buf.shape(1), span.read_length, v_buf.shape(3)}, v_buf.dtype()),
+                         causal, mask);
+  auto [inputs, op] = block_output_op(x, q, k_buf, v_buf, mask, causal, attention_scale, o, norm_weight, eps, gate_up,
+                                      down, lengths, span, mx::to_stream(s, mx::Device::cpu));
+  return mx::array(x.shape(), mx::float32, std::move(op), std::move(inputs));
 }
 
 void CpuBlockOutput::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
@@ -249,26 +294,30 @@ void CpuBlockOutput::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
   encoder.set_output_array(out);
   const Formats& f = formats_;
   const int D = inputs[0].shape(2);
-  encoder.dispatch([inputs, dst = out.data<float>(), scale = attention_scale_, causal = causal_, eps = eps_,
+  std::optional<mx::array> mask;
+  if (has_mask_) mask = inputs[14];
+  std::optional<mx::array> lengths;
+  if (has_lengths_) lengths = inputs.back();
+  encoder.dispatch([x = inputs[0], q = inputs[1], keys = inputs[2], values = inputs[3], span = span_,
+                    mask = std::move(mask), lengths = std::move(lengths), norm_weight = inputs[7],
+                    dst = out.data<float>(), scale = attention_scale_, causal = causal_, eps = eps_,
                     o = weight_at(inputs, 4, f.o_group_size, f.o_bits, {D}, f.o_int8),
                     gate_up = weight_at(inputs, 8, f.gate_up_group_size, f.gate_up_bits, f.gate_up_sizes, f.gate_up_int8),
-                    down = weight_at(inputs, 11, f.down_group_size, f.down_bits, {D}, f.down_int8),
-                    has_lengths = has_lengths_]() {
-    const mx::array& x = inputs[0];
-    const mx::array &q = inputs[1], &keys = inputs[2], &values = inputs[3];
+                    down = weight_at(inputs, 11, f.down_group_size, f.down_bits, {D}, f.down_int8)]() {
+    // with a span, the attention reads views of the buffers made here (else two slice ops before this one)
+    const mx::array keys_read = span.has_value() ? span_view(keys, *span) : keys;
+    const mx::array values_read = span.has_value() ? span_view(values, *span) : values;
     const int B = x.shape(0), L = x.shape(1), D = x.shape(2);
     if (B * L == 0) return;
-    const RealTokens real = real_tokens(has_lengths ? &inputs.back() : nullptr, B, L);
+    const RealTokens real = real_tokens(lengths.has_value() ? &*lengths : nullptr, B, L);
     const int M = real.count(B * L);  // the rows computed; padding's rows come out as x
     const int64_t size = static_cast<int64_t>(M) * D;
-    const int attended = q.shape(1) * values.shape(3);
+    const int attended = q.shape(1) * values_read.shape(3);
     const int hidden = gate_up.sizes[0];
-    std::optional<mx::array> mask;
-    if (inputs.size() - (has_lengths ? 1 : 0) > 14) mask = inputs[14];
     thread_local std::vector<float> gathered, attn, packed_attn, packed_x, projected, h, normed, gates, act;
     attn.resize(static_cast<size_t>(B) * L * attended);
-    attention_into(q, keys, values, mask, scale, causal, attn.data(),
-                   has_lengths ? inputs.back().data<int32_t>() : nullptr);
+    attention_into(q, keys_read, values_read, mask, scale, causal, attn.data(),
+                   lengths.has_value() ? lengths->data<int32_t>() : nullptr);
     projected.resize(size);
     product(gather_rows(attn.data(), attended, real.index, packed_attn), M, attended, o, {projected.data()});
     const float* xs_all = dense_floats(x, gathered);
@@ -276,7 +325,7 @@ void CpuBlockOutput::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
     h.resize(size);
     for (int64_t i = 0; i < size; ++i) h[i] = xs[i] + projected[i];
     normed.resize(size);
-    rms_norm_rows(h.data(), M, D, inputs[7].data<float>(), eps, normed.data());
+    rms_norm_rows(h.data(), M, D, norm_weight.data<float>(), eps, normed.data());
     gates.resize(static_cast<size_t>(2) * M * hidden);
     float* gate = gates.data();
     float* up = gate + static_cast<size_t>(M) * hidden;
@@ -307,7 +356,8 @@ bool CpuBlockOutput::is_equivalent(const mx::Primitive& other) const {
          a.o_group_size == b.o_group_size && a.o_bits == b.o_bits && a.gate_up_group_size == b.gate_up_group_size &&
          a.gate_up_bits == b.gate_up_bits && a.down_group_size == b.down_group_size && a.down_bits == b.down_bits &&
          a.gate_up_sizes == b.gate_up_sizes && a.o_int8 == b.o_int8 && a.gate_up_int8 == b.gate_up_int8 &&
-         a.down_int8 == b.down_int8 && has_lengths_ == o.has_lengths_;
+         a.down_int8 == b.down_int8 && has_mask_ == o.has_mask_ && has_lengths_ == o.has_lengths_ &&
+         span_ == o.span_;
 }
 
 }  // namespace mlxd_qmm

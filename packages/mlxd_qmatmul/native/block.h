@@ -84,7 +84,27 @@ class CpuAttentionInput : public mx::Primitive {
   bool has_lengths_;
 };
 
-// Inputs: x, q, keys, values, o (weight, scales, biases), norm weight, gate_up (3), down (3)[, mask][, lengths].
+// What block_output_span's attention reads of a layer's buffers [slots, kv_heads, capacity, head_dim]: the
+// forward's rows are the adjacent slots [first_slot, first_slot + rows), each read at positions [0, read_length).
+struct CacheSpan {
+  int first_slot, rows, read_length;
+  bool operator==(const CacheSpan& o) const {
+    return first_slot == o.first_slot && rows == o.rows && read_length == o.read_length;
+  }
+};
+
+// block_output over a span of the layer's whole key and value buffers (the forward's new rows already written,
+// write_rows), not over slices of them: the same bits as slicing the buffers and calling block_output, without
+// the two slice ops a layer on the CPU stream, where each op costs a hand-over
+// (docs/benchmark_results/code_notes.md#eval-handoffs).
+mx::array block_output_span(const mx::array& x, const mx::array& q, const mx::array& k_buf, const mx::array& v_buf,
+                            const CacheSpan& span, const std::optional<mx::array>& mask, bool causal,
+                            float attention_scale, const PackedLinear& o, const mx::array& norm_weight, float eps,
+                            const PackedLinear& gate_up, const PackedLinear& down,
+                            const std::optional<mx::array>& lengths = std::nullopt, mx::StreamOrDevice s = {});
+
+// Inputs: x, q, keys, values (with a CacheSpan: the layer's buffers), o (weight, scales, biases), norm weight,
+// gate_up (3), down (3)[, mask][, lengths].
 class CpuBlockOutput : public mx::UnaryPrimitive {
  public:
   struct Formats {
@@ -92,9 +112,10 @@ class CpuBlockOutput : public mx::UnaryPrimitive {
     std::vector<int> gate_up_sizes;
     bool o_int8 = false, gate_up_int8 = false, down_int8 = false;
   };
-  CpuBlockOutput(mx::Stream stream, float attention_scale, bool causal, float eps, Formats formats, bool has_lengths)
+  CpuBlockOutput(mx::Stream stream, float attention_scale, bool causal, float eps, Formats formats, bool has_mask,
+                 bool has_lengths, std::optional<CacheSpan> span = std::nullopt)
       : mx::UnaryPrimitive(stream), attention_scale_(attention_scale), causal_(causal), eps_(eps),
-        formats_(std::move(formats)), has_lengths_(has_lengths) {}
+        formats_(std::move(formats)), has_mask_(has_mask), has_lengths_(has_lengths), span_(span) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
@@ -111,7 +132,8 @@ class CpuBlockOutput : public mx::UnaryPrimitive {
   bool causal_;
   float eps_;
   Formats formats_;
-  bool has_lengths_;
+  bool has_mask_, has_lengths_;
+  std::optional<CacheSpan> span_;
 };
 
 }  // namespace mlxd_qmm
