@@ -34,6 +34,9 @@ Contract:
 - ``gather_quantized_matmul(x, w, scales, biases, experts, group_size, bits)``: a mixture-of-experts layer's
   products (mlx-lm's ``QuantizedSwitchLinear``, ``mx.gather_qmm``): each row of x times its expert's weights,
   within float32 rounding; rows are put in order of their expert and each expert's rows run as one product.
+- ``dequantized_rows(w, scales, biases, ids, group_size, bits)``: rows of a packed affine matrix dequantized to
+  float32 by index as one CPU op (a quantized embedding's lookup), bit for bit ``mx.dequantize`` of the gathered
+  rows with float32 scales and biases (MLX's CPU builds that from about forty ops).
 - ``supports(bits, group_size, mode)`` says whether a layer's format is one the kernel takes.
 - ``amx_available()``: products of 6 rows or more (8 or more with 8-bit weights: a verify, a batch, a prompt
   chunk) run on Intel AMX's tile units where the CPU and OS have them, still within float32 rounding (x split
@@ -125,6 +128,15 @@ def gather_quantized_matmul(x, w, scales, biases, experts, group_size: int, bits
     if _ext is None:
         raise RuntimeError(_REASON)
     return _ext.gather_quantized_matmul(x, w, scales, biases, experts, group_size, bits)
+
+
+def dequantized_rows(w, scales, biases, ids, group_size: int, bits: int):
+    """Rows ``ids`` (any integer shape) of the packed affine matrix ``w`` [N, K * bits / 32] (bits 4 or 8) as
+    float32 [ids..., K]: ``mx.dequantize(w[ids], scales[ids], biases[ids])`` with the scales and biases widened
+    to float32, to the bit, in one op; an id outside [0, N) gives zeros."""
+    if _ext is None:
+        raise RuntimeError(_REASON)
+    return _ext.dequantized_rows(w, scales, biases, ids, group_size, bits)
 
 
 def int8_available(bits: int = 4) -> bool:

@@ -83,6 +83,13 @@ class KernelQuantizedEmbedding(nn.QuantizedEmbedding):
     kernel_int8 = False
 
     def __call__(self, x):
+        on_cpu = mx.default_device() == mx.cpu
+        if on_cpu and self.bits in mlxd_qmatmul.BITS and self.group_size in mlxd_qmatmul.GROUP_SIZES:
+            # one op for the lookup, the same bits as the gathers and MLX's dequantize (about forty ops on the
+            # CPU stream: docs/benchmark_results/code_notes.md#eval-handoffs)
+            return mlxd_qmatmul.dequantized_rows(
+                self["weight"], self["scales"], self["biases"], x, self.group_size, self.bits
+            )
         return dequantized(self["weight"][x], self["scales"][x], self["biases"][x], self.group_size, self.bits)
 
     def as_linear(self, x):

@@ -6,6 +6,7 @@
 
 #include "attention.h"
 #include "block.h"
+#include "dequantized_rows.h"
 #include "gather.h"
 #include "qmatmul.h"
 #include "rms_norm.h"
@@ -45,6 +46,10 @@ NB_MODULE(_ext, m) {
   m.def("swiglu", &mlxd_qmm::swiglu, "gate"_a, "up"_a, nb::kw_only(), "stream"_a = nb::none(),
         "mlx-lm's swiglu(gate, up) = silu(gate) * up as one CPU op: float32 arrays of one shape; "
         "bit-identical to MLX's CPU result.");
+  m.def("dequantized_rows", &mlxd_qmm::dequantized_rows, "w"_a, "scales"_a, "biases"_a, "ids"_a, "group_size"_a,
+        "bits"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "Rows ids of a packed affine matrix (bits 4 or 8) dequantized to float32 as one CPU op: the same bits as "
+        "mx.dequantize of the gathered rows with float32 scales and biases; an id out of range gives zeros.");
   m.def("write_rows", &mlxd_qmm::write_rows, "buffer"_a, "rows"_a, "index"_a, nb::kw_only(), "stream"_a = nb::none(),
         "buffer with rows [N, D] written at its rows index [N] (int32; buffer viewed as [size / D, D]) as one "
         "CPU op, in place when nothing else holds the buffer: a KV cache's update for rows at different "
