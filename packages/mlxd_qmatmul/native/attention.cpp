@@ -331,27 +331,33 @@ void run_attention(const AttentionJob& job) {
 
 }  // namespace
 
-void check_attention_inputs(const mx::array& q, const mx::array& k, const mx::array& v, bool causal,
-                            const std::optional<mx::array>& mask) {
-  check(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4, "q, k and v must have 4 dimensions");
+void check_attention_shapes(const mx::array& q, const mx::Shape& k, const mx::Shape& v, mx::Dtype k_dtype,
+                            mx::Dtype v_dtype, bool causal, const std::optional<mx::array>& mask) {
+  check(q.ndim() == 4 && k.size() == 4 && v.size() == 4, "q, k and v must have 4 dimensions");
   check(q.dtype() == mx::float32, "q must be float32");
-  check((k.dtype() == mx::float32 || k.dtype() == mx::float16) && v.dtype() == k.dtype(),
+  check((k_dtype == mx::float32 || k_dtype == mx::float16) && v_dtype == k_dtype,
         "k and v must both be float32 or both float16");
-  check(k.shape(0) == q.shape(0) && v.shape(0) == q.shape(0), "q, k and v must have the same batch size");
-  check(k.shape(3) == q.shape(3), "q and k must have the same head size");
-  check(k.shape(1) == v.shape(1) && k.shape(2) == v.shape(2), "k and v must have the same heads and length");
-  check(k.shape(1) > 0 && q.shape(1) % k.shape(1) == 0, "the query heads must be a multiple of the key heads");
+  check(k[0] == q.shape(0) && v[0] == q.shape(0), "q, k and v must have the same batch size");
+  check(k[3] == q.shape(3), "q and k must have the same head size");
+  check(k[1] == v[1] && k[2] == v[2], "k and v must have the same heads and length");
+  check(k[1] > 0 && q.shape(1) % k[1] == 0, "the query heads must be a multiple of the key heads");
   check(!(causal && mask.has_value()), "either the causal mask or a mask array");
-  check(!causal || k.shape(2) >= q.shape(2), "a causal mask needs at least as many keys as queries");
+  check(!causal || k[2] >= q.shape(2), "a causal mask needs at least as many keys as queries");
   if (mask.has_value()) {
     check(mask->ndim() <= 4, "the mask must have at most 4 dimensions");
     check(mask->dtype() == mx::bool_ || mask->dtype() == mx::float32, "the mask must be boolean or float32");
-    const mx::Shape full{q.shape(0), q.shape(1), q.shape(2), k.shape(2)};
+    const mx::Shape full{q.shape(0), q.shape(1), q.shape(2), k[2]};
     for (int d = 0; d < mask->ndim(); ++d) {
       const int size = mask->shape(d), want = full[4 - mask->ndim() + d];
       check(size == 1 || size == want, "the mask does not broadcast to [B, heads, queries, keys]");
     }
   }
+}
+
+void check_attention_inputs(const mx::array& q, const mx::array& k, const mx::array& v, bool causal,
+                            const std::optional<mx::array>& mask) {
+  check(k.ndim() == 4 && v.ndim() == 4, "q, k and v must have 4 dimensions");
+  check_attention_shapes(q, k.shape(), v.shape(), k.dtype(), v.dtype(), causal, mask);
 }
 
 void attention_into(const mx::array& q, const mx::array& k, const mx::array& v, const std::optional<mx::array>& mask,

@@ -25,6 +25,10 @@ mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, 
 void check_attention_inputs(const mx::array& q, const mx::array& k, const mx::array& v, bool causal,
                             const std::optional<mx::array>& mask);
 
+// The same checks of keys and values known by their shapes and dtypes only (views not made yet).
+void check_attention_shapes(const mx::array& q, const mx::Shape& k, const mx::Shape& v, mx::Dtype k_dtype,
+                            mx::Dtype v_dtype, bool causal, const std::optional<mx::array>& mask);
+
 // attention()'s result for evaluated inputs, computed on the calling thread and the kernel pool and written
 // token-major ([B, L, Hq, Dv], dense) into out: the fused layer ops' attention (block.h). With `lengths` (one
 // count per batch entry), entry b's queries from lengths[b] on are padding: not computed, their outputs zeros.

@@ -279,8 +279,8 @@ mx::array block_output_span(const mx::array& x, const mx::array& q, const mx::ar
             span.read_length <= k_buf.shape(2),
         "the span must be one slot per batch entry inside the buffers");
   // what the attention reads: the span's views (checked as block_output checks its keys and values)
-  check_attention_inputs(q, mx::zeros({span.rows, k_buf.shape(1), span.read_length, k_buf.shape(3)}, k_buf.dtype()),
-                         mx::zeros({span.rows, v_buf.shape(1), span.read_length, v_buf.shape(3)}, v_buf.dtype()),
+  check_attention_shapes(q, {span.rows, k_buf.shape(1), span.read_length, k_buf.shape(3)},
+                         {span.rows, v_buf.shape(1), span.read_length, v_buf.shape(3)}, k_buf.dtype(), v_buf.dtype(),
                          causal, mask);
   auto [inputs, op] = block_output_op(x, q, k_buf, v_buf, mask, causal, attention_scale, o, norm_weight, eps, gate_up,
                                       down, lengths, span, mx::to_stream(s, mx::Device::cpu));
