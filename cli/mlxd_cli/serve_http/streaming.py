@@ -4,12 +4,14 @@ Contract: SSE framing (``sse_event``, ``SSE_HEADERS``); ``ClosingStreamingRespon
 iterator however the response ends, a client disconnect included, so the daemon gets Cancel at once);
 ``sse_body`` (a streaming route's body: it only says what each reply becomes; a daemon failure mid-stream
 is one error event); ``StreamedOutput`` / ``unsent_part`` (the part of a Done no Chunk carried); and
-``collect_generation`` for non-streaming answers (also stops on a disconnect). Routes import this
-module, never the app.
+``collect_generation`` for non-streaming answers (also stops on a disconnect). Both ask whether the client
+went away at most every ``DISCONNECT_CHECK_S`` (``DisconnectWatch``), not after every chunk. Routes import
+this module, never the app.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -22,6 +24,24 @@ from .daemon_pool import GenerationStream
 from .errors import ApiError, from_daemon_failure
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # proxies must not buffer tokens
+# How often a stream asks whether its client went away: Starlette's check (a cancelled receive) cost more
+# than the rest of a chunk's handling when asked for every token (docs/benchmark_results/code_notes.md#eval-handoffs)
+DISCONNECT_CHECK_S = 0.05
+
+
+class DisconnectWatch:
+    """``request.is_disconnected()``, asked at most every ``DISCONNECT_CHECK_S`` (and on the first call)."""
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+        self.next_check = 0.0
+
+    async def gone(self) -> bool:
+        now = time.monotonic()
+        if now < self.next_check:
+            return False
+        self.next_check = now + DISCONNECT_CHECK_S
+        return await self.request.is_disconnected()
 
 
 def sse_event(payload: bytes | str) -> bytes:
@@ -62,13 +82,14 @@ async def sse_body(
     ``error_event(error)`` makes it: Anthropic's routes name the event and use their shape).
     """
     error_event = error_event or (lambda error: sse_event(error.encoded()))
+    watch = DisconnectWatch(request)
     try:
         if opening is not None:
             yield opening
         async for reply in stream:
             async for event in events_for(reply):
                 yield event
-            if isinstance(reply, Done) or await request.is_disconnected():
+            if isinstance(reply, Done) or await watch.gone():
                 return
     except ApiError as error:
         yield error_event(error)
@@ -159,6 +180,7 @@ async def collect_generation(stream: GenerationStream, request: Request) -> Coll
     """
     output = StreamedOutput()
     logprobs: list[dict] = []
+    watch = DisconnectWatch(request)
     try:
         async for reply in stream:
             if isinstance(reply, Progress):
@@ -167,7 +189,7 @@ async def collect_generation(stream: GenerationStream, request: Request) -> Coll
             if isinstance(reply, Done):
                 return CollectedGeneration(output.text, output.tokens, logprobs, reply)
             logprobs.extend(reply.logprobs or ())
-            if await request.is_disconnected():
+            if await watch.gone():
                 return None
     except (DaemonError, DaemonTimeout) as error:
         raise from_daemon_failure(error) from error
