@@ -247,6 +247,17 @@ def attention_input(
     )
 
 
+def _layer_weights(o, norm_weight, eps: float, gate_up, down) -> tuple:
+    """The arguments both layer-output bindings take after the attention's scale, in their order: o's, the norm,
+    gate/up's and its hidden size, down's, then the three int8-activation flags. ``o``, ``gate_up`` and ``down``
+    are (weight, scales, biases, group_size, bits[, int8_activations])."""
+    (*o_args, o_int8), (*gu_args, gu_int8), (*d_args, d_int8) = (
+        tuple(w) + (False,) * (6 - len(w)) for w in (o, gate_up, down)
+    )
+    hidden = gate_up[0].shape[0] // 2
+    return (*o_args, norm_weight, eps, *gu_args, hidden, *d_args, o_int8, gu_int8, d_int8)
+
+
 def block_output(
     x,
     q,
@@ -270,29 +281,8 @@ def block_output(
     come out as ``x``."""
     if _ext is None:
         raise RuntimeError(_REASON)
-    hidden = gate_up[0].shape[0] // 2
-    (*o_args, o_int8), (*gu_args, gu_int8), (*d_args, d_int8) = (
-        tuple(w) + (False,) * (6 - len(w)) for w in (o, gate_up, down)
-    )
-    return _ext.block_output(
-        x,
-        q,
-        keys,
-        values,
-        mask,
-        causal,
-        attention_scale,
-        *o_args,
-        norm_weight,
-        eps,
-        *gu_args,
-        hidden,
-        *d_args,
-        o_int8,
-        gu_int8,
-        d_int8,
-        lengths,
-    )
+    weights = _layer_weights(o, norm_weight, eps, gate_up, down)
+    return _ext.block_output(x, q, keys, values, mask, causal, attention_scale, *weights, lengths)
 
 
 def block_output_span(
@@ -318,30 +308,9 @@ def block_output_span(
     the CPU stream (docs/benchmark_results/code_notes.md#eval-handoffs)."""
     if _ext is None:
         raise RuntimeError(_REASON)
-    hidden = gate_up[0].shape[0] // 2
-    (*o_args, o_int8), (*gu_args, gu_int8), (*d_args, d_int8) = (
-        tuple(w) + (False,) * (6 - len(w)) for w in (o, gate_up, down)
-    )
+    weights = _layer_weights(o, norm_weight, eps, gate_up, down)
     return _ext.block_output_span(
-        x,
-        q,
-        k_buf,
-        v_buf,
-        first_slot,
-        read_length,
-        mask,
-        causal,
-        attention_scale,
-        *o_args,
-        norm_weight,
-        eps,
-        *gu_args,
-        hidden,
-        *d_args,
-        o_int8,
-        gu_int8,
-        d_int8,
-        lengths,
+        x, q, k_buf, v_buf, first_slot, read_length, mask, causal, attention_scale, *weights, lengths
     )
 
 
