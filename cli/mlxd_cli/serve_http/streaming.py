@@ -25,7 +25,7 @@ from .errors import ApiError, from_daemon_failure
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # proxies must not buffer tokens
 # How often a stream asks whether its client went away: Starlette's check (a cancelled receive) cost more
-# than the rest of a chunk's handling when asked for every token (docs/benchmark_results/code_notes.md#eval-handoffs)
+# than the rest of a chunk's handling when asked for every token (docs/benchmark_results/code_notes.md#stream-chunks)
 DISCONNECT_CHECK_S = 0.05
 
 
