@@ -100,8 +100,14 @@ def _one_op_attention_applies(queries, keys, values, cache, mask, sinks) -> bool
         return False
     if queries.dtype != mx.float32 or keys.dtype != values.dtype or keys.dtype not in (mx.float32, mx.float16):
         return False  # float16 keys and values: a cache kept in half precision (storage/kv_dtype.py)
+    return _one_op_mask_applies(mask, queries.shape[2], keys.shape[2])
+
+
+def _one_op_mask_applies(mask, queries: int, keys: int) -> bool:
+    """Whether the one-op attention takes ``mask`` for ``queries`` query tokens over ``keys`` keys: none,
+    "causal" (at least as many keys as queries), or a boolean or float32 array of at most 4 axes."""
     if isinstance(mask, str):
-        return mask == "causal" and keys.shape[2] >= queries.shape[2]
+        return mask == "causal" and keys >= queries
     return mask is None or (isinstance(mask, mx.array) and mask.dtype in (mx.bool_, mx.float32) and mask.ndim <= 4)
 
 

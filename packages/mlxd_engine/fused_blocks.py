@@ -31,7 +31,7 @@ import mlx.nn as nn
 
 import mlxd_qmatmul
 
-from .cpu_fusion import _STOCK_ATTENTION, FusedRMSNorm, FusedRoPE, _one_op_attention_applies
+from .cpu_fusion import _STOCK_ATTENTION, FusedRMSNorm, FusedRoPE, _one_op_attention_applies, _one_op_mask_applies
 from .loading.kernel_layers import KernelQuantizedLinear
 from .loading.projection_groups import GroupedQuantizedLinear, ProjectionGroup
 from .ragged import lengths_for
@@ -213,17 +213,13 @@ class FusedBlock:
         in place (``update_in_place``: rows in adjacent slots) and the one-op attention takes what it reads;
         else None, with nothing written."""
         update = getattr(cache, "update_in_place", None)
-        if update is None or hasattr(cache, "bits"):
-            return None
-        causal = isinstance(mask, str)
-        if causal and (mask != "causal" or cache.plan.read_length < queries.shape[2]):
-            return None
-        if not causal and mask is not None and not (mask.dtype in (mx.bool_, mx.float32) and mask.ndim <= 4):
+        if update is None or not _one_op_mask_applies(mask, queries.shape[2], cache.plan.read_length):
             return None
         written = update(keys, values)
         if written is None:
             return None
         k_buf, v_buf, first_slot, read_length = written
+        causal = isinstance(mask, str)
         return mlxd_qmatmul.block_output_span(
             x, queries, k_buf, v_buf, first_slot, read_length, None if causal else mask, causal, fused.scale,
             *fused.block_output, lengths,
