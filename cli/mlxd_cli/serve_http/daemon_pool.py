@@ -54,6 +54,7 @@ from mlxd_protocol import (
     Status,
 )
 
+from .draft_keys import with_draft_key
 from .errors import UNAVAILABLE_CODES, NoDaemonAvailable, from_daemon_failure
 
 log = logging.getLogger("mlx-serve-http")
@@ -332,7 +333,7 @@ class DaemonPool:
         while True:
             handle = await self.choose(tried)
             tried.add(handle.endpoint)
-            replies = handle.client.generate(make_request(handle))
+            replies = handle.client.generate(with_draft_key(make_request(handle)))
             handle.in_flight += 1
             try:
                 first = await self._first_reply(handle, replies, tried)

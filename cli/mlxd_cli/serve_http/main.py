@@ -2,7 +2,8 @@
 
     mlx-serve-http [--daemon ENDPOINT ...] [-m MODEL] [--alias NAME,...] [--tags TAGS] [--host 127.0.0.1 ...]
                    [--port 8080]
-                   [--api-key KEY] [--allowed-hosts NAMES] [--cors-origins ORIGINS] [--cors-methods M]
+                   [--api-key KEY[,KEY...]] [--api-key-file FILE]
+                   [--allowed-hosts NAMES] [--cors-origins ORIGINS] [--cors-methods M]
                    [--cors-headers H] [--cors-credentials/--no-cors-credentials]
                    [--draft-kind KIND] [--draft-block-size N] [--prompt-lookup-max-batch N] [--no-shared-drafts]
                    [--kv-dtype float32|float16]
@@ -120,7 +121,14 @@ def daemon_args(
     "--api-key",
     default=None,
     envvar="MLXD_HTTP_API_KEY",
-    help="require 'Authorization: Bearer KEY' on every endpoint but /health (env MLXD_HTTP_API_KEY)",
+    help="require 'Authorization: Bearer KEY' on every endpoint but /health; several keys comma-separated, each "
+    "with a shared draft store of its own (env MLXD_HTTP_API_KEY)",
+)
+@click.option(
+    "--api-key-file",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="a file of API keys, one a line (blank lines skipped), accepted besides --api-key's",
 )
 @click.option(
     "--allowed-hosts",
@@ -291,6 +299,7 @@ def main(
     hosts,
     port,
     api_key,
+    api_key_file,
     allowed_hosts,
     cors_origins,
     cors_methods,
@@ -362,6 +371,11 @@ def main(
     except (ValueError, AutostartError) as error:
         click.echo(f"mlx-serve-http: {error}", err=True)
         sys.exit(1)
+    try:
+        api_key = joined_api_keys(api_key, api_key_file)
+    except ValueError as error:
+        click.echo(f"mlx-serve-http: {error}", err=True)
+        sys.exit(1)
     for host in hosts:
         if host not in ("127.0.0.1", "::1", "localhost") and not api_key:
             click.echo(f"mlx-serve-http: warning: listening on {host} without --api-key", err=True)
@@ -413,6 +427,28 @@ def main(
         click.echo(f"mlx-serve-http: cannot listen: {error}", err=True)
         sys.exit(1)
     uvicorn.Server(config).run(sockets=sockets)
+
+
+def joined_api_keys(api_key: str | None, api_key_file: str | None) -> str | None:
+    """``--api-key``'s keys and ``--api-key-file``'s (one a line) as one comma-separated list (None: no keys).
+
+    Raises:
+        ValueError: The file cannot be read, or one of its keys holds a comma.
+    """
+    if api_key is not None and not any(key.strip() for key in api_key.split(",")):
+        raise ValueError("--api-key: no key in it")
+    if api_key_file is None:
+        return api_key
+    try:
+        with open(api_key_file, encoding="utf-8") as handle:
+            lines = [line.strip() for line in handle]
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"cannot read --api-key-file {api_key_file}: {error}") from None
+    keys = [line for line in lines if line]
+    if any("," in key for key in keys):
+        raise ValueError(f"--api-key-file {api_key_file}: a key cannot hold a comma")
+    joined = ",".join([*([api_key] if api_key else []), *keys])
+    return joined or None
 
 
 def page_host(host: str) -> str:

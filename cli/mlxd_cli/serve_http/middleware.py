@@ -1,17 +1,17 @@
 """The gateway middleware: metrics, browser checks, auth, body limits and concurrency limits, before any route.
 
-Contract: ``GatewayMiddleware`` (pure ASGI, so streaming and disconnects pass through untouched) runs
-before any route, in this order: count the request in the metrics; refuse a Host header the gateway does
-not answer to (400) and a browser request from a foreign origin (403), as ``request_guard`` says; demand
-``Authorization: Bearer KEY`` or ``x-api-key: KEY`` (Anthropic's header) when an API key is set (every
-path but /health, /v1/health and the web UI's static files, ``settings.web_ui_open_path``; compared in constant
-time); refuse a body that is not JSON (415); refuse bodies over
-``max_body_bytes`` with 413, by Content-Length and by counting the bytes that actually arrive; answer
-408 and close the connection when the body does not arrive within ``body_timeout_s``; refuse with 429 +
-Retry-After, at once, a request beyond ``max_concurrency`` in flight (no queue: the daemons already
-queue) or beyond ``max_requests_per_client`` from one address. Its errors have OpenAI's body, Anthropic's
-on ``/v1/messages`` paths (``errors.uses_anthropic_shape``). Response header names go out capitalised
-(``Content-Type``), as llama-server writes them (``canonical_header_names``).
+Contract: ``GatewayMiddleware`` (pure ASGI, so streaming and disconnects pass through untouched) runs before any
+route, in this order: count the request in the metrics; refuse a Host header the gateway does not answer to (400) and
+a browser request from a foreign origin (403), as ``request_guard`` says; demand ``Authorization: Bearer KEY`` or
+``x-api-key: KEY`` (Anthropic's header) for one of the API keys when keys are set (every path but /health, /v1/health
+and the web UI's static files, ``settings.web_ui_open_path``; compared in constant time, with every key), and run the
+request with its key's draft store (``draft_keys``); refuse a body that is not JSON (415); refuse bodies over
+``max_body_bytes`` with 413, by Content-Length and by counting the bytes that actually arrive; answer 408 and close
+the connection when the body does not arrive within ``body_timeout_s``; refuse with 429 + Retry-After, at once, a
+request beyond ``max_concurrency`` in flight (no queue: the daemons already queue) or beyond
+``max_requests_per_client`` from one address. Its errors have OpenAI's body, Anthropic's on ``/v1/messages`` paths
+(``errors.uses_anthropic_shape``). Response header names go out capitalised (``Content-Type``), as llama-server writes
+them (``canonical_header_names``).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 
+from .draft_keys import REQUEST_DRAFT_KEY, key_id
 from .errors import ApiError
 from .metrics import GatewayMetrics
 from .request_guard import content_type_problem, host_problem, origin_problem
@@ -45,8 +46,8 @@ class GatewayMiddleware:
         self.app = app
         self.settings = settings
         self.metrics = metrics
-        self._expected_auth = f"Bearer {settings.api_key}".encode() if settings.api_key else None
-        self._expected_key = settings.api_key.encode() if settings.api_key else None
+        # each key: (its Authorization value, its x-api-key value, its draft store's id)
+        self._keys = [(f"Bearer {key}".encode(), key.encode(), key_id(key)) for key in settings.api_keys]
         self._per_client: dict[str, int] = {}
 
     async def __call__(self, scope, receive, send) -> None:
@@ -76,7 +77,8 @@ class GatewayMiddleware:
         if refused is not None:
             await _send_error(send, path, refused)
             return
-        if self._expected_auth is not None and not self._open(path) and not self._authorized(scope):
+        draft_key = self._key_of(scope) if self._keys else None
+        if self._keys and not self._open(path) and draft_key is None:
             await _send_error(
                 send,
                 path,
@@ -120,9 +122,11 @@ class GatewayMiddleware:
         if limited:
             self.metrics.in_flight += 1
             self._per_client[client] = self._per_client.get(client, 0) + 1
+        token = REQUEST_DRAFT_KEY.set(draft_key)
         try:
             await self.app(scope, body_receive, send)
         finally:
+            REQUEST_DRAFT_KEY.reset(token)
             if limited:
                 self.metrics.in_flight -= 1
                 self._per_client[client] -= 1
@@ -133,19 +137,23 @@ class GatewayMiddleware:
         """Whether ``path`` is answered without the API key: /health, and the web UI's files while it is on."""
         return path in OPEN_PATHS or (self.settings.ui_enabled and web_ui_open_path(path))
 
-    def _authorized(self, scope) -> bool:
-        """The first Authorization header is ``Bearer KEY``, or the first x-api-key header is ``KEY``
-        (both compared in constant time, both always, so timing tells nothing of which was tried)."""
+    def _key_of(self, scope) -> str | None:
+        """The draft store id of the key the request sent: its first Authorization header is ``Bearer KEY``
+        or its first x-api-key header is ``KEY``, for one of the keys; None when neither is. Every key is
+        compared, both ways, in constant time, so timing tells nothing of which key or header matched."""
         bearer = api_key = None
         for name, value in scope.get("headers", ()):
             if name == b"authorization" and bearer is None:
                 bearer = value
             elif name == b"x-api-key" and api_key is None:
                 api_key = value
-        # both expected values are set: __call__ checks only with an api key
-        bearer_ok = hmac.compare_digest(bearer or b"", self._expected_auth)  # type: ignore[arg-type]
-        api_key_ok = hmac.compare_digest(api_key or b"", self._expected_key)  # type: ignore[arg-type]
-        return bearer_ok or api_key_ok
+        found = None
+        for expected_auth, expected_key, draft_key in self._keys:
+            bearer_ok = hmac.compare_digest(bearer or b"", expected_auth)
+            api_key_ok = hmac.compare_digest(api_key or b"", expected_key)
+            if (bearer_ok or api_key_ok) and found is None:
+                found = draft_key
+        return found
 
     async def _read_body(self, scope, receive, send):
         """Read the whole body under the size limit; return a receive that replays it.

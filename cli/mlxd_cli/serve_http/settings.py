@@ -37,7 +37,8 @@ class Settings:
     Attributes:
         daemons: Daemon endpoints to spread requests over (at least one).
         api_key: When set, every endpoint but /health (and /v1/health, the home page's files) demands
-            ``Authorization: Bearer <api_key>``.
+            ``Authorization: Bearer KEY`` for one of its keys: one key, or several separated by commas
+            (llama-server's ``--api-key``); each key's requests draft from a shared store of their own.
         max_concurrency: Most requests in flight at once (None: no limit).
         max_body_bytes: Largest request body accepted.
         max_requests_per_client: Most requests in flight from one client address (None: no limit).
@@ -90,3 +91,10 @@ class Settings:
     ui_enabled: bool = True
     ui_mcp_proxy: bool = False
     verbose_replies: bool = False
+
+    @property
+    def api_keys(self) -> tuple[str, ...]:
+        """The accepted API keys: ``api_key`` split at commas, blanks dropped (none: no key is asked for)."""
+        if not self.api_key:
+            return ()
+        return tuple(dict.fromkeys(key.strip() for key in self.api_key.split(",") if key.strip()))

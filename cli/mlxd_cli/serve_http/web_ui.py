@@ -74,7 +74,7 @@ def _file(name: str, content: bytes | None = None) -> Response:
 
 def _page(request: Request, name: str) -> Response:
     """A page, saying whether the API needs a key (so that it asks before its first request)."""
-    return _file(name, KEYED_PAGES[name] if gateway(request).settings.api_key else FILES[name])
+    return _file(name, KEYED_PAGES[name] if gateway(request).settings.api_keys else FILES[name])
 
 
 @router.get("/", include_in_schema=False)
