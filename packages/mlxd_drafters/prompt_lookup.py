@@ -120,7 +120,9 @@ class PromptLookupDrafter:
 
     Sources, in order: the predicted output (when given), then the request's own context (prompt and
     output), then the shared store (``shared``: earlier requests' tokens) when the own context found no
-    match or a shorter one than the store's: the longer match wins, a tie goes to the own context.
+    match or a shorter one than the store's: the longer match wins, a tie goes to the own context, unless
+    the store's drafts have had rounds in this request and its draft is expected to have fewer tokens
+    accepted than the own one (each source's governor).
 
     The store's drafts have a governor of their own (``shared_governor``): it sizes them and learns only
     from their rounds, and ``governor`` only from the request's own drafts. A store whose drafts this
@@ -334,8 +336,12 @@ class PromptLookupDrafter:
 
     def _shared_or(self, own: list[int], own_length: int, index: NgramIndex) -> list[int]:
         """The store's draft where it matched more of the context than the own proposal did (``own``, from a
-        match of ``own_length`` tokens), granted by the store's governor; else ``own``. The store's governor
-        counts a call (its probe spacing) only where the store has a match to offer."""
+        match of ``own_length`` tokens) and is granted by the store's governor, unless the store's drafts have
+        had rounds in this request and its draft is expected to have fewer tokens accepted than ``own`` (each as
+        its governor expects: a store draft that replaced a better own one, and was then declined by the gate,
+        cost the row its own verify;
+        docs/benchmark_results/code_notes.md#source-choice); else ``own``. The store's governor counts a call
+        (its probe spacing) only where the store has a match to offer."""
         assert self.shared is not None
         if own_length >= self.shared.config.max_ngram:
             return own
@@ -346,6 +352,14 @@ class PromptLookupDrafter:
         if budget <= 0:
             return own
         if own:
+            shared_long = shared.match_length >= self._config.max_ngram and shared.support >= LONG_MATCH_SUPPORT
+            expected = self._shared_governor.expected_accepted(min(budget, len(shared.tokens)), shared_long)
+            own_long = own_length >= self._config.max_ngram
+            if self._shared_governor.rounds_recorded and expected < self._governor.expected_accepted(
+                len(own), own_long
+            ):
+                self._shared_governor.return_probe()  # a probe it granted goes unused
+                return own
             self._governor.return_probe()  # a probe it granted goes unused
         self._source = SOURCE_SHARED
         self._shared_match_length, self._shared_support = shared.match_length, shared.support

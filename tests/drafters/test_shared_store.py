@@ -178,6 +178,20 @@ def test_the_longer_match_wins_and_a_tie_goes_to_the_own_context():
     assert tie.outstanding_source == "prompt"
 
 
+def test_a_longer_store_match_expected_to_do_worse_leaves_the_own_draft():
+    """A store draft replacing an own one that its governor expects more of would cost the row that draft
+    where the gate declines the store's (it did on a copying model: code_notes#source-choice)."""
+    store = SharedDraftStore(SharedStoreConfig(min_ngram=2, max_ngram=4))
+    store.add([7, 8, 9, 50, 51])
+    drafter = PromptLookupDrafter(PromptLookupConfig(max_draft=2, policy="always"), shared=store)
+    for _ in range(4):
+        drafter.shared_governor.record(2, 0)  # the store's drafts were all rejected in this request
+    drafter.prime([9, 60, 61, 7, 8, 9])  # own (9) -> 60, 61; store (7, 8, 9) -> 50, 51: longer, but expected less
+    assert drafter.draft_block() == [60, 61]
+    assert drafter.outstanding_source == "prompt"
+    assert drafter.shared_governor.expected_accepted(2) < drafter.governor.expected_accepted(2)
+
+
 def test_own_sources_are_told_apart():
     drafter = PromptLookupDrafter(PromptLookupConfig(max_draft=2, policy="always"))
     drafter.prime([1, 2, 3, 1, 2])
