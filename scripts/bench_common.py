@@ -1,16 +1,20 @@
-"""Helpers shared by the benchmark scripts: daemons on private endpoints, spreads, machine facts."""
+"""Helpers shared by the benchmark scripts: daemons on private endpoints, gateways on free ports, spreads, machine
+facts."""
 
 from __future__ import annotations
 
 import os
 import platform
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import httpx
 
 from mlxd_protocol import Client, Done, Generate, Sampling, Speculative, new_request_id
 
@@ -47,6 +51,45 @@ def stop_daemon(process: subprocess.Popen, endpoint: str) -> None:
     except Exception:  # noqa: BLE001
         process.kill()
     shutil.rmtree(Path(endpoint.removeprefix("ipc://")).parent, ignore_errors=True)  # the private folder
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_ready(url: str, path: str, process: subprocess.Popen, timeout_s: float = 300) -> None:
+    """Wait until ``url + path`` answers 200; RuntimeError when ``process`` exits first or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{url}: the server exited with {process.returncode}")
+        try:
+            if httpx.get(url + path, timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"{url} did not become ready")
+
+
+def start_gateway(endpoint: str, timeout_s: float = 60) -> tuple[subprocess.Popen, str]:
+    """mlx-serve-http in front of ``endpoint`` on a free port; (process, base URL) once /health answers 200
+    (the process killed and RuntimeError when it does not within ``timeout_s``)."""
+    port = free_port()
+    command = [sys.executable, "-m", "mlxd_cli.serve_http.main", "--port", str(port), "--daemon", endpoint]
+    process = subprocess.Popen(
+        [*command, "--log-level", "warning"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, "/health", process, timeout_s)
+    except RuntimeError:
+        process.kill()
+        raise
+    return process, url
 
 
 def spread(values: list[float]) -> str:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -27,33 +26,22 @@ ensure_fast_blas()  # before starting anything: both servers inherit the same BL
 
 import httpx  # noqa: E402
 
-from bench_common import ROOT, command_line, machine_facts, spread, start_daemon, stop_daemon  # noqa: E402
+from bench_common import (  # noqa: E402
+    ROOT,
+    command_line,
+    free_port,
+    machine_facts,
+    spread,
+    start_daemon,
+    stop_daemon,
+    wait_ready,
+)
 
 PROMPTS = [
     "The Python standard library contains built-in modules that provide access to system functionality such as",
     "Once upon a time, in a small village by the sea, there lived an old fisherman who",
     "Repeat the following paragraph exactly: The quick brown fox jumps over the lazy dog near the river bank.",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def wait_ready(url: str, path: str, process: subprocess.Popen, timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{url}: the server exited with {process.returncode}")
-        try:
-            if httpx.get(url + path, timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"{url} did not become ready")
 
 
 # Both servers honour OpenAI's logit_bias: pushing the end-of-sequence ids down makes every reply run to

@@ -14,9 +14,7 @@ Run: .venv/bin/python scripts/bench_serving_layers.py --model ../shared/models/s
 from __future__ import annotations
 
 import argparse
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,7 +26,7 @@ ensure_fast_blas()
 
 import httpx  # noqa: E402
 
-from bench_common import start_daemon, stop_daemon  # noqa: E402
+from bench_common import start_daemon, start_gateway, stop_daemon  # noqa: E402
 from mlxd_daemon.local import local_client  # noqa: E402
 from mlxd_protocol import Chunk, Client, Generate, Sampling, Speculative, new_request_id  # noqa: E402
 
@@ -77,12 +75,6 @@ def http_rate(http: httpx.Client, url: str, max_tokens: int) -> float:
     return count / (time.perf_counter() - started)
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="embedded")
@@ -90,26 +82,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     args = parser.parse_args()
     daemon, endpoint = start_daemon("--model", args.model)
-    port = free_port()
-    gateway = subprocess.Popen(
-        [sys.executable, "-m", "mlxd_cli.serve_http.main", "--daemon", endpoint, "--port", str(port)]
-        + ["--log-level", "warning"],
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
+    gateway, url = start_gateway(endpoint)
     rates: dict[str, list[float]] = {"in process": [], "socket": [], "http": []}
     try:
         with local_client(model=args.model) as local, Client(endpoint) as remote, httpx.Client(timeout=600) as http:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if http.get(url + "/health").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError("mlx-serve-http did not become healthy")
-                time.sleep(0.2)
             layers = {
                 "in process": lambda: protocol_rate(local, args.max_tokens),
                 "socket": lambda: protocol_rate(remote, args.max_tokens),

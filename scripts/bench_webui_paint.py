@@ -23,9 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -38,7 +36,7 @@ from mlxd_fast_blas import ensure_fast_blas  # noqa: E402
 
 ensure_fast_blas()  # the daemon started here inherits it; Chromium is started without it (new_browser)
 
-from bench_common import command_line, machine_facts, start_daemon, stop_daemon  # noqa: E402
+from bench_common import command_line, machine_facts, start_daemon, start_gateway, stop_daemon  # noqa: E402
 
 PAGES = {"chat": "/", "live view": "/ui/ticks"}
 WEIGHT_GOAL_BYTES = 300 * 1024
@@ -58,33 +56,6 @@ return {
 };
 """
 FILE_INITIATORS = ("link", "script", "css", "img", "other")  # fetch / xmlhttprequest: the page's API calls
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def start_gateway(endpoint: str) -> tuple[subprocess.Popen, str]:
-    """mlx-serve-http in front of ``endpoint`` on a free port; (process, base URL) once /health answers 200."""
-    port = free_port()
-    command = [sys.executable, "-m", "mlxd_cli.serve_http.main", "--port", str(port), "--daemon", endpoint]
-    process = subprocess.Popen(
-        [*command, "--log-level", "warning"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return process, url
-        except httpx.TransportError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            raise RuntimeError("mlx-serve-http did not become healthy")
-        time.sleep(0.2)
 
 
 def new_browser():
