@@ -228,7 +228,7 @@ class PromptLookupDrafter:
         if self.proposal_from_prediction:
             return True
         if self._source == SOURCE_SHARED:
-            return self._shared_match_length >= self._config.max_ngram and self._shared_support >= LONG_MATCH_SUPPORT
+            return self._is_long_store_match(self._shared_match_length, self._shared_support)
         return self._index.last_match_length >= self._config.max_ngram
 
     @property
@@ -334,6 +334,11 @@ class PromptLookupDrafter:
         # gets its own copy so mutating it cannot skew our accounting.
         return list(proposal)
 
+    def _is_long_store_match(self, match_length: int, support: int) -> bool:
+        """Whether a store draft counts as a long match (``last_match_is_long``): the drafter's longest n-gram
+        matched, and at least ``LONG_MATCH_SUPPORT`` earlier occurrences continued it with its first token."""
+        return match_length >= self._config.max_ngram and support >= LONG_MATCH_SUPPORT
+
     def _shared_or(self, own: list[int], own_length: int, index: NgramIndex) -> list[int]:
         """The store's draft where it matched more of the context than the own proposal did (``own``, from a
         match of ``own_length`` tokens) and is granted by the store's governor, unless the store's drafts have
@@ -352,7 +357,7 @@ class PromptLookupDrafter:
         if budget <= 0:
             return own
         if own:
-            shared_long = shared.match_length >= self._config.max_ngram and shared.support >= LONG_MATCH_SUPPORT
+            shared_long = self._is_long_store_match(shared.match_length, shared.support)
             expected = self._shared_governor.expected_accepted(min(budget, len(shared.tokens)), shared_long)
             own_long = own_length >= self._config.max_ngram
             if self._shared_governor.rounds_recorded and expected < self._governor.expected_accepted(
