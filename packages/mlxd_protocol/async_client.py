@@ -2,7 +2,7 @@
 
 Contract:
     * Any number of coroutines may use one ``AsyncClient`` at once (within one event loop).
-      Every request carries an id; one background reader task reads every reply and hands it to
+      Every request carries an id; the loop's reader callback reads every reply and hands it to
       the queue registered for that id, so each caller sees exactly its own replies, in order.
       Replies for ids nobody waits for any more are dropped.
     * Errors as in the blocking client: an ``Error`` reply raises ``DaemonError``, no reply
@@ -45,6 +45,7 @@ from .client_common import (
 )
 from .codec import ProtocolError, decode, encode
 from .endpoints import default_endpoint, trace_endpoint
+from .loop_socket import LoopSocket
 from .messages import (
     CLIENT_CLOSED,
     DISCONNECTED,
@@ -95,14 +96,16 @@ class AsyncClient:
         self.auth_token = resolve_auth_token(auth_token)  # as in Client
         self._authenticated = False
         self._context = context or zmq.asyncio.Context.instance()
-        self._socket = connect_dealer(self._context, self.endpoint)
+        # Plain sockets on the same context, read from the loop's own callbacks (loop_socket.py)
+        self._socket: zmq.Socket = connect_dealer(zmq.Context.shadow(self._context.underlying), self.endpoint)
         self._waiters: dict[str, asyncio.Queue] = {}
-        self._reader: asyncio.Task | None = None
         self._failure: DaemonError | None = None
         # Cancel sends started from synchronous cleanup; kept so they are not garbage-collected.
         self._pending_sends: set[asyncio.Future] = set()
-        # Made now, read by the reader task: events from before the first request wait in its queue.
+        self._replies = LoopSocket(self._socket, self._dispatch, self._socket_failed)
+        # Made now, read once the client starts: events from before the first request wait in its queue.
         self._monitor = self._socket.get_monitor_socket(CONNECTION_EVENTS)
+        self._events = LoopSocket(self._monitor, self._connection_event_frames, self._socket_failed, multipart=True)
         self.connected = False  # a connection to the daemon is up
         self.connection_lost = False  # it dropped and is not back yet
         self.disconnects = 0
@@ -120,9 +123,8 @@ class AsyncClient:
         if self._socket.closed:
             return
         self._failure = DaemonError(CLIENT_CLOSED, "the client was closed")
-        if self._reader is not None:
-            self._reader.cancel()
-            await asyncio.gather(self._reader, return_exceptions=True)
+        self._replies.stop()
+        self._events.stop()
         self._fail_waiters(self._failure)
         self._socket.disable_monitor()
         self._monitor.close(linger=0)
@@ -201,42 +203,21 @@ class AsyncClient:
     def _start_reader(self) -> None:
         if self._failure is not None:
             raise DaemonError(self._failure.code, self._failure.message)
-        if self._reader is None:
-            self._reader = asyncio.get_running_loop().create_task(self._read_replies(), name="mlxd-reader")
-
-    async def _read_replies(self) -> None:
-        # One task reads the replies and the monitor's events, so a drop is handled only after every
-        # reply that came before it was dispatched.
-        poller = zmq.asyncio.Poller()
-        poller.register(self._socket, zmq.POLLIN)
-        poller.register(self._monitor, zmq.POLLIN)
-        try:
-            while True:
-                ready = dict(await poller.poll())
-                if self._socket in ready:
-                    self._drain_replies()
-                if self._monitor in ready:
-                    self._read_connection_events()
-        except zmq.ZMQError as error:
-            self._failure = DaemonError(CLIENT_CLOSED, f"the socket failed: {error}")
-            self._fail_waiters(self._failure)
+        # Connection events first, so a drop is handled only after every reply that came before it
+        # (_connection_dropped reads the replies waiting before it fails the waiters).
+        self._events.start()
+        self._replies.start()
 
     def _drain_replies(self) -> None:
-        while True:
-            try:
-                # a non-blocking receive on an asyncio socket returns a future that is already settled
-                frame = self._socket.recv(zmq.NOBLOCK).result()  # type: ignore[attr-defined]  # a Future at run time
-            except zmq.Again:
-                return
-            self._dispatch(frame)
+        self._replies.drain()
 
-    def _read_connection_events(self) -> None:
-        while True:
-            try:
-                parts = self._monitor.recv_multipart(zmq.NOBLOCK).result()  # type: ignore[attr-defined]  # as above
-            except zmq.Again:
-                return
-            self._connection_state(parse_monitor_message(parts)["event"])
+    def _connection_event_frames(self, parts: list[bytes]) -> None:
+        self._connection_state(parse_monitor_message(parts)["event"])
+
+    def _socket_failed(self, error: zmq.ZMQError) -> None:
+        if self._failure is None:
+            self._failure = DaemonError(CLIENT_CLOSED, f"the socket failed: {error}")
+        self._fail_waiters(self._failure)
 
     def _dispatch(self, frame: bytes) -> None:
         reply: Message | DaemonError
@@ -290,8 +271,8 @@ class AsyncClient:
     async def _send(self, message: Message) -> None:
         hello = needs_hello(self, message)
         if hello is not None:
-            await self._socket.send(encode(hello))  # its Status reply carries another id and is dropped
-        await self._socket.send(encode(message))
+            await self._replies.send(encode(hello))  # its Status reply carries another id and is dropped
+        await self._replies.send(encode(message))
 
     async def _call(self, request: Message, expected: type[ReplyT], timeout_s: float | None = None) -> ReplyT:
         self._start_reader()
@@ -434,9 +415,12 @@ class AsyncClient:
         """Send a Cancel without awaiting: generator cleanup may run where awaiting is unsafe."""
         if self._socket.closed:
             return
+        frame = encode(Cancel(id=request_id))
         try:
-            sending: asyncio.Future = self._socket.send(encode(Cancel(id=request_id)))  # type: ignore[assignment]
-        except zmq.ZMQError:
+            if self._replies.try_send(frame):
+                return
+            sending = asyncio.get_running_loop().create_task(self._replies.send(frame))
+        except (zmq.ZMQError, RuntimeError):  # closed, or no loop runs this cleanup
             return  # best effort: the daemon still stops at max_tokens
         self._pending_sends.add(sending)
         # Reading the outcome keeps asyncio from warning about an exception nobody retrieved.
