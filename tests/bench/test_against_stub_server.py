@@ -418,7 +418,7 @@ def test_cli_out_writes_json_markdown_and_plots(tmp_path):
     assert results["baseline"] == "B" and [t["name"] for t in results["targets"]] == ["A", "B"]
     assert [t["model"] for t in results["targets"]] == ["stub-A", "default_model"]
     assert {body["model"] for name, _, body in log if name == "B"} == {"default_model"}
-    assert {"cpu", "cores", "memory", "mlx", "blas"} <= set(results["machine"])
+    assert {"cpu", "cores", "memory", "mlx", "blas", "scheduling"} <= set(results["machine"])
     assert results["command"]
     assert len(results["batches"]) == 2 * 2 * 2 * 2
     assert all(len(batch["samples"]) == 2 and batch["samples"][0]["token_times_s"] for batch in results["batches"])

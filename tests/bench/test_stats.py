@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -163,3 +164,17 @@ def test_importing_the_tool_loads_neither_mlx_nor_matplotlib():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getscheduler"), reason="Linux's scheduling calls")
+def test_scheduling_names_a_real_time_policy_and_its_priority(monkeypatch):
+    from mlxd_cli.bench import report
+
+    monkeypatch.setattr(report.os, "sched_getscheduler", lambda pid: report.os.SCHED_FIFO)
+    monkeypatch.setattr(report.os, "sched_getparam", lambda pid: report.os.sched_param(1))
+    assert report.scheduling_policy() == "fifo 1"
+    monkeypatch.setattr(report.os, "sched_getscheduler", lambda pid: report.os.SCHED_OTHER)
+    monkeypatch.setattr(report.os, "sched_getparam", lambda pid: report.os.sched_param(0))
+    assert report.scheduling_policy() == "normal"
+    monkeypatch.delattr(report.os, "sched_getscheduler")
+    assert report.scheduling_policy() == "n/a"

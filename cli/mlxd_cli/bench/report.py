@@ -47,7 +47,7 @@ def machine_facts() -> dict[str, Any]:
 
     Returns:
         ``cpu`` (model name), ``cores``, ``memory``, ``mlx`` (version or "not installed"), ``blas``
-        (the OpenBLAS preload value or "n/a"), ``python``, ``platform``.
+        (the OpenBLAS preload value or "n/a"), ``python``, ``platform``, ``scheduling`` (``scheduling_policy``).
     """
     cpu = platform.processor() or platform.machine()
     try:
@@ -81,7 +81,27 @@ def machine_facts() -> dict[str, Any]:
         "blas": blas,
         "python": platform.python_version(),
         "platform": platform.platform(),
+        "scheduling": scheduling_policy(),
     }
+
+
+# Linux's real-time policies, by the numbers os.sched_getscheduler returns
+_REALTIME_POLICIES = {getattr(os, name, -1): label for name, label in (("SCHED_FIFO", "fifo"), ("SCHED_RR", "rr"))}
+
+
+def scheduling_policy() -> str:
+    """How this process (and the servers it starts, which inherit it) is scheduled: "normal", or a real-time
+    policy and priority such as "fifo 1" (``chrt -f 1``). Under a real-time policy a server whose threads spin
+    between ops keeps its HTTP thread and the client from running until a generation ends, so its TTFT and ITL
+    read as one burst (docs/benchmark_results/code_notes.md#stream-chunks); aggregate tok/s is not affected.
+    "n/a" where the platform cannot say."""
+    try:
+        policy = os.sched_getscheduler(0)
+        priority = os.sched_getparam(0).sched_priority
+    except (AttributeError, OSError):
+        return "n/a"
+    label = _REALTIME_POLICIES.get(policy)
+    return f"{label} {priority}" if label else "normal"
 
 
 def command_line(argv: list[str] | None = None) -> str:
