@@ -3,7 +3,8 @@
 Contract:
     * ``LoopSocket(socket, on_frame, on_failure)``: once ``start()``ed in a running loop, every frame the
       socket receives is handed to ``on_frame`` (``recv_multipart`` parts when ``multipart``), in order, from
-      the loop's reader callback: no task, no future, no poller per message.
+      the loop's reader callback: no task, no future, no poller per message. A handler that raises is logged,
+      and the frames after it are still handed over (the descriptor would not signal them again).
     * ``await send(frame)`` never blocks the loop: a send the socket refuses for now (its high-water mark)
       waits until the socket reports it writable.
     * A receive failing with anything but EAGAIN (the socket was closed under it) calls ``on_failure`` once,
@@ -18,12 +19,15 @@ poller a wait, for every message: most of the gateway's CPU a streamed token (co
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 
 import zmq
 
 # Plain ints: pyzmq's constants are enum flags, and ``int & flag`` builds a new flag object each time.
 EVENTS, POLLIN, POLLOUT, NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.POLLOUT), int(zmq.NOBLOCK)
+
+log = logging.getLogger(__name__)
 
 
 class LoopSocket:
@@ -68,7 +72,11 @@ class LoopSocket:
         try:
             # Asking for EVENTS also re-arms the descriptor; cheaper than a receive failing with EAGAIN.
             while (events := int(self.socket.getsockopt(EVENTS))) & POLLIN:
-                self._on_frame(receive(NOBLOCK))
+                frame = receive(NOBLOCK)
+                try:
+                    self._on_frame(frame)
+                except Exception:  # noqa: BLE001 - one handler's failure must not leave later frames unread
+                    log.exception("handling a frame from %s failed", self.socket)
                 if self._fd is None:  # on_frame stopped this reader
                     return
         except zmq.ZMQError as error:

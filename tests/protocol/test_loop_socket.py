@@ -107,3 +107,32 @@ def test_a_socket_closed_under_the_reader_is_reported_once_and_reading_stops(pai
 
     asyncio.run(main())
     assert len(failures) == 1
+
+
+def test_a_handler_that_raises_leaves_the_later_frames_handed_over(pair, caplog):
+    _, endpoint, router, dealer = pair
+    dealer.connect(endpoint)
+    dealer.send(b"hi")
+    identity, _ = router.recv_multipart()
+    for index in range(3):
+        router.send_multipart([identity, b"%d" % index])
+    got: list[bytes] = []
+
+    def handle(frame: bytes) -> None:
+        if frame == b"0":
+            raise RuntimeError("a handler's bug")
+        got.append(frame)
+
+    async def main():
+        reader = LoopSocket(dealer, handle, pytest.fail)
+        await asyncio.sleep(0.05)  # all three queued before the reader starts: one wake reads them
+        reader.start()
+        for _ in range(200):
+            if len(got) == 2:
+                break
+            await asyncio.sleep(0.01)
+        reader.stop()
+
+    asyncio.run(main())
+    assert got == [b"1", b"2"]
+    assert "a handler's bug" in caplog.text
