@@ -17,7 +17,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -27,49 +26,14 @@ ensure_fast_blas()
 
 import httpx  # noqa: E402
 
-from bench_common import free_port, start_daemon, stop_daemon, wait_ready  # noqa: E402
-from bench_serving_layers import MESSAGES  # noqa: E402
-
-
-def start_gateway_with(endpoint: str, pythonpath: str | None) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    env = dict(os.environ)
-    if pythonpath:
-        env["PYTHONPATH"] = pythonpath
-    command = [sys.executable, "-m", "mlxd_cli.serve_http.main", "--port", str(port), "--daemon", endpoint]
-    process = subprocess.Popen(
-        [*command, "--log-level", "warning"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    url = f"http://127.0.0.1:{port}"
-    wait_ready(url, "/health", process, 60)
-    return process, url
+from bench_common import start_daemon, start_gateway, stop_daemon  # noqa: E402
+from bench_serving_layers import streamed_reply  # noqa: E402
 
 
 def cpu_s(pid: int) -> float:
     """User + system CPU seconds of a process so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def streamed_reply(http: httpx.Client, url: str, max_tokens: int) -> tuple[float, int]:
-    """(decode tok/s from the first content chunk to the last, content chunks) of one streamed chat reply."""
-    body = {
-        "messages": MESSAGES,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": True,
-        "ignore_eos": True,
-        "cache_prompt": False,
-        "speculative": {"kind": "none"},
-    }
-    started, count = None, 0
-    with http.stream("POST", url + "/v1/chat/completions", json=body) as response:
-        for line in response.iter_lines():
-            if line.startswith("data: {") and '"content"' in line:
-                count += 1
-                if started is None:
-                    started = time.perf_counter()
-    return (count - 1) / (time.perf_counter() - started), count
 
 
 def main() -> None:
@@ -82,8 +46,8 @@ def main() -> None:
     daemon, endpoint = start_daemon("--model", args.model)
     gateways: dict[str, tuple[subprocess.Popen, str]] = {}
     try:
-        gateways["this"] = start_gateway_with(endpoint, None)
-        gateways["other"] = start_gateway_with(endpoint, args.other_pythonpath)
+        gateways["this"] = start_gateway(endpoint)
+        gateways["other"] = start_gateway(endpoint, pythonpath=args.other_pythonpath)
         rates: dict[str, list[float]] = {name: [] for name in gateways}
         cpu_ms: dict[str, list[float]] = {name: [] for name in gateways}
         with httpx.Client(timeout=600) as http:

@@ -75,13 +75,15 @@ def wait_ready(url: str, path: str, process: subprocess.Popen, timeout_s: float 
     raise RuntimeError(f"{url} did not become ready")
 
 
-def start_gateway(endpoint: str, timeout_s: float = 60) -> tuple[subprocess.Popen, str]:
+def start_gateway(endpoint: str, timeout_s: float = 60, pythonpath: str | None = None) -> tuple[subprocess.Popen, str]:
     """mlx-serve-http in front of ``endpoint`` on a free port; (process, base URL) once /health answers 200
-    (the process killed and RuntimeError when it does not within ``timeout_s``)."""
+    (the process killed and RuntimeError when it does not within ``timeout_s``). ``pythonpath``: run the code
+    found there first (another commit's worktree) instead of this checkout's."""
     port = free_port()
     command = [sys.executable, "-m", "mlxd_cli.serve_http.main", "--port", str(port), "--daemon", endpoint]
+    env = {**os.environ, "PYTHONPATH": pythonpath} if pythonpath else None
     process = subprocess.Popen(
-        [*command, "--log-level", "warning"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [*command, "--log-level", "warning"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     url = f"http://127.0.0.1:{port}"
     try:

@@ -191,7 +191,7 @@ class AsyncClient:
         self.connected, self.connection_lost = False, True
         self.disconnects += 1
         self._authenticated = False  # a new connection (to a restarted daemon) says hello again
-        self._drain_replies()  # replies that arrived before the drop still go to their callers
+        self._replies.drain()  # replies that arrived before the drop still go to their callers
         reason = f"the connection to the daemon at {self.endpoint} dropped (it exited or was killed)"
         self._fail_waiters(DaemonError(DISCONNECTED, reason))
         log.warning("%s; %d requests failed", reason, len(self._waiters))
@@ -203,13 +203,10 @@ class AsyncClient:
     def _start_reader(self) -> None:
         if self._failure is not None:
             raise DaemonError(self._failure.code, self._failure.message)
-        # Connection events first, so a drop is handled only after every reply that came before it
-        # (_connection_dropped reads the replies waiting before it fails the waiters).
+        # A drop is handled only after every reply that came before it: _connection_dropped reads the
+        # replies waiting before it fails the waiters.
         self._events.start()
         self._replies.start()
-
-    def _drain_replies(self) -> None:
-        self._replies.drain()
 
     def _connection_event_frames(self, parts: list[bytes]) -> None:
         self._connection_state(parse_monitor_message(parts)["event"])
