@@ -1,6 +1,7 @@
 // AVX-512 kernel (16 float lanes); this file alone is compiled with -mavx512f -mavx512bw -mavx512vl -mfma -mf16c.
 #include <immintrin.h>
 
+#include "aligned_floats.h"
 #include "kernel.h"
 
 namespace {
@@ -34,6 +35,22 @@ struct Ops {
     hi = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), g.table);
   }
   static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
+  // The sums of 16 vectors in one vector, each by the very additions `hsum` makes (halves of 256, 128, 64 bits,
+  // then the last pair), so each sum has the same bits as hsum's; four rounds of pairwise shuffles and adds in
+  // place of 16 reductions. Lane L of the result is the sum of v[kSums16Input[L]]; a caller puts column L's
+  // vector at index kSums16Input[L] to get the sums in column order.
+  static F sums16(const F* v) {
+    F t[8], u[4], w[2];
+    for (int i = 0; i < 8; ++i)
+      t[i] = add(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44), _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+    for (int i = 0; i < 4; ++i)
+      u[i] = add(_mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0x88), _mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0xDD));
+    for (int i = 0; i < 2; ++i)
+      w[i] = add(_mm512_shuffle_ps(u[2 * i], u[2 * i + 1], 0x44), _mm512_shuffle_ps(u[2 * i], u[2 * i + 1], 0xEE));
+    return add(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xDD));
+  }
+  // Where sums16 takes the vector whose sum lands in lane L.
+  static constexpr int kSums16Input[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
   static void in_register(F& v) { __asm__("" : "+v"(v)); }
   template <int HALF>
   static F nibble_half(const Group& g, const uint8_t* p) {
