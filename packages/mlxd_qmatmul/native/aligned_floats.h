@@ -26,6 +26,7 @@ class AlignedFloats {
     }
     return data_;
   }
+  float* data() { return data_; }
 
  private:
   float* data_ = nullptr;

@@ -147,7 +147,36 @@ void quantize_rows_int8(const float* x, int M, int K, int group_size, bool split
   }
 }
 
+uint64_t next_x_version() {
+  static std::atomic<uint64_t> counter{0};
+  return counter.fetch_add(1, std::memory_order_relaxed) + 1;
+}
+
+#if defined(__x86_64__) || defined(_M_X64)
+// split_rows for blocks of 32 with AVX-512: each block's evens and odds by two two-source permutes.
+__attribute__((target("avx512f"))) static void split_rows_32_avx512(const float* x, float* out, int M, int K) {
+  const __m512i evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odds = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  for (int m = 0; m < M; ++m) {
+    const float* src = x + static_cast<int64_t>(m) * K;
+    float* dst = out + static_cast<int64_t>(m) * K;
+    for (int k0 = 0; k0 < K; k0 += 32) {
+      const __m512 a = _mm512_loadu_ps(src + k0), b = _mm512_loadu_ps(src + k0 + 16);
+      _mm512_storeu_ps(dst + k0, _mm512_permutex2var_ps(a, evens, b));
+      _mm512_storeu_ps(dst + k0 + 16, _mm512_permutex2var_ps(a, odds, b));
+    }
+  }
+}
+#endif
+
 void split_rows(const float* x, float* out, int M, int K, int block) {
+#if defined(__x86_64__) || defined(_M_X64)
+  static const bool avx512 = cpu_has("avx512");
+  if (block == 32 && K % 32 == 0 && avx512) {
+    split_rows_32_avx512(x, out, M, K);
+    return;
+  }
+#endif
   const int half = block / 2;
   for (int m = 0; m < M; ++m) {
     const float* src = x + static_cast<int64_t>(m) * K;

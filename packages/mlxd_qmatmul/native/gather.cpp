@@ -60,7 +60,11 @@ void run_experts(const float* x, float* y, const std::vector<int>& start, const 
     ordered = out;
   }
   std::vector<Problem> problems;
-  for (int e : few) problems.push_back(problem(e, ordered));
+  const uint64_t version = next_x_version();
+  for (int e : few) {
+    problems.push_back(problem(e, ordered));
+    problems.back().x_version = version;
+  }
   run_problems(problems, isa);
 }
 

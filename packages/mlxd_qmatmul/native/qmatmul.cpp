@@ -229,7 +229,11 @@ void run_products(const float* x, std::vector<Problem> problems, bool int8) {
     } else {
       std::memcpy(rows, x, sizeof(float) * first.M * first.K);
     }
-    for (Problem& problem : problems) problem.x = rows;
+    const uint64_t version = next_x_version();
+    for (Problem& problem : problems) {
+      problem.x = rows;
+      problem.x_version = version;
+    }
   }
 #if defined(MLXD_HAVE_AMX)  // else amx_kernel() is null, and the AMX kernel is not in this build
   if (amx) {
