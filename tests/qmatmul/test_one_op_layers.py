@@ -129,6 +129,26 @@ def test_attention_matches_mlx_within_rounding_over_heads_masks_and_layouts():
         assert float(mx.abs(got - want).max()) < 1e-5, (kind, q.shape, k.shape)
 
 
+def test_each_query_of_a_verify_or_chunk_gets_its_own_decode_result_to_the_bit():
+    """Greedy verify equals plain decode only if a query's attention has the same bits whatever rows share
+    its op: each of L causal queries (every query head of a key head, several at once) gives what it gets
+    alone at its position (one query over its visible keys), for float32 and float16 keys and values, key
+    counts off multiples of eight, and L on both sides of the rows read a block at a time."""
+    rng = np.random.default_rng(11)
+    for dtype in (mx.float32, mx.float16):
+        for L, extra, D, kv_heads, repeats in ((2, 5, 64, 1, 3), (5, 61, 64, 3, 3), (9, 200, 64, 3, 3),
+                                               (16, 13, 32, 2, 1), (9, 70, 80, 1, 4)):
+            S = L + extra
+            q = mx.array(rng.normal(size=(1, kv_heads * repeats, L, D)).astype(np.float32))
+            k = mx.array(rng.normal(size=(1, kv_heads, S, D)).astype(np.float32)).astype(dtype)
+            v = mx.array(rng.normal(size=(1, kv_heads, S, D)).astype(np.float32)).astype(dtype)
+            together = np.array(mlxd_qmatmul.attention(q, k, v, D**-0.5, True, None))
+            for i in range(L):
+                seen = S - L + i + 1
+                alone = mlxd_qmatmul.attention(q[:, :, i : i + 1], k[:, :, :seen], v[:, :, :seen], D**-0.5, True, None)
+                assert np.array_equal(together[:, :, i : i + 1], np.array(alone)), (dtype, L, S, D, i)
+
+
 def test_attention_over_a_span_past_the_context_scores_only_up_to_the_last_visible_key():
     """Compiled decode reads a slot's whole span with a mask hiding the positions past each row's context:
     the op scores keys up to the last one the mask shows (rounded up to eight), with the result of reading
