@@ -136,8 +136,13 @@ def test_each_query_of_a_verify_or_chunk_gets_its_own_decode_result_to_the_bit()
     counts off multiples of eight, and L on both sides of the rows read a block at a time."""
     rng = np.random.default_rng(11)
     for dtype in (mx.float32, mx.float16):
-        for L, extra, D, kv_heads, repeats in ((2, 5, 64, 1, 3), (5, 61, 64, 3, 3), (9, 200, 64, 3, 3),
-                                               (16, 13, 32, 2, 1), (9, 70, 80, 1, 4)):
+        for L, extra, D, kv_heads, repeats in (
+            (2, 5, 64, 1, 3),
+            (5, 61, 64, 3, 3),
+            (9, 200, 64, 3, 3),
+            (16, 13, 32, 2, 1),
+            (9, 70, 80, 1, 4),
+        ):
             S = L + extra
             q = mx.array(rng.normal(size=(1, kv_heads * repeats, L, D)).astype(np.float32))
             k = mx.array(rng.normal(size=(1, kv_heads, S, D)).astype(np.float32)).astype(dtype)

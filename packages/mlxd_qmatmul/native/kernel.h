@@ -63,7 +63,7 @@ struct Problem {
   int scale_type;  // ScaleType
   const Int8Rows* int8 = nullptr;  // set: the int8-activation kernel runs (x unused)
   const AmxRows* amx = nullptr;  // set: the AMX kernel runs (x, in split order, serves columns past its tiles)
-  // Names this x's contents for one dispatch (``next_x_version``; 0: unnamed), so a kernel thread may reuse a
+  // Names this x's contents for one dispatch (`next_x_version`; 0: unnamed), so a kernel thread may reuse a
   // copy of x it made for an earlier task of the same dispatch.
   uint64_t x_version = 0;
 };
