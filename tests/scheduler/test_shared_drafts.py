@@ -4,6 +4,8 @@ them."""
 
 from __future__ import annotations
 
+import pytest
+
 from mlxd_drafters import PromptLookupConfig, SharedStoreConfig
 from mlxd_engine import Engine
 from mlxd_scheduler import BatchScheduler, Request, SchedulerOptions
@@ -115,3 +117,25 @@ def test_one_keys_requests_are_never_drafted_into_anothers(embedded_model):
     out = _run(scheduler, [first, second, third])
     assert _shared(out.done("k1").timings)["draft_n"] == 0  # bob's store is empty
     assert _shared(out.done("k2").timings)["draft_n_accepted"] > 0  # alice's holds k0's reply
+
+
+@pytest.mark.parametrize("name", ["lfm2", "mamba2", "gemma3_text", "qwen3_moe"])
+def test_store_drafts_keep_greedy_tokens_on_other_architectures(name):
+    """Recurrent state (restored and replayed after a partial accept), sliding-window rings and experts: the
+    store's drafts of earlier replies are verified on them, and every request's tokens equal the store off."""
+    from ..engine.architectures import available, build, loaded, repeating_prompt
+
+    if not available(name):
+        pytest.skip(f"the installed mlx-lm has no {name}")
+    model = loaded(name, model=build(name, seed=0))
+    text = repeating_prompt(120, 12, 0)
+
+    def requests():  # prompts that differ in their heads and end alike, then the first again
+        heads = [text[: 100 - 3 * i] + text[100:] for i in range(3)]
+        return [Request(f"q{i}", head, max_tokens=40, ignore_eos=True) for i, head in enumerate([*heads, heads[0]])]
+
+    with_store = _run(_scheduler(model, True), requests())
+    without = _run(_scheduler(model, False), requests())
+    for i in range(4):
+        assert with_store.done(f"q{i}").tokens == without.done(f"q{i}").tokens, f"{name}: request {i} differs"
+    assert sum(_shared(with_store.done(f"q{i}").timings)["draft_n_accepted"] for i in range(4)) > 0
