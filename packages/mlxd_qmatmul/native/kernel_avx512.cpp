@@ -13,6 +13,15 @@ struct Ops {
   static void halves16(const uint16_t* in, float* out) {
     _mm512_storeu_ps(out, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in))));
   }
+  // `count` float16 values widened, 16 at a time (the last ones masked).
+  static void halves(const uint16_t* in, int64_t count, float* out) {
+    int64_t i = 0;
+    for (; i + 16 <= count; i += 16) halves16(in + i, out + i);
+    if (i < count) {
+      const __mmask16 mask = static_cast<__mmask16>((1u << (count - i)) - 1);
+      _mm512_mask_storeu_ps(out + i, mask, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, in + i)));
+    }
+  }
   static F zero() { return _mm512_setzero_ps(); }
   static F load(const float* p) { return _mm512_loadu_ps(p); }
   static F splat(float s) { return _mm512_set1_ps(s); }
