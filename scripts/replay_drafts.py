@@ -11,15 +11,15 @@ added in order, the first ``--warmup`` requests of a style feeding it uncounted)
   (``--per-token``: what a draft token costs beside a step, 0.16-0.25 of a one-row step on SmolLM2 q4 here, more
   per row with more rows; ``--overhead``: what a verify round costs beyond a plain step whatever its draft, where a
   synchronous round stands in for a pipelined step: docs/benchmark_results/code_notes.md#replayed-drafts);
-- the gate is the scheduler's for one row: a draft is cut to the k (or declined) with the most expected tokens
-  per cost, (1 + p + ... + p^k) / (1 + per_token x k), p the drafter's ``acceptance_estimate()``, which must beat
-  the plain step by ``VERIFY_MARGIN``; a declined draft is retracted (and scored, as the scheduler's are).
+- the gate follows the scheduler's for one row: a draft is cut to the k (or declined) with the most expected
+  tokens per cost, (1 + p + ... + p^k) / (1 + overhead + per_token x k), p the drafter's
+  ``acceptance_estimate()``, which must beat the plain step by ``VERIFY_MARGIN``; a declined draft is retracted
+  (and scored, as the scheduler's are).
 
 It prints, per style, tokens per unit cost with prompt lookup alone and with the store (and with each
-``--store-option`` variant), the draft tokens accepted / verified, and the ratio store / lookup alone. What it
-leaves out: several rows, and a tick's real costs beyond this model. So its
-ratios, with ``--overhead 0``, are an upper bound on what a policy gives served; rank policies with them, then
-measure served.
+``--store-option`` variant), the draft tokens accepted / verified, and the ratio store / lookup alone. It leaves
+out several rows and a tick's real costs beyond this model, so its ratios (with ``--overhead 0`` an upper bound
+on what a policy gives served) rank policies; served runs measure them.
 
 Run:
   .venv/bin/python scripts/replay_drafts.py record --model ../shared/models/smollm2-135m-instruct-q4 --out r.json
