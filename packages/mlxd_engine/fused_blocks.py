@@ -62,7 +62,8 @@ def blocks_wanted() -> bool:
 
 
 def _packed(layer) -> tuple:
-    """(weight, scales, biases, group_size, bits, int8 activations) of a kernel layer or a projection group."""
+    """(weight, scales, biases, group_size, bits, int8 mode: ``mlxd_qmatmul.INT8_*``) of a kernel layer or a
+    projection group."""
     int8 = layer.int8 if isinstance(layer, ProjectionGroup) else layer.kernel_int8
     return (layer.weight, layer.scales, layer.biases, layer.group_size, layer.bits, int8)
 
@@ -127,7 +128,7 @@ class FusedArguments:
     rope: tuple  # (dims, traditional, base, scale)
     bias: Any  # the packed q/k/v bias, or None
     qk_norms: tuple | None
-    int8: bool
+    int8: int  # mlxd_qmatmul.INT8_* of the q/k/v product
     scale: float
     # block_output's arguments after the attention's scale: o, norm weight, eps, gate/up, down
     block_output: tuple[tuple, mx.array, float, tuple, tuple]

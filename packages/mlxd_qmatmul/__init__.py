@@ -29,6 +29,11 @@ Contract:
 - ``quantized_matmul(..., int8_activations=True)``: the opt-in int8-activation variant (4 and 8 bits,
   AVX-512 VNNI; ``int8_available()``), not within float32 rounding: its greedy agreement and perplexity are in
   docs/benchmark_results/qmatmul_int8.md.
+- ``interleave_columns(w, scales, biases, sizes)``: 4- or 8-bit weights put in column-block order, which the int8
+  kernel reads 16 output columns at a time (``quantized_matmul(..., int8_activations=True, column_blocks=True)``;
+  ``dequantized_rows(..., column_blocks=True)`` looks rows up in it): the same arrays' shapes, dtypes and bytes,
+  rearranged within each block of 16 columns of each part. No float path reads that order (``INT8_OFF`` /
+  ``INT8_ROWS`` / ``INT8_COLUMNS`` name the three ways a product runs).
 - ``quantized_matmul_split(..., sizes)``: the product of a weight packed from several layers' rows, one
   output per layer, each equal to that layer's own ``quantized_matmul`` (one op for q/k/v or gate/up).
 - ``gather_quantized_matmul(x, w, scales, biases, experts, group_size, bits)``: a mixture-of-experts layer's
@@ -57,6 +62,10 @@ GROUP_SIZES = (32, 64, 128)
 # (mlxd_engine.loading.group16).
 SMALL_GROUP = 16
 INT8_BLOCK = 8  # elements of x sharing one scale on the int8-activation kernel (kInt8Block in native/kernel.h)
+# How a product meets its weights (Int8Mode in native/kernel.h): float32 x; x rounded to int8 against weights in
+# MLX's order; x rounded to int8 against 4-bit weights in column-block order (interleave_columns)
+INT8_OFF, INT8_ROWS, INT8_COLUMNS = 0, 1, 2
+COLUMN_BLOCK = 16  # output columns of one block of column-block order
 
 
 def _load():
@@ -99,25 +108,72 @@ def supports(bits: int, group_size: int, mode: str = "affine") -> bool:
     return mode == "affine" and bits in BITS and (group_size in GROUP_SIZES or (group_size, bits) == (SMALL_GROUP, 8))
 
 
-def quantized_matmul(x, w, scales, biases, group_size: int, bits: int, int8_activations: bool = False):
+def int8_mode(int8_activations: bool, column_blocks: bool = False) -> int:
+    """The ``INT8_*`` mode of a product asked for with these flags (column blocks only with int8)."""
+    if column_blocks and not int8_activations:
+        raise ValueError("column-block weights are read by the int8 kernel only: pass int8_activations=True")
+    return INT8_COLUMNS if column_blocks else INT8_ROWS if int8_activations else INT8_OFF
+
+
+def quantized_matmul(
+    x, w, scales, biases, group_size: int, bits: int, int8_activations: bool = False, column_blocks: bool = False
+):
     """With ``int8_activations`` (where ``int8_available(bits)``), x is rounded to int8 in blocks of
     ``INT8_BLOCK`` elements (one float scale each, as llama.cpp's Q8 activations, in smaller blocks) and
     multiplied with the weights' codes as integers: faster than the float kernel, results near the float
-    product instead of within float32 rounding. Elsewhere the flag is ignored and the float kernel runs."""
+    product instead of within float32 rounding. Elsewhere the flag is ignored and the float kernel runs.
+    ``column_blocks``: ``w``, ``scales`` and ``biases`` come from ``interleave_columns`` (int8 only, groups of 32
+    or more, and a ValueError where this CPU has no int8 kernel: no other path reads that order). Each row's
+    result then has the same bits whatever the number of rows."""
     if _ext is None:
         raise RuntimeError(_REASON)
-    return _ext.quantized_matmul(x, w, scales, biases, group_size, bits, int8_activations=int8_activations)
+    mode = int8_mode(int8_activations, column_blocks)
+    return _ext.quantized_matmul(x, w, scales, biases, group_size, bits, int8_activations=mode)
 
 
-def quantized_matmul_split(x, w, scales, biases, group_size: int, bits: int, sizes, int8_activations: bool = False):
+def quantized_matmul_split(
+    x, w, scales, biases, group_size: int, bits: int, sizes, int8_activations: bool = False, column_blocks: bool = False
+):
     """``quantized_matmul`` for a weight packed from several layers' rows (``sizes``: each layer's output
     count, in order, summing to the rows of ``w``): one output per layer, each dense and equal to that
-    layer's own ``quantized_matmul``, computed as one op and one job on the kernel's threads."""
+    layer's own ``quantized_matmul``, computed as one op and one job on the kernel's threads. With
+    ``column_blocks``, each part in the order ``interleave_columns(..., sizes)`` gives."""
     if _ext is None:
         raise RuntimeError(_REASON)
-    return _ext.quantized_matmul_split(
-        x, w, scales, biases, group_size, bits, list(sizes), int8_activations=int8_activations
-    )
+    mode = int8_mode(int8_activations, column_blocks)
+    return _ext.quantized_matmul_split(x, w, scales, biases, group_size, bits, list(sizes), int8_activations=mode)
+
+
+def interleave_columns(w, scales, biases, sizes=None):
+    """Packed weights ``w`` [N, K * bits / 32] (uint32, 4 or 8 bits) with their ``scales`` and ``biases`` [N,
+    groups] in column-block order, as new arrays of the same shapes and dtypes: each part of ``sizes`` (default:
+    one part of N rows) in blocks of ``COLUMN_BLOCK`` rows, the last of a part possibly fewer (``count``), and
+    within a block of ``count`` rows its words as [K * bits / 32][count] (word j of a row: its 32 / bits
+    elements from j * 32 / bits) and its scales and biases as [groups][count]. Rearranged, not changed: the
+    inverse puts back the same bits."""
+    import mlx.core as mx
+
+    sizes = [int(w.shape[0])] if sizes is None else [int(size) for size in sizes]
+    if sum(sizes) != w.shape[0] or any(size <= 0 for size in sizes):
+        raise ValueError(f"sizes {sizes} do not split the {w.shape[0]} rows of w")
+
+    def blocked(a):
+        pieces, start = [], 0
+        for size in sizes:
+            whole = size // COLUMN_BLOCK * COLUMN_BLOCK
+            if whole:
+                part = a[start : start + whole].reshape(whole // COLUMN_BLOCK, COLUMN_BLOCK, -1)
+                pieces.append(part.transpose(0, 2, 1).reshape(whole, -1))
+            if size > whole:
+                count = size - whole
+                pieces.append(a[start + whole : start + size].T.reshape(count, -1))
+            start += size
+        out = mx.concatenate(pieces, axis=0) if len(pieces) > 1 else mx.contiguous(pieces[0])
+        return out
+
+    out = (blocked(w), blocked(scales), blocked(biases))
+    mx.eval(*out)
+    return out
 
 
 def gather_quantized_matmul(x, w, scales, biases, experts, group_size: int, bits: int):
@@ -130,13 +186,14 @@ def gather_quantized_matmul(x, w, scales, biases, experts, group_size: int, bits
     return _ext.gather_quantized_matmul(x, w, scales, biases, experts, group_size, bits)
 
 
-def dequantized_rows(w, scales, biases, ids, group_size: int, bits: int):
+def dequantized_rows(w, scales, biases, ids, group_size: int, bits: int, column_blocks: bool = False):
     """Rows ``ids`` (any integer shape) of the packed affine matrix ``w`` [N, K * bits / 32] (bits 4 or 8) as
     float32 [ids..., K]: ``mx.dequantize(w[ids], scales[ids], biases[ids])`` with the scales and biases widened
-    to float32, to the bit, in one op; an id outside [0, N) gives zeros."""
+    to float32, to the bit, in one op; an id outside [0, N) gives zeros. ``column_blocks``: the arrays are in
+    ``interleave_columns`` order (one part), and the rows are those of the arrays before it."""
     if _ext is None:
         raise RuntimeError(_REASON)
-    return _ext.dequantized_rows(w, scales, biases, ids, group_size, bits)
+    return _ext.dequantized_rows(w, scales, biases, ids, group_size, bits, column_blocks=column_blocks)
 
 
 def int8_available(bits: int = 4) -> bool:
@@ -204,17 +261,17 @@ def attention_input(
     rope,
     bias=None,
     qk_norms=None,
-    int8_activations: bool = False,
+    int8_activations: int = INT8_OFF,
     lengths=None,
 ):
     """A llama-style layer's attention input as one CPU op: ``rms_norm(x)``, the packed q/k/v product
     (``qkv``: weight, scales, biases, group_size, bits, sizes) plus ``bias`` (the packed q/k/v bias, or None),
     each query and key head through its RMSNorm where ``qk_norms`` is (q weight, k weight, eps), RoPE at
     ``offset`` (an int32 array: a scalar or one per batch entry; ``rope``: dims, traditional, base, scale);
-    ``int8_activations`` as for ``quantized_matmul``. Returns (q, k, v), each ``[B, heads, L, head_dim]``,
-    bit-identical to those ops run one by one. ``lengths`` (an integer array, one count per batch entry, or
-    None): only each entry's first tokens are computed and the rest, padding nothing reads, come out as
-    zeros, so a batch of rows of different widths costs its real tokens."""
+    ``int8_activations``: the product's ``INT8_*`` mode (``int8_mode``). Returns (q, k, v), each
+    ``[B, heads, L, head_dim]``, bit-identical to those ops run one by one. ``lengths`` (an integer array, one
+    count per batch entry, or None): only each entry's first tokens are computed and the rest, padding nothing
+    reads, come out as zeros, so a batch of rows of different widths costs its real tokens."""
     if _ext is None:
         raise RuntimeError(_REASON)
     w, scales, biases, group_size, bits, sizes = qkv
@@ -249,10 +306,10 @@ def attention_input(
 
 def _layer_weights(o, norm_weight, eps: float, gate_up, down) -> tuple:
     """The arguments both layer-output bindings take after the attention's scale, in their order: o's, the norm,
-    gate/up's and its hidden size, down's, then the three int8-activation flags. ``o``, ``gate_up`` and ``down``
-    are (weight, scales, biases, group_size, bits[, int8_activations])."""
+    gate/up's and its hidden size, down's, then the three products' ``INT8_*`` modes. ``o``, ``gate_up`` and
+    ``down`` are (weight, scales, biases, group_size, bits[, int8 mode])."""
     (*o_args, o_int8), (*gu_args, gu_int8), (*d_args, d_int8) = (
-        tuple(w) + (False,) * (6 - len(w)) for w in (o, gate_up, down)
+        tuple(w) + (INT8_OFF,) * (6 - len(w)) for w in (o, gate_up, down)
     )
     hidden = gate_up[0].shape[0] // 2
     return (*o_args, norm_weight, eps, *gu_args, hidden, *d_args, o_int8, gu_int8, d_int8)
@@ -275,7 +332,7 @@ def block_output(
 ):
     """A llama-style layer after its cache update as one CPU op: ``h = x + o(attention(q, keys, values))``,
     then ``h + down(swiglu(gate, up))`` with gate and up from ``rms_norm(h) @ gate_up``. ``o``, ``gate_up``
-    and ``down`` are (weight, scales, biases, group_size, bits[, int8_activations]); ``mask`` as ``attention``
+    and ``down`` are (weight, scales, biases, group_size, bits[, int8 mode]); ``mask`` as ``attention``
     takes it.
     Bit-identical to those ops run one by one. ``lengths`` as for ``attention_input``: the padding's rows
     come out as ``x``."""

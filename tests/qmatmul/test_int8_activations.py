@@ -138,9 +138,131 @@ def test_the_engine_runs_int8_activations_only_when_asked(monkeypatch):
         form = apply_cpu_weight_rule(m, choice=choice)
         layers = [layer for layer in m.layers if isinstance(layer, KernelQuantizedLinear)]
         assert len(layers) == 2 and form.form == "kernel quantized"
-        assert all(layer.kernel_int8 == (choice == "kernel-int8") for layer in layers)
+        # int8 layers run in the int8 kernel's column-block order
+        want = [mlxd_qmatmul.INT8_COLUMNS] * 2 if choice == "kernel-int8" else [mlxd_qmatmul.INT8_OFF] * 2
+        assert [layer.kernel_int8 for layer in layers] == want
         assert ("int8 activations" in form.detail) == (choice == "kernel-int8")
+        assert ("2 layers in the int8 kernel's column-block order" in form.detail) == (choice == "kernel-int8")
         outputs[choice] = m(x)
     assert not mx.array_equal(outputs["kernel"], outputs["kernel-int8"]).item()
     relative = (mx.abs(outputs["kernel"] - outputs["kernel-int8"]).max() / mx.abs(outputs["kernel"]).max()).item()
     assert relative < 0.05, relative
+
+
+@needs_int8
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+@pytest.mark.parametrize("scale_dtype", [mx.float32, mx.float16, mx.bfloat16])
+def test_column_blocks_are_the_same_arithmetic_and_each_row_the_same_bits_at_any_row_count(
+    bits, group_size, scale_dtype
+):
+    """Weights in column-block order (interleave_columns): parts of any width (a last block of fewer than 16
+    columns), K not always a multiple of 128; the exact model of the int8 arithmetic within float32 rounding, and
+    every row of a many-row product the bits of that row alone."""
+    rng = np.random.default_rng(group_size + 7 * bits)
+    for sizes in ([int(rng.integers(1, 40))], [48, 5, 21], [16, 16]):
+        N = sum(sizes)
+        K = group_size * int(rng.integers(1, 10))
+        w = mx.array(rng.normal(size=(N, K)).astype(np.float32))
+        wq, s, b = mx.quantize(w, group_size=group_size, bits=bits)
+        s, b = s.astype(scale_dtype), b.astype(scale_dtype)
+        cw, cs, cb = mlxd_qmatmul.interleave_columns(wq, s, b, sizes)
+        assert (cw.shape, cw.dtype, cs.shape, cs.dtype) == (wq.shape, wq.dtype, s.shape, s.dtype)
+        for rows in (1, 3, 9, 10, 17, 72):
+            x = mx.array((rng.normal(size=(rows, K)) * rng.choice([0.01, 1.0, 30.0])).astype(np.float32))
+            got = mlxd_qmatmul.quantized_matmul_split(
+                x, cw, cs, cb, group_size, bits, sizes, int8_activations=True, column_blocks=True
+            )
+            want = _int8_reference(x, wq, s, b, group_size, bits)
+            _close(mx.concatenate(got, axis=-1), want, K, np.abs(want).max())
+            whole = mx.concatenate(got, axis=-1)
+            alone = mx.concatenate(
+                [
+                    mx.concatenate(
+                        mlxd_qmatmul.quantized_matmul_split(
+                            x[r : r + 1], cw, cs, cb, group_size, bits, sizes, int8_activations=True, column_blocks=True
+                        ),
+                        axis=-1,
+                    )
+                    for r in range(rows)
+                ]
+            )
+            assert mx.array_equal(whole, alone).item(), (sizes, K, rows)
+
+
+def test_interleave_columns_moves_words_and_scales_within_blocks_only():
+    """A part's blocks of 16 rows (and its last, shorter one) each hold their words as [K / 8][count] and their
+    scales as [groups][count]; nothing crosses a part or a block."""
+    w = mx.arange(21 * 4, dtype=mx.uint32).reshape(21, 4)  # 21 rows of K = 32: 4 words, one group of 32
+    s = mx.arange(21, dtype=mx.float32).reshape(21, 1)
+    cw, cs, cb = mlxd_qmatmul.interleave_columns(w, s, s, [18, 3])
+    w_np = np.array(w)
+    want = np.concatenate([w_np[:16].T.reshape(16, 4), w_np[16:18].T.reshape(2, 4), w_np[18:].T.reshape(3, 4)])
+    assert np.array_equal(np.array(cw), want)
+    assert np.array_equal(np.array(cs).ravel(), np.arange(21))  # one group: [1][count] is the rows' own order
+    with pytest.raises(ValueError):
+        mlxd_qmatmul.interleave_columns(w, s, s, [20])
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_a_table_in_column_block_order_looks_up_the_rows_it_had(bits):
+    """An embedding table in column-block order (a tied head under kernel-int8): its lookup gives each id the
+    row MLX's order gives it, to the bit, in a last block of fewer than 16 rows too; an id out of range zeros."""
+    rng = np.random.default_rng(bits)
+    w = mx.array(rng.normal(size=(37, 128)).astype(np.float32))
+    wq, s, b = mx.quantize(w, group_size=32, bits=bits)
+    s, b = s.astype(mx.float16), b.astype(mx.float16)
+    cw, cs, cb = mlxd_qmatmul.interleave_columns(wq, s, b)
+    ids = mx.array([[0, 15, 16, 31], [32, 36, 5, 40]])
+    want = mlxd_qmatmul.dequantized_rows(wq, s, b, ids, 32, bits)
+    got = mlxd_qmatmul.dequantized_rows(cw, cs, cb, ids, 32, bits, column_blocks=True)
+    assert mx.array_equal(got, want).item()
+    assert not mx.any(got[1, 3]).item()
+
+
+@needs_int8
+def test_column_blocks_are_refused_where_nothing_reads_them():
+    w = mx.random.normal((32, 64), key=mx.random.key(1))
+    x = mx.ones((2, 64))
+    wq, s, b = mx.quantize(w, group_size=32, bits=4)
+    with pytest.raises(ValueError):  # the float kernel reads MLX's order only
+        mlxd_qmatmul.quantized_matmul(x, wq, s, b, 32, 4, column_blocks=True)
+    codes = mx.zeros((32, 16), dtype=mx.uint32)  # 8-bit codes in groups of 16 (a GGUF K-quant's): no column tiles
+    with pytest.raises(ValueError):
+        mlxd_qmatmul.quantized_matmul(
+            x, codes, mx.ones((32, 4)), mx.zeros((32, 4)), 16, 8, int8_activations=True, column_blocks=True
+        )
+
+
+@needs_int8
+def test_prompt_lookup_keeps_plain_decode_tokens_on_column_blocks():
+    """Under kernel-int8, a verify forward's rows come out with the bits a decode step gives them (column blocks:
+    no row-count-dependent order), so greedy output is the same with prompt lookup on and off."""
+    from mlxd_engine import Engine, LoadedModel
+    from mlxd_engine.loading.cpu_weights import apply_cpu_weight_rule
+    from mlxd_scheduler.single_sequence import generate_plain, generate_with_prompt_lookup
+
+    from .tiny_llama import tiny_llama
+
+    model = tiny_llama(seed=11)
+    mx.eval(model.parameters())
+    nn.quantize(model, group_size=32, bits=4)
+    form = apply_cpu_weight_rule(model, choice="kernel-int8")
+    assert "column-block order" in form.detail
+    assert model.model.embed_tokens.kernel_int8 == mlxd_qmatmul.INT8_COLUMNS  # the tied head, and the lookups
+    loaded = LoadedModel(
+        model=model,
+        tokenizer=None,
+        path="<tiny llama>",
+        model_type="llama",
+        n_layers=2,
+        vocab_size=300,
+        eos_token_ids=frozenset(),
+        context_length=4096,
+    )
+    engine = Engine(loaded, max_sequences=2)
+    prompt = [int(t) for t in np.random.default_rng(3).integers(1, 300, size=24)] * 4  # repeats: drafts to verify
+    plain = generate_plain(engine, prompt, 48).tokens
+    looked_up = generate_with_prompt_lookup(engine, prompt, 48)
+    assert looked_up.tokens == plain
+    assert looked_up.verify_rounds > 0

@@ -24,7 +24,8 @@ Contract: ``apply_cpu_weight_rule(model, budget_bytes)`` changes the model in pl
   but never dequantizes (MLX's own quantized matmul), ``kernel`` runs the kernel without timing it,
   ``kernel-int8`` too, with x rounded to int8 for the products where the CPU has AVX-512 VNNI (opt-in: not
   float32 rounding; greedy agreement and perplexity in docs/benchmark_results/qmatmul_int8.md; the float
-  kernel elsewhere), ``dequantized`` dequantizes whatever the budget; ``auto`` (default) as above.
+  kernel elsewhere; the layers put in the int8 kernel's column-block order, ``int8_columns.py``),
+  ``dequantized`` dequantizes whatever the budget; ``auto`` (default) as above.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import mlx.nn as nn
 import mlxd_qmatmul
 
 from .group16 import swap_in
+from .int8_columns import order_int8_columns
 from .kernel_layers import dequantized, kernel_layers, measure, use_kernel
 from .projection_groups import group_projections, grouping_wanted
 from .repack import repack_for_kernel
@@ -101,11 +103,17 @@ def _floating(dtype) -> bool:
 
 
 def apply_cpu_weight_rule(
-    model: nn.Module, budget_bytes: int | None = None, choice: str | None = None, group16: Path | None = None
+    model: nn.Module,
+    budget_bytes: int | None = None,
+    choice: str | None = None,
+    group16: Path | None = None,
+    column_blocks: bool = True,
 ) -> WeightForm:
     """Apply the rule of the module docstring to ``model`` (in place). ``choice`` overrides the environment;
     ``group16``: a GGUF conversion's file of 8-bit groups of 16 (``group16.py``), whose layers replace their
-    float16 copies (unless ``quantized``: MLX's kernels do not take them) and run on the kernel or as float32."""
+    float16 copies (unless ``quantized``: MLX's kernels do not take them) and run on the kernel or as float32.
+    ``column_blocks``: under ``kernel-int8``, 4-bit layers go into the int8 kernel's column-block order
+    (``int8_columns.py``); False for a model sharded after the rule."""
     if not isinstance(model, nn.Module):
         return WeightForm("stored", "weights as stored (not an mlx module)")
     if mx.default_device() != mx.cpu:
@@ -127,7 +135,7 @@ def apply_cpu_weight_rule(
         mx.eval(model.parameters())
         return WeightForm("float32", f"weights: {cast}")
     budget = default_budget_bytes() if budget_bytes is None else budget_bytes
-    kernel_form = _try_kernel(model, layers, choice, cast, stored_scales, budget)
+    kernel_form = _try_kernel(model, layers, choice, cast, stored_scales, budget, column_blocks)
     if kernel_form is not None:
         if small_groups:
             note = f"; {small_groups} of them 8-bit in groups of 16 (the GGUF file's Q6_K / Q3_K / Q2_K tensors)"
@@ -233,7 +241,7 @@ def _place_the_rest(model: nn.Module, rest: list, budget: int) -> str:
 
 
 def _try_kernel(
-    model: nn.Module, layers: list, choice: str, cast: str, stored_scales: dict, budget: int
+    model: nn.Module, layers: list, choice: str, cast: str, stored_scales: dict, budget: int, column_blocks: bool
 ) -> WeightForm | None:
     """Run the quantized layers the CPU kernel takes on it when it is built, takes some, and (auto) is faster;
     ``stored_scales``: each layer's scales and biases as the checkpoint had them (by layer id)."""
@@ -281,6 +289,9 @@ def _try_kernel(
         stored = "/".join(str(bits) for bits in sorted(repacked))
         placed = f"; {sum(repacked.values())} of them repacked exactly from {stored} bits{placed}"
     groups = group_projections(model) if grouping_wanted() else 0
+    if int8 and column_blocks:
+        ordered = order_int8_columns(model)
+        placed += f"; {ordered} layers in the int8 kernel's column-block order" if ordered else ""
     packed = sum(layer["weight"].nbytes + layer["scales"].nbytes + layer["biases"].nbytes for layer in capable)
     scale_types = sorted({str(layer["scales"].dtype).removeprefix("mlx.core.") for layer in capable})
     widths = "/".join(str(bits) for bits in sorted({layer.bits for layer in capable}))

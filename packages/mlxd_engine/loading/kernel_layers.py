@@ -31,24 +31,28 @@ DEFAULT_MAX_ROWS = 32
 UNBOUNDED = 1 << 30  # max_rows: the kernel takes every row count
 
 
-def _kernel_or_blas(x, layer, max_rows: int, int8_activations: bool = False):
+def _kernel_or_blas(x, layer, max_rows: int, int8: int = mlxd_qmatmul.INT8_OFF):
     real_rows = real_index(x)
     if real_rows is not None:  # a verify forward of rows of different widths: the real rows only (ragged.py)
         index, spread = real_rows
         rows, width, features = x.shape
-        real = _kernel_or_blas(x.reshape(rows * width, features)[index], layer, max_rows, int8_activations)
+        real = _kernel_or_blas(x.reshape(rows * width, features)[index], layer, max_rows, int8)
         return real[spread].reshape(rows, width, real.shape[-1])
     return packed_product(
-        x, layer["weight"], layer["scales"], layer["biases"], layer.group_size, layer.bits, max_rows, int8_activations
+        x, layer["weight"], layer["scales"], layer["biases"], layer.group_size, layer.bits, max_rows, int8
     )
 
 
-def packed_product(x, weight, scales, biases, group_size: int, bits: int, max_rows: int, int8_activations: bool):
+def packed_product(x, weight, scales, biases, group_size: int, bits: int, max_rows: int, int8: int):
     """x @ dequantize(weight).T: on the kernel for up to ``max_rows`` rows, else dequantized for the call and
-    through BLAS."""
+    through BLAS. ``int8``: the product's ``mlxd_qmatmul.INT8_*`` mode (column-block weights take every row
+    count on the kernel: ``int8_columns.py`` sets their ``max_rows`` unbounded)."""
     rows = x.size // x.shape[-1] if x.ndim else 1
-    if rows <= max_rows:
-        return mlxd_qmatmul.quantized_matmul(x, weight, scales, biases, group_size, bits, int8_activations)
+    if rows <= max_rows or int8 == mlxd_qmatmul.INT8_COLUMNS:  # no dequantization reads column-block order
+        columns = int8 == mlxd_qmatmul.INT8_COLUMNS
+        return mlxd_qmatmul.quantized_matmul(
+            x, weight, scales, biases, group_size, bits, int8 != mlxd_qmatmul.INT8_OFF, columns
+        )
     return x @ dequantized(weight, scales, biases, group_size, bits).T
 
 
@@ -71,7 +75,9 @@ def dequantized(weight, scales, biases, group_size: int, bits: int):
 
 class KernelQuantizedLinear(nn.QuantizedLinear):
     kernel_max_rows = DEFAULT_MAX_ROWS
-    kernel_int8 = False  # x rounded to int8 on the kernel (opt-in: MLXD_CPU_WEIGHTS=kernel-int8)
+    # how x meets the weights (mlxd_qmatmul.INT8_*): float32, or rounded to int8 (opt-in: MLXD_CPU_WEIGHTS=kernel-int8)
+    # against weights in MLX's order or in column-block order (int8_columns.py)
+    kernel_int8 = mlxd_qmatmul.INT8_OFF
 
     def __call__(self, x):
         y = _kernel_or_blas(x, self, self.kernel_max_rows, self.kernel_int8)
@@ -80,15 +86,16 @@ class KernelQuantizedLinear(nn.QuantizedLinear):
 
 class KernelQuantizedEmbedding(nn.QuantizedEmbedding):
     kernel_max_rows = DEFAULT_MAX_ROWS
-    kernel_int8 = False
+    kernel_int8 = mlxd_qmatmul.INT8_OFF  # as KernelQuantizedLinear's (the table as a tied output head)
 
     def __call__(self, x):
         on_cpu = mx.default_device() == mx.cpu
-        if on_cpu and self.bits in mlxd_qmatmul.BITS and self.group_size in mlxd_qmatmul.GROUP_SIZES:
+        columns = self.kernel_int8 == mlxd_qmatmul.INT8_COLUMNS
+        if columns or (on_cpu and self.bits in mlxd_qmatmul.BITS and self.group_size in mlxd_qmatmul.GROUP_SIZES):
             # one op for the lookup, the same bits as the gathers and MLX's dequantize (about forty ops on the
-            # CPU stream: docs/benchmark_results/code_notes.md#eval-handoffs)
+            # CPU stream: docs/benchmark_results/code_notes.md#eval-handoffs); the only reader of column-block order
             return mlxd_qmatmul.dequantized_rows(
-                self["weight"], self["scales"], self["biases"], x, self.group_size, self.bits
+                self["weight"], self["scales"], self["biases"], x, self.group_size, self.bits, columns
             )
         return dequantized(self["weight"][x], self["scales"][x], self["biases"][x], self.group_size, self.bits)
 
@@ -151,7 +158,8 @@ def use_kernel(model: nn.Module, max_rows: int = DEFAULT_MAX_ROWS, int8_activati
             continue  # switched already
         layer.__class__ = _KERNEL_CLASSES[type(layer)]
         layer.kernel_max_rows = max_rows
-        layer.kernel_int8 = int8_activations and mlxd_qmatmul.int8_available(layer.bits) and layer.group_size >= 32
+        int8 = int8_activations and mlxd_qmatmul.int8_available(layer.bits) and layer.group_size >= 32
+        layer.kernel_int8 = mlxd_qmatmul.INT8_ROWS if int8 else mlxd_qmatmul.INT8_OFF
         count += 1
     return count
 

@@ -70,10 +70,18 @@ class ProjectionGroup:
         rows = x.size // x.shape[-1] if x.ndim else 1
         if rows <= min(layer.kernel_max_rows for layer in self.layers):
             parts = mlxd_qmatmul.quantized_matmul_split(
-                x, self.weight, self.scales, self.biases, self.group_size, self.bits, self.sizes, self.int8
+                x,
+                self.weight,
+                self.scales,
+                self.biases,
+                self.group_size,
+                self.bits,
+                self.sizes,
+                self.int8 != mlxd_qmatmul.INT8_OFF,
+                self.int8 == mlxd_qmatmul.INT8_COLUMNS,
             )
         else:  # a prompt chunk: the packed weight dequantized once, one BLAS product
-            y = packed_product(x, self.weight, self.scales, self.biases, self.group_size, self.bits, 0, False)
+            y = packed_product(x, self.weight, self.scales, self.biases, self.group_size, self.bits, 0, self.int8)
             parts = [y[..., a:b] for a, b in self.ranges]
         if self.bias is not None:
             parts = [part + self.bias[a:b] for part, (a, b) in zip(parts, self.ranges)]

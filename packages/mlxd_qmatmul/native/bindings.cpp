@@ -20,11 +20,11 @@ using namespace nb::literals;
 NB_MODULE(_ext, m) {
   m.doc() = "mlxd's CPU kernels: quantized matmul for MLX's affine format (4 and 8 bits), RoPE, RMSNorm, attention, SwiGLU";
   m.def("quantized_matmul", &mlxd_qmm::quantized_matmul, "x"_a, "w"_a, "scales"_a, "biases"_a,
-        "group_size"_a, "bits"_a, nb::kw_only(), "int8_activations"_a = false, "stream"_a = nb::none(),
+        "group_size"_a, "bits"_a, nb::kw_only(), "int8_activations"_a = 0, "stream"_a = nb::none(),
         "x @ dequantize(w, scales, biases).T on the CPU kernels (transpose=True semantics of "
         "mx.quantized_matmul); float32 math, the result in x's dtype.");
   m.def("quantized_matmul_split", &mlxd_qmm::quantized_matmul_split, "x"_a, "w"_a, "scales"_a, "biases"_a,
-        "group_size"_a, "bits"_a, "sizes"_a, nb::kw_only(), "int8_activations"_a = false, "stream"_a = nb::none(),
+        "group_size"_a, "bits"_a, "sizes"_a, nb::kw_only(), "int8_activations"_a = 0, "stream"_a = nb::none(),
         "quantized_matmul for a weight packed from several layers' rows: one output per entry of sizes "
         "(each layer's output count, in order), each equal to that layer's own product.");
   m.def("gather_quantized_matmul", &mlxd_qmm::gather_quantized_matmul, "x"_a, "w"_a, "scales"_a, "biases"_a,
@@ -47,7 +47,7 @@ NB_MODULE(_ext, m) {
         "mlx-lm's swiglu(gate, up) = silu(gate) * up as one CPU op: float32 arrays of one shape; "
         "bit-identical to MLX's CPU result.");
   m.def("dequantized_rows", &mlxd_qmm::dequantized_rows, "w"_a, "scales"_a, "biases"_a, "ids"_a, "group_size"_a,
-        "bits"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "bits"_a, nb::kw_only(), "column_blocks"_a = false, "stream"_a = nb::none(),
         "Rows ids of a packed affine matrix (bits 4 or 8) dequantized to float32 as one CPU op: the same bits as "
         "mx.dequantize of the gathered rows with float32 scales and biases; an id out of range gives zeros.");
   m.def("write_rows", &mlxd_qmm::write_rows, "buffer"_a, "rows"_a, "index"_a, nb::kw_only(), "stream"_a = nb::none(),
@@ -60,7 +60,7 @@ NB_MODULE(_ext, m) {
          const mx::array& biases, int group_size, int bits, const std::vector<int>& sizes, int heads, int kv_heads,
          int head_dim, const mx::array& offset, int rope_dims, bool traditional, float base, float rope_scale,
          const std::optional<mx::array>& bias, const std::optional<mx::array>& q_norm,
-         const std::optional<mx::array>& k_norm, float qk_eps, bool int8_activations,
+         const std::optional<mx::array>& k_norm, float qk_eps, int int8_activations,
          const std::optional<mx::array>& lengths) {
         return mlxd_qmm::attention_input(x, norm_weight, eps,
                                          {w, scales, biases, group_size, bits, sizes, int8_activations}, heads,
@@ -70,7 +70,7 @@ NB_MODULE(_ext, m) {
       "x"_a, "norm_weight"_a, "eps"_a, "w"_a, "scales"_a, "biases"_a, "group_size"_a, "bits"_a, "sizes"_a, "heads"_a,
       "kv_heads"_a, "head_dim"_a, "offset"_a, "rope_dims"_a, "traditional"_a, "base"_a, "rope_scale"_a,
       "bias"_a.none() = nb::none(), "q_norm"_a.none() = nb::none(), "k_norm"_a.none() = nb::none(), "qk_eps"_a = 0.0f,
-      "int8_activations"_a = false, "lengths"_a.none() = nb::none(),
+      "int8_activations"_a = 0, "lengths"_a.none() = nb::none(),
       "A llama-style layer's attention input as one CPU op: rms_norm, the packed q/k/v product (plus its bias; "
       "query and key heads through their norms), RoPE; returns (q, k, v) as [B, heads, L, head_dim], "
       "bit-identical to those ops run one by one. lengths (one count per batch entry): only each entry's first "
@@ -82,8 +82,8 @@ NB_MODULE(_ext, m) {
          const mx::array& o_scales, const mx::array& o_biases, int o_group_size, int o_bits,
          const mx::array& norm_weight, float eps, const mx::array& gu_w, const mx::array& gu_scales,
          const mx::array& gu_biases, int gu_group_size, int gu_bits, int hidden, const mx::array& d_w,
-         const mx::array& d_scales, const mx::array& d_biases, int d_group_size, int d_bits, bool o_int8,
-         bool gu_int8, bool d_int8, const std::optional<mx::array>& lengths) {
+         const mx::array& d_scales, const mx::array& d_biases, int d_group_size, int d_bits, int o_int8,
+         int gu_int8, int d_int8, const std::optional<mx::array>& lengths) {
         const int D = x.ndim() == 3 ? x.shape(2) : 0;
         return mlxd_qmm::block_output(x, q, keys, values, mask, causal, attention_scale,
                                       {o_w, o_scales, o_biases, o_group_size, o_bits, {D}, o_int8}, norm_weight, eps,
@@ -93,7 +93,7 @@ NB_MODULE(_ext, m) {
       "x"_a, "q"_a, "keys"_a, "values"_a, "mask"_a.none(), "causal"_a, "attention_scale"_a, "o_w"_a, "o_scales"_a,
       "o_biases"_a, "o_group_size"_a, "o_bits"_a, "norm_weight"_a, "eps"_a, "gu_w"_a, "gu_scales"_a, "gu_biases"_a,
       "gu_group_size"_a, "gu_bits"_a, "hidden"_a, "d_w"_a, "d_scales"_a, "d_biases"_a, "d_group_size"_a, "d_bits"_a,
-      "o_int8"_a = false, "gu_int8"_a = false, "d_int8"_a = false, "lengths"_a.none() = nb::none(),
+      "o_int8"_a = 0, "gu_int8"_a = 0, "d_int8"_a = 0, "lengths"_a.none() = nb::none(),
       "A llama-style layer after its cache update as one CPU op: h = x + o(attention(q, keys, values)); returns "
       "h + down(swiglu(gate, up)) with gate, up from rms_norm(h) @ gate_up; bit-identical to those ops run one by "
       "one. lengths (one count per batch entry): only each entry's first tokens are computed, the rest (padding) "
@@ -105,8 +105,8 @@ NB_MODULE(_ext, m) {
          const mx::array& o_w, const mx::array& o_scales, const mx::array& o_biases, int o_group_size, int o_bits,
          const mx::array& norm_weight, float eps, const mx::array& gu_w, const mx::array& gu_scales,
          const mx::array& gu_biases, int gu_group_size, int gu_bits, int hidden, const mx::array& d_w,
-         const mx::array& d_scales, const mx::array& d_biases, int d_group_size, int d_bits, bool o_int8,
-         bool gu_int8, bool d_int8, const std::optional<mx::array>& lengths) {
+         const mx::array& d_scales, const mx::array& d_biases, int d_group_size, int d_bits, int o_int8,
+         int gu_int8, int d_int8, const std::optional<mx::array>& lengths) {
         const int D = x.ndim() == 3 ? x.shape(2) : 0;
         const int rows = q.ndim() == 4 ? q.shape(0) : 0;
         return mlxd_qmm::block_output_span(
@@ -118,8 +118,8 @@ NB_MODULE(_ext, m) {
       "x"_a, "q"_a, "k_buf"_a, "v_buf"_a, "first_slot"_a, "read_length"_a, "mask"_a.none(), "causal"_a,
       "attention_scale"_a, "o_w"_a, "o_scales"_a, "o_biases"_a, "o_group_size"_a, "o_bits"_a, "norm_weight"_a,
       "eps"_a, "gu_w"_a, "gu_scales"_a, "gu_biases"_a, "gu_group_size"_a, "gu_bits"_a, "hidden"_a, "d_w"_a,
-      "d_scales"_a, "d_biases"_a, "d_group_size"_a, "d_bits"_a, "o_int8"_a = false, "gu_int8"_a = false,
-      "d_int8"_a = false, "lengths"_a.none() = nb::none(),
+      "d_scales"_a, "d_biases"_a, "d_group_size"_a, "d_bits"_a, "o_int8"_a = 0, "gu_int8"_a = 0,
+      "d_int8"_a = 0, "lengths"_a.none() = nb::none(),
       "block_output over the layer's whole key and value buffers [slots, kv_heads, capacity, dim]: the attention "
       "reads slots [first_slot, first_slot + batch) at positions [0, read_length), as block_output reads those "
       "slices of them; the same bits, without the slice ops.");

@@ -34,7 +34,7 @@ void push_weight(std::vector<mx::array>& inputs, const PackedLinear& p) {
 }
 
 PackedLinear weight_at(const std::vector<mx::array>& inputs, size_t first, int group_size, int bits,
-                       std::vector<int> sizes, bool int8) {
+                       std::vector<int> sizes, int int8) {
   return PackedLinear{inputs[first], inputs[first + 1], inputs[first + 2], group_size, bits, std::move(sizes), int8};
 }
 

@@ -57,7 +57,7 @@ mx::array block_output(const mx::array& x, const mx::array& q, const mx::array& 
 // Inputs: x, norm weight, offset, qkv weight, scales, biases[, bias][, q norm, k norm][, lengths]. Outputs: q, k, v.
 class CpuAttentionInput : public mx::Primitive {
  public:
-  CpuAttentionInput(mx::Stream stream, float eps, int group_size, int bits, std::vector<int> sizes, bool int8,
+  CpuAttentionInput(mx::Stream stream, float eps, int group_size, int bits, std::vector<int> sizes, int int8,
                     int heads, int kv_heads, int head_dim, RopeSpec rope, bool has_bias, bool has_qk_norm, float qk_eps,
                     bool has_lengths)
       : mx::Primitive(stream), eps_(eps), group_size_(group_size), bits_(bits), sizes_(std::move(sizes)), int8_(int8),
@@ -76,7 +76,7 @@ class CpuAttentionInput : public mx::Primitive {
   float eps_;
   int group_size_, bits_;
   std::vector<int> sizes_;
-  bool int8_;
+  int int8_;
   int heads_, kv_heads_, head_dim_;
   RopeSpec rope_;
   bool has_bias_, has_qk_norm_;
@@ -110,7 +110,7 @@ class CpuBlockOutput : public mx::UnaryPrimitive {
   struct Formats {
     int o_group_size, o_bits, gate_up_group_size, gate_up_bits, down_group_size, down_bits;
     std::vector<int> gate_up_sizes;
-    bool o_int8 = false, gate_up_int8 = false, down_int8 = false;
+    int o_int8 = kInt8Off, gate_up_int8 = kInt8Off, down_int8 = kInt8Off;  // Int8Mode
   };
   CpuBlockOutput(mx::Stream stream, float attention_scale, bool causal, float eps, Formats formats, bool has_mask,
                  bool has_lengths, std::optional<CacheSpan> span = std::nullopt)

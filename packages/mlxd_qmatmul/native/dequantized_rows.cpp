@@ -2,6 +2,7 @@
 // + bias, not one fused multiply-add.
 #include "dequantized_rows.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -43,7 +44,7 @@ int64_t id_at(const mx::array& ids, size_t i) {
 }  // namespace
 
 mx::array dequantized_rows(const mx::array& w, const mx::array& scales, const mx::array& biases, const mx::array& ids,
-                           int group_size, int bits, mx::StreamOrDevice s) {
+                           int group_size, int bits, bool column_blocks, mx::StreamOrDevice s) {
   check(bits == 4 || bits == 8, "bits must be 4 or 8");
   check(group_size > 0 && group_size % (32 / bits) == 0, "the group size must hold whole packed words");
   check(w.ndim() == 2 && w.dtype() == mx::uint32, "w must be a [rows, packed] uint32 array");
@@ -60,7 +61,7 @@ mx::array dequantized_rows(const mx::array& w, const mx::array& scales, const mx
   check(stream.device == mx::Device::cpu, "runs on the CPU only");
   mx::Shape shape = ids.shape();
   shape.push_back(K);
-  return mx::array(shape, mx::float32, std::make_shared<CpuDequantizedRows>(stream, group_size, bits),
+  return mx::array(shape, mx::float32, std::make_shared<CpuDequantizedRows>(stream, group_size, bits, column_blocks),
                    {row_contiguous(w, stream), row_contiguous(scales, stream), row_contiguous(biases, stream),
                     row_contiguous(ids, stream)});
 }
@@ -71,7 +72,7 @@ void CpuDequantizedRows::eval_cpu(const std::vector<mx::array>& inputs, mx::arra
   for (const auto& input : inputs) encoder.set_input_array(input);
   encoder.set_output_array(out);
   encoder.dispatch([w = inputs[0], scales = inputs[1], biases = inputs[2], ids = inputs[3], dst = out.data<float>(),
-                    group_size = group_size_, bits = bits_]() {
+                    group_size = group_size_, bits = bits_, columns = column_blocks_]() {
     const int64_t N = w.shape(0), words = w.shape(1);
     const int per_word = 32 / bits, K = static_cast<int>(words) * per_word, groups = K / group_size;
     const uint32_t mask = (1u << bits) - 1;
@@ -82,11 +83,15 @@ void CpuDequantizedRows::eval_cpu(const std::vector<mx::array>& inputs, mx::arra
         for (int k = 0; k < K; ++k) row[k] = 0.0f;
         continue;
       }
-      const uint32_t* packed = w.data<uint32_t>() + id * words;
+      // where the row's word j and group g sit: MLX's order, or its lane of its block of 16 rows (column blocks)
+      const int64_t first = columns ? id / 16 * 16 : id, count = columns ? std::min<int64_t>(16, N - first) : 1;
+      const int64_t lane = id - first;
+      const uint32_t* packed = w.data<uint32_t>() + first * words + lane;
+      const int64_t group_at = first * groups + lane;
       for (int g = 0; g < groups; ++g) {
-        const float scale = widened(scales, id * groups + g), bias = widened(biases, id * groups + g);
+        const float scale = widened(scales, group_at + g * count), bias = widened(biases, group_at + g * count);
         for (int k = g * group_size; k < (g + 1) * group_size; ++k) {
-          const uint32_t q = (packed[k / per_word] >> ((k % per_word) * bits)) & mask;
+          const uint32_t q = (packed[k / per_word * count] >> ((k % per_word) * bits)) & mask;
           const float scaled = static_cast<float>(q) * scale;
           row[k] = scaled + bias;
         }
@@ -101,7 +106,7 @@ void CpuDequantizedRows::eval_gpu(const std::vector<mx::array>&, mx::array&) {
 
 bool CpuDequantizedRows::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const CpuDequantizedRows&>(other);
-  return group_size_ == o.group_size_ && bits_ == o.bits_;
+  return group_size_ == o.group_size_ && bits_ == o.bits_ && column_blocks_ == o.column_blocks_;
 }
 
 std::vector<mx::Shape> CpuDequantizedRows::output_shapes(const std::vector<mx::array>& inputs) {

@@ -405,7 +405,8 @@ void run_problems(const std::vector<Problem>& problems, const Isa& isa) {
     return;
   }
   const int wanted = (columns_in_all + threads * kTasksPerThread - 1) / (threads * kTasksPerThread);
-  const int unit = problems.front().amx != nullptr ? 32 : 8;  // whole tiles: AMX takes 2 x 16 columns at once
+  // whole tiles: AMX takes 2 x 16 columns at once, column-block weights come in blocks of 16
+  const int unit = problems.front().amx != nullptr ? 32 : problems.front().columns ? 16 : 8;
   const int columns = (std::max(wanted, kMinTaskColumns) + unit - 1) / unit * unit;
   struct Task {
     int problem, n0, n1;

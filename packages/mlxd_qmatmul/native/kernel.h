@@ -31,6 +31,12 @@ constexpr int kInt8Block = MLXD_INT8_BLOCK;  // elements of x that share one int
 inline int int8_padded_k(int K) { return (K + 127) / 128 * 128; }
 inline int int8_padded_groups(int groups) { return (groups + 15) / 16 * 16; }
 
+// How a product's x meets its weights: float32 (kInt8Off), rounded to int8 against weights in MLX's order
+// (kInt8Rows), or rounded to int8 against weights put in column-block order by interleave_columns (kInt8Columns:
+// each block of 16 output columns of a part holds its packed words as [K * bits / 32][16] and its scales and
+// biases as [groups][16]; a last block of fewer columns likewise with its own count).
+enum Int8Mode { kInt8Off = 0, kInt8Rows = 1, kInt8Columns = 2 };
+
 struct Int8Rows {
   const int8_t* q;  // [M, Kpad]
   const float* lane_scales;  // [M, Kpad / 8]: the block scale of each 8 elements (one int32 lane's worth)
@@ -62,6 +68,7 @@ struct Problem {
   int M, N, K, group_size, bits;
   int scale_type;  // ScaleType
   const Int8Rows* int8 = nullptr;  // set: the int8-activation kernel runs (x unused)
+  bool columns = false;  // with int8: the weights are in column-block order (kInt8Columns)
   const AmxRows* amx = nullptr;  // set: the AMX kernel runs (x, in split order, serves columns past its tiles)
   // Names this x's contents for one dispatch (`next_x_version`; 0: unnamed), so a kernel thread may reuse a
   // copy of x it made for an earlier task of the same dispatch.

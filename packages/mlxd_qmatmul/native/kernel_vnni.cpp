@@ -10,6 +10,8 @@
 // float sum of x).
 #include <immintrin.h>
 
+#include <cstring>
+
 #include "kernel.h"
 
 namespace {
@@ -174,6 +176,108 @@ inline void tile4(const Problem& p, int m0, int n0) {
   finish<R, C>(p, m0, n0, first_group, acc);
 }
 
+// Weights in column-block order (kInt8Columns, interleave_columns): int32 lane c of every product is column c of
+// a block of 16. Per x block of 8 elements and row, two vpdpbusd sum the block for all 16 columns, with each
+// 4-element run of x broadcast (4 bits: the block's 4 even elements against its word's low nibbles, its 4 odd ones
+// against the high; 8 bits: its two words, 4 elements each); those sums times the block's x scale add up over the
+// weight group, which is then scaled by its 16 columns' scales at once and given their biases. In MLX's order
+// (`tile4`, `tile8`) a column's lanes are its x blocks, and each block's sum is scaled for every column apart
+// (docs/benchmark_results/code_notes.md#int8-columns). Every row's arithmetic is the same whatever the tile's row
+// count, so a product's rows come out with the same bits however many rows it has (a verify forward's rows as a
+// decode step's).
+template <int R, int GS, int BITS>
+inline void column_tile(const Problem& p, int m0, int n0, int count) {
+  const Int8Rows& x = *p.int8;
+  const int K = p.K;
+  const int groups = K / GS;
+  constexpr int BLOCKS = GS / 8;  // x blocks a weight group
+  constexpr int WORDS = BITS == 4 ? 1 : 2;  // packed words of one column an x block takes
+  const auto* words = reinterpret_cast<const int32_t*>(p.w + static_cast<int64_t>(n0) * (K * BITS / 8));  // [K*BITS/32][count]
+  const int64_t first_group = static_cast<int64_t>(n0) * groups;  // the block's [groups][count] scales from here
+  const __mmask16 present = count >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << count) - 1);
+  const __m512i low4 = _mm512_set1_epi8(0x0f);
+  const int8_t* xq[R];
+  const float* lane_scales[R];
+  const float* sums[R];
+  for (int r = 0; r < R; ++r) {
+    xq[r] = x.q + static_cast<int64_t>(m0 + r) * x.Kpad;
+    lane_scales[r] = x.lane_scales + static_cast<int64_t>(m0 + r) * (x.Kpad / 8);
+    sums[r] = x.group_sums + static_cast<int64_t>(m0 + r) * x.Gpad;
+  }
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int g = 0; g < groups; ++g) {
+    // a group's words are BLOCKS * WORDS lines (of 16 columns), its scales and biases one run of `count` each: both
+    // asked for kPrefetchBytes of words ahead
+    const char* ahead =
+        reinterpret_cast<const char*>(words + static_cast<int64_t>(g) * BLOCKS * WORDS * count) + kPrefetchBytes;
+    for (int line = 0; line < BLOCKS * WORDS; ++line) __builtin_prefetch(ahead + 64 * line);
+    prefetch_scales(p, first_group + static_cast<int64_t>(g + kPrefetchBytes / (64 * BLOCKS * WORDS)) * count);
+    __m512 group_acc[R];
+    for (int r = 0; r < R; ++r) group_acc[r] = _mm512_setzero_ps();
+    for (int j = 0; j < BLOCKS; ++j) {
+      const int block = g * BLOCKS + j;
+      __m512i first, second;  // what the block's first and second 4 elements of x multiply
+      int at_first, at_second;  // where those elements sit in x's int8 row
+      if constexpr (BITS == 4) {
+        const __m512i packed = _mm512_maskz_loadu_epi32(present, words + static_cast<int64_t>(block) * count);
+        first = _mm512_and_si512(packed, low4);
+        second = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low4);
+        // x's split order: a chunk of 128 holds its 64 even elements, then its 64 odd ones
+        at_first = block / 16 * 128 + block % 16 * 4;
+        at_second = at_first + 64;
+      } else {
+        first = _mm512_maskz_loadu_epi32(present, words + static_cast<int64_t>(2 * block) * count);
+        second = _mm512_maskz_loadu_epi32(present, words + static_cast<int64_t>(2 * block + 1) * count);
+        at_first = 8 * block;  // x in order
+        at_second = at_first + 4;
+      }
+      for (int r = 0; r < R; ++r) {
+        int32_t e, o;
+        std::memcpy(&e, xq[r] + at_first, 4);
+        std::memcpy(&o, xq[r] + at_second, 4);
+        __m512i sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), first, _mm512_set1_epi32(e));
+        sum = _mm512_dpbusd_epi32(sum, second, _mm512_set1_epi32(o));
+        group_acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(lane_scales[r][block]), group_acc[r]);
+      }
+    }
+    const __m512 scale = load_values(p.scale_type, p.scales, first_group + static_cast<int64_t>(g) * count, count);
+    const __m512 bias = load_values(p.scale_type, p.biases, first_group + static_cast<int64_t>(g) * count, count);
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm512_fmadd_ps(group_acc[r], scale, acc[r]);
+      acc[r] = _mm512_fmadd_ps(bias, _mm512_set1_ps(sums[r][g]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(p.y + static_cast<int64_t>(m0 + r) * p.N + n0, present, acc[r]);
+}
+
+// column_tile for a row count known only at run time (1 to R).
+template <int R, int GS, int BITS>
+inline void some_column_rows(int rows, const Problem& p, int m0, int n0, int count) {
+  if constexpr (R > 1) {
+    if (rows < R) {
+      some_column_rows<R - 1, GS, BITS>(rows, p, m0, n0, count);
+      return;
+    }
+  }
+  column_tile<R, GS, BITS>(p, m0, n0, count);
+}
+
+// The most rows a column tile holds: two accumulators a row beside a block's two weight vectors and its group's
+// scales and biases, in AVX-512's 32 registers.
+constexpr int kColumnTileRows = 10;
+
+// Columns [n0, n1) of a problem in column-block order: n0 is a block's first column (tasks come in whole blocks).
+template <int GS, int BITS>
+inline void column_blocks(const Problem& p, int n0, int n1) {
+  for (int nb = n0; nb < n1; nb += 16) {
+    const int count = p.N - nb < 16 ? p.N - nb : 16;  // a part's last block may hold fewer
+    int m = 0;
+    for (; m + kColumnTileRows <= p.M; m += kColumnTileRows) column_tile<kColumnTileRows, GS, BITS>(p, m, nb, count);
+    if (m < p.M) some_column_rows<kColumnTileRows - 1, GS, BITS>(p.M - m, p, m, nb, count);
+  }
+}
+
 template <int R, int GS, int BITS>
 inline void rows(const Problem& p, int m0, int n0, int n1) {
   constexpr int C = R == 1 ? 4 : 2;
@@ -207,6 +311,15 @@ inline void all_rows(const Problem& p, int n0, int n1) {
 namespace mlxd_qmm {
 void kernel_vnni_int8(const Problem& p, int n0, int n1) {
   const bool four = p.bits == 4;
+  if (p.columns) {
+    switch (p.group_size) {
+      case 32: four ? column_blocks<32, 4>(p, n0, n1) : column_blocks<32, 8>(p, n0, n1); break;
+      case 64: four ? column_blocks<64, 4>(p, n0, n1) : column_blocks<64, 8>(p, n0, n1); break;
+      case 128: four ? column_blocks<128, 4>(p, n0, n1) : column_blocks<128, 8>(p, n0, n1); break;
+      default: break;
+    }
+    return;
+  }
   switch (p.group_size) {
     case 32: four ? all_rows<32, 4>(p, n0, n1) : all_rows<32, 8>(p, n0, n1); break;
     case 64: four ? all_rows<64, 4>(p, n0, n1) : all_rows<64, 8>(p, n0, n1); break;

@@ -111,6 +111,16 @@ int scale_type_of(const mx::array& scales) {
                                           : kScaleFloat32;
 }
 
+int int8_mode(int asked, int bits, int group_size) {
+  if (asked == kInt8Columns) {
+    // column-block order is read by the int8 kernel alone: no float path could take these weights
+    check(int8_available(bits) && group_size >= 32,
+          "column-block weights need groups of 32 or more and the int8 kernel (AVX-512 VNNI)");
+    return kInt8Columns;
+  }
+  return asked != kInt8Off && int8_available(bits) && group_size >= 32 ? kInt8Rows : kInt8Off;
+}
+
 PackedLinear checked_packed(const PackedLinear& p, int K, const mx::Stream& stream) {
   check_format(p.bits, p.group_size, "quantized_matmul");
   check(p.weight.dtype() == mx::uint32 && p.weight.ndim() == 2, "weights must be a 2-D uint32 array");
@@ -132,18 +142,19 @@ PackedLinear checked_packed(const PackedLinear& p, int K, const mx::Stream& stre
   const mx::Dtype scale_dtype = read_scale_dtype(p.scales, p.biases);
   return PackedLinear{row_contiguous(p.weight, stream), row_contiguous(mx::astype(p.scales, scale_dtype, stream), stream),
                       row_contiguous(mx::astype(p.biases, scale_dtype, stream), stream), p.group_size, p.bits, p.sizes,
-                      p.int8 && int8_available(p.bits) && p.group_size >= 32};
+                      int8_mode(p.int8, p.bits, p.group_size)};
 }
 
 std::vector<mx::array> quantized_matmul_split(const mx::array& x, const mx::array& w, const mx::array& scales,
                                               const mx::array& biases, int group_size, int bits,
-                                              const std::vector<int>& sizes, bool int8_activations,
+                                              const std::vector<int>& sizes, int int8_activations,
                                               mx::StreamOrDevice s) {
   check(x.ndim() >= 1, "x must have at least one dimension");
   check(mx::issubdtype(x.dtype(), mx::floating), "x must be floating point");
   auto stream = mx::to_stream(s, mx::Device::cpu);
   check(stream.device == mx::Device::cpu, "runs on the CPU only");
-  const PackedLinear packed = checked_packed(PackedLinear{w, scales, biases, group_size, bits, sizes}, x.shape(-1), stream);
+  const PackedLinear packed =
+      checked_packed(PackedLinear{w, scales, biases, group_size, bits, sizes, int8_activations}, x.shape(-1), stream);
   auto x32 = mx::astype(x, mx::float32, stream);
   std::vector<mx::Shape> shapes;
   for (int size : sizes) {
@@ -151,7 +162,7 @@ std::vector<mx::array> quantized_matmul_split(const mx::array& x, const mx::arra
     shape.back() = size;
     shapes.push_back(shape);
   }
-  const bool int8 = int8_activations && int8_available(bits) && group_size >= 32;
+  const int int8 = packed.int8;
   auto outs = mx::array::make_arrays(
       shapes, std::vector<mx::Dtype>(sizes.size(), mx::float32),
       std::make_shared<CpuQuantizedMatmul>(stream, group_size, bits, int8, sizes),
@@ -163,7 +174,7 @@ std::vector<mx::array> quantized_matmul_split(const mx::array& x, const mx::arra
 }
 
 mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
-                           const mx::array& biases, int group_size, int bits, bool int8_activations,
+                           const mx::array& biases, int group_size, int bits, int int8_activations,
                            mx::StreamOrDevice s) {
   check(w.ndim() == 2, "weights must be a 2-D uint32 array");
   return quantized_matmul_split(x, w, scales, biases, group_size, bits, {w.shape(0)}, int8_activations, s)[0];
@@ -204,10 +215,13 @@ std::vector<Problem> packed_problems(const mx::array& w, const mx::array& scales
   return problems;
 }
 
-void run_products(const float* x, std::vector<Problem> problems, bool int8) {
+void run_products(const float* x, std::vector<Problem> problems, int int8) {
   if (problems.empty() || problems.front().M == 0) return;
-  if (int8) {
-    for (Problem& problem : problems) problem.x = x;
+  if (int8 != kInt8Off) {
+    for (Problem& problem : problems) {
+      problem.x = x;
+      problem.columns = int8 == kInt8Columns;
+    }
     run_int8(problems);
     return;
   }

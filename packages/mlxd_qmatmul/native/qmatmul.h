@@ -18,7 +18,7 @@ namespace mlxd_qmm {
 // int8 in blocks of kInt8Block elements: results near the float product, not within float32 rounding);
 // elsewhere the float kernel runs.
 mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
-                           const mx::array& biases, int group_size, int bits, bool int8_activations = false,
+                           const mx::array& biases, int group_size, int bits, int int8_activations = kInt8Off,
                            mx::StreamOrDevice s = {});
 
 // The same product for a weight packed from several layers' rows (sizes: each layer's output count, in
@@ -26,7 +26,7 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
 // pool, each output dense and equal to that layer's own quantized_matmul (the same kernel per column).
 std::vector<mx::array> quantized_matmul_split(const mx::array& x, const mx::array& w, const mx::array& scales,
                                               const mx::array& biases, int group_size, int bits,
-                                              const std::vector<int>& sizes, bool int8_activations = false,
+                                              const std::vector<int>& sizes, int int8_activations = kInt8Off,
                                               mx::StreamOrDevice s = {});
 
 // Whether products of this many bits run on the int8-activation kernel when asked (the CPU has AVX-512 VNNI).
@@ -64,8 +64,13 @@ struct PackedLinear {
   mx::array weight, scales, biases;
   int group_size, bits;
   std::vector<int> sizes;
-  bool int8 = false;  // x rounded to int8 for this product where the CPU has the int8 kernel (opt-in)
+  int int8 = kInt8Off;  // Int8Mode: x rounded to int8 for this product (opt-in), and the weights' order
 };
+
+// The Int8Mode a product runs with when `asked` for it: int8 only where the CPU has the int8 kernel for these bits
+// and groups (else float32); column-block order only with the int8 kernel and groups of 32 or more
+// (std::invalid_argument otherwise: no other path reads that order).
+int int8_mode(int asked, int bits, int group_size);
 
 // Checks a packed weight for K input features (std::invalid_argument naming what is wrong) and returns it as
 // the kernels read it: row-contiguous, scales and biases as stored when float32, float16 or bfloat16.
@@ -80,12 +85,12 @@ std::vector<Problem> packed_problems(const mx::array& w, const mx::array& scales
 
 // Runs problems over dense x [M, K] on this thread and the kernel pool: x copied into the kernels' order
 // (split order for 4 bits) or, with int8, rounded to int8 for the int8-activation kernel.
-void run_products(const float* x, std::vector<Problem> problems, bool int8);
+void run_products(const float* x, std::vector<Problem> problems, int int8);
 
 // One output per entry of sizes (the column counts of the packed layers, in order).
 class CpuQuantizedMatmul : public mx::Primitive {
  public:
-  CpuQuantizedMatmul(mx::Stream stream, int group_size, int bits, bool int8_activations, std::vector<int> sizes)
+  CpuQuantizedMatmul(mx::Stream stream, int group_size, int bits, int int8_activations, std::vector<int> sizes)
       : mx::Primitive(stream), group_size_(group_size), bits_(bits), int8_(int8_activations), sizes_(std::move(sizes)) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
@@ -100,7 +105,7 @@ class CpuQuantizedMatmul : public mx::Primitive {
  private:
   int group_size_;
   int bits_;
-  bool int8_;
+  int int8_;
   std::vector<int> sizes_;
 };
 
