@@ -15,7 +15,7 @@ import click
 
 from mlxd_drafters import PromptLookupConfig
 from mlxd_protocol.sampling_rules import RNG_KINDS
-from mlxd_protocol.serving_defaults import KV_DTYPE_NAMES, REASONING_MODES
+from mlxd_protocol.serving_defaults import CPU_WEIGHT_FORMS, KV_DTYPE_NAMES, REASONING_MODES
 
 from .chat_templates import resolve_chat_template
 from .control_commands import endpoint_option, status_command, stop_command
@@ -210,6 +210,15 @@ DEFAULTS = DaemonOptions()  # the one home of mlxd's defaults: its options read 
     "MLXD_CPU_WEIGHTS=stored keeps the checkpoint as stored",
 )
 @click.option(
+    "--cpu-weights",
+    default=DEFAULTS.cpu_weights,
+    type=click.Choice(CPU_WEIGHT_FORMS),
+    help="CPU backend: what the checkpoint's weights become: auto (the quantized-matmul kernel where it is "
+    "faster, else float32), kernel, kernel-int8 (opt-in: each product's input rounded to int8, as llama.cpp "
+    "does; faster, not the float32 path's numbers), quantized, dequantized, stored [default: MLXD_CPU_WEIGHTS, "
+    "else auto]",
+)
+@click.option(
     "--drain-timeout",
     default=DEFAULTS.drain_timeout_s,
     show_default=True,
@@ -355,6 +364,7 @@ def cli(
     kv_memory_fraction,
     prefix_cache_bytes,
     cpu_weight_budget,
+    cpu_weights,
     drain_timeout,
     allow_public,
     auth_token_file,
@@ -403,6 +413,7 @@ def cli(
         kv_memory_fraction=kv_memory_fraction,
         prefix_cache_bytes=prefix_cache_bytes,
         cpu_weight_budget=cpu_weight_budget,
+        cpu_weights=cpu_weights,
         drain_timeout_s=drain_timeout,
         stream_interval_s=stream_interval_ms / 1000.0,
         auth_token=_read_auth_token(auth_token_file),

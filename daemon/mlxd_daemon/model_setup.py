@@ -46,6 +46,7 @@ def load_for_serving(options: DaemonOptions, group=None) -> LoadedModel:
     loaded = load(
         resolve_model_name(options.model),
         cpu_weight_budget=default_budget_bytes(options.cpu_weight_budget),
+        cpu_weights=options.cpu_weights,
         distributed=distributed,  # type: ignore[arg-type]  # with a group, options.distributed is set
     )
     log.info("%s", loaded.weights)

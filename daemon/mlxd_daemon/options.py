@@ -45,6 +45,7 @@ class DaemonOptions:
     # at most a tenth of this machine's memory; 0: off)
     prefix_cache_bytes: int | None = None
     cpu_weight_budget: float = 0.4  # CPU: share of the machine's memory float32 weights may take (cpu_weights.py)
+    cpu_weights: str | None = None  # CPU: the weight rule's choice (CPU_WEIGHT_FORMS); None: MLXD_CPU_WEIGHTS or auto
     stream_interval_s: float = 0.005  # a streaming request gets at most one chunk per interval (0: per token)
     distributed: str | None = None  # "tensor" or "pipeline": this process is one rank of an mx.distributed group
     distributed_backend: str = "any"  # mx.distributed backend (mlx.launch sets it up): any, ring, jaccl, mpi, nccl

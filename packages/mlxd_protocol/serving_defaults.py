@@ -8,7 +8,7 @@ library only: the scheduler and the engine may not import the daemon, and the da
 load mlx (which importing the scheduler or the engine does), so the one home all can read is here, as with
 ``sampling_rules``. The values an option of mlxd takes that a tool passes on to a daemon it starts are
 written here too (``REASONING_MODES``: ``mlxd --reasoning``, ``mlx-serve-http --reasoning``;
-``KV_DTYPE_NAMES``: ``--kv-dtype`` of both).
+``KV_DTYPE_NAMES``: ``--kv-dtype`` of both; ``CPU_WEIGHT_FORMS``: ``--cpu-weights`` of both).
 """
 
 MAX_BATCH = 8  # rows decoded together (mlxd --max-batch)
@@ -30,3 +30,8 @@ REASONING_MODES = ("on", "off", "auto")
 # mlxd --kv-dtype: the dtype float32 keys and values are kept in (mlxd_engine/storage/kv_dtype.py); mlx-serve-http
 # takes the same values for a daemon it starts
 KV_DTYPE_NAMES = ("float32", "float16")
+
+# mlxd --cpu-weights (or MLXD_CPU_WEIGHTS): what the CPU backend does with a checkpoint's weights
+# (mlxd_engine/loading/cpu_weights.py; kernel-int8: the opt-in int8-activation kernel); mlx-serve-http takes the
+# same values for a daemon it starts
+CPU_WEIGHT_FORMS = ("auto", "stored", "quantized", "kernel", "kernel-int8", "dequantized")

@@ -266,3 +266,46 @@ def test_prompt_lookup_keeps_plain_decode_tokens_on_column_blocks():
     looked_up = generate_with_prompt_lookup(engine, prompt, 48)
     assert looked_up.tokens == plain
     assert looked_up.verify_rounds > 0
+
+
+@needs_int8
+def test_mlxd_cpu_weights_flag_chooses_int8_over_the_environment(tmp_path, monkeypatch):
+    """``mlxd --cpu-weights kernel-int8`` (DaemonOptions.cpu_weights) reaches the loader and wins over
+    MLXD_CPU_WEIGHTS; a value it does not know is refused by the command line with a message."""
+    import json
+
+    from click.testing import CliRunner
+    from mlx_lm.models import llama
+    from mlx_lm.utils import load_tokenizer, save
+
+    from mlxd_daemon.main import cli
+    from mlxd_daemon.model_setup import load_for_serving
+    from mlxd_daemon.options import DaemonOptions
+    from mlxd_engine.loading.loader import embedded_model_path
+
+    source = embedded_model_path()
+    vocab = json.loads((source / "config.json").read_text())["vocab_size"]
+    config = dict(
+        model_type="llama",
+        hidden_size=128,
+        num_hidden_layers=2,
+        intermediate_size=256,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        vocab_size=vocab,
+        tie_word_embeddings=True,
+    )
+    mx.random.seed(4)
+    model = llama.Model(llama.ModelArgs.from_dict(config))
+    nn.quantize(model, group_size=32, bits=4)
+    save(tmp_path, source, model, load_tokenizer(source), {**config, "quantization": {"group_size": 32, "bits": 4}})
+
+    monkeypatch.setenv("MLXD_CPU_WEIGHTS", "kernel")
+    loaded = load_for_serving(DaemonOptions(model=str(tmp_path), cpu_weights="kernel-int8"))
+    assert "int8 activations" in loaded.weights and "column-block order" in loaded.weights, loaded.weights
+    assert loaded.model.model.layers[0].mlp.down_proj.kernel_int8 == mlxd_qmatmul.INT8_COLUMNS
+    assert "int8" not in load_for_serving(DaemonOptions(model=str(tmp_path))).weights  # the environment's kernel
+
+    refused = CliRunner().invoke(cli, ["--cpu-weights", "int4"])
+    assert refused.exit_code != 0 and "--cpu-weights" in refused.output

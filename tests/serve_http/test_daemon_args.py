@@ -16,3 +16,4 @@ def test_only_the_options_given_are_passed():
     ]
     assert daemon_args(None, None, None, shared_drafts=True) == ["--shared-drafts"]
     assert daemon_args(None, None, None, kv_dtype="float16") == ["--kv-dtype", "float16"]
+    assert daemon_args(None, None, None, cpu_weights="kernel-int8") == ["--cpu-weights", "kernel-int8"]

@@ -6,7 +6,7 @@
                    [--allowed-hosts NAMES] [--cors-origins ORIGINS] [--cors-methods M]
                    [--cors-headers H] [--cors-credentials/--no-cors-credentials]
                    [--draft-kind KIND] [--draft-block-size N] [--prompt-lookup-max-batch N] [--no-shared-drafts]
-                   [--kv-dtype float32|float16]
+                   [--kv-dtype float32|float16] [--cpu-weights FORM]
                    [--seed N] [--chat-template NAME|JINJA] [--chat-template-file FILE] [--reasoning on|off|auto]
                    [--n-predict N] [--metrics/--no-metrics] [--slots/--no-slots] [--webui/--no-webui] [--ui-mcp-proxy]
                    [--verbose-replies]
@@ -29,7 +29,7 @@ import click
 
 from mlxd_protocol.autostart import AutostartError, daemon_answers, start_daemon
 from mlxd_protocol.endpoints import default_endpoint, parse_endpoint
-from mlxd_protocol.serving_defaults import KV_DTYPE_NAMES, REASONING_MODES
+from mlxd_protocol.serving_defaults import CPU_WEIGHT_FORMS, KV_DTYPE_NAMES, REASONING_MODES
 
 from .app import DEFAULT_MAX_BODY_BYTES, Settings, create_app
 from .http_timeouts import header_timeout_protocol
@@ -49,6 +49,7 @@ def daemon_args(
     shared_drafts: bool | None = None,
     context_shift: bool | None = None,
     kv_dtype: str | None = None,
+    cpu_weights: str | None = None,
 ) -> list[str]:
     """The ``mlxd`` options for a daemon this command starts.
 
@@ -63,6 +64,7 @@ def daemon_args(
         shared_drafts: ``--shared-drafts`` / ``--no-shared-drafts``, or None (the daemon's default).
         context_shift: ``--context-shift`` / ``--no-context-shift``, or None (the daemon's default: off).
         kv_dtype: ``--kv-dtype`` (float32 or float16), or None (the daemon's default: float32).
+        cpu_weights: ``--cpu-weights`` (one of ``CPU_WEIGHT_FORMS``), or None (the daemon's default).
 
     Returns:
         The argument list (empty when all are None).
@@ -77,6 +79,7 @@ def daemon_args(
         ("--chat-template-file", chat_template_file),
         ("--reasoning", reasoning),
         ("--kv-dtype", kv_dtype),
+        ("--cpu-weights", cpu_weights),
     ):
         if value is not None:
             args += [flag, str(value)]
@@ -181,6 +184,13 @@ def daemon_args(
     type=click.Choice(KV_DTYPE_NAMES),
     help="for a daemon started here: keys and values kept as float16 (half the KV memory and reads, as "
     "llama-server's default cache) or float32 (the default)",
+)
+@click.option(
+    "--cpu-weights",
+    default=None,
+    type=click.Choice(CPU_WEIGHT_FORMS),
+    help="for a daemon started here, on the CPU backend: kernel-int8 rounds each product's input to int8 "
+    "(opt-in, as llama.cpp does: faster, not the float32 path's numbers); see mlxd --help",
 )
 @click.option(
     "--context-shift/--no-context-shift",
@@ -309,6 +319,7 @@ def main(
     draft_block_size,
     prompt_lookup_max_batch,
     kv_dtype,
+    cpu_weights,
     context_shift,
     shared_drafts,
     seed,
@@ -345,6 +356,7 @@ def main(
         shared_drafts,
         context_shift,
         kv_dtype,
+        cpu_weights,
     )
     hosts = list(dict.fromkeys(name.strip() for value in hosts for name in value.split(",") if name.strip()))
     aliases = split_names(alias)

@@ -20,7 +20,8 @@ Contract: ``apply_cpu_weight_rule(model, budget_bytes)`` changes the model in pl
   faster, are dequantized to float32 (with float32 scales,
   so the values are exactly ``scale * q + bias`` computed in float32) when the model then fits
   ``budget_bytes``; above it they stay quantized with float32 scales (MLX's own quantized kernels).
-- ``MLXD_CPU_WEIGHTS`` chooses otherwise: ``stored`` keeps the checkpoint as stored, ``quantized`` casts
+- ``MLXD_CPU_WEIGHTS`` (or ``mlxd --cpu-weights``, which takes precedence) chooses otherwise: ``stored`` keeps
+  the checkpoint as stored, ``quantized`` casts
   but never dequantizes (MLX's own quantized matmul), ``kernel`` runs the kernel without timing it,
   ``kernel-int8`` too, with x rounded to int8 for the products where the CPU has AVX-512 VNNI (opt-in: not
   float32 rounding; greedy agreement and perplexity in docs/benchmark_results/qmatmul_int8.md; the float
@@ -39,6 +40,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 import mlxd_qmatmul
+from mlxd_protocol.serving_defaults import CPU_WEIGHT_FORMS
 
 from .group16 import swap_in
 from .int8_columns import order_int8_columns
@@ -49,7 +51,7 @@ from .repack import repack_for_kernel
 log = logging.getLogger("mlxd.engine")
 
 ENV = "MLXD_CPU_WEIGHTS"
-CHOICES = ("auto", "stored", "quantized", "kernel", "kernel-int8", "dequantized")
+CHOICES = CPU_WEIGHT_FORMS  # also mlxd --cpu-weights
 DEFAULT_BUDGET_FRACTION = 0.4  # of the machine's memory, for the float32 weights
 
 

@@ -81,7 +81,10 @@ def _looks_like_local_path(name: str) -> bool:
 
 
 def load(
-    model: str | Path | None = None, cpu_weight_budget: int | None = None, distributed: tuple[str, Any] | None = None
+    model: str | Path | None = None,
+    cpu_weight_budget: int | None = None,
+    distributed: tuple[str, Any] | None = None,
+    cpu_weights: str | None = None,
 ) -> LoadedModel:
     """Load an mlx-lm checkpoint and apply the CPU weight rule (``cpu_weights.py``) to it.
 
@@ -91,6 +94,7 @@ def load(
         cpu_weight_budget: bytes the float32 weights may take on the CPU before quantized layers stay
             quantized (None: a share of the machine's memory).
         distributed: (mode, group): load lazily and keep only this rank's part (``sharding.py``).
+        cpu_weights: the CPU weight rule's choice (``cpu_weights.CHOICES``); None: ``MLXD_CPU_WEIGHTS`` or auto.
     Returns:
         The loaded model with its tokenizer.
     Raises:
@@ -137,7 +141,7 @@ def load(
     if distributed is not None:
         check_shardable(module, distributed[0], distributed[1].size(), model_type, config)  # before heavy work
     weights = apply_cpu_weight_rule(  # before sharding: mlx's own layers (a shard of column-block order is none)
-        module, cpu_weight_budget, group16=group16, column_blocks=distributed is None
+        module, cpu_weight_budget, choice=cpu_weights, group16=group16, column_blocks=distributed is None
     )
     if distributed is not None or group16 is not None:
         import mlx.core as mx
