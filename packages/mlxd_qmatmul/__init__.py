@@ -115,6 +115,12 @@ def int8_mode(int8_activations: bool, column_blocks: bool = False) -> int:
     return INT8_COLUMNS if column_blocks else INT8_ROWS if int8_activations else INT8_OFF
 
 
+def int8_flags(mode: int) -> tuple[bool, bool]:
+    """``(int8_activations, column_blocks)`` of an ``INT8_*`` mode: ``int8_mode``'s inverse, for a caller that
+    keeps the mode (the engine's layers) and calls ``quantized_matmul``."""
+    return mode != INT8_OFF, mode == INT8_COLUMNS
+
+
 def quantized_matmul(
     x, w, scales, biases, group_size: int, bits: int, int8_activations: bool = False, column_blocks: bool = False
 ):

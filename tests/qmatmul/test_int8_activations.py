@@ -275,7 +275,6 @@ def test_mlxd_cpu_weights_flag_chooses_int8_over_the_environment(tmp_path, monke
     import json
 
     from click.testing import CliRunner
-    from mlx_lm.models import llama
     from mlx_lm.utils import load_tokenizer, save
 
     from mlxd_daemon.main import cli
@@ -283,21 +282,12 @@ def test_mlxd_cpu_weights_flag_chooses_int8_over_the_environment(tmp_path, monke
     from mlxd_daemon.options import DaemonOptions
     from mlxd_engine.loading.loader import embedded_model_path
 
+    from .tiny_llama import TINY_LLAMA, tiny_llama
+
     source = embedded_model_path()
     vocab = json.loads((source / "config.json").read_text())["vocab_size"]
-    config = dict(
-        model_type="llama",
-        hidden_size=128,
-        num_hidden_layers=2,
-        intermediate_size=256,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        rms_norm_eps=1e-5,
-        vocab_size=vocab,
-        tie_word_embeddings=True,
-    )
-    mx.random.seed(4)
-    model = llama.Model(llama.ModelArgs.from_dict(config))
+    config = {**TINY_LLAMA, "vocab_size": vocab}
+    model = tiny_llama(seed=4, vocab_size=vocab)
     nn.quantize(model, group_size=32, bits=4)
     save(tmp_path, source, model, load_tokenizer(source), {**config, "quantization": {"group_size": 32, "bits": 4}})
 

@@ -49,9 +49,8 @@ def packed_product(x, weight, scales, biases, group_size: int, bits: int, max_ro
     count on the kernel: ``int8_columns.py`` sets their ``max_rows`` unbounded)."""
     rows = x.size // x.shape[-1] if x.ndim else 1
     if rows <= max_rows or int8 == mlxd_qmatmul.INT8_COLUMNS:  # no dequantization reads column-block order
-        columns = int8 == mlxd_qmatmul.INT8_COLUMNS
         return mlxd_qmatmul.quantized_matmul(
-            x, weight, scales, biases, group_size, bits, int8 != mlxd_qmatmul.INT8_OFF, columns
+            x, weight, scales, biases, group_size, bits, *mlxd_qmatmul.int8_flags(int8)
         )
     return x @ dequantized(weight, scales, biases, group_size, bits).T
 

@@ -77,8 +77,7 @@ class ProjectionGroup:
                 self.group_size,
                 self.bits,
                 self.sizes,
-                self.int8 != mlxd_qmatmul.INT8_OFF,
-                self.int8 == mlxd_qmatmul.INT8_COLUMNS,
+                *mlxd_qmatmul.int8_flags(self.int8),
             )
         else:  # a prompt chunk: the packed weight dequantized once, one BLAS product
             y = packed_product(x, self.weight, self.scales, self.biases, self.group_size, self.bits, 0, self.int8)
