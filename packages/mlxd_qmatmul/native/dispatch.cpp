@@ -115,35 +115,63 @@ KernelFn amx_kernel() {
 }
 #endif
 
+namespace {
+
+// One row's blocks of kInt8Block elements, each rounded to int8 against its largest magnitude (the reference
+// form of quantize_blocks_int8_avx512).
+void quantize_blocks_int8(const float* src, int K, bool split, int8_t* dst, float* lanes) {
+  for (int b = 0; b < K; b += kInt8Block) {
+    float amax = 0.0f;
+    for (int i = b; i < b + kInt8Block && i < K; ++i) amax = std::max(amax, std::fabs(src[i]));
+    const float scale = amax / 127.0f;
+    const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+    for (int i = b; i < b + kInt8Block && i < K; ++i) {
+      const int chunk = i / 128 * 128, j = i - chunk;
+      dst[split ? chunk + (j & 1) * 64 + j / 2 : i] = static_cast<int8_t>(std::lrintf(src[i] * inverse));
+    }
+    for (int lane = b / 8; lane < (b + kInt8Block) / 8 && lane < int8_padded_k(K) / 8; ++lane) lanes[lane] = scale;
+  }
+}
+
+// Each group's float sum, left to right as one chain a group; the groups' chains interleaved, so that they
+// run side by side instead of each waiting on its own additions (the same sums).
+void group_sums(const float* src, int groups, int group_size, float* sums) {
+  for (int g = 0; g < groups; ++g) sums[g] = 0.0f;
+  for (int i = 0; i < group_size; ++i)
+    for (int g = 0; g < groups; ++g) sums[g] += src[g * group_size + i];
+}
+
+}  // namespace
+
 void quantize_rows_int8(const float* x, int M, int K, int group_size, bool split, int8_t* q, float* lane_scales,
-                        float* group_sums) {
+                        float* group_sums_out) {
   const int Kpad = int8_padded_k(K);
   const int groups = K / group_size;
   const int Gpad = int8_padded_groups(groups);
+#if defined(__x86_64__) || defined(_M_X64)
+  const bool vector = kInt8Block == 8 && K % 8 == 0 && int8_kernel() != nullptr;
+#else
+  const bool vector = false;
+#endif
   for (int m = 0; m < M; ++m) {
     const float* src = x + static_cast<int64_t>(m) * K;
     int8_t* dst = q + static_cast<int64_t>(m) * Kpad;
     float* lanes = lane_scales + static_cast<int64_t>(m) * (Kpad / 8);
-    float* sums = group_sums + static_cast<int64_t>(m) * Gpad;
+    float* sums = group_sums_out + static_cast<int64_t>(m) * Gpad;
     std::memset(dst, 0, Kpad);
     std::memset(lanes, 0, sizeof(float) * (Kpad / 8));
     std::memset(sums, 0, sizeof(float) * Gpad);
-    for (int b = 0; b < K; b += kInt8Block) {
-      float amax = 0.0f;
-      for (int i = b; i < b + kInt8Block && i < K; ++i) amax = std::max(amax, std::fabs(src[i]));
-      const float scale = amax / 127.0f;
-      const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
-      for (int i = b; i < b + kInt8Block && i < K; ++i) {
-        const int chunk = i / 128 * 128, j = i - chunk;
-        dst[split ? chunk + (j & 1) * 64 + j / 2 : i] = static_cast<int8_t>(std::lrintf(src[i] * inverse));
-      }
-      for (int lane = b / 8; lane < (b + kInt8Block) / 8 && lane < Kpad / 8; ++lane) lanes[lane] = scale;
+#if defined(__x86_64__) || defined(_M_X64)
+    if (vector) {
+      quantize_blocks_int8_avx512(src, K, split, dst, lanes);
+    } else {
+      quantize_blocks_int8(src, K, split, dst, lanes);
     }
-    for (int g = 0; g < groups; ++g) {
-      float total = 0.0f;
-      for (int i = g * group_size; i < (g + 1) * group_size; ++i) total += src[i];
-      sums[g] = total;
-    }
+#else
+    (void)vector;
+    quantize_blocks_int8(src, K, split, dst, lanes);
+#endif
+    group_sums(src, groups, group_size, sums);
   }
 }
 

@@ -148,6 +148,9 @@ int lanes_portable();
 void kernel_avx2(const Problem& p, int n0, int n1);
 void kernel_avx512(const Problem& p, int n0, int n1);
 void kernel_vnni_int8(const Problem& p, int n0, int n1);
+// quantize_rows_int8's blocks of one row, 8 elements a vector (the same bytes and scales as its scalar loop;
+// K a multiple of 8; the caller zeroes the padding). Where the int8 kernel runs (AVX-512 VNNI).
+void quantize_blocks_int8_avx512(const float* src, int K, bool split, int8_t* dst, float* lane_scales);
 #endif
 
 // The AMX kernel (whole tiles of 16 columns; the rest through kernel_avx512) and its preparation of x,

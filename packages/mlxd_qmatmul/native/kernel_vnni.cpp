@@ -327,4 +327,32 @@ void kernel_vnni_int8(const Problem& p, int n0, int n1) {
     default: break;
   }
 }
+
+void quantize_blocks_int8_avx512(const float* src, int K, bool split, int8_t* dst, float* lane_scales) {
+  static_assert(kInt8Block == 8, "one block of x a 256-bit vector");
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256i evens_then_odds = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+  for (int b = 0; b < K; b += 8) {
+    const __m256 v = _mm256_loadu_ps(src + b);
+    // the block's largest magnitude in every lane (max is exact, so any order gives the scalar loop's value)
+    __m256 m = _mm256_andnot_ps(sign, v);
+    m = _mm256_max_ps(m, _mm256_permute2f128_ps(m, m, 1));
+    m = _mm256_max_ps(m, _mm256_shuffle_ps(m, m, _MM_SHUFFLE(1, 0, 3, 2)));
+    m = _mm256_max_ps(m, _mm256_shuffle_ps(m, m, _MM_SHUFFLE(2, 3, 0, 1)));
+    const float amax = _mm256_cvtss_f32(m);
+    const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+    // rounded to nearest even (the default rounding mode, as lrintf), then truncated to bytes (as the cast)
+    const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(v, _mm256_set1_ps(inverse)));
+    const __m128i bytes = _mm256_cvtepi32_epi8(split ? _mm256_permutevar8x32_epi32(q, evens_then_odds) : q);
+    if (split) {
+      const int chunk = b / 128 * 128, j = b - chunk;
+      const int evens = _mm_cvtsi128_si32(bytes), odds = _mm_extract_epi32(bytes, 1);
+      std::memcpy(dst + chunk + j / 2, &evens, 4);
+      std::memcpy(dst + chunk + 64 + j / 2, &odds, 4);
+    } else {
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(dst + b), bytes);
+    }
+    lane_scales[b / 8] = amax / 127.0f;
+  }
+}
 }  // namespace mlxd_qmm
