@@ -120,6 +120,7 @@ namespace {
 // One row's blocks of kInt8Block elements, each rounded to int8 against its largest magnitude (the reference
 // form of quantize_blocks_int8_avx512).
 void quantize_blocks_int8(const float* src, int K, bool split, int8_t* dst, float* lanes) {
+  const int row_lanes = int8_padded_k(K) / 8;
   for (int b = 0; b < K; b += kInt8Block) {
     float amax = 0.0f;
     for (int i = b; i < b + kInt8Block && i < K; ++i) amax = std::max(amax, std::fabs(src[i]));
@@ -129,7 +130,7 @@ void quantize_blocks_int8(const float* src, int K, bool split, int8_t* dst, floa
       const int chunk = i / 128 * 128, j = i - chunk;
       dst[split ? chunk + (j & 1) * 64 + j / 2 : i] = static_cast<int8_t>(std::lrintf(src[i] * inverse));
     }
-    for (int lane = b / 8; lane < (b + kInt8Block) / 8 && lane < int8_padded_k(K) / 8; ++lane) lanes[lane] = scale;
+    for (int lane = b / 8; lane < (b + kInt8Block) / 8 && lane < row_lanes; ++lane) lanes[lane] = scale;
   }
 }
 
@@ -148,10 +149,9 @@ void quantize_rows_int8(const float* x, int M, int K, int group_size, bool split
   const int Kpad = int8_padded_k(K);
   const int groups = K / group_size;
   const int Gpad = int8_padded_groups(groups);
+  void (*blocks)(const float*, int, bool, int8_t*, float*) = quantize_blocks_int8;
 #if defined(__x86_64__) || defined(_M_X64)
-  const bool vector = kInt8Block == 8 && K % 8 == 0 && int8_kernel() != nullptr;
-#else
-  const bool vector = false;
+  if (kInt8Block == 8 && K % 8 == 0 && int8_kernel() != nullptr) blocks = quantize_blocks_int8_avx512;
 #endif
   for (int m = 0; m < M; ++m) {
     const float* src = x + static_cast<int64_t>(m) * K;
@@ -161,16 +161,7 @@ void quantize_rows_int8(const float* x, int M, int K, int group_size, bool split
     std::memset(dst, 0, Kpad);
     std::memset(lanes, 0, sizeof(float) * (Kpad / 8));
     std::memset(sums, 0, sizeof(float) * Gpad);
-#if defined(__x86_64__) || defined(_M_X64)
-    if (vector) {
-      quantize_blocks_int8_avx512(src, K, split, dst, lanes);
-    } else {
-      quantize_blocks_int8(src, K, split, dst, lanes);
-    }
-#else
-    (void)vector;
-    quantize_blocks_int8(src, K, split, dst, lanes);
-#endif
+    blocks(src, K, split, dst, lanes);
     group_sums(src, groups, group_size, sums);
   }
 }
