@@ -238,11 +238,11 @@ def test_column_blocks_are_refused_where_nothing_reads_them():
 def test_prompt_lookup_keeps_plain_decode_tokens_on_column_blocks():
     """Under kernel-int8, a verify forward's rows come out with the bits a decode step gives them (column blocks:
     no row-count-dependent order), so greedy output is the same with prompt lookup on and off."""
-    from mlxd_engine import Engine, LoadedModel
+    from mlxd_engine import Engine
     from mlxd_engine.loading.cpu_weights import apply_cpu_weight_rule
     from mlxd_scheduler.single_sequence import generate_plain, generate_with_prompt_lookup
 
-    from .tiny_llama import tiny_llama
+    from .tiny_llama import tiny_llama, tiny_llama_loaded
 
     model = tiny_llama(seed=11)
     mx.eval(model.parameters())
@@ -250,17 +250,7 @@ def test_prompt_lookup_keeps_plain_decode_tokens_on_column_blocks():
     form = apply_cpu_weight_rule(model, choice="kernel-int8")
     assert "column-block order" in form.detail
     assert model.model.embed_tokens.kernel_int8 == mlxd_qmatmul.INT8_COLUMNS  # the tied head, and the lookups
-    loaded = LoadedModel(
-        model=model,
-        tokenizer=None,
-        path="<tiny llama>",
-        model_type="llama",
-        n_layers=2,
-        vocab_size=300,
-        eos_token_ids=frozenset(),
-        context_length=4096,
-    )
-    engine = Engine(loaded, max_sequences=2)
+    engine = Engine(tiny_llama_loaded(model), max_sequences=2)
     prompt = [int(t) for t in np.random.default_rng(3).integers(1, 300, size=24)] * 4  # repeats: drafts to verify
     plain = generate_plain(engine, prompt, 48).tokens
     looked_up = generate_with_prompt_lookup(engine, prompt, 48)

@@ -15,7 +15,7 @@ import pytest
 
 import mlxd_qmatmul
 
-from .tiny_llama import tiny_llama
+from .tiny_llama import tiny_llama, tiny_llama_loaded
 
 pytestmark = pytest.mark.skipif(not mlxd_qmatmul.available(), reason=mlxd_qmatmul.unavailable_reason())
 
@@ -99,25 +99,14 @@ def test_above_the_budget_the_others_stay_quantized():
 def test_a_mixed_precision_model_decodes_as_its_dequantized_form():
     """Greedy through the engine (the decode step, batched rows, prompt lookup's verify forwards) with the
     kernel on the 4-bit layers equals the model with every layer dequantized to float32."""
-    from mlxd_engine import Engine, LoadedModel
-    from mlxd_engine.cache_layout import model_layers
+    from mlxd_engine import Engine
     from mlxd_engine.loading.cpu_weights import apply_cpu_weight_rule
     from mlxd_scheduler.single_sequence import generate_plain, generate_with_prompt_lookup
 
     def engine(choice):
         model = _mixed_model(seed=11)
         apply_cpu_weight_rule(model, choice=choice)
-        loaded = LoadedModel(
-            model=model,
-            tokenizer=None,
-            path="<mixed>",
-            model_type="llama",
-            n_layers=len(model_layers(model)),
-            vocab_size=300,
-            eos_token_ids=frozenset(),
-            context_length=4096,
-        )
-        return Engine(loaded, max_sequences=2)
+        return Engine(tiny_llama_loaded(model, "<mixed>"), max_sequences=2)
 
     prompt = [(7 * i + 3) % 300 for i in range(60)] * 2  # repeats: prompt lookup finds drafts
     kernel, dense = engine("kernel"), engine("dequantized")

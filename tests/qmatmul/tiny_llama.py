@@ -24,3 +24,21 @@ def tiny_llama(seed: int = 7, vocab_size: int = TINY_LLAMA["vocab_size"]):
 
     mx.random.seed(seed)
     return llama.Model(llama.ModelArgs.from_dict({**TINY_LLAMA, "vocab_size": vocab_size}))
+
+
+def tiny_llama_loaded(model, path: str = "<tiny llama>"):
+    """``model`` (a ``tiny_llama``, quantized or not) as the engine takes it: a ``LoadedModel`` without a
+    tokenizer or end-of-sequence tokens."""
+    from mlxd_engine import LoadedModel
+    from mlxd_engine.cache_layout import model_layers
+
+    return LoadedModel(
+        model=model,
+        tokenizer=None,
+        path=path,
+        model_type="llama",
+        n_layers=len(model_layers(model)),
+        vocab_size=model.args.vocab_size,
+        eos_token_ids=frozenset(),
+        context_length=4096,
+    )
