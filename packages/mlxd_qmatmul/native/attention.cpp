@@ -274,15 +274,21 @@ void run_attention_rows(const AttentionJob& job, int group, int r0, int r1) {
   for (int s0 = 0; s0 < most; s0 += kKeyBlock) {
     int64_t step = values.row_step;
     const float* block = direct ? nullptr : values.rows(s0, std::min(kKeyBlock, most - s0), &step);
-    for (int i = 0; i < rows; ++i) {
+    // rows side by side that weigh as many of the block's keys take it at once (each value row loaded once)
+    for (int i = 0; i < rows;) {
       const int count = std::min(kKeyBlock, visible[i] - s0);
-      if (count > 0 && direct) {
-        weighted_sum_add(scores.data() + static_cast<size_t>(i) * S + s0, values.half + s0 * step, step, count, Dv,
-                         accs.data() + static_cast<size_t>(i) * Dv);
-      } else if (count > 0) {
-        weighted_sum_add(scores.data() + static_cast<size_t>(i) * S + s0, block, step, count, Dv,
-                         accs.data() + static_cast<size_t>(i) * Dv);
+      int j = i + 1;
+      while (j < rows && std::min(kKeyBlock, visible[j] - s0) == count) ++j;
+      if (count > 0) {
+        const float* p = scores.data() + static_cast<size_t>(i) * S + s0;
+        float* acc = accs.data() + static_cast<size_t>(i) * Dv;
+        if (direct) {
+          weighted_sums_add(p, S, j - i, values.half + s0 * step, step, count, Dv, acc, Dv);
+        } else {
+          weighted_sums_add(p, S, j - i, block, step, count, Dv, acc, Dv);
+        }
       }
+      i = j;
     }
   }
   for (int i = 0; i < rows; ++i) {

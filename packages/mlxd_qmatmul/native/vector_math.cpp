@@ -78,6 +78,26 @@ void portable_weighted_sum_add(const float* p, const T* v, int64_t v_stride, int
   }
 }
 
+// Where the kernels' instruction set is AVX-512 (which has AVX2, FMA and F16C too): the many-row loops.
+bool use_avx512() {
+#if defined(__x86_64__) || defined(_M_X64)
+  static const bool avx512 = std::strcmp(select_isa().name, "avx512") == 0;
+  return avx512;
+#else
+  return false;
+#endif
+}
+
+template <typename T>
+void weighted_sums_add_of(const float* p, int64_t p_stride, int rows, const T* v, int64_t v_stride, int64_t S,
+                          int64_t n, float* acc, int64_t acc_stride) {
+#if defined(__x86_64__) || defined(_M_X64)
+  if (n % 16 == 0 && use_avx512()) return detail::weighted_sums_add_avx512(p, p_stride, rows, v, v_stride, S, n, acc,
+                                                                            acc_stride);
+#endif
+  for (int r = 0; r < rows; ++r) weighted_sum_add(p + r * p_stride, v, v_stride, S, n, acc + r * acc_stride);
+}
+
 bool use_f16c() {
 #if defined(__x86_64__) || defined(_M_X64)
   static const bool f16c = use_avx2() && __builtin_cpu_supports("f16c");
@@ -168,6 +188,16 @@ void weighted_sum_add(const float* p, const uint16_t* v, int64_t v_stride, int64
   if (use_f16c()) return detail::weighted_sum_add_half_avx2(p, v, v_stride, S, n, acc);
 #endif
   portable_weighted_sum_add(p, v, v_stride, S, n, acc);
+}
+
+void weighted_sums_add(const float* p, int64_t p_stride, int rows, const float* v, int64_t v_stride, int64_t S,
+                       int64_t n, float* acc, int64_t acc_stride) {
+  weighted_sums_add_of(p, p_stride, rows, v, v_stride, S, n, acc, acc_stride);
+}
+
+void weighted_sums_add(const float* p, int64_t p_stride, int rows, const uint16_t* v, int64_t v_stride, int64_t S,
+                       int64_t n, float* acc, int64_t acc_stride) {
+  weighted_sums_add_of(p, p_stride, rows, v, v_stride, S, n, acc, acc_stride);
 }
 
 }  // namespace mlxd_qmm

@@ -27,6 +27,14 @@ void weighted_sum(const float* p, const float* v, int64_t v_stride, int64_t S, i
 // what the pieces before left in acc (starting from zeros), give weighted_sum's result to the bit.
 void weighted_sum_add(const float* p, const float* v, int64_t v_stride, int64_t S, int64_t n, float* acc);
 
+// weighted_sum_add for `rows` rows of weights (row r's at p + r * p_stride, its sums at acc + r * acc_stride) over
+// the same values: each row's result to the bit what weighted_sum_add gives it alone (where AVX-512 is there and n
+// is a multiple of 16, each value row is loaded once for several query rows).
+void weighted_sums_add(const float* p, int64_t p_stride, int rows, const float* v, int64_t v_stride, int64_t S,
+                       int64_t n, float* acc, int64_t acc_stride);
+void weighted_sums_add(const float* p, int64_t p_stride, int rows, const uint16_t* v, int64_t v_stride, int64_t S,
+                       int64_t n, float* acc, int64_t acc_stride);
+
 // dst[r * n + d] = the half src[r * src_stride + d] as a float, for r < rows and d < n: rows of float16 keys
 // or values widened (exactly) for the loops above.
 void widen_halves(const uint16_t* src, int64_t src_stride, int64_t rows, int64_t n, float* dst);
@@ -49,6 +57,10 @@ void narrow_to_halves_f16c(const float* src, int64_t n, uint16_t* dst);  // n a 
 void dots_avx2(const float* q, const float* k, int64_t k_stride, int64_t S, int64_t n, float* out);
 void weighted_sum_add_avx2(const float* p, const float* v, int64_t v_stride, int64_t S, int64_t n, float* acc);
 float exp_shifted_sum_avx2(float* x, int64_t n, float shift);
+void weighted_sums_add_avx512(const float* p, int64_t p_stride, int rows, const float* v, int64_t v_stride, int64_t S,
+                              int64_t n, float* acc, int64_t acc_stride);
+void weighted_sums_add_avx512(const float* p, int64_t p_stride, int rows, const uint16_t* v, int64_t v_stride,
+                              int64_t S, int64_t n, float* acc, int64_t acc_stride);
 void swiglu_rows_avx2(const float* gate, const float* up, float* out, int64_t n);
 }  // namespace detail
 
