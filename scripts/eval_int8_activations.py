@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -128,15 +129,17 @@ def main() -> None:
 
     facts = machine_facts()
     n = len(prompts())
+    block = os.environ.get(mlxd_qmatmul.INT8_BLOCK_ENV)
+    asked_block = f"{mlxd_qmatmul.INT8_BLOCK_ENV}={block} " if block else ""
     lines = [
         f"# int8 activations on {Path(args.model).name}: what they change",
         "",
-        f"Command: `.venv/bin/python {command_line()}`",
+        f"Command: `{asked_block}.venv/bin/python {command_line()}`",
         "",
         f"Machine: {facts['cpu']}, {facts['cores']} cores; MLX {facts['mlx']}; kernel {mlxd_qmatmul.kernel_isa()}.",
         "",
         "`kernel` is the float kernel (greedy output equal to the float32 path); `kernel-int8` rounds each "
-        f"product's input rows to int8 in blocks of {mlxd_qmatmul.INT8_BLOCK} (llama.cpp's Q8 activations use 32) "
+        f"product's input rows to int8 in blocks of {mlxd_qmatmul.int8_block()} (llama.cpp's Q8 activations use 32) "
         "and runs VNNI integer dot products, for the 4-bit layers and the 8-bit tied head alike. Opt-in: "
         "`MLXD_CPU_WEIGHTS=kernel-int8`. Blocks of 32 cost more: an earlier build with them (and the 8-bit head "
         "left on the float kernel) gave perplexity +1.76% on this text and top-1 agreement 92.3%.",

@@ -27,8 +27,9 @@ Contract:
   in place when nothing else holds the buffer (a KV cache's update for rows at different positions: MLX's
   scatter builds a dozen index ops around each one).
 - ``quantized_matmul(..., int8_activations=True)``: the opt-in int8-activation variant (4 and 8 bits,
-  AVX-512 VNNI; ``int8_available()``), not within float32 rounding: its greedy agreement and perplexity are in
-  docs/benchmark_results/qmatmul_int8.md.
+  AVX-512 VNNI; ``int8_available()``), not within float32 rounding: x in blocks of 8 (``MLXD_INT8_BLOCK=16`` or
+  ``32`` for coarser ones, ``int8_block()``); their greedy agreement and perplexity are in
+  docs/benchmark_results/qmatmul_int8.md and qmatmul_int8_block32.md.
 - ``interleave_columns(w, scales, biases, sizes)``: 4- or 8-bit weights put in column-block order, which the int8
   kernel reads 16 output columns at a time (``quantized_matmul(..., int8_activations=True, column_blocks=True)``;
   ``dequantized_rows(..., column_blocks=True)`` looks rows up in it): the same arrays' shapes, dtypes and bytes,
@@ -61,7 +62,10 @@ GROUP_SIZES = (32, 64, 128)
 # llama.cpp's K-quants with 16-weight sub-blocks (Q6_K, Q3_K, Q2_K) read from a GGUF file
 # (mlxd_engine.loading.group16).
 SMALL_GROUP = 16
-INT8_BLOCK = 8  # elements of x sharing one scale on the int8-activation kernel (kInt8Block in native/kernel.h)
+# Elements of x sharing one scale on the int8-activation kernel: 8, or what MLXD_INT8_BLOCK asks of INT8_BLOCKS
+# (read once by the extension: int8_block())
+INT8_BLOCK_ENV = "MLXD_INT8_BLOCK"
+INT8_BLOCKS = (8, 16, 32)
 # How a product meets its weights (Int8Mode in native/kernel.h): float32 x; x rounded to int8 against weights in
 # MLX's order; x rounded to int8 against 4-bit weights in column-block order (interleave_columns)
 INT8_OFF, INT8_ROWS, INT8_COLUMNS = 0, 1, 2
@@ -108,6 +112,25 @@ def supports(bits: int, group_size: int, mode: str = "affine") -> bool:
     return mode == "affine" and bits in BITS and (group_size in GROUP_SIZES or (group_size, bits) == (SMALL_GROUP, 8))
 
 
+def asked_int8_block() -> int:
+    """The block MLXD_INT8_BLOCK asks for (8 when unset); a ValueError naming the variable for another value."""
+    import os
+
+    wanted = os.environ.get(INT8_BLOCK_ENV, "").strip()
+    if not wanted:
+        return INT8_BLOCKS[0]
+    if wanted not in {str(block) for block in INT8_BLOCKS}:
+        raise ValueError(f"{INT8_BLOCK_ENV}={wanted!r}: the int8 kernel rounds x in blocks of 8, 16 or 32 elements")
+    return int(wanted)
+
+
+def int8_block() -> int:
+    """Elements of x that share one int8 scale on the int8-activation kernel in this process: 8, or 16 or 32 where
+    MLXD_INT8_BLOCK asks (llama.cpp's Q8 activations use 32: fewer conversions and scalings a row in the column
+    tiles, a coarser rounding of x)."""
+    return _ext.int8_block() if _ext is not None else asked_int8_block()
+
+
 def int8_mode(int8_activations: bool, column_blocks: bool = False) -> int:
     """The ``INT8_*`` mode of a product asked for with these flags (column blocks only with int8)."""
     if column_blocks and not int8_activations:
@@ -125,7 +148,7 @@ def quantized_matmul(
     x, w, scales, biases, group_size: int, bits: int, int8_activations: bool = False, column_blocks: bool = False
 ):
     """With ``int8_activations`` (where ``int8_available(bits)``), x is rounded to int8 in blocks of
-    ``INT8_BLOCK`` elements (one float scale each, as llama.cpp's Q8 activations, in smaller blocks) and
+    ``int8_block()`` elements (one float scale each, as llama.cpp's Q8 activations, in blocks of 32) and
     multiplied with the weights' codes as integers: faster than the float kernel, results near the float
     product instead of within float32 rounding. Elsewhere the flag is ignored and the float kernel runs.
     ``column_blocks``: ``w``, ``scales`` and ``biases`` come from ``interleave_columns`` (int8 only, groups of 32

@@ -1,6 +1,6 @@
 """The opt-in int8-activation kernel (4- and 8-bit weights, AVX-512 VNNI) against an exact model of its arithmetic.
 
-The kernel rounds x to int8 in blocks of ``INT8_BLOCK`` (scale = block max / 127), multiplies with the weights'
+The kernel rounds x to int8 in blocks of ``int8_block()`` (scale = block max / 127), multiplies with the weights'
 codes as integers, scales each partial sum by its weight group's scale times its x block's scale, and adds
 each group's bias times the exact float sum of x over the group. The reference below does the same in
 float64 from the same int8 values, so the only difference allowed is float32 rounding.
@@ -27,7 +27,7 @@ needs_int8 = pytest.mark.skipif(
 )
 
 
-BLOCK = mlxd_qmatmul.INT8_BLOCK
+BLOCK = mlxd_qmatmul.int8_block()
 
 
 def _unpack(wq: np.ndarray, K: int, bits: int) -> np.ndarray:
@@ -289,3 +289,43 @@ def test_mlxd_cpu_weights_flag_chooses_int8_over_the_environment(tmp_path, monke
 
     refused = CliRunner().invoke(cli, ["--cpu-weights", "int4"])
     assert refused.exit_code != 0 and "--cpu-weights" in refused.output
+
+
+@needs_int8
+@pytest.mark.integration  # starts a process
+@pytest.mark.skipif(os.environ.get(mlxd_qmatmul.INT8_BLOCK_ENV) is not None, reason="already the block asked for")
+@pytest.mark.parametrize("block", [16, 32])
+def test_coarser_x_blocks_keep_the_arithmetic_and_each_rows_bits(block):
+    """MLXD_INT8_BLOCK=16 or 32 (read once by the extension, so in a process of its own): this file's exact model of
+    the arithmetic at that block, each row's bits at any row count, and prompt lookup's tokens equal to plain
+    decode's, all hold there too."""
+    tests = (
+        "test_int8_kernel_is_its_exact_arithmetic_over_shapes_and_rows or "
+        "test_column_blocks_are_the_same_arithmetic_and_each_row_the_same_bits_at_any_row_count or "
+        "test_prompt_lookup_keeps_plain_decode_tokens_on_column_blocks or test_the_block_is_the_one_asked_for"
+    )
+    env = {**os.environ, mlxd_qmatmul.INT8_BLOCK_ENV: str(block)}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-k", tests],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout and "skipped" not in done.stdout, done.stdout[-500:]
+
+
+@needs_int8
+def test_the_block_is_the_one_asked_for(monkeypatch):
+    """The extension's block is the environment's (8 unset); a block the kernel has not is refused at load with a
+    message that names the variable."""
+    from mlxd_engine.loading.cpu_weights import apply_cpu_weight_rule
+
+    from .tiny_llama import tiny_llama
+
+    assert mlxd_qmatmul.int8_block() == int(os.environ.get(mlxd_qmatmul.INT8_BLOCK_ENV, "8"))
+    monkeypatch.setenv(mlxd_qmatmul.INT8_BLOCK_ENV, "24")
+    model = tiny_llama(seed=2)
+    nn.quantize(model, group_size=32, bits=4)
+    with pytest.raises(ValueError, match="MLXD_INT8_BLOCK='24'"):
+        apply_cpu_weight_rule(model, choice="kernel-int8")

@@ -269,6 +269,8 @@ def _try_kernel(
     _set_scales(capable, stored_scales)
     mx.eval(model.parameters())
     int8 = choice == "kernel-int8"
+    if int8:
+        mlxd_qmatmul.asked_int8_block()  # a ValueError naming MLXD_INT8_BLOCK where it asks for no block the kernel has
     if int8 and not mlxd_qmatmul.int8_available(capable[0].bits):
         log.info("%s=kernel-int8: this CPU has no int8-activation kernel (AVX-512 VNNI); the float kernel runs", ENV)
     timing = measure(capable, int8_activations=int8)

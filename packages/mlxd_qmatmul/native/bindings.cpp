@@ -126,6 +126,8 @@ NB_MODULE(_ext, m) {
   m.def("int8_available", &mlxd_qmm::int8_available, "bits"_a,
         "Whether products of this many bits run on the int8-activation kernel when asked.");
   m.def("kernel_isa", &mlxd_qmm::kernel_isa, "The instruction set the kernels use on this CPU.");
+  m.def("int8_block", &mlxd_qmm::int8_block,
+        "Elements of x that share one scale on the int8-activation kernel (8; MLXD_INT8_BLOCK=16 or 32 asks for more).");
   m.def("amx_available", &mlxd_qmm::amx_available,
         "Whether products of several rows run on the AMX kernel here (CPU, OS grant, MLXD_QMM_AMX).");
   m.def("kernel_threads", &mlxd_qmm::kernel_threads, "rows"_a,

@@ -117,20 +117,20 @@ KernelFn amx_kernel() {
 
 namespace {
 
-// One row's blocks of kInt8Block elements, each rounded to int8 against its largest magnitude (the reference
-// form of quantize_blocks_int8_avx512).
-void quantize_blocks_int8(const float* src, int K, bool split, int8_t* dst, float* lanes) {
+// One row's blocks of `block` elements, each rounded to int8 against its largest magnitude (the reference form of
+// quantize_blocks_int8_avx512).
+void quantize_blocks_int8(const float* src, int K, int block, bool split, int8_t* dst, float* lanes) {
   const int row_lanes = int8_padded_k(K) / 8;
-  for (int b = 0; b < K; b += kInt8Block) {
+  for (int b = 0; b < K; b += block) {
     float amax = 0.0f;
-    for (int i = b; i < b + kInt8Block && i < K; ++i) amax = std::max(amax, std::fabs(src[i]));
+    for (int i = b; i < b + block && i < K; ++i) amax = std::max(amax, std::fabs(src[i]));
     const float scale = amax / 127.0f;
     const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
-    for (int i = b; i < b + kInt8Block && i < K; ++i) {
+    for (int i = b; i < b + block && i < K; ++i) {
       const int chunk = i / 128 * 128, j = i - chunk;
       dst[split ? chunk + (j & 1) * 64 + j / 2 : i] = static_cast<int8_t>(std::lrintf(src[i] * inverse));
     }
-    for (int lane = b / 8; lane < (b + kInt8Block) / 8 && lane < row_lanes; ++lane) lanes[lane] = scale;
+    for (int lane = b / 8; lane < (b + block) / 8 && lane < row_lanes; ++lane) lanes[lane] = scale;
   }
 }
 
@@ -144,14 +144,24 @@ void group_sums(const float* src, int groups, int group_size, float* sums) {
 
 }  // namespace
 
-void quantize_rows_int8(const float* x, int M, int K, int group_size, bool split, int8_t* q, float* lane_scales,
-                        float* group_sums_out) {
+int int8_block() {
+  static const int block = [] {
+    const char* wanted = std::getenv("MLXD_INT8_BLOCK");
+    if (wanted == nullptr) return 8;
+    const int asked = std::atoi(wanted);
+    return asked == 16 || asked == 32 ? asked : 8;  // what the Python side refuses with a message falls back here
+  }();
+  return block;
+}
+
+void quantize_rows_int8(const float* x, int M, int K, int group_size, int block, bool split, int8_t* q,
+                        float* lane_scales, float* group_sums_out) {
   const int Kpad = int8_padded_k(K);
   const int groups = K / group_size;
   const int Gpad = int8_padded_groups(groups);
-  void (*blocks)(const float*, int, bool, int8_t*, float*) = quantize_blocks_int8;
+  void (*blocks)(const float*, int, int, bool, int8_t*, float*) = quantize_blocks_int8;
 #if defined(__x86_64__) || defined(_M_X64)
-  if (kInt8Block == 8 && K % 8 == 0 && int8_kernel() != nullptr) blocks = quantize_blocks_int8_avx512;
+  if (K % 8 == 0 && int8_kernel() != nullptr) blocks = quantize_blocks_int8_avx512;
 #endif
   for (int m = 0; m < M; ++m) {
     const float* src = x + static_cast<int64_t>(m) * K;
@@ -161,7 +171,7 @@ void quantize_rows_int8(const float* x, int M, int K, int group_size, bool split
     std::memset(dst, 0, Kpad);
     std::memset(lanes, 0, sizeof(float) * (Kpad / 8));
     std::memset(sums, 0, sizeof(float) * Gpad);
-    blocks(src, K, split, dst, lanes);
+    blocks(src, K, block, split, dst, lanes);
     group_sums(src, groups, group_size, sums);
   }
 }

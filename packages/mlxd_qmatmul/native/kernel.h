@@ -20,12 +20,12 @@ enum ScaleType { kScaleFloat32 = 0, kScaleFloat16 = 1, kScaleBFloat16 = 2 };
 // x quantized to int8 for the int8-activation kernels: each row holds Kpad = K rounded up to 128 elements;
 // for 4-bit weights each chunk of 128 holds its 64 even elements, then its 64 odd ones (the order of a
 // chunk's 64 bytes' low and high nibbles), for 8-bit weights the elements are in order. Each block of
-// kInt8Block elements has one scale, x ~ scale * q. The weights' biases multiply exact float sums of x over
+// int8_block() elements has one scale, x ~ scale * q. The weights' biases multiply exact float sums of x over
 // each weight group.
-#ifndef MLXD_INT8_BLOCK
-#define MLXD_INT8_BLOCK 8
-#endif
-constexpr int kInt8Block = MLXD_INT8_BLOCK;  // elements of x that share one int8 scale (a multiple of 8)
+// Elements of x that share one int8 scale (a multiple of 8 that divides every group size): 8, or 16 or 32 where
+// MLXD_INT8_BLOCK asks (read once; llama.cpp's Q8 activations use 32). Larger blocks leave the column tiles fewer
+// conversions and scalings a row, for a coarser rounding of x.
+int int8_block();
 
 // The padded sizes of Int8Rows for K elements and `groups` weight groups a row.
 inline int int8_padded_k(int K) { return (K + 127) / 128 * 128; }
@@ -42,6 +42,7 @@ struct Int8Rows {
   const float* lane_scales;  // [M, Kpad / 8]: the block scale of each 8 elements (one int32 lane's worth)
   const float* group_sums;  // [M, Gpad]: sum of x over each weight group, Gpad = groups rounded up to 16
   int Kpad, Gpad;
+  int block = 8;  // int8_block() when x was rounded: elements of x that share one scale
 };
 
 // x prepared for the AMX kernel (amx_prepare): per row tile (up to 16 x rows) and chunk of 32 elements, three
@@ -148,9 +149,9 @@ int lanes_portable();
 void kernel_avx2(const Problem& p, int n0, int n1);
 void kernel_avx512(const Problem& p, int n0, int n1);
 void kernel_vnni_int8(const Problem& p, int n0, int n1);
-// quantize_rows_int8's blocks of one row, 8 elements a vector (the same bytes and scales as its scalar loop;
-// K a multiple of 8; the caller zeroes the padding). Where the int8 kernel runs (AVX-512 VNNI).
-void quantize_blocks_int8_avx512(const float* src, int K, bool split, int8_t* dst, float* lane_scales);
+// quantize_rows_int8's blocks (of `block` elements) of one row, 8 elements a vector (the same bytes and scales as
+// its scalar loop; K a multiple of 8; the caller zeroes the padding). Where the int8 kernel runs (AVX-512 VNNI).
+void quantize_blocks_int8_avx512(const float* src, int K, int block, bool split, int8_t* dst, float* lane_scales);
 #endif
 
 // The AMX kernel (whole tiles of 16 columns; the rest through kernel_avx512) and its preparation of x,
@@ -168,10 +169,10 @@ constexpr int amx_min_rows(int bits) { return bits == 8 ? 8 : 6; }
 // else null.
 KernelFn int8_kernel();
 
-// Quantizes x [M, K] (dense float32) into the buffers of `rows` (sized as Int8Rows says); `split`: the
-// 4-bit order.
-void quantize_rows_int8(const float* x, int M, int K, int group_size, bool split, int8_t* q, float* lane_scales,
-                        float* group_sums);
+// Quantizes x [M, K] (dense float32) into the buffers of `rows` (sized as Int8Rows says), in blocks of `block`
+// elements (int8_block()); `split`: the 4-bit order.
+void quantize_rows_int8(const float* x, int M, int K, int group_size, int block, bool split, int8_t* q,
+                        float* lane_scales, float* group_sums);
 
 // The best kernel the running CPU supports (or the one MLXD_QMM_ISA names, when the CPU has it).
 const Isa& select_isa();

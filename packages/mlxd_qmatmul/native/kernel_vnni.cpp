@@ -1,4 +1,4 @@
-// The int8-activation kernels for 4-bit and 8-bit weights: x quantized to int8 (one scale per kInt8Block
+// The int8-activation kernels for 4-bit and 8-bit weights: x quantized to int8 (one scale per int8_block()
 // elements), the weights' codes multiplied with it as unsigned x signed bytes by AVX-512 VNNI (vpdpbusd sums
 // four products into each int32 lane), each lane then scaled by its weight group's scale times its x block's
 // scale. This file alone is compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mfma -mf16c.
@@ -185,13 +185,15 @@ inline void tile4(const Problem& p, int m0, int n0) {
 // (docs/benchmark_results/code_notes.md#int8-columns). Every row's arithmetic is the same whatever the tile's row
 // count, so a product's rows come out with the same bits however many rows it has (a verify forward's rows as a
 // decode step's).
-template <int R, int GS, int BITS>
+template <int R, int GS, int BITS, int SHARED>
 inline void column_tile(const Problem& p, int m0, int n0, int count) {
   const Int8Rows& x = *p.int8;
   const int K = p.K;
   const int groups = K / GS;
   constexpr int BLOCKS = GS / 8;  // x blocks a weight group
   constexpr int WORDS = BITS == 4 ? 1 : 2;  // packed words of one column an x block takes
+  // SHARED: x blocks of 8 that share one scale (within a group): their integer sums add up first
+  static_assert(BLOCKS % SHARED == 0, "an x scale's blocks never straddle a weight group");
   const auto* words = reinterpret_cast<const int32_t*>(p.w + static_cast<int64_t>(n0) * (K * BITS / 8));  // [K*BITS/32][count]
   const int64_t first_group = static_cast<int64_t>(n0) * groups;  // the block's [groups][count] scales from here
   const __mmask16 present = count >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << count) - 1);
@@ -213,10 +215,16 @@ inline void column_tile(const Problem& p, int m0, int n0, int count) {
         reinterpret_cast<const char*>(words + static_cast<int64_t>(g) * BLOCKS * WORDS * count) + kPrefetchBytes;
     for (int line = 0; line < BLOCKS * WORDS; ++line) __builtin_prefetch(ahead + 64 * line);
     prefetch_scales(p, first_group + static_cast<int64_t>(g + kPrefetchBytes / (64 * BLOCKS * WORDS)) * count);
+    const __m512 scale = load_values(p.scale_type, p.scales, first_group + static_cast<int64_t>(g) * count, count);
+    const __m512 bias = load_values(p.scale_type, p.biases, first_group + static_cast<int64_t>(g) * count, count);
     __m512 group_acc[R];
+    __m512i sum[R];
     for (int r = 0; r < R; ++r) group_acc[r] = _mm512_setzero_ps();
     for (int j = 0; j < BLOCKS; ++j) {
       const int block = g * BLOCKS + j;
+      if (j % SHARED == 0) {
+        for (int r = 0; r < R; ++r) sum[r] = _mm512_setzero_si512();
+      }
       __m512i first, second;  // what the block's first and second 4 elements of x multiply
       int at_first, at_second;  // where those elements sit in x's int8 row
       if constexpr (BITS == 4) {
@@ -236,15 +244,22 @@ inline void column_tile(const Problem& p, int m0, int n0, int count) {
         int32_t e, o;
         std::memcpy(&e, xq[r] + at_first, 4);
         std::memcpy(&o, xq[r] + at_second, 4);
-        __m512i sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), first, _mm512_set1_epi32(e));
-        sum = _mm512_dpbusd_epi32(sum, second, _mm512_set1_epi32(o));
-        group_acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(lane_scales[r][block]), group_acc[r]);
+        sum[r] = _mm512_dpbusd_epi32(sum[r], first, _mm512_set1_epi32(e));
+        sum[r] = _mm512_dpbusd_epi32(sum[r], second, _mm512_set1_epi32(o));
+      }
+      if (j % SHARED == SHARED - 1) {
+        for (int r = 0; r < R; ++r) {
+          const __m512 x_scale = _mm512_set1_ps(lane_scales[r][block]);
+          if constexpr (SHARED == 1) {  // each x block's sum by its scale, the group's total by the weights'
+            group_acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[r]), x_scale, group_acc[r]);
+          } else {  // blocks sharing an x scale summed in integers, then scaled by both scales at once
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[r]), _mm512_mul_ps(x_scale, scale), acc[r]);
+          }
+        }
       }
     }
-    const __m512 scale = load_values(p.scale_type, p.scales, first_group + static_cast<int64_t>(g) * count, count);
-    const __m512 bias = load_values(p.scale_type, p.biases, first_group + static_cast<int64_t>(g) * count, count);
     for (int r = 0; r < R; ++r) {
-      acc[r] = _mm512_fmadd_ps(group_acc[r], scale, acc[r]);
+      if constexpr (SHARED == 1) acc[r] = _mm512_fmadd_ps(group_acc[r], scale, acc[r]);
       acc[r] = _mm512_fmadd_ps(bias, _mm512_set1_ps(sums[r][g]), acc[r]);
     }
   }
@@ -252,29 +267,41 @@ inline void column_tile(const Problem& p, int m0, int n0, int count) {
 }
 
 // column_tile for a row count known only at run time (1 to R).
-template <int R, int GS, int BITS>
+template <int R, int GS, int BITS, int SHARED>
 inline void some_column_rows(int rows, const Problem& p, int m0, int n0, int count) {
   if constexpr (R > 1) {
     if (rows < R) {
-      some_column_rows<R - 1, GS, BITS>(rows, p, m0, n0, count);
+      some_column_rows<R - 1, GS, BITS, SHARED>(rows, p, m0, n0, count);
       return;
     }
   }
-  column_tile<R, GS, BITS>(p, m0, n0, count);
+  column_tile<R, GS, BITS, SHARED>(p, m0, n0, count);
 }
 
 // The most rows a column tile holds: two accumulators a row beside a block's two weight vectors and its group's
-// scales and biases, in AVX-512's 32 registers.
+// scales and biases, in AVX-512's 32 registers (x blocks that share a scale keep an integer sum a row in place of
+// a group accumulator).
 constexpr int kColumnTileRows = 10;
 
 // Columns [n0, n1) of a problem in column-block order: n0 is a block's first column (tasks come in whole blocks).
-template <int GS, int BITS>
+template <int GS, int BITS, int SHARED>
 inline void column_blocks(const Problem& p, int n0, int n1) {
   for (int nb = n0; nb < n1; nb += 16) {
     const int count = p.N - nb < 16 ? p.N - nb : 16;  // a part's last block may hold fewer
     int m = 0;
-    for (; m + kColumnTileRows <= p.M; m += kColumnTileRows) column_tile<kColumnTileRows, GS, BITS>(p, m, nb, count);
-    if (m < p.M) some_column_rows<kColumnTileRows - 1, GS, BITS>(p.M - m, p, m, nb, count);
+    for (; m + kColumnTileRows <= p.M; m += kColumnTileRows)
+      column_tile<kColumnTileRows, GS, BITS, SHARED>(p, m, nb, count);
+    if (m < p.M) some_column_rows<kColumnTileRows - 1, GS, BITS, SHARED>(p.M - m, p, m, nb, count);
+  }
+}
+
+// column_blocks for x rounded in blocks of x.block elements (8, 16 or 32; a group holds at least 32).
+template <int GS, int BITS>
+inline void column_blocks(const Problem& p, int n0, int n1) {
+  switch (p.int8->block) {
+    case 32: return column_blocks<GS, BITS, 4>(p, n0, n1);
+    case 16: return column_blocks<GS, BITS, 2>(p, n0, n1);
+    default: return column_blocks<GS, BITS, 1>(p, n0, n1);
   }
 }
 
@@ -328,31 +355,34 @@ void kernel_vnni_int8(const Problem& p, int n0, int n1) {
   }
 }
 
-void quantize_blocks_int8_avx512(const float* src, int K, bool split, int8_t* dst, float* lane_scales) {
-  // one block of x a 256-bit vector: called only where kInt8Block is 8 (quantize_rows_int8 checks)
+void quantize_blocks_int8_avx512(const float* src, int K, int block, bool split, int8_t* dst, float* lane_scales) {
+  // eight elements of x a 256-bit vector, `block` of them sharing one scale (K a multiple of 8)
   const __m256 sign = _mm256_set1_ps(-0.0f);
   const __m256i evens_then_odds = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
-  for (int b = 0; b < K; b += 8) {
-    const __m256 v = _mm256_loadu_ps(src + b);
+  for (int b0 = 0; b0 < K; b0 += block) {
+    const int b1 = b0 + block < K ? b0 + block : K;
     // the block's largest magnitude in every lane (max is exact, so any order gives the scalar loop's value)
-    __m256 m = _mm256_andnot_ps(sign, v);
+    __m256 m = _mm256_andnot_ps(sign, _mm256_loadu_ps(src + b0));
+    for (int b = b0 + 8; b < b1; b += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(src + b)));
     m = _mm256_max_ps(m, _mm256_permute2f128_ps(m, m, 1));
     m = _mm256_max_ps(m, _mm256_shuffle_ps(m, m, _MM_SHUFFLE(1, 0, 3, 2)));
     m = _mm256_max_ps(m, _mm256_shuffle_ps(m, m, _MM_SHUFFLE(2, 3, 0, 1)));
     const float amax = _mm256_cvtss_f32(m);
-    const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
-    // rounded to nearest even (the default rounding mode, as lrintf), then truncated to bytes (as the cast)
-    const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(v, _mm256_set1_ps(inverse)));
-    const __m128i bytes = _mm256_cvtepi32_epi8(split ? _mm256_permutevar8x32_epi32(q, evens_then_odds) : q);
-    if (split) {
-      const int chunk = b / 128 * 128, j = b - chunk;
-      const int evens = _mm_cvtsi128_si32(bytes), odds = _mm_extract_epi32(bytes, 1);
-      std::memcpy(dst + chunk + j / 2, &evens, 4);
-      std::memcpy(dst + chunk + 64 + j / 2, &odds, 4);
-    } else {
-      _mm_storel_epi64(reinterpret_cast<__m128i*>(dst + b), bytes);
+    const __m256 inverse = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+    for (int b = b0; b < b1; b += 8) {
+      // rounded to nearest even (the default rounding mode, as lrintf), then truncated to bytes (as the cast)
+      const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(src + b), inverse));
+      const __m128i bytes = _mm256_cvtepi32_epi8(split ? _mm256_permutevar8x32_epi32(q, evens_then_odds) : q);
+      if (split) {
+        const int chunk = b / 128 * 128, j = b - chunk;
+        const int evens = _mm_cvtsi128_si32(bytes), odds = _mm_extract_epi32(bytes, 1);
+        std::memcpy(dst + chunk + j / 2, &evens, 4);
+        std::memcpy(dst + chunk + 64 + j / 2, &odds, 4);
+      } else {
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(dst + b), bytes);
+      }
+      lane_scales[b / 8] = amax / 127.0f;
     }
-    lane_scales[b / 8] = amax / 127.0f;
   }
 }
 }  // namespace mlxd_qmm

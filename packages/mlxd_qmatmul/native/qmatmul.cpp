@@ -68,8 +68,9 @@ void run_int8(std::vector<Problem> problems) {
   auto* q = reinterpret_cast<int8_t*>(q_buffer.reserve(M * Kpad / 4));
   float* lanes = lane_buffer.reserve(M * Kpad / 8);
   float* sums = sum_buffer.reserve(M * Gpad);
-  quantize_rows_int8(first.x, first.M, first.K, first.group_size, first.bits == 4, q, lanes, sums);
-  const Int8Rows rows{q, lanes, sums, Kpad, Gpad};
+  const int block = int8_block();
+  quantize_rows_int8(first.x, first.M, first.K, first.group_size, block, first.bits == 4, q, lanes, sums);
+  const Int8Rows rows{q, lanes, sums, Kpad, Gpad, block};
   for (Problem& problem : problems) problem.int8 = &rows;
   const Isa isa{"avx512vnni", 16, int8_kernel()};
   run_problems(problems, isa);

@@ -15,7 +15,7 @@ namespace mlxd_qmm {
 // Raises std::invalid_argument for a layout the kernels do not take (bits other than 4 and 8, a group
 // size other than 32, 64 or 128, shapes that do not match).
 // With int8_activations, products run on the int8-activation kernel where the CPU has it (x rounded to
-// int8 in blocks of kInt8Block elements: results near the float product, not within float32 rounding);
+// int8 in blocks of int8_block() elements: results near the float product, not within float32 rounding);
 // elsewhere the float kernel runs.
 mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
                            const mx::array& biases, int group_size, int bits, int int8_activations = kInt8Off,
