@@ -181,7 +181,11 @@ class KernelTiming:
         def row(d):
             return ", ".join(f"{r} rows {ms:.3f}" for r, ms in sorted(d.items()))
 
-        kernel = "kernel (int8 activations)" if self.int8_activations else "kernel"
+        kernel = (
+            f"kernel (int8 activations, x in blocks of {mlxd_qmatmul.int8_block()})"
+            if self.int8_activations
+            else "kernel"
+        )
         return (
             f"{self.shape[0]}x{self.shape[1]} layer, ms: {kernel} {row(self.kernel_ms)}; float32 "
             f"{row(self.float32_ms)}; dequantize+BLAS {row(self.dequantize_ms)}; {self.rows_rule}"
