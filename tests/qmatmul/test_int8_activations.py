@@ -290,6 +290,12 @@ def test_mlxd_cpu_weights_flag_chooses_int8_over_the_environment(tmp_path, monke
     refused = CliRunner().invoke(cli, ["--cpu-weights", "int4"])
     assert refused.exit_code != 0 and "--cpu-weights" in refused.output
 
+    from mlxd_engine import ModelLoadError
+
+    monkeypatch.setenv(mlxd_qmatmul.INT8_BLOCK_ENV, "12")  # a block the kernel has not: refused at load, by name
+    with pytest.raises(ModelLoadError, match="MLXD_INT8_BLOCK='12'"):
+        load_for_serving(DaemonOptions(model=str(tmp_path), cpu_weights="kernel-int8"))
+
 
 @needs_int8
 @pytest.mark.integration  # starts a process

@@ -140,9 +140,12 @@ def load(
     model_type = str(config_value(config, args, "model_type") or getattr(module, "model_type", "unknown"))
     if distributed is not None:
         check_shardable(module, distributed[0], distributed[1].size(), model_type, config)  # before heavy work
-    weights = apply_cpu_weight_rule(  # before sharding: mlx's own layers (a shard of column-block order is none)
-        module, cpu_weight_budget, choice=cpu_weights, group16=group16, column_blocks=distributed is None
-    )
+    try:
+        weights = apply_cpu_weight_rule(  # before sharding: mlx's own layers (a shard of column-block order is none)
+            module, cpu_weight_budget, choice=cpu_weights, group16=group16, column_blocks=distributed is None
+        )
+    except ValueError as error:  # a weight form asked for that this machine or model cannot give: the user's to fix
+        raise ModelLoadError(str(error)) from error
     if distributed is not None or group16 is not None:
         import mlx.core as mx
 
