@@ -104,16 +104,14 @@ int visible_by_mask(const bool* row, int64_t stride, int visible) {
 // `step` apart; neither: no mask), then exp(score - max). Returns their sum.
 float masked_softmax_numerators(float* scores, int visible, const bool* bool_row, const float* float_row,
                                 int64_t step) {
-  float top = std::numeric_limits<float>::lowest();
-  for (int s = 0; s < visible; ++s) {
-    if (bool_row != nullptr) {
+  if (bool_row != nullptr) {
+    for (int s = 0; s < visible; ++s) {
       if (!bool_row[s * step]) scores[s] = std::numeric_limits<float>::lowest();
-    } else if (float_row != nullptr) {
-      scores[s] += float_row[s * step];
     }
-    top = std::max(top, scores[s]);
+  } else if (float_row != nullptr) {
+    for (int s = 0; s < visible; ++s) scores[s] += float_row[s * step];
   }
-  return exp_shifted_sum(scores, visible, top);
+  return exp_shifted_sum(scores, visible, largest(scores, visible));
 }
 
 // One (batch, key head)'s keys or values as the loops read them: float32 rows where they are, or float16 rows

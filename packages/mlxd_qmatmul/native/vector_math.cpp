@@ -133,6 +133,15 @@ void narrow_to_halves(const float* src, int64_t n, uint16_t* dst) {
   }
 }
 
+float largest(const float* x, int64_t n) {
+#if defined(__x86_64__) || defined(_M_X64)
+  if (use_avx2()) return detail::largest_avx2(x, n);
+#endif
+  float top = std::numeric_limits<float>::lowest();
+  for (int64_t i = 0; i < n; ++i) top = std::max(top, x[i]);
+  return top;
+}
+
 float exp_shifted_sum(float* x, int64_t n, float shift) {
 #if defined(__x86_64__) || defined(_M_X64)
   if (use_avx2()) return detail::exp_shifted_sum_avx2(x, n, shift);

@@ -8,6 +8,11 @@
 
 namespace mlxd_qmm {
 
+// The largest of x[0 .. n) that is not NaN (the lowest float when there is none): what a left-to-right std::max from
+// the lowest float gives, in lanes where AVX2 is there (a maximum does not depend on the order, but for the sign of
+// a zero, which exp(x - largest) does not see).
+float largest(const float* x, int64_t n);
+
 // x[i] = exp(x[i] - shift) for i < n, as MLX's exp; returns their sum (summed in lanes: the order differs
 // from a left-to-right sum, within float32 rounding of it).
 float exp_shifted_sum(float* x, int64_t n, float shift);
@@ -57,6 +62,7 @@ void narrow_to_halves_f16c(const float* src, int64_t n, uint16_t* dst);  // n a 
 void dots_avx2(const float* q, const float* k, int64_t k_stride, int64_t S, int64_t n, float* out);
 void weighted_sum_add_avx2(const float* p, const float* v, int64_t v_stride, int64_t S, int64_t n, float* acc);
 float exp_shifted_sum_avx2(float* x, int64_t n, float shift);
+float largest_avx2(const float* x, int64_t n);
 void weighted_sums_add_avx512(const float* p, int64_t p_stride, int rows, const float* v, int64_t v_stride, int64_t S,
                               int64_t n, float* acc, int64_t acc_stride);
 void weighted_sums_add_avx512(const float* p, int64_t p_stride, int rows, const uint16_t* v, int64_t v_stride,

@@ -1,6 +1,7 @@
 // vector_math.h's AVX2 + FMA forms; this file alone (of vector_math) is compiled with -mavx2 -mfma -mf16c.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -39,6 +40,24 @@ float hsum(__m256 v) {
 }
 
 }  // namespace
+
+float largest_avx2(const float* x, int64_t n) {
+  // four registers of eight lanes, each lane keeping what std::max(top, x) keeps: max(x, top) gives its second
+  // operand, the top so far, where x is NaN (or equal)
+  const __m256 lowest = _mm256_set1_ps(std::numeric_limits<float>::lowest());
+  __m256 top[4] = {lowest, lowest, lowest, lowest};
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    for (int j = 0; j < 4; ++j) top[j] = _mm256_max_ps(_mm256_loadu_ps(x + i + 8 * j), top[j]);
+  }
+  for (; i + 8 <= n; i += 8) top[0] = _mm256_max_ps(_mm256_loadu_ps(x + i), top[0]);
+  alignas(32) float lanes[32];
+  for (int j = 0; j < 4; ++j) _mm256_store_ps(lanes + 8 * j, top[j]);
+  float result = std::numeric_limits<float>::lowest();
+  for (float lane : lanes) result = std::max(result, lane);
+  for (; i < n; ++i) result = std::max(result, x[i]);
+  return result;
+}
 
 float exp_shifted_sum_avx2(float* x, int64_t n, float shift) {
   const __m256 by = _mm256_set1_ps(shift);
