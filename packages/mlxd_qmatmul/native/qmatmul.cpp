@@ -58,6 +58,9 @@ void run_amx(const float* x, std::vector<Problem>& problems, const Isa& isa) {
 }
 #endif
 
+// Rows of x from which their rounding to int8 is shared over the pool's threads (fewer: the calling thread's).
+constexpr int kInt8RowsToShare = 8;
+
 // Quantizes x (dense) into this thread's int8 buffers and runs the int8-activation kernel on each problem.
 void run_int8(std::vector<Problem> problems) {
   thread_local AlignedFloats q_buffer, lane_buffer, sum_buffer;
@@ -69,7 +72,19 @@ void run_int8(std::vector<Problem> problems) {
   float* lanes = lane_buffer.reserve(M * Kpad / 8);
   float* sums = sum_buffer.reserve(M * Gpad);
   const int block = int8_block();
-  quantize_rows_int8(first.x, first.M, first.K, first.group_size, block, first.bits == 4, q, lanes, sums);
+  // rows rounded on every pool thread where there are rows enough to share (each row alone: the same bytes)
+  const int pieces = first.M >= kInt8RowsToShare ? std::min(pool_threads(), first.M / (kInt8RowsToShare / 2)) : 1;
+  auto piece = [&](int i) {
+    const int r0 = first.M * i / pieces, r1 = first.M * (i + 1) / pieces;
+    quantize_rows_int8(first.x + static_cast<int64_t>(r0) * first.K, r1 - r0, first.K, first.group_size, block,
+                       first.bits == 4, q + static_cast<int64_t>(r0) * Kpad, lanes + static_cast<int64_t>(r0) * (Kpad / 8),
+                       sums + static_cast<int64_t>(r0) * Gpad);
+  };
+  if (pieces > 1) {
+    run_tasks(pieces, piece);
+  } else {
+    piece(0);
+  }
   const Int8Rows rows{q, lanes, sums, Kpad, Gpad, block};
   for (Problem& problem : problems) problem.int8 = &rows;
   const Isa isa{"avx512vnni", 16, int8_kernel()};
