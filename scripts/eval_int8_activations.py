@@ -131,6 +131,12 @@ def main() -> None:
     n = len(prompts())
     block = os.environ.get(mlxd_qmatmul.INT8_BLOCK_ENV)
     asked_block = f"{mlxd_qmatmul.INT8_BLOCK_ENV}={block} " if block else ""
+    blocks_note = (
+        " (`MLXD_INT8_BLOCK` chooses 16 or 32). Blocks of 32 cost more: an earlier build with them (and the 8-bit "
+        "head left on the float kernel) gave perplexity +1.76% on this text and top-1 agreement 92.3%."
+        if mlxd_qmatmul.int8_block() == 8
+        else f" with `MLXD_INT8_BLOCK={mlxd_qmatmul.int8_block()}` (blocks of 8 by default: qmatmul_int8.md)."
+    )
     lines = [
         f"# int8 activations on {Path(args.model).name}: what they change",
         "",
@@ -141,8 +147,7 @@ def main() -> None:
         "`kernel` is the float kernel (greedy output equal to the float32 path); `kernel-int8` rounds each "
         f"product's input rows to int8 in blocks of {mlxd_qmatmul.int8_block()} (llama.cpp's Q8 activations use 32) "
         "and runs VNNI integer dot products, for the 4-bit layers and the 8-bit tied head alike. Opt-in: "
-        "`MLXD_CPU_WEIGHTS=kernel-int8`. Blocks of 32 cost more: an earlier build with them (and the 8-bit head "
-        "left on the float kernel) gave perplexity +1.76% on this text and top-1 agreement 92.3%.",
+        f"`MLXD_CPU_WEIGHTS=kernel-int8`{blocks_note}",
         "",
         f"Perplexity on the first {len(text_tokens)} tokens of `{args.text.relative_to(ROOT)}` "
         f"(teacher forced, {CHUNK}-token chunks through a KV cache):",

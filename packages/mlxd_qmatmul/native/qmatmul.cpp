@@ -58,8 +58,8 @@ void run_amx(const float* x, std::vector<Problem>& problems, const Isa& isa) {
 }
 #endif
 
-// Rows of x from which their rounding to int8 is shared over the pool's threads (fewer: the calling thread's).
-constexpr int kInt8RowsToShare = 8;
+// Rows of x a pool thread rounds to int8 at the least (a product of fewer than twice as many: the calling thread's).
+constexpr int kInt8RowsAPiece = 4;
 
 // Quantizes x (dense) into this thread's int8 buffers and runs the int8-activation kernel on each problem.
 void run_int8(std::vector<Problem> problems) {
@@ -73,7 +73,7 @@ void run_int8(std::vector<Problem> problems) {
   float* sums = sum_buffer.reserve(M * Gpad);
   const int block = int8_block();
   // rows rounded on every pool thread where there are rows enough to share (each row alone: the same bytes)
-  const int pieces = first.M >= kInt8RowsToShare ? std::min(pool_threads(), first.M / (kInt8RowsToShare / 2)) : 1;
+  const int pieces = std::max(1, std::min(pool_threads(), first.M / kInt8RowsAPiece));
   auto piece = [&](int i) {
     const int r0 = first.M * i / pieces, r1 = first.M * (i + 1) / pieces;
     quantize_rows_int8(first.x + static_cast<int64_t>(r0) * first.K, r1 - r0, first.K, first.group_size, block,
