@@ -129,7 +129,7 @@ def test_every_instruction_set_agrees(tmp_path):
 def test_vector_tiles_of_every_row_count_give_each_row_its_own_result():
     """The vector kernel (AMX off) takes R rows x C columns a tile, C chosen by R (tile_columns, or split_columns
     for tall tiles, which also take K in chunks); each output's sum runs in the same order whatever the tile, so
-    every row count from 1 to 12 gives each row the very bits it gets alone, with column counts that leave a
+    every row count from 1 to 14 (one tile of 12 and more) gives each row the very bits it gets alone, with column counts that leave a
     remainder after tiles of 4, 3 and 2 columns, and K of one chunk or several; and agrees with MLX."""
     import subprocess
     import sys
@@ -139,7 +139,7 @@ def test_vector_tiles_of_every_row_count_give_each_row_its_own_result():
         "for bits, n in ((4, 71), (8, 37)):\n"
         "    w = mx.random.normal((n, 256), key=mx.random.key(bits))\n"
         "    wq, s, b = mx.quantize(w, group_size=64, bits=bits)\n"
-        "    for rows in range(1, 13):\n"
+        "    for rows in range(1, 15):\n"
         "        x = mx.random.normal((rows, 256), key=mx.random.key(rows))\n"
         "        got = np.array(q.quantized_matmul(x, wq, s, b, 64, bits))\n"
         "        one = [np.array(q.quantized_matmul(x[i : i + 1], wq, s, b, 64, bits)) for i in range(rows)]\n"
@@ -153,7 +153,7 @@ def test_vector_tiles_of_every_row_count_give_each_row_its_own_result():
         "    w = mx.random.normal((n, k), key=mx.random.key(k + gs))\n"
         "    wq, s, b = mx.quantize(w, group_size=gs, bits=bits)\n"
         "    s, b = s.astype(mx.float16), b.astype(mx.float16)\n"
-        "    for rows in (7, 9, 10, 13, 20):\n"
+        "    for rows in (7, 9, 11, 12, 13, 20, 25):\n"
         "        x = mx.random.normal((rows, k), key=mx.random.key(rows))\n"
         "        got = np.array(q.quantized_matmul(x, wq, s, b, gs, bits))\n"
         "        one = [np.array(q.quantized_matmul(x[i : i + 1], wq, s, b, gs, bits)) for i in range(rows)]\n"
