@@ -128,9 +128,10 @@ def test_every_instruction_set_agrees(tmp_path):
 @pytest.mark.integration  # starts a process
 def test_vector_tiles_of_every_row_count_give_each_row_its_own_result():
     """The vector kernel (AMX off) takes R rows x C columns a tile, C chosen by R (tile_columns, or split_columns
-    for tall tiles, which also take K in chunks); each output's sum runs in the same order whatever the tile, so
-    every row count from 1 to 14 (one tile of 12 and more) gives each row the very bits it gets alone, with column counts that leave a
-    remainder after tiles of 4, 3 and 2 columns, and K of one chunk or several; and agrees with MLX."""
+    for tall tiles, which also take K in chunks), and a product's rows in even tiles of up to 12 (row_tiles); each
+    output's sum runs in the same order whatever the tile, so every row count from 1 to 14 gives each row the very
+    bits it gets alone, with column counts that leave a remainder after tiles of 4, 3 and 2 columns, and K of one
+    chunk or several; and agrees with MLX."""
     import subprocess
     import sys
 
