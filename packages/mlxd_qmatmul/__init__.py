@@ -47,6 +47,8 @@ Contract:
 - ``amx_available()``: products of 6 rows or more (8 or more with 8-bit weights: a verify, a batch, a prompt
   chunk) run on Intel AMX's tile units where the CPU and OS have them, still within float32 rounding (x split
   into three exact bfloat16 pieces; native/kernel_amx.cpp); ``MLXD_QMM_AMX=0`` turns that off.
+- ``set_small_split_tiles(bits, on)``: the float kernel's tiles of 3-6 rows split their blocks' halves as the tall
+  tiles do (the same results; faster or slower by CPU: the engine times both at load).
 - ``kernel_isa()`` / ``kernel_threads()``: what it runs with here. ``MLXD_QMM_ISA`` (avx512, avx2, sse2,
   neon) forces a narrower instruction set, ``MLXD_QMM_THREADS`` the thread count (default: every core, for
   decode's few rows too: one thread does not reach the memory bandwidth), ``MLXD_QMM_SPIN_US`` how long an
@@ -404,6 +406,24 @@ def amx_available() -> bool:
     """Whether products of several rows (6 or more) run on the AMX kernel here: an Intel CPU with AMX, the
     OS granting its tile state, and ``MLXD_QMM_AMX`` not ``0``."""
     return _ext is not None and _ext.amx_available()
+
+
+def small_split_tiles_available() -> bool:
+    """Whether the float kernel here can split its tiles of 3-6 rows (AVX-512): the same results, faster on some
+    CPUs and slower on others, so the engine times both forms at load (``mlxd_engine.loading.split_tiles``)."""
+    return _ext is not None and _ext.small_split_tiles_available()
+
+
+def set_small_split_tiles(bits: int, on: bool) -> None:
+    """Split (or not) the float kernel's tiles of 3-6 rows in products of ``bits``-bit weights set up from now on."""
+    if _ext is None:
+        raise RuntimeError(_REASON)
+    _ext.set_small_split_tiles(bits, on)
+
+
+def small_split_tiles(bits: int) -> bool:
+    """Whether products of ``bits``-bit weights split their tiles of 3-6 rows."""
+    return _ext is not None and _ext.small_split_tiles(bits)
 
 
 def kernel_isa() -> str:

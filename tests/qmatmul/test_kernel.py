@@ -128,16 +128,22 @@ def test_every_instruction_set_agrees(tmp_path):
 @pytest.mark.integration  # starts a process
 def test_vector_tiles_of_every_row_count_give_each_row_its_own_result():
     """The vector kernel (AMX off) takes R rows x C columns a tile, C chosen by R (tile_columns, or split_columns
-    for tall tiles, which also take K in chunks), and a product's rows in even tiles of up to 12 (row_tiles); each
-    output's sum runs in the same order whatever the tile, so every row count from 1 to 14 gives each row the very
-    bits it gets alone, with column counts that leave a remainder after tiles of 4, 3 and 2 columns, and K of one
-    chunk or several; and agrees with MLX."""
+    for tall tiles, which also take K in chunks; tiles of 3-6 rows split too where set_small_split_tiles asks), and a
+    product's rows in even tiles of up to 12 (row_tiles); each output's sum runs in the same order whatever the
+    tile, so every row count from 1 to 14, tiles split or whole, gives each row the very bits it gets alone, with
+    column counts that leave a remainder after tiles of 4, 3 and 2 columns, and K of one chunk or several; and
+    agrees with MLX."""
     import subprocess
     import sys
 
     script = (
         "import mlx.core as mx, numpy as np, mlxd_qmatmul as q\n"
-        "for bits, n in ((4, 71), (8, 37)):\n"
+        "splits = (False, True) if q.small_split_tiles_available() else (False,)\n"
+        "for split in splits:\n"
+        "  for bits in (4, 8):\n"
+        "    q.set_small_split_tiles(bits, split)\n"
+        "  assert q.small_split_tiles(4) == q.small_split_tiles(8) == split\n"
+        "  for bits, n in ((4, 71), (8, 37)):\n"
         "    w = mx.random.normal((n, 256), key=mx.random.key(bits))\n"
         "    wq, s, b = mx.quantize(w, group_size=64, bits=bits)\n"
         "    for rows in range(1, 15):\n"
@@ -145,20 +151,20 @@ def test_vector_tiles_of_every_row_count_give_each_row_its_own_result():
         "        got = np.array(q.quantized_matmul(x, wq, s, b, 64, bits))\n"
         "        one = [np.array(q.quantized_matmul(x[i : i + 1], wq, s, b, 64, bits)) for i in range(rows)]\n"
         "        alone = np.concatenate(one)\n"
-        "        assert np.array_equal(got, alone), (bits, rows)\n"
+        "        assert np.array_equal(got, alone), (split, bits, rows)\n"
         "        want = np.array(mx.quantized_matmul(x, wq, s, b, transpose=True, group_size=64, bits=bits))\n"
-        "        assert np.abs(got - want).max() <= 1e-3 * (np.abs(want).max() + 1), (bits, rows)\n"
-        # tall tiles take K in chunks (split_rows): K spanning several chunks, the last one partial, the
+        "        assert np.abs(got - want).max() <= 1e-3 * (np.abs(want).max() + 1), (split, bits, rows)\n"
+        # split tiles take K in chunks (split_rows): K spanning several chunks, the last one partial, the
         # scales widened across chunk edges, float16 scales as checkpoints hold them
-        "for bits, n, k, gs in ((4, 37, 2304, 32), (8, 19, 2304, 128), (4, 23, 1600, 64), (8, 21, 1536, 32)):\n"
+        "  for bits, n, k, gs in ((4, 37, 2304, 32), (8, 19, 2304, 128), (4, 23, 1600, 64), (8, 21, 1536, 32)):\n"
         "    w = mx.random.normal((n, k), key=mx.random.key(k + gs))\n"
         "    wq, s, b = mx.quantize(w, group_size=gs, bits=bits)\n"
         "    s, b = s.astype(mx.float16), b.astype(mx.float16)\n"
-        "    for rows in (7, 9, 11, 12, 13, 20, 25):\n"
+        "    for rows in (3, 4, 5, 6, 7, 9, 11, 12, 13, 20, 25):\n"
         "        x = mx.random.normal((rows, k), key=mx.random.key(rows))\n"
         "        got = np.array(q.quantized_matmul(x, wq, s, b, gs, bits))\n"
         "        one = [np.array(q.quantized_matmul(x[i : i + 1], wq, s, b, gs, bits)) for i in range(rows)]\n"
-        "        assert np.array_equal(got, np.concatenate(one)), (bits, k, gs, rows)\n"
+        "        assert np.array_equal(got, np.concatenate(one)), (split, bits, k, gs, rows)\n"
         "print('ok')\n"
     )
     done = subprocess.run(

@@ -47,6 +47,7 @@ from .int8_columns import order_int8_columns
 from .kernel_layers import dequantized, kernel_layers, measure, use_kernel
 from .projection_groups import group_projections, grouping_wanted
 from .repack import repack_for_kernel
+from .split_tiles import choose_split_tiles
 
 log = logging.getLogger("mlxd.engine")
 
@@ -286,6 +287,9 @@ def _try_kernel(
         log.info("the kernel is not faster than float32 weights here; quantized layers are dequantized")
         return None
     switched = use_kernel(model, timing.max_rows, int8_activations=int8)
+    tiles = choose_split_tiles(capable, int8)
+    if tiles:
+        log.info("CPU quantized-matmul kernel, %s", tiles)
     capable_ids = {id(layer) for layer in capable}
     rest = [layer for layer in layers if id(layer) not in capable_ids]
     placed = f"; {_place_the_rest(model, rest, budget)}" if rest else ""
@@ -304,5 +308,6 @@ def _try_kernel(
         f"weights: {cast} (quantized layers' scales kept {'/'.join(scale_types)}); {switched} quantized "
         f"layers ({packed / 2**20:.0f} MiB) kept {widths}-bit on "
         f"the CPU quantized-matmul kernel ({mlxd_qmatmul.kernel_isa()}, {mlxd_qmatmul.describe_threads()}; "
-        f"{groups} groups of sibling projections run as one product each; {timing.describe()}){placed}",
+        f"{groups} groups of sibling projections run as one product each; {timing.describe()}"
+        f"{'; ' + tiles if tiles else ''}){placed}",
     )

@@ -130,6 +130,13 @@ NB_MODULE(_ext, m) {
         "Elements of x that share one scale on the int8-activation kernel (8; MLXD_INT8_BLOCK=16 or 32 asks for more).");
   m.def("amx_available", &mlxd_qmm::amx_available,
         "Whether products of several rows run on the AMX kernel here (CPU, OS grant, MLXD_QMM_AMX).");
+  m.def("small_split_tiles_available", &mlxd_qmm::small_split_tiles_available,
+        "Whether the float kernel here can split tiles of 3-6 rows (AVX-512).");
+  m.def("set_small_split_tiles", &mlxd_qmm::set_small_split_tiles, "bits"_a, "on"_a,
+        "Split the float kernel's tiles of 3-6 rows for products of this many bits set up from now on (the same "
+        "results; the faster form depends on the CPU).");
+  m.def("small_split_tiles", &mlxd_qmm::small_split_tiles, "bits"_a,
+        "Whether products of this many bits split their tiles of 3-6 rows.");
   m.def("kernel_threads", &mlxd_qmm::kernel_threads, "rows"_a,
         "Threads that share the output columns of a product of this many rows.");
 }

@@ -10,6 +10,7 @@
 // come out in.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 
@@ -60,6 +61,13 @@ struct AmxRows {
   int row_tiles, chunks, groups;
 };
 
+// Whether the float kernel's tiles of 3-6 rows split their blocks' halves as the tall tiles do (split_rows), by
+// weight width: bit 0 for 4-bit weights, bit 1 for 8-bit. The same bits either way; which is faster depends on
+// the CPU (faster on a Zen 5 EPYC, slower on a Zen 4 one), so the engine times both forms at load and sets this
+// (set_small_split_tiles; docs/benchmark_results/code_notes.md#small-split-tiles). Off until set.
+inline std::atomic<int> small_split_choice{0};
+inline int small_split_bit(int bits) { return bits == 8 ? 2 : 1; }
+
 struct Problem {
   const float* x;  // [M, K], row-major; for 4 bits in split order with block `split_block`
   const uint8_t* w;  // [N, K * bits / 8] bytes
@@ -74,6 +82,8 @@ struct Problem {
   // Names this x's contents for one dispatch (`next_x_version`; 0: unnamed), so a kernel thread may reuse a
   // copy of x it made for an earlier task of the same dispatch.
   uint64_t x_version = 0;
+  // small_split_choice when the product was set up: one choice for all of its tasks
+  int small_split = small_split_choice.load(std::memory_order_relaxed);
 };
 
 // A fresh x_version: one per dispatch of products over the same x (never 0).

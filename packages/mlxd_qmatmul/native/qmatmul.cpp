@@ -204,6 +204,25 @@ bool amx_available() {
   return amx_kernel() != nullptr;
 }
 
+bool small_split_tiles_available() {
+  return std::strcmp(select_isa().name, "avx512") == 0;
+}
+
+void set_small_split_tiles(int bits, bool on) {
+  check_format(bits, 32, "set_small_split_tiles");
+  if (on && !small_split_tiles_available()) throw std::invalid_argument("mlxd set_small_split_tiles: needs AVX-512");
+  const int bit = small_split_bit(bits);
+  if (on) {
+    small_split_choice.fetch_or(bit);
+  } else {
+    small_split_choice.fetch_and(~bit);
+  }
+}
+
+bool small_split_tiles(int bits) {
+  return (small_split_choice.load() & small_split_bit(bits)) != 0;
+}
+
 bool int8_available(int bits) {
   return (bits == 4 || bits == 8) && int8_kernel() != nullptr;
 }

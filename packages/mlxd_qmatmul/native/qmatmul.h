@@ -38,6 +38,12 @@ std::string kernel_isa();
 
 // Whether products of amx_min_rows(bits) rows or more run on the AMX kernel here.
 bool amx_available();
+
+// Whether the float kernel here can split tiles of 3-6 rows (AVX-512), and the choice for products set up from
+// now on, by weight width (4 or 8 bits): kernel.h's small_split_choice.
+bool small_split_tiles_available();
+void set_small_split_tiles(int bits, bool on);
+bool small_split_tiles(int bits);
 int kernel_threads(int rows);
 
 // The float array's elements in row-major order: its own buffer when it is dense, else gathered into `copy`
