@@ -83,3 +83,32 @@ def test_layers_on_the_int8_kernel_leave_nothing_to_choose():
     model = tiny_llama()
     nn.quantize(model, group_size=32, bits=4)
     assert split_tiles.choose_split_tiles(kernel_layers(model), int8_activations=True) == ""
+
+
+def test_a_daemon_load_with_another_value_fails_with_a_message_that_names_it(tmp_path, monkeypatch):
+    """A checkpoint on the kernel, loaded as mlxd loads it: the choice is logged in the weights' line, and a value
+    of MLXD_SMALL_SPLIT_TILES the loader does not take ends the load with a ModelLoadError that names it."""
+    import json
+
+    from mlx_lm.utils import load_tokenizer, save
+
+    from mlxd_daemon.model_setup import load_for_serving
+    from mlxd_daemon.options import DaemonOptions
+    from mlxd_engine import ModelLoadError
+    from mlxd_engine.loading.loader import embedded_model_path
+
+    from .tiny_llama import TINY_LLAMA
+
+    source = embedded_model_path()
+    vocab = json.loads((source / "config.json").read_text())["vocab_size"]
+    model = tiny_llama(seed=4, vocab_size=vocab)
+    nn.quantize(model, group_size=32, bits=4)
+    config = {**TINY_LLAMA, "vocab_size": vocab, "quantization": {"group_size": 32, "bits": 4}}
+    save(tmp_path, source, model, load_tokenizer(source), config)
+
+    monkeypatch.setenv(split_tiles.ENV, "1")
+    loaded = load_for_serving(DaemonOptions(model=str(tmp_path), cpu_weights="kernel"))
+    assert f"tiles of 3-6 rows: 4-bit split ({split_tiles.ENV}=1)" in loaded.weights, loaded.weights
+    monkeypatch.setenv(split_tiles.ENV, "on")
+    with pytest.raises(ModelLoadError, match=f"{split_tiles.ENV}='on'"):
+        load_for_serving(DaemonOptions(model=str(tmp_path), cpu_weights="kernel"))
