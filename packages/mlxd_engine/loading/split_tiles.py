@@ -5,8 +5,9 @@ weight blocks' halves as the tall tiles do (``mlxd_qmatmul.set_small_split_tiles
 which is faster depends on the CPU: on a Zen 5 EPYC the split form took 0.91-0.94 of the whole form's time for a
 decode step's products at 3-6 rows, on a Zen 4 EPYC, whose 512-bit operations are double-pumped, 1.05-1.28
 (docs/benchmark_results/code_notes.md#small-split-tiles). So, as the weight rule times its forms, the engine times
-both here: for each weight width the float kernel runs, the largest such matrix's copies (about 64 MB, so they
-stream from memory as a step's weights do) at ``ROWS`` rows, the two forms alternating ``ROUNDS`` times; the split
+both here: for each weight width the float kernel runs, the largest such matrix's copies (as many bytes as the
+model's layers of that width hold, at most 64 MB: they stream from memory as a step's weights do, or sit in cache as a
+small model's do) at ``ROWS`` rows, the two forms alternating ``ROUNDS`` times; the split
 form is kept where the median of its paired ratios is at most ``MARGIN``. ``MLXD_SMALL_SPLIT_TILES`` = ``1`` or
 ``0`` sets the choice without timing.
 
@@ -69,7 +70,10 @@ def time_forms(layers: list) -> dict[int, float]:
     if w.ndim == 3:  # an experts layer: its first expert's matrix
         w, s, b = w[0], s[0], b[0]
     bits, group_size = layer.bits, layer.group_size
-    copies = max(2, min(MAX_COPIES, PASS_BYTES // max(1, w.nbytes + s.nbytes + b.nbytes)))
+    # as many bytes a pass as the layers of this width hold, at most PASS_BYTES: they stream from memory as a
+    # step's would, or sit in cache as a small model's do
+    held = sum(m["weight"].nbytes + m["scales"].nbytes + m["biases"].nbytes for m in layers)
+    copies = max(2, min(MAX_COPIES, min(PASS_BYTES, held) // max(1, w.nbytes + s.nbytes + b.nbytes)))
     packed = [(w + 0, s + 0, b + 0) for _ in range(copies)]
     mx.eval(packed)
     in_dims = w.shape[1] * 32 // bits
