@@ -7,9 +7,9 @@ decode step's products at 3-6 rows, on a Zen 4 EPYC, whose 512-bit operations ar
 (docs/benchmark_results/code_notes.md#small-split-tiles). So, as the weight rule times its forms, the engine times
 both here: for each weight width the float kernel runs, the largest such matrix's copies (as many bytes as the
 model's layers of that width hold, at most 64 MB: they stream from memory as a step's weights do, or sit in cache as a
-small model's do) at ``ROWS`` rows, the two forms alternating ``ROUNDS`` times; the split
-form is kept where the median of its paired ratios is at most ``MARGIN``. ``MLXD_SMALL_SPLIT_TILES`` = ``1`` or
-``0`` sets the choice without timing.
+small model's do) at ``ROWS`` rows (``AMX_ROWS`` where AMX takes 4-bit products of 6), the two forms alternating
+``ROUNDS`` times; the split form is kept where the median of its paired ratios is at most ``MARGIN``.
+``MLXD_SMALL_SPLIT_TILES`` = ``1`` or ``0`` sets the choice without timing.
 
 Contract: ``choose_split_tiles(layers, int8_activations)`` sets the kernel's choice for every weight width among
 ``layers`` (``kernel_layers(model)``) and returns a phrase for the load log, or "" where there is nothing to choose
@@ -28,6 +28,7 @@ import mlxd_qmatmul
 
 ENV = "MLXD_SMALL_SPLIT_TILES"
 ROWS = (4, 6)  # the row counts timed: a few decoding rows, a short draft's verify
+AMX_ROWS = (4, 5)  # where 4-bit products of 6 rows run on AMX's tiles instead (mlxd_qmatmul.amx_available())
 ROUNDS = 7
 MARGIN = 0.97  # the split form must take at most this share of the whole form's time
 PASS_BYTES = 64 << 20  # packed weights per timed pass
@@ -63,8 +64,9 @@ def choose_split_tiles(layers: list, int8_activations: bool = False) -> str:
 
 
 def time_forms(layers: list) -> dict[int, float]:
-    """For each of ``ROWS``: the median over ``ROUNDS`` of the split form's time over the whole form's, in
-    alternating order, on copies of the largest of ``layers`` (one weight width). Leaves the whole form set."""
+    """For each of ``ROWS`` (``AMX_ROWS`` for 4-bit weights where AMX takes products of 6 rows): the median over
+    ``ROUNDS`` of the split form's time over the whole form's, in alternating order, on copies of the largest of
+    ``layers`` (one weight width). Leaves the whole form set."""
     layer = max(layers, key=lambda m: m["weight"].size if m["weight"].ndim == 2 else m["weight"][0].size)
     w, s, b = layer["weight"], layer["scales"], layer["biases"]
     if w.ndim == 3:  # an experts layer: its first expert's matrix
@@ -78,7 +80,7 @@ def time_forms(layers: list) -> dict[int, float]:
     mx.eval(packed)
     in_dims = w.shape[1] * 32 // bits
     ratios = {}
-    for rows in ROWS:
+    for rows in AMX_ROWS if mlxd_qmatmul.amx_available() and bits == 4 else ROWS:
         x = mx.random.normal((rows, in_dims), key=mx.random.key(rows))
         mx.eval(x)
 
