@@ -113,3 +113,15 @@ def test_a_daemon_load_with_another_value_fails_with_a_message_that_names_it(tmp
     monkeypatch.setenv(split_tiles.ENV, "on")
     with pytest.raises(ModelLoadError, match=f"{split_tiles.ENV}='on'"):
         load_for_serving(DaemonOptions(model=str(tmp_path), cpu_weights="kernel"))
+
+
+def test_a_ratio_near_the_margin_is_timed_again_and_the_mean_decides(monkeypatch):
+    model = tiny_llama()
+    nn.quantize(model, group_size=32, bits=4)
+    monkeypatch.delenv(split_tiles.ENV, raising=False)
+    timings = iter([{4: 0.90, 6: 0.98}, {4: 0.90, 6: 0.94}, {4: 0.80, 6: 0.90}])
+    monkeypatch.setattr(split_tiles, "time_forms", lambda layers: next(timings))
+    phrase = split_tiles.choose_split_tiles(kernel_layers(model))  # 6 rows: 0.98, near 0.97, then (0.98 + 0.94) / 2
+    assert phrase == "tiles of 3-6 rows: 4-bit split (split / whole: 4 rows 0.900, 6 rows 0.960)"
+    assert mlxd_qmatmul.small_split_tiles(4)
+    assert next(timings) == {4: 0.80, 6: 0.90}  # timed twice, not three times
