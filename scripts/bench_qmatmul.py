@@ -107,9 +107,6 @@ def main() -> None:
     split = args.split_small and mlxd_qmatmul.small_split_tiles_available()
     if args.split_small and not split:
         print("the float kernel here splits no small tiles (AVX-512 only): its column is left out")
-    for width in mlxd_qmatmul.BITS:
-        if split:
-            mlxd_qmatmul.set_small_split_tiles(width, False)  # the kernel column: whole tiles
     if args.int8 and not int8:
         print("no int8-activation kernel here (AVX-512 VNNI): its column is left out")
     flags = (

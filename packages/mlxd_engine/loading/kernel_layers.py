@@ -225,7 +225,7 @@ def measure(
     kernel and dequantize-then-BLAS, are within ``CLOSE`` of each other: the comparisons the rule makes."""
     if not layers:
         return None
-    w, s, b, gs, bits = _largest_matrix(layers)  # the kernel reads them as they are stored
+    w, s, b, gs, bits = largest_matrix(layers)  # the kernel reads them as they are stored
     int8 = int8_activations and mlxd_qmatmul.int8_available(bits)
     copies = max(1, min(8, (64 << 20) // max(1, w.nbytes)))  # ~64 MB of packed weights per pass
     packed = [(w + 0, s + 0, b + 0) for _ in range(copies)]
@@ -258,7 +258,7 @@ def measure(
     return KernelTiming((int(out_dims), int(in_dims)), kernel, float32, dequant, crossover_rows(kernel, dequant), int8)
 
 
-def _largest_matrix(layers: list) -> tuple:
+def largest_matrix(layers: list) -> tuple:
     """(weight, scales, biases, group size, bits) of the largest one matrix of ``layers``: an experts layer
     offers its first expert's."""
 

@@ -27,6 +27,8 @@ import mlx.core as mx
 
 import mlxd_qmatmul
 
+from .kernel_layers import largest_matrix
+
 ENV = "MLXD_SMALL_SPLIT_TILES"
 ROWS = (4, 6)  # the row counts timed: a few decoding rows, a short draft's verify
 AMX_ROWS = (4, 5)  # where 4-bit products of 6 rows run on AMX's tiles instead (mlxd_qmatmul.amx_available())
@@ -72,11 +74,7 @@ def time_forms(layers: list) -> dict[int, float]:
     """For each of ``ROWS`` (``AMX_ROWS`` for 4-bit weights where AMX takes products of 6 rows): the median over
     ``ROUNDS`` of the split form's time over the whole form's, in alternating order, on copies of the largest of
     ``layers`` (one weight width). Leaves the whole form set."""
-    layer = max(layers, key=lambda m: m["weight"].size if m["weight"].ndim == 2 else m["weight"][0].size)
-    w, s, b = layer["weight"], layer["scales"], layer["biases"]
-    if w.ndim == 3:  # an experts layer: its first expert's matrix
-        w, s, b = w[0], s[0], b[0]
-    bits, group_size = layer.bits, layer.group_size
+    w, s, b, group_size, bits = largest_matrix(layers)
     # as many bytes a pass as the layers of this width hold, at most PASS_BYTES: they stream from memory as a
     # step's would, or sit in cache as a small model's do
     held = sum(m["weight"].nbytes + m["scales"].nbytes + m["biases"].nbytes for m in layers)
